@@ -1,0 +1,33 @@
+# attnserve: the commands. `make test` is what CI runs (.ci/run).
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps configure build test bench-core format clean
+
+all: build
+
+deps:
+	deploy/install-deps.sh --build
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Installs dependencies, builds Release, runs every test through CTest.
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# Core speed: Google Benchmark over the (B, L, d, h) grid, interleaved with PyTorch's
+# nn.MultiheadAttention, printed as one table. Not part of `make test`.
+bench-core: build
+	deploy/install-deps.sh --bench
+	/usr/bin/python3 tests/bench/compare_core.py --core-bench $(BUILD_DIR)/tests/bench/core_bench
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cc' '*.proto')
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,120 @@
+#include "core/attention_weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace attnserve::core {
+
+namespace {
+
+// SplitMix64: a tiny integer generator whose output is fully specified, unlike the
+// distributions of <random>, which differ between standard libraries.
+class SplitMix64 {
+ public:
+  explicit SplitMix64(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  uint64_t state_;
+};
+
+// Fills `out` with values uniform in [-bound, bound): a signed 24-bit integer times
+// bound / 2^23, a single rounding, so every machine produces the same floats.
+void FillUniform(SplitMix64& generator, float bound, std::vector<float>& out,
+                 size_t count) {
+  const float step = bound / 8388608.0f;  // 2^23
+  out.resize(count);
+  for (float& value : out) {
+    const int32_t integer = static_cast<int32_t>(generator.Next() >> 40) - 8388608;
+    value = static_cast<float>(integer) * step;
+  }
+}
+
+absl::Status CheckSize(absl::string_view name, const std::vector<float>& values,
+                       int64_t expected) {
+  if (static_cast<int64_t>(values.size()) != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " has ", values.size(), " values, expected ", expected));
+  }
+  return absl::OkStatus();
+}
+
+std::string FloatBytes(const std::vector<float>& values) {
+  std::string bytes(values.size() * sizeof(float), '\0');
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return bytes;
+}
+
+}  // namespace
+
+absl::Status AttentionWeights::CheckShapes(const ModelSpec& spec) const {
+  const int64_t d = spec.d_model;
+  ATTN_RETURN_IF_ERROR(CheckSize(kInProjWeightName, in_proj_weight, 3 * d * d));
+  ATTN_RETURN_IF_ERROR(CheckSize(kInProjBiasName, in_proj_bias, 3 * d));
+  ATTN_RETURN_IF_ERROR(CheckSize(kOutProjWeightName, out_proj_weight, d * d));
+  ATTN_RETURN_IF_ERROR(CheckSize(kOutProjBiasName, out_proj_bias, d));
+  return absl::OkStatus();
+}
+
+AttentionWeights GenerateAttentionWeights(const ModelSpec& spec, uint64_t seed) {
+  const auto d = static_cast<size_t>(spec.d_model);
+  SplitMix64 generator(seed);
+  AttentionWeights weights;
+  const float xavier = std::sqrt(6.0f / static_cast<float>(4 * d));
+  const float linear = 1.0f / std::sqrt(static_cast<float>(d));
+  FillUniform(generator, xavier, weights.in_proj_weight, 3 * d * d);
+  FillUniform(generator, 0.1f, weights.in_proj_bias, 3 * d);
+  FillUniform(generator, linear, weights.out_proj_weight, d * d);
+  FillUniform(generator, 0.1f, weights.out_proj_bias, d);
+  return weights;
+}
+
+absl::StatusOr<AttentionWeights> LoadAttentionWeights(const SafetensorsFile& file,
+                                                      const ModelSpec& spec) {
+  ATTN_RETURN_IF_ERROR(spec.Validate());
+  const int64_t d = spec.d_model;
+  AttentionWeights weights;
+  ATTN_ASSIGN_OR_RETURN(weights.in_proj_weight,
+                        file.ReadFloat32(kInProjWeightName, {3 * d, d}));
+  ATTN_ASSIGN_OR_RETURN(weights.in_proj_bias, file.ReadFloat32(kInProjBiasName, {3 * d}));
+  ATTN_ASSIGN_OR_RETURN(weights.out_proj_weight,
+                        file.ReadFloat32(kOutProjWeightName, {d, d}));
+  ATTN_ASSIGN_OR_RETURN(weights.out_proj_bias, file.ReadFloat32(kOutProjBiasName, {d}));
+  return weights;
+}
+
+absl::StatusOr<AttentionWeights> LoadAttentionWeightsFile(const std::string& path,
+                                                          const ModelSpec& spec) {
+  ATTN_ASSIGN_OR_RETURN(SafetensorsFile file, SafetensorsFile::Read(path));
+  absl::StatusOr<AttentionWeights> weights = LoadAttentionWeights(file, spec);
+  if (!weights.ok()) {
+    return absl::Status(weights.status().code(),
+                        absl::StrCat(path, ": ", weights.status().message()));
+  }
+  return weights;
+}
+
+absl::StatusOr<std::string> SerializeAttentionWeights(const AttentionWeights& weights,
+                                                      const ModelSpec& spec) {
+  ATTN_RETURN_IF_ERROR(spec.Validate());
+  ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
+  const int64_t d = spec.d_model;
+  std::vector<SafetensorsEntry> entries = {
+      {kInProjWeightName, "F32", {3 * d, d}, FloatBytes(weights.in_proj_weight)},
+      {kInProjBiasName, "F32", {3 * d}, FloatBytes(weights.in_proj_bias)},
+      {kOutProjWeightName, "F32", {d, d}, FloatBytes(weights.out_proj_weight)},
+      {kOutProjBiasName, "F32", {d}, FloatBytes(weights.out_proj_bias)},
+  };
+  return SerializeSafetensors(entries);
+}
+
+}  // namespace attnserve::core

@@ -1,0 +1,63 @@
+// AttentionWeights: the parameters of one multi-head attention layer, in the names and
+// layout of PyTorch's nn.MultiheadAttention.state_dict(), so a trained module's
+// safetensors file loads as is.
+#ifndef ATTNSERVE_CORE_ATTENTION_WEIGHTS_H_
+#define ATTNSERVE_CORE_ATTENTION_WEIGHTS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model_spec.h"
+#include "core/safetensors.h"
+
+namespace attnserve::core {
+
+// Tensor names in the file, as nn.MultiheadAttention.state_dict() calls them.
+inline constexpr char kInProjWeightName[] = "in_proj_weight";
+inline constexpr char kInProjBiasName[] = "in_proj_bias";
+inline constexpr char kOutProjWeightName[] = "out_proj.weight";
+inline constexpr char kOutProjBiasName[] = "out_proj.bias";
+
+// Row-major float32 parameters (bf16 files are widened on load). A value type.
+struct AttentionWeights {
+  // [3d, d]: rows [0, d) project queries, [d, 2d) keys, [2d, 3d) values;
+  // q = x W_q^T + b_q.
+  std::vector<float> in_proj_weight;
+  // [3d]
+  std::vector<float> in_proj_bias;
+  // [d, d]: out = concat(heads) W_out^T + b_out.
+  std::vector<float> out_proj_weight;
+  // [d]
+  std::vector<float> out_proj_bias;
+
+  // OK when every tensor has the size `spec` implies; else InvalidArgument naming it.
+  absl::Status CheckShapes(const ModelSpec& spec) const;
+};
+
+// Deterministic weights from `seed`: the same seed gives the same bits on every
+// machine and compiler (integer generator, one exact scaling per value). Scales follow
+// PyTorch's initialisation (Xavier-uniform in_proj, uniform(+-1/sqrt(d)) out_proj);
+// biases are small non-zero values so that they are exercised. REQUIRES:
+// spec.Validate().ok().
+AttentionWeights GenerateAttentionWeights(const ModelSpec& spec, uint64_t seed);
+
+// Reads the four tensors from a parsed safetensors file. NotFound naming a missing
+// tensor; InvalidArgument for a wrong shape (expected vs found) or a dtype other than
+// F32/BF16. Extra tensors are ignored (a whole-model file may hold more layers).
+absl::StatusOr<AttentionWeights> LoadAttentionWeights(const SafetensorsFile& file,
+                                                      const ModelSpec& spec);
+
+// Reads `path` and loads it as above; the path is named in every error.
+absl::StatusOr<AttentionWeights> LoadAttentionWeightsFile(const std::string& path,
+                                                          const ModelSpec& spec);
+
+// The four tensors as F32 safetensors bytes, loadable by LoadAttentionWeights and by
+// PyTorch (safetensors.torch.load_file).
+absl::StatusOr<std::string> SerializeAttentionWeights(const AttentionWeights& weights,
+                                                      const ModelSpec& spec);
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_ATTENTION_WEIGHTS_H_

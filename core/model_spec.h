@@ -1,0 +1,43 @@
+// ModelSpec: the shape and precision of one multi-head attention model.
+#ifndef ATTNSERVE_CORE_MODEL_SPEC_H_
+#define ATTNSERVE_CORE_MODEL_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace attnserve::core {
+
+// Arithmetic precision of the weights and of the matrix products.
+enum class Precision {
+  kFp32,
+  kBf16,
+};
+
+// "fp32" / "bf16".
+absl::string_view PrecisionName(Precision precision);
+
+// A value type describing a multi-head attention layer. Plain data; copy freely.
+struct ModelSpec {
+  // Model (embedding) dimension d: the length of every token vector. Range [1, 65536].
+  int64_t d_model = 512;
+  // Number of heads h; must divide d_model. Range [1, d_model].
+  int64_t num_heads = 8;
+  // Arithmetic precision.
+  Precision precision = Precision::kFp32;
+
+  // d_model / num_heads. REQUIRES: Validate().ok().
+  int64_t head_dim() const { return d_model / num_heads; }
+
+  // OK, or InvalidArgument naming the bad field and the expected value.
+  absl::Status Validate() const;
+
+  // For logs and errors, e.g. "d_model=512 num_heads=8 precision=fp32".
+  std::string DebugString() const;
+};
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_MODEL_SPEC_H_

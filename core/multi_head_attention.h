@@ -1,0 +1,149 @@
+// MultiHeadAttention: the forward pass of nn.MultiheadAttention on oneDNN, for a batch
+// of sequences of different lengths packed end to end (no padding work).
+//
+// For each sequence, with d = d_model, h heads of size d/h:
+//   Q = X W_q^T + b_q,  K = M W_k^T + b_k,  V = M W_v^T + b_v   (M = X for
+//   self-attention) head_i = softmax(Q_i K_i^T / sqrt(d/h)) V_i                    (per
+//   head i) out = concat(mask_1 head_1, ..., mask_h head_h) W_out^T + b_out
+#ifndef ATTNSERVE_CORE_MULTI_HEAD_ATTENTION_H_
+#define ATTNSERVE_CORE_MULTI_HEAD_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/attention_weights.h"
+#include "core/model_spec.h"
+#include "core/primitive_cache.h"
+#include "dnnl.hpp"
+
+namespace attnserve::core {
+
+// A packed batch: the tokens of every sequence, one after another. Views only: the
+// caller owns the memory and keeps it alive during Forward.
+struct AttentionBatch {
+  // [sum(query_lengths), d_model] row-major.
+  absl::Span<const float> query;
+  // Length of each sequence, each >= 1.
+  absl::Span<const int64_t> query_lengths;
+  // Cross-attention: keys and values come from these tokens,
+  // [sum(memory_lengths), d_model]. Empty for self-attention.
+  absl::Span<const float> memory;
+  // Cross-attention only: length of each sequence's memory, one per query sequence,
+  // each >= 1. Empty for self-attention.
+  absl::Span<const int64_t> memory_lengths;
+};
+
+// Options of one Forward call.
+struct AttentionOptions {
+  // Query position i attends to keys 0..i only. Self-attention only.
+  bool causal = false;
+  // Empty, or one factor in [0, 1] per head, applied to the head's output before
+  // W_out (0 prunes the head). Applies to every sequence of the batch.
+  absl::Span<const float> head_mask;
+};
+
+// Owns its copy of the weights, the oneDNN primitives and its scratch buffers.
+// Thread-compatible: one thread at a time may call Forward (run several objects for
+// parallel workers; they share nothing mutable, scratchpads included).
+class MultiHeadAttention {
+ public:
+  struct Options {
+    // OpenMP threads oneDNN uses inside Forward; 0 keeps OpenMP's default (one per
+    // core, or OMP_NUM_THREADS). Range [0, 1024].
+    int intra_op_threads = 0;
+    // Primitives kept per object (each shape of projection, scores, softmax and
+    // context is one). Range [4, 1000000].
+    int primitive_cache_capacity = 512;
+    // Bytes of attention scores ([h, rows, L_k] floats) computed at once; query rows
+    // are processed in blocks of this size (at least 16 rows) so that long sequences
+    // stay in cache. Range >= 1024.
+    int64_t attention_block_bytes = 8 << 20;
+  };
+
+  // Validates `spec`, `weights` (shapes) and `options` (InvalidArgument naming the
+  // field); Unimplemented for bf16 precision or an engine other than CPU (not yet
+  // supported by this implementation); Internal when oneDNN fails. `engine` is copied
+  // (a reference-counted handle).
+  static absl::StatusOr<std::unique_ptr<MultiHeadAttention>> Create(
+      const ModelSpec& spec, const AttentionWeights& weights, const dnnl::engine& engine,
+      const Options& options);
+  // Same, with default Options.
+  static absl::StatusOr<std::unique_ptr<MultiHeadAttention>> Create(
+      const ModelSpec& spec, const AttentionWeights& weights, const dnnl::engine& engine);
+
+  MultiHeadAttention(const MultiHeadAttention&) = delete;
+  MultiHeadAttention& operator=(const MultiHeadAttention&) = delete;
+
+  // Number of floats Forward writes into `attention_weights` for these lengths:
+  // sum over sequences of num_heads * L_q * L_k (L_k = L_q for self-attention).
+  static int64_t AttentionWeightsSize(int64_t num_heads,
+                                      absl::Span<const int64_t> query_lengths,
+                                      absl::Span<const int64_t> memory_lengths);
+
+  // Computes the batch. `output` receives [sum(query_lengths), d_model] and must have
+  // exactly that size. `attention_weights` is empty, or receives per sequence, one
+  // after another, the softmax weights [num_heads, L_q, L_k] (rows sum to 1) and then
+  // must have exactly AttentionWeightsSize(...) floats.
+  // Errors: InvalidArgument naming the field (a length < 1, sizes that do not match the
+  // lengths, memory_lengths count != query_lengths count, causal with cross-attention,
+  // head_mask size != num_heads or a value outside [0, 1], a wrong output size);
+  // Internal when oneDNN fails. Blocks the calling thread while computing.
+  absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
+                       absl::Span<float> output,
+                       absl::Span<float> attention_weights = {});
+
+  const ModelSpec& spec() const { return spec_; }
+  // Primitives created so far (cache misses); a repeated shape adds none.
+  int64_t primitive_creations() const { return cache_.creations(); }
+
+ private:
+  // A growable scratch buffer that keeps its capacity between calls.
+  class Buffer {
+   public:
+    float* Reserve(size_t count);
+
+   private:
+    std::unique_ptr<float[]> data_;
+    size_t capacity_ = 0;
+  };
+
+  MultiHeadAttention(const ModelSpec& spec, const dnnl::engine& engine,
+                     const Options& options);
+
+  absl::Status ForwardImpl(const AttentionBatch& batch, const AttentionOptions& options,
+                           absl::Span<float> output, absl::Span<float> attention_weights);
+  // out[rows, d] = in[rows, d] W^T + bias, W row-major [d, d].
+  absl::Status Project(const float* in, int64_t rows, const float* weight,
+                       const float* bias, float* out);
+  // One sequence, all heads: context[L_q, d] from q[L_q, d], k/v[L_k, d]. When
+  // `attention_weights` is not null the softmax weights [h, L_q, L_k] are written there.
+  absl::Status AttendSequence(const float* q, const float* k, const float* v,
+                              int64_t query_length, int64_t key_length, bool causal,
+                              float* attention_weights, float* context);
+  absl::StatusOr<const CachedPrimitive*> GetPrimitive(PrimitiveKind kind, int64_t a,
+                                                      int64_t b);
+  absl::Status Execute(const CachedPrimitive& primitive,
+                       std::unordered_map<int, dnnl::memory> args);
+
+  ModelSpec spec_;
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  Options options_;
+  PrimitiveCache cache_;
+
+  // Weights, with 1/sqrt(head_dim) folded into the query projection.
+  std::vector<float> query_weight_, key_weight_, value_weight_, out_weight_;
+  std::vector<float> query_bias_, key_bias_, value_bias_, out_bias_;
+
+  Buffer q_, k_, v_, context_, probabilities_;
+  std::unique_ptr<uint8_t[]> scratchpad_;
+  size_t scratchpad_bytes_ = 0;
+};
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_MULTI_HEAD_ATTENTION_H_

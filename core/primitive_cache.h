@@ -1,0 +1,74 @@
+// PrimitiveCache: a bounded least-recently-used map from a shape key to a oneDNN
+// primitive, so that each shape's primitive is created once and reused.
+#ifndef ATTNSERVE_CORE_PRIMITIVE_CACHE_H_
+#define ATTNSERVE_CORE_PRIMITIVE_CACHE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "dnnl.hpp"
+
+namespace attnserve::core {
+
+// What a primitive computes; part of the key.
+enum class PrimitiveKind : int32_t {
+  kProjection,  // [rows, d] x [d, d] + bias
+  kScores,      // per sequence: Q K^T over all heads
+  kSoftmax,     // per sequence: softmax over keys
+  kContext,     // per sequence: P V over all heads
+};
+
+struct PrimitiveKey {
+  PrimitiveKind kind = PrimitiveKind::kProjection;
+  std::array<int64_t, 2> dims = {0, 0};
+
+  bool operator==(const PrimitiveKey& other) const {
+    return kind == other.kind && dims == other.dims;
+  }
+  template <typename H>
+  friend H AbslHashValue(H state, const PrimitiveKey& key) {
+    return H::combine(std::move(state), key.kind, key.dims);
+  }
+};
+
+// A created primitive and the user scratchpad it needs.
+struct CachedPrimitive {
+  dnnl::primitive primitive;
+  size_t scratchpad_bytes = 0;
+};
+
+// Not thread-safe: owned by one MultiHeadAttention, used by one thread at a time.
+class PrimitiveCache {
+ public:
+  // REQUIRES: capacity >= 1.
+  explicit PrimitiveCache(size_t capacity) : capacity_(capacity) {}
+
+  // The primitive for `key`, calling `create` on a miss (and evicting the least
+  // recently used entry when full). A failed `create` is returned and not cached.
+  // The returned pointer is valid until the next call.
+  absl::StatusOr<const CachedPrimitive*> GetOrCreate(
+      const PrimitiveKey& key,
+      const std::function<absl::StatusOr<CachedPrimitive>()>& create);
+
+  size_t size() const { return entries_.size(); }
+  // Number of `create` calls so far (misses), for tests and metrics.
+  int64_t creations() const { return creations_; }
+
+ private:
+  using Entry = std::pair<PrimitiveKey, CachedPrimitive>;
+
+  size_t capacity_;
+  int64_t creations_ = 0;
+  std::list<Entry> entries_;  // most recently used first
+  absl::flat_hash_map<PrimitiveKey, std::list<Entry>::iterator> index_;
+};
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_PRIMITIVE_CACHE_H_

@@ -1,0 +1,97 @@
+#include "core/reference_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace attnserve::core {
+
+namespace {
+
+// y[rows, n_out] = x[rows, n_in] W^T + b, W row-major [n_out, n_in] (a slice of a
+// larger matrix starting at row `first_row`).
+std::vector<double> Linear(absl::Span<const float> x, int64_t rows, int64_t n_in,
+                           const std::vector<float>& weight,
+                           const std::vector<float>& bias, int64_t first_row,
+                           int64_t n_out) {
+  std::vector<double> y(rows * n_out);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < n_out; ++o) {
+      double sum = bias[first_row + o];
+      for (int64_t i = 0; i < n_in; ++i) {
+        sum += static_cast<double>(x[r * n_in + i]) *
+               static_cast<double>(weight[(first_row + o) * n_in + i]);
+      }
+      y[r * n_out + o] = sum;
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
+ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
+                                   absl::Span<const float> query,
+                                   absl::Span<const float> memory, bool causal,
+                                   absl::Span<const float> head_mask) {
+  const int64_t d = spec.d_model;
+  const int64_t heads = spec.num_heads;
+  const int64_t head_dim = d / heads;
+  const absl::Span<const float> source = memory.empty() ? query : memory;
+  const int64_t lq = static_cast<int64_t>(query.size()) / d;
+  const int64_t lk = static_cast<int64_t>(source.size()) / d;
+
+  const std::vector<double> q =
+      Linear(query, lq, d, weights.in_proj_weight, weights.in_proj_bias, 0, d);
+  const std::vector<double> k =
+      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d, d);
+  const std::vector<double> v =
+      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, 2 * d, d);
+
+  ReferenceResult result;
+  result.attention.assign(heads * lq * lk, 0.0);
+  std::vector<double> concat(lq * d, 0.0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t i = 0; i < lq; ++i) {
+      double* row = &result.attention[(h * lq + i) * lk];
+      double max_score = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < lk; ++j) {
+        if (causal && j > i) continue;
+        double dot = 0.0;
+        for (int64_t c = 0; c < head_dim; ++c) {
+          dot += q[i * d + h * head_dim + c] * k[j * d + h * head_dim + c];
+        }
+        row[j] = dot * scale;
+        max_score = std::max(max_score, row[j]);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < lk; ++j) {
+        row[j] = (causal && j > i) ? 0.0 : std::exp(row[j] - max_score);
+        sum += row[j];
+      }
+      for (int64_t j = 0; j < lk; ++j) row[j] /= sum;
+      const double factor = head_mask.empty() ? 1.0 : head_mask[h];
+      for (int64_t c = 0; c < head_dim; ++c) {
+        double value = 0.0;
+        for (int64_t j = 0; j < lk; ++j) value += row[j] * v[j * d + h * head_dim + c];
+        concat[i * d + h * head_dim + c] = factor * value;
+      }
+    }
+  }
+
+  result.output.assign(lq * d, 0.0);
+  for (int64_t i = 0; i < lq; ++i) {
+    for (int64_t o = 0; o < d; ++o) {
+      double sum = weights.out_proj_bias[o];
+      for (int64_t c = 0; c < d; ++c) {
+        sum +=
+            concat[i * d + c] * static_cast<double>(weights.out_proj_weight[o * d + c]);
+      }
+      result.output[i * d + o] = sum;
+    }
+  }
+  return result;
+}
+
+}  // namespace attnserve::core

@@ -1,0 +1,32 @@
+// A naive fp64 implementation of the same multi-head attention math, written from the
+// definition with plain loops. For tests only (target attnserve_core_reference): it is
+// the independent oracle the oneDNN core is checked against.
+#ifndef ATTNSERVE_CORE_REFERENCE_ATTENTION_H_
+#define ATTNSERVE_CORE_REFERENCE_ATTENTION_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "core/attention_weights.h"
+#include "core/model_spec.h"
+
+namespace attnserve::core {
+
+// Result for one sequence.
+struct ReferenceResult {
+  std::vector<double> output;     // [L_q, d]
+  std::vector<double> attention;  // [h, L_q, L_k]
+};
+
+// One sequence: `query` [L_q, d]; `memory` [L_k, d] or empty for self-attention;
+// `head_mask` empty or h factors. REQUIRES: consistent sizes (checked by assert-free
+// arithmetic only; callers are tests).
+ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
+                                   absl::Span<const float> query,
+                                   absl::Span<const float> memory, bool causal,
+                                   absl::Span<const float> head_mask);
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_REFERENCE_ATTENTION_H_

@@ -1,0 +1,116 @@
+// Google Benchmark for the attention core over the (B, L, d, h) grid at 1 and 2
+// threads, reporting GFLOP/s, plus a 2048^3 oneDNN f32 matmul as the in-situ peak.
+// Run through `make bench-core`, which also runs PyTorch and prints the comparison.
+#include <omp.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "core/attention_weights.h"
+#include "core/device.h"
+#include "core/multi_head_attention.h"
+#include "dnnl.hpp"
+
+namespace attnserve::core {
+namespace {
+
+// MHA FLOPs: 8 B L d^2 for the four projections + 4 B L^2 d for QK^T and PV.
+double AttentionFlops(int64_t batch, int64_t length, int64_t d_model) {
+  return 8.0 * batch * length * d_model * d_model +
+         4.0 * batch * length * length * d_model;
+}
+
+void BM_MultiHeadAttention(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  const int64_t length = state.range(1);
+  ModelSpec spec;
+  spec.d_model = state.range(2);
+  spec.num_heads = state.range(3);
+  MultiHeadAttention::Options options;
+  options.intra_op_threads = static_cast<int>(state.range(4));
+  // For tuning the attention block budget without rebuilding.
+  if (const char* block = std::getenv("ATTNSERVE_BENCH_BLOCK_BYTES")) {
+    options.attention_block_bytes = std::atoll(block);
+  }
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
+                                              *engine, options);
+  if (!attention.ok()) {
+    state.SkipWithError(attention.status().ToString().c_str());
+    return;
+  }
+  const std::vector<int64_t> lengths(batch, length);
+  std::vector<float> query(batch * length * spec.d_model);
+  for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>(i % 17) / 17.0f;
+  std::vector<float> output(query.size());
+  AttentionBatch packed;
+  packed.query = query;
+  packed.query_lengths = lengths;
+  for (auto _ : state) {
+    const absl::Status status =
+        (*attention)->Forward(packed, AttentionOptions(), absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(output.data());
+  }
+  state.counters["GFLOPs"] =
+      benchmark::Counter(AttentionFlops(batch, length, spec.d_model) / 1e9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void AttentionGrid(benchmark::internal::Benchmark* bench) {
+  bench->ArgNames({"B", "L", "d", "h", "threads"});
+  const int64_t grid[][4] = {{1, 128, 512, 8},  {8, 128, 512, 8},    {32, 128, 512, 8},
+                             {8, 512, 768, 12}, {1, 2048, 1024, 16}, {64, 64, 256, 4}};
+  for (int64_t threads : {1, 2}) {
+    for (const auto& shape : grid) {
+      bench->Args({shape[0], shape[1], shape[2], shape[3], threads});
+    }
+  }
+}
+BENCHMARK(BM_MultiHeadAttention)
+    ->Apply(AttentionGrid)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
+// The in-situ ceiling: oneDNN's own large square f32 matmul.
+void BM_PeakMatmul(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  omp_set_num_threads(static_cast<int>(state.range(1)));
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const dnnl::memory::desc desc({n, n}, dnnl::memory::data_type::f32,
+                                dnnl::memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(desc, desc, desc), engine);
+  const dnnl::matmul matmul(pd);
+  dnnl::memory a(desc, engine), b(desc, engine), c(desc, engine);
+  auto* a_data = static_cast<float*>(a.get_data_handle());
+  auto* b_data = static_cast<float*>(b.get_data_handle());
+  for (int64_t i = 0; i < n * n; ++i) {
+    a_data[i] = static_cast<float>(i % 13) / 13.0f;
+    b_data[i] = static_cast<float>(i % 7) / 7.0f;
+  }
+  for (auto _ : state) {
+    matmul.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(
+      2.0 * n * n * n / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_PeakMatmul)
+    ->ArgNames({"n", "threads"})
+    ->Args({2048, 1})
+    ->Args({2048, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
+}  // namespace
+}  // namespace attnserve::core
+
+BENCHMARK_MAIN();

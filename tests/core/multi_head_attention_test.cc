@@ -1,0 +1,448 @@
+#include "core/multi_head_attention.h"
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/reference_attention.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_util.h"
+
+namespace attnserve::core {
+namespace {
+
+using ::attnserve::core::testing::MaxAbsDiff;
+using ::attnserve::core::testing::RandomTokens;
+using ::testing::HasSubstr;
+
+// fp32 against fp64 on inputs of unit scale (the bound).
+constexpr double kTolerance = 1e-5;
+
+struct Fixture {
+  ModelSpec spec;
+  AttentionWeights weights;
+  std::unique_ptr<MultiHeadAttention> attention;
+};
+
+Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
+                    int threads = 0, int64_t block_bytes = 8 << 20) {
+  Fixture fixture;
+  fixture.spec.d_model = d_model;
+  fixture.spec.num_heads = num_heads;
+  fixture.weights = GenerateAttentionWeights(fixture.spec, seed);
+  absl::StatusOr<dnnl::engine> engine = CreateEngine(DeviceKind::kCpu);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  MultiHeadAttention::Options options;
+  options.intra_op_threads = threads;
+  options.attention_block_bytes = block_bytes;
+  auto attention =
+      MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, options);
+  EXPECT_TRUE(attention.ok()) << attention.status();
+  fixture.attention = std::move(attention).value();
+  return fixture;
+}
+
+// Runs a packed batch and compares every sequence (output and attention weights)
+// with the fp64 reference run on that sequence alone.
+void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_lengths,
+                            const std::vector<int64_t>& memory_lengths, bool causal,
+                            const std::vector<float>& head_mask, uint32_t seed) {
+  const int64_t d = fixture.spec.d_model;
+  const int64_t h = fixture.spec.num_heads;
+  const int64_t query_tokens =
+      std::accumulate(query_lengths.begin(), query_lengths.end(), int64_t{0});
+  const int64_t memory_tokens =
+      std::accumulate(memory_lengths.begin(), memory_lengths.end(), int64_t{0});
+  const std::vector<float> query = RandomTokens(query_tokens * d, seed);
+  const std::vector<float> memory = RandomTokens(memory_tokens * d, seed + 1);
+  std::vector<float> output(query_tokens * d);
+  std::vector<float> weights(
+      MultiHeadAttention::AttentionWeightsSize(h, query_lengths, memory_lengths));
+
+  AttentionBatch batch{query, query_lengths, memory, memory_lengths};
+  AttentionOptions options{causal, head_mask};
+  ASSERT_TRUE(
+      fixture.attention
+          ->Forward(batch, options, absl::MakeSpan(output), absl::MakeSpan(weights))
+          .ok());
+
+  int64_t query_offset = 0, memory_offset = 0, weights_offset = 0;
+  for (size_t i = 0; i < query_lengths.size(); ++i) {
+    const int64_t lq = query_lengths[i];
+    const int64_t lk = memory_lengths.empty() ? lq : memory_lengths[i];
+    const absl::Span<const float> query_i =
+        absl::MakeConstSpan(query).subspan(query_offset * d, lq * d);
+    const absl::Span<const float> memory_i =
+        memory_lengths.empty()
+            ? absl::Span<const float>()
+            : absl::MakeConstSpan(memory).subspan(memory_offset * d, lk * d);
+    const ReferenceResult expected = ReferenceAttention(
+        fixture.spec, fixture.weights, query_i, memory_i, causal, head_mask);
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(output).subspan(query_offset * d, lq * d),
+                         absl::MakeConstSpan(expected.output)),
+              kTolerance)
+        << "output of sequence " << i << " (L_q=" << lq << ", L_k=" << lk << ")";
+    EXPECT_LE(
+        MaxAbsDiff(absl::MakeConstSpan(weights).subspan(weights_offset, h * lq * lk),
+                   absl::MakeConstSpan(expected.attention)),
+        kTolerance)
+        << "attention weights of sequence " << i;
+    query_offset += lq;
+    memory_offset += memory_lengths.empty() ? 0 : lk;
+    weights_offset += h * lq * lk;
+  }
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceForOneToken) {
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectMatchesReference(fixture, {1}, {}, false, {}, 1);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceForBaseShape) {
+  Fixture fixture = MakeFixture(512, 8);
+  ExpectMatchesReference(fixture, {128}, {}, false, {}, 2);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceForLongSequence) {
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectMatchesReference(fixture, {1000}, {}, false, {}, 3);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWhenHeadDimIsNotMultipleOf16) {
+  Fixture fixture = MakeFixture(120, 6);  // head_dim 20
+  ExpectMatchesReference(fixture, {33}, {}, false, {}, 4);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceForMixedLengthBatch) {
+  Fixture fixture = MakeFixture(120, 6);
+  ExpectMatchesReference(fixture, {1, 7, 128, 300}, {}, false, {}, 5);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceForCrossAttention) {
+  Fixture fixture = MakeFixture(96, 4);
+  ExpectMatchesReference(fixture, {5, 17, 1}, {9, 3, 40}, false, {}, 6);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWithCausalMask) {
+  Fixture fixture = MakeFixture(120, 6);
+  ExpectMatchesReference(fixture, {1, 7, 64}, {}, true, {}, 7);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWithPartialHeadMask) {
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectMatchesReference(fixture, {12, 5}, {}, false, {1.0f, 0.0f, 0.5f, 0.25f}, 8);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWhenQueryRowsAreSplitIntoBlocks) {
+  // A 1 KiB budget forces 16-row blocks: causal masking, softmax and the returned
+  // weights must line up across block boundaries, including a short last block.
+  Fixture fixture = MakeFixture(64, 4, 7, 0, 1024);
+  ExpectMatchesReference(fixture, {53, 16, 1}, {}, true, {}, 18);
+  ExpectMatchesReference(fixture, {40}, {70}, false, {}, 19);
+}
+
+TEST(MultiHeadAttentionTest, BlockedOutputWithoutWeightsEqualsUnblocked) {
+  Fixture blocked = MakeFixture(64, 4, 7, 0, 1024);
+  Fixture whole = MakeFixture(64, 4, 7, 0, int64_t{1} << 30);
+  const std::vector<int64_t> lengths = {77};
+  const std::vector<float> query = RandomTokens(77 * 64, 20);
+  std::vector<float> a(77 * 64), b(77 * 64);
+  ASSERT_TRUE(blocked.attention->Forward({query, lengths}, {}, absl::MakeSpan(a)).ok());
+  ASSERT_TRUE(whole.attention->Forward({query, lengths}, {}, absl::MakeSpan(b)).ok());
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(a), absl::MakeConstSpan(b)), 1e-6);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWithTwoThreads) {
+  Fixture fixture = MakeFixture(256, 4, 7, 2);
+  ExpectMatchesReference(fixture, {200, 3}, {}, false, {}, 9);
+}
+
+TEST(MultiHeadAttentionTest, AttentionRowsSumToOne) {
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {3, 50};
+  const std::vector<float> query = RandomTokens(53 * 64, 10, 3.0f);
+  std::vector<float> output(53 * 64);
+  std::vector<float> weights(MultiHeadAttention::AttentionWeightsSize(4, lengths, {}));
+  ASSERT_TRUE(
+      fixture.attention
+          ->Forward({query, lengths}, {}, absl::MakeSpan(output), absl::MakeSpan(weights))
+          .ok());
+  size_t offset = 0;
+  for (int64_t length : lengths) {
+    for (int64_t row = 0; row < 4 * length; ++row) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < length; ++j) {
+        EXPECT_GE(weights[offset + j], 0.0f);
+        sum += weights[offset + j];
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << row;
+      offset += length;
+    }
+  }
+  EXPECT_EQ(offset, weights.size());
+}
+
+TEST(MultiHeadAttentionTest, CausalRowsPutNoWeightOnFutureKeys) {
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {16};
+  const std::vector<float> query = RandomTokens(16 * 64, 11);
+  std::vector<float> output(16 * 64);
+  std::vector<float> weights(4 * 16 * 16);
+  AttentionOptions options;
+  options.causal = true;
+  ASSERT_TRUE(fixture.attention
+                  ->Forward({query, lengths}, options, absl::MakeSpan(output),
+                            absl::MakeSpan(weights))
+                  .ok());
+  for (int64_t h = 0; h < 4; ++h) {
+    for (int64_t i = 0; i < 16; ++i) {
+      for (int64_t j = i + 1; j < 16; ++j) {
+        EXPECT_EQ(weights[(h * 16 + i) * 16 + j], 0.0f);
+      }
+    }
+  }
+}
+
+TEST(MultiHeadAttentionTest, PackedBatchEqualsEachSequenceAlone) {
+  Fixture fixture = MakeFixture(128, 8);
+  const std::vector<int64_t> lengths = {1, 7, 128, 300};
+  const int64_t total = 436;
+  const std::vector<float> query = RandomTokens(total * 128, 12);
+  std::vector<float> packed(total * 128);
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(packed)).ok());
+  int64_t offset = 0;
+  for (int64_t length : lengths) {
+    std::vector<float> alone(length * 128);
+    const std::vector<int64_t> one = {length};
+    ASSERT_TRUE(
+        fixture.attention
+            ->Forward(
+                {absl::MakeConstSpan(query).subspan(offset * 128, length * 128), one}, {},
+                absl::MakeSpan(alone))
+            .ok());
+    // Different packings use different GEMM shapes (blocking, summation order), so
+    // equality is up to fp32 rounding, far below the reference tolerance.
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(packed).subspan(offset * 128, length * 128),
+                         absl::MakeConstSpan(alone)),
+              1e-6)
+        << "sequence of length " << length;
+    offset += length;
+  }
+}
+
+TEST(MultiHeadAttentionTest, AllOnesHeadMaskEqualsNoMask) {
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {9};
+  const std::vector<float> query = RandomTokens(9 * 64, 13);
+  std::vector<float> plain(9 * 64), masked(9 * 64);
+  const std::vector<float> ones = {1, 1, 1, 1};
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(plain)).ok());
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {false, ones}, absl::MakeSpan(masked))
+          .ok());
+  EXPECT_EQ(plain, masked);
+}
+
+TEST(MultiHeadAttentionTest, ZeroedHeadEqualsRemovingItsOutputColumns) {
+  // A pruned head contributes nothing: the result equals a model whose W_out columns
+  // for that head are zero.
+  Fixture fixture = MakeFixture(64, 4);
+  AttentionWeights pruned = fixture.weights;
+  const int64_t head = 2, head_dim = 16;
+  for (int64_t row = 0; row < 64; ++row) {
+    for (int64_t c = head * head_dim; c < (head + 1) * head_dim; ++c) {
+      pruned.out_proj_weight[row * 64 + c] = 0.0f;
+    }
+  }
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  ASSERT_TRUE(engine.ok());
+  auto pruned_attention = MultiHeadAttention::Create(fixture.spec, pruned, *engine);
+  ASSERT_TRUE(pruned_attention.ok());
+
+  const std::vector<int64_t> lengths = {11, 4};
+  const std::vector<float> query = RandomTokens(15 * 64, 14);
+  std::vector<float> masked(15 * 64), removed(15 * 64);
+  const std::vector<float> mask = {1, 1, 0, 1};
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {false, mask}, absl::MakeSpan(masked))
+          .ok());
+  ASSERT_TRUE(
+      (*pruned_attention)->Forward({query, lengths}, {}, absl::MakeSpan(removed)).ok());
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(masked), absl::MakeConstSpan(removed)), 1e-6);
+}
+
+TEST(MultiHeadAttentionTest, ReusesPrimitivesForRepeatedShapes) {
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {5, 5};
+  const std::vector<float> query = RandomTokens(10 * 64, 15);
+  std::vector<float> output(10 * 64);
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  const int64_t after_first = fixture.attention->primitive_creations();
+  // One projection shape plus scores, softmax and context for L=5.
+  EXPECT_EQ(after_first, 4);
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  EXPECT_EQ(fixture.attention->primitive_creations(), after_first);
+}
+
+TEST(MultiHeadAttentionTest, EvictsLeastRecentlyUsedPrimitivesWhenFull) {
+  ModelSpec spec;
+  spec.d_model = 32;
+  spec.num_heads = 2;
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  ASSERT_TRUE(engine.ok());
+  MultiHeadAttention::Options options;
+  options.primitive_cache_capacity = 4;
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 1),
+                                              *engine, options);
+  ASSERT_TRUE(attention.ok());
+  for (int64_t length : {3, 4, 3}) {
+    const std::vector<int64_t> lengths = {length};
+    const std::vector<float> query = RandomTokens(length * 32, 16);
+    std::vector<float> output(length * 32);
+    ASSERT_TRUE((*attention)->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  }
+  // Capacity 4 holds one length's primitives: L=3 was evicted by L=4 and rebuilt.
+  EXPECT_EQ((*attention)->primitive_creations(), 12);
+}
+
+class ForwardErrorTest : public ::testing::Test {
+ protected:
+  ForwardErrorTest() : fixture_(MakeFixture(16, 2)) {}
+
+  absl::Status Run(const AttentionBatch& batch, const AttentionOptions& options = {},
+                   int64_t output_floats = -1) {
+    int64_t tokens = 0;
+    for (int64_t length : batch.query_lengths) tokens += length;
+    output_.assign(output_floats >= 0 ? output_floats : tokens * 16, 0.0f);
+    return fixture_.attention->Forward(batch, options, absl::MakeSpan(output_));
+  }
+
+  Fixture fixture_;
+  std::vector<float> output_;
+  std::vector<float> query_ = RandomTokens(4 * 16, 17);
+  std::vector<int64_t> lengths_ = {4};
+};
+
+TEST_F(ForwardErrorTest, RejectsEmptyBatch) {
+  const absl::Status status = Run({query_, {}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("query_lengths"));
+}
+
+TEST_F(ForwardErrorTest, RejectsZeroLength) {
+  const std::vector<int64_t> lengths = {4, 0};
+  const absl::Status status = Run({query_, lengths});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("query_lengths[1] must be >= 1, got 0"));
+}
+
+TEST_F(ForwardErrorTest, RejectsQuerySizeNotMatchingLengths) {
+  const std::vector<int64_t> lengths = {5};
+  const absl::Status status = Run({query_, lengths});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("query must hold"));
+  EXPECT_THAT(status.message(), HasSubstr("got 64"));
+}
+
+TEST_F(ForwardErrorTest, RejectsCausalCrossAttention) {
+  const std::vector<int64_t> memory_lengths = {4};
+  const absl::Status status = Run({query_, lengths_, query_, memory_lengths}, {true, {}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("causal"));
+  EXPECT_THAT(status.message(), HasSubstr("cross-attention"));
+}
+
+TEST_F(ForwardErrorTest, RejectsMemoryLengthsCountMismatch) {
+  const std::vector<int64_t> memory_lengths = {2, 2};
+  const absl::Status status = Run({query_, lengths_, query_, memory_lengths});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("memory_lengths must have one entry"));
+}
+
+TEST_F(ForwardErrorTest, RejectsMemorySizeNotMatchingLengths) {
+  const std::vector<int64_t> memory_lengths = {3};
+  const absl::Status status = Run({query_, lengths_, query_, memory_lengths});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("memory must hold"));
+}
+
+TEST_F(ForwardErrorTest, RejectsHeadMaskOfWrongLength) {
+  const std::vector<float> mask = {1, 1, 1};
+  const absl::Status status = Run({query_, lengths_}, {false, mask});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("head_mask must have num_heads = 2"));
+}
+
+TEST_F(ForwardErrorTest, RejectsHeadMaskValueOutsideUnitInterval) {
+  for (float bad : {-0.5f, 1.5f, NAN}) {
+    const std::vector<float> mask = {1, bad};
+    const absl::Status status = Run({query_, lengths_}, {false, mask});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(status.message(), HasSubstr("head_mask[1] must be in [0, 1]"));
+  }
+}
+
+TEST_F(ForwardErrorTest, RejectsWrongOutputSize) {
+  const absl::Status status = Run({query_, lengths_}, {}, 10);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("output must hold 64 floats, got 10"));
+}
+
+TEST_F(ForwardErrorTest, RejectsWrongAttentionWeightsSize) {
+  std::vector<float> output(64), weights(5);
+  const absl::Status status = fixture_.attention->Forward(
+      {query_, lengths_}, {}, absl::MakeSpan(output), absl::MakeSpan(weights));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("attention_weights must be empty or hold 32"));
+}
+
+TEST_F(ForwardErrorTest, KeepsWorkingAfterAnError) {
+  const std::vector<int64_t> bad = {0};
+  EXPECT_FALSE(Run({query_, bad}).ok());
+  EXPECT_TRUE(Run({query_, lengths_}).ok());
+}
+
+TEST(MultiHeadAttentionCreateTest, RejectsMismatchedWeights) {
+  ModelSpec spec;
+  spec.d_model = 16;
+  spec.num_heads = 2;
+  AttentionWeights weights = GenerateAttentionWeights(spec, 1);
+  weights.out_proj_bias.pop_back();
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  ASSERT_TRUE(engine.ok());
+  auto attention = MultiHeadAttention::Create(spec, weights, *engine);
+  EXPECT_EQ(attention.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(attention.status().message(), HasSubstr("out_proj.bias"));
+}
+
+TEST(MultiHeadAttentionCreateTest, RejectsNegativeThreadCount) {
+  ModelSpec spec;
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  ASSERT_TRUE(engine.ok());
+  MultiHeadAttention::Options options;
+  options.intra_op_threads = -1;
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
+                                              *engine, options);
+  EXPECT_EQ(attention.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(attention.status().message(), HasSubstr("intra_op_threads"));
+}
+
+TEST(MultiHeadAttentionCreateTest, RejectsBf16UntilImplemented) {
+  ModelSpec spec;
+  spec.precision = Precision::kBf16;
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  ASSERT_TRUE(engine.ok());
+  auto attention =
+      MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0), *engine);
+  EXPECT_EQ(attention.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(attention.status().message(), HasSubstr("bf16"));
+}
+
+}  // namespace
+}  // namespace attnserve::core
