@@ -1,0 +1,92 @@
+#!/usr/bin/python3
+"""Writes golden outputs of PyTorch's nn.MultiheadAttention for tests/core/golden_test.
+
+Run with Debian's python3-torch: /usr/bin/python3 tests/tools/make_golden.py tests/data
+For each case it writes <case>.weights.safetensors (the module's state_dict, the file a
+user would hand to attnserve) and <case>.io.safetensors (inputs, outputs, per-head
+attention weights, and the case's settings as metadata). The safetensors format is
+written here by hand (8-byte little-endian header length, JSON header, raw bytes) so
+that no package beyond torch is needed.
+"""
+import json
+import os
+import struct
+import sys
+import zlib
+
+import torch
+
+CASES = [
+    # name, d_model, heads, batch, query length, memory length (None: self), causal
+    ("self_d64_h4", 64, 4, 2, 9, None, False),
+    ("cross_d96_h6", 96, 6, 2, 7, 12, False),
+    ("causal_d64_h4", 64, 4, 1, 13, None, True),
+    ("self_d120_h6", 120, 6, 3, 5, None, False),
+]
+
+
+def write_safetensors(path, tensors, metadata=None):
+    header = {}
+    blobs = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().contiguous().to(torch.float32)
+        data = tensor.numpy().astype("<f4").tobytes()
+        header[name] = {
+            "dtype": "F32",
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        blobs.append(data)
+        offset += len(data)
+    if metadata:
+        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as out:
+        out.write(struct.pack("<Q", len(text)))
+        out.write(text)
+        for blob in blobs:
+            out.write(blob)
+
+
+def make_case(directory, name, d_model, heads, batch, length, memory_length, causal):
+    torch.manual_seed(zlib.crc32(name.encode()))
+    module = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
+    with torch.no_grad():
+        # PyTorch starts biases at zero; random ones make the test exercise them.
+        module.in_proj_bias.uniform_(-0.2, 0.2)
+        module.out_proj.bias.uniform_(-0.2, 0.2)
+    query = torch.rand(batch, length, d_model) * 2 - 1
+    memory = query if memory_length is None else torch.rand(batch, memory_length, d_model) * 2 - 1
+    mask = None
+    if causal:
+        mask = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+    with torch.inference_mode():
+        output, attention = module(
+            query, memory, memory, attn_mask=mask, need_weights=True,
+            average_attn_weights=False)
+    state = module.state_dict()
+    write_safetensors(
+        os.path.join(directory, name + ".weights.safetensors"),
+        {key: state[key] for key in
+         ("in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias")})
+    io = {"query": query, "output": output, "attention": attention}
+    if memory_length is not None:
+        io["memory"] = memory
+    write_safetensors(
+        os.path.join(directory, name + ".io.safetensors"), io,
+        {"d_model": d_model, "num_heads": heads, "causal": int(causal),
+         "torch": torch.__version__})
+
+
+def main():
+    directory = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
+    os.makedirs(directory, exist_ok=True)
+    for case in CASES:
+        make_case(directory, *case)
+        print("wrote", case[0])
+
+
+if __name__ == "__main__":
+    main()
