@@ -40,24 +40,10 @@ memory::desc Plain2d(int64_t rows, int64_t cols) {
   return memory::desc({rows, cols}, memory::data_type::f32, memory::format_tag::ab);
 }
 
-// View of one sequence's [L, d] plane as [1, h, L, head_dim]: head i's vectors are
-// columns [i*head_dim, (i+1)*head_dim) of each row (oneDNN tag acbd, a dense layout
-// the fast brgemm matmul accepts).
-memory::desc HeadsView(int64_t heads, int64_t length, int64_t head_dim) {
-  return memory::desc({1, heads, length, head_dim}, memory::data_type::f32,
-                      memory::format_tag::acbd);
-}
-
-// The same plane read as K^T: [1, h, head_dim, L] (tag adbc).
-memory::desc HeadsTransposedView(int64_t heads, int64_t length, int64_t head_dim) {
-  return memory::desc({1, heads, head_dim, length}, memory::data_type::f32,
-                      memory::format_tag::adbc);
-}
-
-// Per-sequence attention scores [1, h, L_q, L_k], dense.
-memory::desc ScoresDesc(int64_t heads, int64_t query_length, int64_t key_length) {
-  return memory::desc({1, heads, query_length, key_length}, memory::data_type::f32,
-                      memory::format_tag::abcd);
+// Scores of `heads` heads [heads, rows, L_k], dense.
+memory::desc ScoresDesc(int64_t heads, int64_t rows, int64_t key_length) {
+  return memory::desc({heads, rows, key_length}, memory::data_type::f32,
+                      memory::format_tag::abc);
 }
 
 absl::Status CheckLengths(absl::Span<const int64_t> lengths, absl::string_view field,
@@ -152,7 +138,20 @@ MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine
       engine_(engine),
       stream_(engine),
       options_(options),
-      cache_(static_cast<size_t>(options.primitive_cache_capacity)) {}
+      cache_(static_cast<size_t>(options.primitive_cache_capacity)),
+      d_(spec.d_model),
+      head_dim_(spec.head_dim()) {}
+
+dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t heads, int64_t rows) const {
+  return memory::desc({heads, rows, head_dim_}, memory::data_type::f32,
+                      {head_dim_, d_, 1});
+}
+
+dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t heads,
+                                                       int64_t length) const {
+  return memory::desc({heads, head_dim_, length}, memory::data_type::f32,
+                      {head_dim_, 1, d_});
+}
 
 int64_t MultiHeadAttention::AttentionWeightsSize(
     int64_t num_heads, absl::Span<const int64_t> query_lengths,
@@ -304,10 +303,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
 }
 
 absl::StatusOr<const CachedPrimitive*> MultiHeadAttention::GetPrimitive(
-    PrimitiveKind kind, int64_t a, int64_t b) {
+    PrimitiveKind kind, int64_t heads, int64_t a, int64_t b) {
   const int64_t d = spec_.d_model;
-  const int64_t heads = spec_.num_heads;
-  const int64_t head_dim = spec_.head_dim();
   const auto create = [&]() -> absl::StatusOr<CachedPrimitive> {
     try {
       const dnnl::primitive_attr attr = UserScratchpadAttr();
@@ -325,8 +322,7 @@ absl::StatusOr<const CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           break;
         }
         case PrimitiveKind::kScores: {
-          const dnnl::matmul::desc desc(HeadsView(heads, a, head_dim),
-                                        HeadsTransposedView(heads, b, head_dim),
+          const dnnl::matmul::desc desc(HeadRowsView(heads, a), HeadColumnsView(heads, b),
                                         ScoresDesc(heads, a, b));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
@@ -335,16 +331,15 @@ absl::StatusOr<const CachedPrimitive*> MultiHeadAttention::GetPrimitive(
         }
         case PrimitiveKind::kSoftmax: {
           const dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference,
-                                                 ScoresDesc(heads, a, b), 3);
+                                                 ScoresDesc(heads, a, b), 2);
           const dnnl::softmax_forward::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::softmax_forward(pd);
           created.scratchpad_bytes = pd.scratchpad_desc().get_size();
           break;
         }
         case PrimitiveKind::kContext: {
-          const dnnl::matmul::desc desc(ScoresDesc(heads, a, b),
-                                        HeadsView(heads, b, head_dim),
-                                        HeadsView(heads, a, head_dim));
+          const dnnl::matmul::desc desc(ScoresDesc(heads, a, b), HeadRowsView(heads, b),
+                                        HeadRowsView(heads, a));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
           created.scratchpad_bytes = pd.scratchpad_desc().get_size();
@@ -357,7 +352,7 @@ absl::StatusOr<const CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           e, absl::StrCat("create a primitive for shape (", a, ", ", b, ")"));
     }
   };
-  return cache_.GetOrCreate(PrimitiveKey{kind, {a, b}}, create);
+  return cache_.GetOrCreate(PrimitiveKey{kind, {heads, a, b}}, create);
 }
 
 absl::Status MultiHeadAttention::Execute(const CachedPrimitive& primitive,
@@ -382,7 +377,7 @@ absl::Status MultiHeadAttention::Project(const float* in, int64_t rows,
                                          float* out) {
   const int64_t d = spec_.d_model;
   ATTN_ASSIGN_OR_RETURN(const CachedPrimitive* primitive,
-                        GetPrimitive(PrimitiveKind::kProjection, rows, 0));
+                        GetPrimitive(PrimitiveKind::kProjection, 0, rows, 0));
   const memory::desc weights_desc({d, d}, memory::data_type::f32, memory::format_tag::ba);
   return Execute(
       *primitive,
@@ -398,74 +393,80 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
                                                 float* attention_weights,
                                                 float* context) {
   const int64_t heads = spec_.num_heads;
-  const int64_t head_dim = spec_.head_dim();
-  const int64_t d = spec_.d_model;
-  // Query rows are processed in blocks whose scores [h, rows, L_k] fit the block
-  // budget: for long sequences the full score tensor (h L_q L_k floats, 256 MB at
-  // L=2048, h=16) would make QK^T, softmax and PV stream from memory.
-  const int64_t row_bytes = heads * key_length * static_cast<int64_t>(sizeof(float));
-  const int64_t block_rows = std::min(
-      query_length,
-      std::max<int64_t>(kMinBlockRows, options_.attention_block_bytes / row_bytes));
-  const bool single_block = block_rows == query_length;
-  float* scratch = (single_block && attention_weights != nullptr)
+  const int64_t head_dim = head_dim_;
+  const int64_t budget = options_.attention_block_bytes;
+  const int64_t row_bytes = key_length * static_cast<int64_t>(sizeof(float));
+  // Short sequences: all heads in one batched matmul each (fewest primitive calls).
+  // Long ones: one head at a time, query rows in blocks whose scores fit the budget,
+  // so that QK^T, softmax and PV work in cache instead of streaming h L_q L_k floats
+  // (256 MB at L=2048, h=16) through memory.
+  const bool all_heads = heads * query_length * row_bytes <= budget;
+  const int64_t group = all_heads ? heads : 1;
+  const int64_t block_rows =
+      all_heads
+          ? query_length
+          : std::min(query_length, std::max<int64_t>(kMinBlockRows, budget / row_bytes));
+  float* scratch = attention_weights != nullptr
                        ? nullptr
-                       : probabilities_.Reserve(heads * block_rows * key_length);
+                       : probabilities_.Reserve(group * block_rows * key_length);
 
-  for (int64_t first_row = 0; first_row < query_length; first_row += block_rows) {
-    const int64_t rows = std::min(block_rows, query_length - first_row);
-    float* scores_data = scratch != nullptr ? scratch : attention_weights;
-    const memory scores(ScoresDesc(heads, rows, key_length), engine_, scores_data);
+  for (int64_t first_head = 0; first_head < heads; first_head += group) {
+    // Head h's vectors are columns [h*head_dim, (h+1)*head_dim) of the [L, d] planes.
+    const int64_t column = first_head * head_dim;
+    for (int64_t first_row = 0; first_row < query_length; first_row += block_rows) {
+      const int64_t rows = std::min(block_rows, query_length - first_row);
+      // These heads' weights for these rows are contiguous in the caller's
+      // [h, L_q, L_k] output, so they are computed in place there.
+      float* scores_data =
+          scratch != nullptr
+              ? scratch
+              : attention_weights + (first_head * query_length + first_row) * key_length;
+      const memory scores(ScoresDesc(group, rows, key_length), engine_, scores_data);
 
-    // scores = Q K^T (the 1/sqrt(head_dim) is already folded into Q).
-    ATTN_ASSIGN_OR_RETURN(const CachedPrimitive* scores_primitive,
-                          GetPrimitive(PrimitiveKind::kScores, rows, key_length));
-    ATTN_RETURN_IF_ERROR(Execute(
-        *scores_primitive,
-        {{DNNL_ARG_SRC, memory(HeadsView(heads, rows, head_dim), engine_,
-                               const_cast<float*>(q + first_row * d))},
-         {DNNL_ARG_WEIGHTS, memory(HeadsTransposedView(heads, key_length, head_dim),
-                                   engine_, const_cast<float*>(k))},
-         {DNNL_ARG_DST, scores}}));
+      // scores = Q K^T per head (the 1/sqrt(head_dim) is already folded into Q).
+      ATTN_ASSIGN_OR_RETURN(
+          const CachedPrimitive* scores_primitive,
+          GetPrimitive(PrimitiveKind::kScores, group, rows, key_length));
+      ATTN_RETURN_IF_ERROR(Execute(
+          *scores_primitive,
+          {{DNNL_ARG_SRC, memory(HeadRowsView(group, rows), engine_,
+                                 const_cast<float*>(q + first_row * d_ + column))},
+           {DNNL_ARG_WEIGHTS, memory(HeadColumnsView(group, key_length), engine_,
+                                     const_cast<float*>(k + column))},
+           {DNNL_ARG_DST, scores}}));
 
-    if (causal) {
-      // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
-      // post-op on oneDNN 2.6 (which leaves the fast matmul path); the diagonal keeps
-      // every row non-empty.
-      const float masked = -std::numeric_limits<float>::infinity();
-      for (int64_t h = 0; h < heads; ++h) {
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t i = first_row + r;
-          float* row = scores_data + (h * rows + r) * key_length;
-          if (i + 1 < key_length) std::fill(row + i + 1, row + key_length, masked);
+      if (causal) {
+        // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
+        // post-op on oneDNN 2.6, and the diagonal keeps every row non-empty.
+        const float masked = -std::numeric_limits<float>::infinity();
+        for (int64_t g = 0; g < group; ++g) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = first_row + r;
+            float* row = scores_data + (g * rows + r) * key_length;
+            if (i + 1 < key_length) std::fill(row + i + 1, row + key_length, masked);
+          }
         }
       }
+
+      // probabilities = softmax(scores) over keys, in place.
+      ATTN_ASSIGN_OR_RETURN(
+          const CachedPrimitive* softmax_primitive,
+          GetPrimitive(PrimitiveKind::kSoftmax, group, rows, key_length));
+      ATTN_RETURN_IF_ERROR(
+          Execute(*softmax_primitive, {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, scores}}));
+
+      // context = probabilities V per head, into the heads' columns of the context.
+      ATTN_ASSIGN_OR_RETURN(
+          const CachedPrimitive* context_primitive,
+          GetPrimitive(PrimitiveKind::kContext, group, rows, key_length));
+      ATTN_RETURN_IF_ERROR(
+          Execute(*context_primitive,
+                  {{DNNL_ARG_SRC, scores},
+                   {DNNL_ARG_WEIGHTS, memory(HeadRowsView(group, key_length), engine_,
+                                             const_cast<float*>(v + column))},
+                   {DNNL_ARG_DST, memory(HeadRowsView(group, rows), engine_,
+                                         context + first_row * d_ + column)}}));
     }
-
-    // probabilities = softmax(scores) over keys, in place.
-    ATTN_ASSIGN_OR_RETURN(const CachedPrimitive* softmax_primitive,
-                          GetPrimitive(PrimitiveKind::kSoftmax, rows, key_length));
-    ATTN_RETURN_IF_ERROR(
-        Execute(*softmax_primitive, {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, scores}}));
-
-    if (attention_weights != nullptr && scratch != nullptr) {
-      for (int64_t h = 0; h < heads; ++h) {
-        std::copy(scores_data + h * rows * key_length,
-                  scores_data + (h + 1) * rows * key_length,
-                  attention_weights + (h * query_length + first_row) * key_length);
-      }
-    }
-
-    // context = probabilities V, written straight into the [L_q, d] context plane.
-    ATTN_ASSIGN_OR_RETURN(const CachedPrimitive* context_primitive,
-                          GetPrimitive(PrimitiveKind::kContext, rows, key_length));
-    ATTN_RETURN_IF_ERROR(Execute(
-        *context_primitive,
-        {{DNNL_ARG_SRC, scores},
-         {DNNL_ARG_WEIGHTS,
-          memory(HeadsView(heads, key_length, head_dim), engine_, const_cast<float*>(v))},
-         {DNNL_ARG_DST,
-          memory(HeadsView(heads, rows, head_dim), engine_, context + first_row * d)}}));
   }
   return absl::OkStatus();
 }

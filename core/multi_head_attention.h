@@ -58,10 +58,11 @@ class MultiHeadAttention {
     // Primitives kept per object (each shape of projection, scores, softmax and
     // context is one). Range [4, 1000000].
     int primitive_cache_capacity = 512;
-    // Bytes of attention scores ([h, rows, L_k] floats) computed at once; query rows
-    // are processed in blocks of this size (at least 16 rows) so that long sequences
-    // stay in cache. Range >= 1024.
-    int64_t attention_block_bytes = 8 << 20;
+    // Bytes of attention scores computed at once. A sequence whose scores for all
+    // heads (h L_q L_k floats) fit runs all heads in one batched matmul; a longer one
+    // runs one head at a time in blocks of query rows (at least 16) of this size, so
+    // that it stays in cache. Range >= 1024.
+    int64_t attention_block_bytes = 1 << 20;
   };
 
   // Validates `spec`, `weights` (shapes) and `options` (InvalidArgument naming the
@@ -124,8 +125,14 @@ class MultiHeadAttention {
   absl::Status AttendSequence(const float* q, const float* k, const float* v,
                               int64_t query_length, int64_t key_length, bool causal,
                               float* attention_weights, float* context);
-  absl::StatusOr<const CachedPrimitive*> GetPrimitive(PrimitiveKind kind, int64_t a,
-                                                      int64_t b);
+  // `heads` consecutive heads' [rows, head_dim] slices of an [L, d] plane, as
+  // [heads, rows, head_dim] with strides (head_dim, d, 1): no copy into per-head planes.
+  dnnl::memory::desc HeadRowsView(int64_t heads, int64_t rows) const;
+  // The same slices read transposed, [heads, head_dim, length] (K^T).
+  dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length) const;
+  // `heads` is 0 for projections; a, b are (rows, 0) or (rows, L_k).
+  absl::StatusOr<const CachedPrimitive*> GetPrimitive(PrimitiveKind kind, int64_t heads,
+                                                      int64_t a, int64_t b);
   absl::Status Execute(const CachedPrimitive& primitive,
                        std::unordered_map<int, dnnl::memory> args);
 
@@ -134,6 +141,8 @@ class MultiHeadAttention {
   dnnl::stream stream_;
   Options options_;
   PrimitiveCache cache_;
+  int64_t d_;
+  int64_t head_dim_;
 
   // Weights, with 1/sqrt(head_dim) folded into the query projection.
   std::vector<float> query_weight_, key_weight_, value_weight_, out_weight_;

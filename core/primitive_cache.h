@@ -19,14 +19,14 @@ namespace attnserve::core {
 // What a primitive computes; part of the key.
 enum class PrimitiveKind : int32_t {
   kProjection,  // [rows, d] x [d, d] + bias
-  kScores,      // per sequence: Q K^T over all heads
-  kSoftmax,     // per sequence: softmax over keys
-  kContext,     // per sequence: P V over all heads
+  kScores,      // per head group and row block: Q K^T
+  kSoftmax,     // per head group and row block: softmax over keys
+  kContext,     // per head group and row block: P V
 };
 
 struct PrimitiveKey {
   PrimitiveKind kind = PrimitiveKind::kProjection;
-  std::array<int64_t, 2> dims = {0, 0};
+  std::array<int64_t, 3> dims = {0, 0, 0};
 
   bool operator==(const PrimitiveKey& other) const {
     return kind == other.kind && dims == other.dims;

@@ -27,7 +27,7 @@ struct Fixture {
 };
 
 Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
-                    int threads = 0, int64_t block_bytes = 8 << 20) {
+                    int threads = 0, int64_t block_bytes = 1 << 20) {
   Fixture fixture;
   fixture.spec.d_model = d_model;
   fixture.spec.num_heads = num_heads;
