@@ -2,6 +2,7 @@
 
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/device.h"
@@ -309,6 +310,34 @@ TEST(MultiHeadAttentionTest, EvictsLeastRecentlyUsedPrimitivesWhenFull) {
   }
   // Capacity 4 holds one length's primitives: L=3 was evicted by L=4 and rebuilt.
   EXPECT_EQ((*attention)->primitive_creations(), 12);
+}
+
+TEST(MultiHeadAttentionTest, ObjectsOnDifferentThreadsDoNotInterfere) {
+  // Same shapes on both objects, so oneDNN's global cache hands both the same primitive
+  // implementation; each object's own scratchpad keeps concurrent calls apart.
+  Fixture first = MakeFixture(128, 4, 7, 1);
+  Fixture second = MakeFixture(128, 4, 7, 1);
+  const std::vector<int64_t> lengths = {64, 31};
+  const std::vector<float> query = RandomTokens(95 * 128, 21);
+  std::vector<float> expected(95 * 128);
+  ASSERT_TRUE(
+      first.attention->Forward({query, lengths}, {}, absl::MakeSpan(expected)).ok());
+  const auto worker = [&](MultiHeadAttention* attention, int* mismatches) {
+    std::vector<float> output(95 * 128);
+    for (int i = 0; i < 30; ++i) {
+      if (!attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok() ||
+          output != expected) {
+        ++*mismatches;
+      }
+    }
+  };
+  int first_mismatches = 0, second_mismatches = 0;
+  std::thread a(worker, first.attention.get(), &first_mismatches);
+  std::thread b(worker, second.attention.get(), &second_mismatches);
+  a.join();
+  b.join();
+  EXPECT_EQ(first_mismatches, 0);
+  EXPECT_EQ(second_mismatches, 0);
 }
 
 class ForwardErrorTest : public ::testing::Test {
