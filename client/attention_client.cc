@@ -1,0 +1,148 @@
+#include "client/attention_client.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::client {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
+    const Options& options) {
+  if (options.target.empty())
+    return absl::InvalidArgumentError("target must not be empty");
+  if (options.load_balancing != "pick_first" && options.load_balancing != "round_robin") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("load_balancing must be pick_first or round_robin, got ",
+                     options.load_balancing));
+  }
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
+  arguments.SetMaxSendMessageSize(options.max_message_bytes);
+  arguments.SetLoadBalancingPolicyName(options.load_balancing);
+  std::unique_ptr<AttentionClient> client(new AttentionClient());
+  client->options_ = options;
+  client->channel_ = grpc::CreateCustomChannel(
+      options.target, grpc::InsecureChannelCredentials(), arguments);
+  client->stub_ = v1::AttentionService::NewStub(client->channel_);
+  client->health_ = grpc::health::v1::Health::NewStub(client->channel_);
+  return client;
+}
+
+void AttentionClient::SetDeadline(grpc::ClientContext& context,
+                                  absl::Duration timeout) const {
+  if (timeout < absl::InfiniteDuration()) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+}
+
+absl::StatusOr<v1::AttendResponse> AttentionClient::Attend(
+    const v1::AttendRequest& request) const {
+  return Attend(request, options_.timeout);
+}
+
+absl::StatusOr<v1::AttendResponse> AttentionClient::Attend(
+    const v1::AttendRequest& request, absl::Duration timeout) const {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::AttendResponse response;
+  const grpc::Status status = stub_->Attend(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+void AttentionClient::AttendAsync(
+    const v1::AttendRequest& request, absl::Duration timeout,
+    std::function<void(absl::StatusOr<v1::AttendResponse>)> done,
+    grpc::ClientContext* context) const {
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> owned_context;
+    grpc::ClientContext* context;
+    v1::AttendRequest request;
+    v1::AttendResponse response;
+    std::function<void(absl::StatusOr<v1::AttendResponse>)> done;
+  };
+  auto* call = new Call();
+  if (context == nullptr) {
+    call->owned_context = std::make_unique<grpc::ClientContext>();
+    context = call->owned_context.get();
+  }
+  call->context = context;
+  SetDeadline(*context, timeout);
+  call->request = request;
+  call->done = std::move(done);
+  stub_->async()->Attend(context, &call->request, &call->response,
+                         [call](grpc::Status status) {
+                           if (status.ok()) {
+                             call->done(std::move(call->response));
+                           } else {
+                             call->done(FromGrpcStatus(status));
+                           }
+                           delete call;
+                         });
+}
+
+absl::StatusOr<bool> AttentionClient::IsServing(const std::string& service) const {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = health_->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+}
+
+absl::StatusOr<std::vector<v1::ModelInfo>> AttentionClient::ListModels() const {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  v1::ListModelsResponse response;
+  const grpc::Status status =
+      stub_->ListModels(&context, v1::ListModelsRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return std::vector<v1::ModelInfo>(response.models().begin(), response.models().end());
+}
+
+absl::StatusOr<v1::ModelInfo> AttentionClient::GetModel(const std::string& name) const {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  v1::GetModelRequest request;
+  request.set_name(name);
+  v1::GetModelResponse response;
+  const grpc::Status status = stub_->GetModel(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.model();
+}
+
+v1::Tensor Float32Tensor(absl::Span<const float> values, std::vector<int64_t> shape) {
+  v1::Tensor tensor;
+  tensor.set_dtype(v1::DATA_TYPE_FP32);
+  tensor.mutable_shape()->Add(shape.begin(), shape.end());
+  tensor.set_raw(reinterpret_cast<const char*>(values.data()),
+                 values.size() * sizeof(float));
+  return tensor;
+}
+
+absl::StatusOr<std::vector<float>> Float32Values(const v1::Tensor& tensor) {
+  if (tensor.dtype() != v1::DATA_TYPE_FP32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected a DATA_TYPE_FP32 tensor, got ", v1::DataType_Name(tensor.dtype())));
+  }
+  int64_t elements = 1;
+  for (int64_t dim : tensor.shape()) elements *= dim;
+  if (static_cast<int64_t>(tensor.raw().size()) != elements * 4) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor raw has ", tensor.raw().size(),
+                                                   " bytes, shape needs ", elements * 4));
+  }
+  std::vector<float> values(elements);
+  std::memcpy(values.data(), tensor.raw().data(), tensor.raw().size());
+  return values;
+}
+
+}  // namespace attnserve::client

@@ -1,0 +1,84 @@
+// AttentionClient: a small C++ client for attnserve: Attend (blocking and async),
+// health checks and model listing over one gRPC channel.
+#ifndef ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
+#define ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "attnserve/v1/attention.grpc.pb.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace attnserve::client {
+
+// Thread-safe: one client may be shared by many threads (gRPC channels are).
+class AttentionClient {
+ public:
+  struct Options {
+    // Any gRPC target: "localhost:50051", "dns:///svc.ns.svc:50051", "ipv4:a:p,b:p".
+    std::string target = "localhost:50051";
+    // "pick_first" or "round_robin" (spreads calls over every resolved address).
+    std::string load_balancing = "pick_first";
+    // Largest message, both directions, bytes.
+    int max_message_bytes = 64 << 20;
+    // Deadline of each call unless the call gives its own.
+    absl::Duration timeout = absl::Seconds(30);
+  };
+
+  // Creates the channel (connects lazily). InvalidArgument for an unknown
+  // load_balancing policy or an empty target.
+  static absl::StatusOr<std::unique_ptr<AttentionClient>> Create(const Options& options);
+
+  // Blocking Attend. The server's status (code and message) on failure.
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request) const;
+  absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
+                                            absl::Duration timeout) const;
+
+  // Non-blocking Attend: `done` runs once on a gRPC thread with the result. The
+  // request is copied; `context`, if not null, lets the caller cancel
+  // (context->TryCancel()) and must outlive the call.
+  void AttendAsync(const v1::AttendRequest& request, absl::Duration timeout,
+                   std::function<void(absl::StatusOr<v1::AttendResponse>)> done,
+                   grpc::ClientContext* context = nullptr) const;
+
+  // grpc.health.v1 Check for `service` ("" = the server, or a model name, or
+  // "attnserve.v1.AttentionService"): true when SERVING.
+  absl::StatusOr<bool> IsServing(const std::string& service = "") const;
+
+  absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;
+  absl::StatusOr<v1::ModelInfo> GetModel(const std::string& name) const;
+
+  // For callers that need the raw stubs (streams, custom metadata).
+  v1::AttentionService::Stub* stub() const { return stub_.get(); }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+
+ private:
+  AttentionClient() = default;
+  void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) const;
+
+  Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+// A float32 tensor with `shape` holding `values` (row-major).
+v1::Tensor Float32Tensor(absl::Span<const float> values, std::vector<int64_t> shape);
+
+// The float32 values of `tensor`; InvalidArgument if it is not DATA_TYPE_FP32 or its
+// byte count does not match its shape.
+absl::StatusOr<std::vector<float>> Float32Values(const v1::Tensor& tensor);
+
+// grpc::Status -> absl::Status with the same code and message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace attnserve::client
+
+#endif  // ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_

@@ -1,0 +1,95 @@
+#include "server/attention_server.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "server/event_log.h"
+
+namespace attnserve::server {
+
+absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
+    const Options& options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("port must be in [0, 65535], got ", options.port));
+  }
+  if (options.max_message_bytes < 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_message_bytes must be >= 1024, got ", options.max_message_bytes));
+  }
+  if (options.grace_period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("grace_period must be >= 0");
+  }
+  std::unique_ptr<AttentionServer> server(new AttentionServer());
+  server->options_ = options;
+  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
+      ModelRegistry::Create(options.models);
+  if (!registry.ok()) return registry.status();
+  server->registry_ = std::move(registry).value();
+  for (const ServedModel* model : server->registry_->models()) {
+    LogEvent("model_loaded",
+             {{"model", model->name},
+              {"d_model", absl::StrCat(model->spec.d_model)},
+              {"num_heads", absl::StrCat(model->spec.num_heads)},
+              {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
+              {"batching", model->info.batching().ShortDebugString()}});
+  }
+  server->service_ =
+      std::make_unique<AttentionService>(server->registry_.get(), options.call_observer);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string address = absl::StrCat(options.host, ":", options.port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  if (options.max_connection_age > absl::ZeroDuration() &&
+      options.max_connection_age < absl::InfiniteDuration()) {
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+    // In-flight calls on an aged connection get this long to finish.
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(
+                                   std::max(options.grace_period, absl::Seconds(1)))));
+  }
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    server->registry_->Shutdown();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  health->SetServingStatus(v1::AttentionService::service_full_name(), true);
+  for (const ServedModel* model : server->registry_->models()) {
+    health->SetServingStatus(model->name, true);
+  }
+  return server;
+}
+
+AttentionServer::~AttentionServer() { Shutdown(); }
+
+void AttentionServer::Shutdown() {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  const absl::Time start = absl::Now();
+  LogEvent("shutdown_started",
+           {{"grace_period", absl::FormatDuration(options_.grace_period)}});
+  // Sets every service NOT_SERVING and ignores later updates.
+  server_->GetHealthCheckService()->Shutdown();
+  service_->StartDraining();
+  // Stops accepting calls, waits for running ones (they are waiting on the batchers,
+  // which keep computing) until the grace period ends, then cancels the rest.
+  server_->Shutdown(absl::ToChronoTime(start + options_.grace_period));
+  registry_->Shutdown();
+  server_->Wait();
+  LogEvent("shutdown_finished", {{"elapsed", absl::FormatDuration(absl::Now() - start)}});
+}
+
+}  // namespace attnserve::server

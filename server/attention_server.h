@@ -1,0 +1,71 @@
+// AttentionServer: a running attnserve gRPC server: the models and their batchers, the
+// AttentionService, gRPC health (overall and per model) and server reflection.
+#ifndef ATTNSERVE_SERVER_ATTENTION_SERVER_H_
+#define ATTNSERVE_SERVER_ATTENTION_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "server/attention_service.h"
+#include "server/model_registry.h"
+
+namespace attnserve::server {
+
+// Thread-safe. Owns the gRPC server, the service and the models.
+class AttentionServer {
+ public:
+  struct Options {
+    // Address to listen on: "0.0.0.0" (all IPv4), "[::]", "127.0.0.1", ...
+    std::string host = "0.0.0.0";
+    // TCP port; 0 picks a free one (see port()). Range [0, 65535].
+    int port = 50051;
+    // Largest request or response message, bytes, both directions. Range >= 1024.
+    int max_message_bytes = 64 << 20;
+    // Connections are closed (with GOAWAY) after this age so that clients re-resolve
+    // DNS and spread onto new replicas; zero or infinite keeps them open.
+    absl::Duration max_connection_age = absl::ZeroDuration();
+    // On Shutdown, how long queued and running calls may take to finish before they
+    // are cancelled. Range >= 0.
+    absl::Duration grace_period = absl::Seconds(30);
+    // The models.
+    ModelRegistry::Options models;
+    // Per-call observer (metrics); may be empty.
+    CallObserver call_observer;
+  };
+
+  // Loads the models, binds the port and starts serving. Errors: those of
+  // ModelRegistry::Create; InvalidArgument for a bad option; Unavailable when the
+  // address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<AttentionServer>> Create(const Options& options);
+
+  // Shuts down if still running.
+  ~AttentionServer();
+
+  // The bound port (the chosen one when Options::port was 0).
+  int port() const { return port_; }
+  const ModelRegistry& registry() const { return *registry_; }
+
+  // Drains: health turns NOT_SERVING, new calls get UNAVAILABLE, queued and running
+  // calls finish (up to grace_period, then they are cancelled), batchers stop. Blocks
+  // until done. Idempotent and thread-safe.
+  void Shutdown();
+
+ private:
+  AttentionServer() = default;
+
+  Options options_;
+  int port_ = 0;
+  std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_ATTENTION_SERVER_H_

@@ -1,0 +1,307 @@
+#include "server/attention_service.h"
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "server/proto_convert.h"
+
+namespace attnserve::server {
+
+namespace {
+
+// Stream messages accepted but not yet answered, per stream; reading pauses beyond it so
+// that one fast client cannot fill the batcher queue alone.
+constexpr size_t kMaxStreamInFlight = 64;
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+absl::Status Unavailable() {
+  return absl::UnavailableError("the server is shutting down; retry on another replica");
+}
+
+// A unary Attend call; finished from the batcher's callback, deleted by gRPC's OnDone.
+class AttendReactor final : public grpc::ServerUnaryReactor {
+ public:
+  AttendReactor() : cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+  void OnCancel() override { cancelled_->store(true, std::memory_order_release); }
+  void OnDone() override { delete this; }
+  std::shared_ptr<std::atomic<bool>> cancelled() const { return cancelled_; }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> cancelled_;
+};
+
+// AttendStream: reads messages continuously, submits each, and writes the answers in
+// the order the messages came, one write in flight at a time. Lives until gRPC's OnDone
+// and until every submitted message has been answered by the batcher.
+class StreamReactor final
+    : public grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse> {
+ public:
+  StreamReactor(AttentionService* service, grpc::CallbackServerContext* context,
+                const std::atomic<bool>* draining)
+      : service_(service),
+        context_(context),
+        draining_(draining),
+        cancelled_(std::make_shared<std::atomic<bool>>(false)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+      }
+      Advance();
+      return;
+    }
+    int64_t sequence;
+    bool read_more;
+    {
+      absl::MutexLock lock(&mu_);
+      sequence = next_sequence_++;
+      slots_.push_back(Slot{sequence, false, {}});
+      ++outstanding_;
+      read_more = slots_.size() < kMaxStreamInFlight;
+      if (!read_more) read_paused_ = true;
+    }
+    const v1::AttendRequest request = std::move(*request_.mutable_request());
+    request_.Clear();
+    if (read_more) StartRead(&request_);
+    const std::string request_id = request.request_id();
+    auto answer = [this, sequence, request_id](absl::Status status,
+                                               v1::AttendResponse response) {
+      v1::AttendStreamResponse message;
+      if (status.ok()) {
+        *message.mutable_response() = std::move(response);
+      } else {
+        v1::StreamError* error = message.mutable_error();
+        error->set_code(static_cast<int>(status.code()));
+        error->set_message(std::string(status.message()));
+        error->set_request_id(request_id);
+      }
+      Complete(sequence, std::move(message));
+    };
+    if (draining_->load(std::memory_order_acquire)) {
+      answer(Unavailable(), {});
+      return;
+    }
+    service_->Submit(request, DeadlineOf(context_), cancelled_, std::move(answer));
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      slots_.pop_front();
+      if (!ok) broken_ = true;
+    }
+    Advance();
+  }
+
+  void OnCancel() override { cancelled_->store(true, std::memory_order_release); }
+
+  void OnDone() override {
+    bool destroy;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      destroy = outstanding_ == 0;
+    }
+    if (destroy) delete this;
+  }
+
+ private:
+  struct Slot {
+    int64_t sequence;
+    bool ready;
+    v1::AttendStreamResponse message;
+  };
+
+  void Complete(int64_t sequence, v1::AttendStreamResponse message) {
+    bool destroy = false;
+    {
+      absl::MutexLock lock(&mu_);
+      for (Slot& slot : slots_) {
+        if (slot.sequence == sequence) {
+          slot.ready = true;
+          slot.message = std::move(message);
+          break;
+        }
+      }
+      --outstanding_;
+      destroy = done_ && outstanding_ == 0;
+    }
+    if (destroy) {
+      delete this;
+      return;
+    }
+    Advance();
+  }
+
+  // Starts the next write, resumes reading, or finishes: decided under the lock, done
+  // outside it.
+  void Advance() {
+    const v1::AttendStreamResponse* write = nullptr;
+    bool read = false, finish = false;
+    grpc::Status finish_status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      if (broken_) {
+        // The client is gone: answers are discarded as they come.
+        while (!slots_.empty() && slots_.front().ready && !writing_) slots_.pop_front();
+      } else if (!writing_ && !slots_.empty() && slots_.front().ready) {
+        writing_ = true;
+        // Deque elements stay put while others are pushed behind them.
+        write = &slots_.front().message;
+      }
+      if (read_paused_ && !reads_done_ && slots_.size() < kMaxStreamInFlight) {
+        read_paused_ = false;
+        read = true;
+      }
+      if (reads_done_ && slots_.empty() && !writing_) {
+        finished_ = true;
+        finish = true;
+        finish_status = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED,
+                                               "the client stopped reading")
+                                : grpc::Status::OK;
+      }
+    }
+    if (write != nullptr) StartWrite(write);
+    if (read) StartRead(&request_);
+    if (finish) Finish(finish_status);
+  }
+
+  AttentionService* const service_;
+  grpc::CallbackServerContext* const context_;
+  const std::atomic<bool>* const draining_;
+  std::shared_ptr<std::atomic<bool>> cancelled_;
+  v1::AttendStreamRequest request_;
+
+  absl::Mutex mu_;
+  // Answers in request order; the front one is written when ready.
+  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet answered
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+AttentionService::AttentionService(ModelRegistry* registry, CallObserver observer)
+    : registry_(registry), observer_(std::move(observer)) {}
+
+void AttentionService::Submit(
+    const v1::AttendRequest& request, absl::Time deadline,
+    std::shared_ptr<const std::atomic<bool>> cancelled,
+    std::function<void(absl::Status, v1::AttendResponse)> done) {
+  const absl::Time start = absl::Now();
+  ServedModel* model = registry_->Find(request.model());
+  const std::string model_name = model != nullptr ? model->name : "";
+  auto finish = [this, start, model_name, done = std::move(done)](
+                    absl::Status status, v1::AttendResponse response, int64_t tokens) {
+    if (observer_) observer_(model_name, status, absl::Now() - start, tokens);
+    done(std::move(status), std::move(response));
+  };
+  if (draining_.load(std::memory_order_acquire)) {
+    finish(Unavailable(), {}, 0);
+    return;
+  }
+  if (model == nullptr) {
+    std::vector<std::string> names;
+    for (const ServedModel* served : registry_->models()) names.push_back(served->name);
+    finish(absl::NotFoundError(
+               absl::StrCat("model \"", request.model(),
+                            "\" is not served; models: ", absl::StrJoin(names, ", "))),
+           {}, 0);
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<AttentionWork>> work =
+      WorkFromRequest(request, model->spec, model->max_sequence_length);
+  if (!work.ok()) {
+    finish(work.status(), {}, 0);
+    return;
+  }
+  (*work)->deadline = deadline;
+  (*work)->cancelled = std::move(cancelled);
+  const int64_t tokens = (*work)->tokens();
+  auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(request));
+  // The batcher calls back exactly once, unless Enqueue fails (then never).
+  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
+  const absl::Status enqueued = model->batcher->Enqueue(
+      std::move(work).value(),
+      [model, format, tokens, shared_finish](absl::Status status,
+                                             std::unique_ptr<AttentionWork> result) {
+        v1::AttendResponse response;
+        if (status.ok()) {
+          FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
+        }
+        (*shared_finish)(std::move(status), std::move(response),
+                         status.ok() ? tokens : 0);
+      });
+  if (!enqueued.ok()) (*shared_finish)(enqueued, {}, 0);
+}
+
+grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
+                                                   const v1::AttendRequest* request,
+                                                   v1::AttendResponse* response) {
+  auto* reactor = new AttendReactor();
+  Submit(*request, DeadlineOf(context), reactor->cancelled(),
+         [reactor, response](absl::Status status, v1::AttendResponse result) {
+           if (status.ok()) response->Swap(&result);
+           reactor->Finish(ToGrpcStatus(status));
+         });
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse>*
+AttentionService::AttendStream(grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context, &draining_);
+}
+
+grpc::ServerUnaryReactor* AttentionService::ListModels(
+    grpc::CallbackServerContext* context, const v1::ListModelsRequest* /*request*/,
+    v1::ListModelsResponse* response) {
+  for (const ServedModel* model : registry_->models())
+    *response->add_models() = model->info;
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext* context,
+                                                     const v1::GetModelRequest* request,
+                                                     v1::GetModelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const ServedModel* model =
+      request->name().empty() ? nullptr : registry_->Find(request->name());
+  if (model == nullptr) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::NOT_FOUND,
+                     absl::StrCat("model \"", request->name(), "\" is not served")));
+    return reactor;
+  }
+  *response->mutable_model() = model->info;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,300 @@
+#include "server/dynamic_batcher.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::server {
+
+namespace {
+
+absl::Status CheckRange(absl::string_view name, int64_t value, int64_t low,
+                        int64_t high) {
+  if (value < low || value > high) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " must be in [", low, ", ", high, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// Requests share a batch only when the core can run them in one call.
+bool SameSettings(const AttentionWork& a, const AttentionWork& b) {
+  return a.memory_lengths.empty() == b.memory_lengths.empty() && a.causal == b.causal &&
+         a.head_mask == b.head_mask && a.return_attention == b.return_attention;
+}
+
+}  // namespace
+
+int64_t AttentionWork::tokens() const {
+  int64_t total = 0;
+  for (int64_t length : query_lengths) total += length;
+  return total;
+}
+
+absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
+    const Options& options,
+    const std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()>&
+        make_attention) {
+  for (const absl::Status& status : {
+           CheckRange("max_batch_size", options.max_batch_size, 1, 65536),
+           CheckRange("max_batch_tokens", options.max_batch_tokens, 1, int64_t{1} << 40),
+           CheckRange("max_queue_size", options.max_queue_size, 1, 1 << 30),
+           CheckRange("instances", options.instances, 1, 256),
+       }) {
+    if (!status.ok()) return status;
+  }
+  if (options.max_queue_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_queue_delay must be >= 0, got ",
+                     absl::FormatDuration(options.max_queue_delay)));
+  }
+  Clock* clock = options.clock != nullptr ? options.clock : RealClock::Get();
+  std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options, clock));
+  for (int i = 0; i < options.instances; ++i) {
+    absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>> attention =
+        make_attention();
+    if (!attention.ok()) return attention.status();
+    batcher->attention_.push_back(std::move(attention).value());
+  }
+  for (auto& attention : batcher->attention_) {
+    batcher->workers_.emplace_back(&DynamicBatcher::WorkerLoop, batcher.get(),
+                                   attention.get());
+  }
+  return batcher;
+}
+
+DynamicBatcher::DynamicBatcher(const Options& options, Clock* clock)
+    : options_(options), clock_(clock) {}
+
+DynamicBatcher::~DynamicBatcher() { Shutdown(); }
+
+absl::Status DynamicBatcher::Enqueue(std::unique_ptr<AttentionWork> work,
+                                     WorkCallback done) {
+  int64_t depth = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      return absl::UnavailableError(
+          "the server is shutting down; retry on another replica");
+    }
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue_size) {
+      ++stats_.rejected_queue_full;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "queue full: ", queue_.size(), " requests waiting (max_queue_size=",
+          options_.max_queue_size, "); retry later"));
+    }
+    queue_.push_back(Pending{std::move(work), std::move(done), clock_->Now()});
+    ++stats_.enqueued;
+    ++generation_;
+    depth = static_cast<int64_t>(queue_.size());
+  }
+  if (options_.observer.on_queue_depth) options_.observer.on_queue_depth(depth);
+  return absl::OkStatus();
+}
+
+void DynamicBatcher::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  absl::MutexLock lock(&join_mu_);
+  if (joined_) return;
+  for (std::thread& worker : workers_) worker.join();
+  joined_ = true;
+}
+
+BatcherStats DynamicBatcher::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+int64_t DynamicBatcher::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
+}
+
+std::optional<absl::Time> DynamicBatcher::TakeBatch(absl::Time now, Batch& batch) {
+  // Drop what can no longer be answered usefully, before it costs compute.
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    const AttentionWork& work = *it->work;
+    absl::Status drop;
+    if (work.cancelled != nullptr && work.cancelled->load(std::memory_order_acquire)) {
+      drop = absl::CancelledError("the call was cancelled while queued");
+      ++stats_.dropped_cancelled;
+    } else if (now >= work.deadline) {
+      drop = absl::DeadlineExceededError(absl::StrCat(
+          "deadline passed after ", absl::FormatDuration(now - it->enqueue_time),
+          " in the queue; the request was not computed"));
+      ++stats_.dropped_deadline;
+    }
+    if (drop.ok()) {
+      ++it;
+      continue;
+    }
+    batch.dropped.push_back(std::move(*it));
+    batch.drop_status.push_back(std::move(drop));
+    it = queue_.erase(it);
+  }
+  if (queue_.empty()) return std::nullopt;
+
+  const Pending& oldest = queue_.front();
+  std::vector<size_t> chosen;
+  int64_t tokens = 0;
+  bool full = false;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    const AttentionWork& work = *queue_[i].work;
+    if (!SameSettings(*oldest.work, work)) continue;
+    if (!chosen.empty() && tokens + work.tokens() > options_.max_batch_tokens) {
+      full = true;
+      break;
+    }
+    chosen.push_back(i);
+    tokens += work.tokens();
+    if (static_cast<int>(chosen.size()) == options_.max_batch_size ||
+        tokens >= options_.max_batch_tokens) {
+      full = true;
+      break;
+    }
+  }
+  const absl::Time due_time = oldest.enqueue_time + options_.max_queue_delay;
+  if (!full && !stopping_ && now < due_time) {
+    absl::Time next = due_time;
+    for (const Pending& pending : queue_) next = std::min(next, pending.work->deadline);
+    return next;
+  }
+  // Move the chosen requests out, keeping the others in arrival order.
+  std::deque<Pending> rest;
+  size_t next_chosen = 0;
+  for (size_t i = 0; i < queue_.size(); ++i) {
+    if (next_chosen < chosen.size() && chosen[next_chosen] == i) {
+      batch.requests.push_back(std::move(queue_[i]));
+      ++next_chosen;
+    } else {
+      rest.push_back(std::move(queue_[i]));
+    }
+  }
+  queue_.swap(rest);
+  return std::nullopt;
+}
+
+void DynamicBatcher::WorkerLoop(core::MultiHeadAttention* attention) {
+  while (true) {
+    Batch batch;
+    int64_t depth = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      while (true) {
+        const std::optional<absl::Time> next = TakeBatch(clock_->Now(), batch);
+        if (!batch.requests.empty() || !batch.dropped.empty()) break;
+        if (stopping_ && queue_.empty()) return;
+        const int64_t seen = generation_;
+        const auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return generation_ != seen || stopping_;
+        };
+        clock_->AwaitWithDeadline(&mu_, absl::Condition(&changed),
+                                  next.value_or(absl::InfiniteFuture()));
+      }
+      depth = static_cast<int64_t>(queue_.size());
+    }
+    if (options_.observer.on_queue_depth) options_.observer.on_queue_depth(depth);
+    const absl::Time now = clock_->Now();
+    for (size_t i = 0; i < batch.dropped.size(); ++i) {
+      Pending& pending = batch.dropped[i];
+      pending.work->queue_time = now - pending.enqueue_time;
+      if (options_.observer.on_dequeue) {
+        options_.observer.on_dequeue(pending.work->queue_time);
+      }
+      pending.done(batch.drop_status[i], std::move(pending.work));
+    }
+    if (!batch.requests.empty()) RunBatch(attention, batch);
+  }
+}
+
+void DynamicBatcher::RunBatch(core::MultiHeadAttention* attention, Batch& batch) {
+  const absl::Time start = clock_->Now();
+  const int batch_size = static_cast<int>(batch.requests.size());
+  const AttentionWork& first = *batch.requests.front().work;
+  const int64_t heads = attention->spec().num_heads;
+
+  // A lone request is computed straight from and into its own buffers; a batch is
+  // packed end to end (the core needs one contiguous input).
+  std::vector<float> query, memory, output, weights;
+  std::vector<int64_t> query_lengths, memory_lengths;
+  const bool single = batch_size == 1;
+  int64_t tokens = 0;
+  for (Pending& pending : batch.requests) {
+    AttentionWork& work = *pending.work;
+    work.queue_time = start - pending.enqueue_time;
+    work.batch_size = batch_size;
+    tokens += work.tokens();
+    work.output.resize(work.query.size());
+    if (work.return_attention) {
+      work.attention.resize(core::MultiHeadAttention::AttentionWeightsSize(
+          heads, work.query_lengths, work.memory_lengths));
+    }
+    if (options_.observer.on_dequeue) options_.observer.on_dequeue(work.queue_time);
+    if (single) break;
+    query.insert(query.end(), work.query.begin(), work.query.end());
+    memory.insert(memory.end(), work.memory.begin(), work.memory.end());
+    query_lengths.insert(query_lengths.end(), work.query_lengths.begin(),
+                         work.query_lengths.end());
+    memory_lengths.insert(memory_lengths.end(), work.memory_lengths.begin(),
+                          work.memory_lengths.end());
+  }
+
+  core::AttentionBatch packed;
+  core::AttentionOptions attention_options;
+  attention_options.causal = first.causal;
+  attention_options.head_mask = first.head_mask;
+  absl::Span<float> output_span, weights_span;
+  if (single) {
+    AttentionWork& work = *batch.requests.front().work;
+    packed = {work.query, work.query_lengths, work.memory, work.memory_lengths};
+    output_span = absl::MakeSpan(work.output);
+    weights_span = absl::MakeSpan(work.attention);
+  } else {
+    output.resize(query.size());
+    if (first.return_attention) {
+      weights.resize(core::MultiHeadAttention::AttentionWeightsSize(heads, query_lengths,
+                                                                    memory_lengths));
+    }
+    packed = {query, query_lengths, memory, memory_lengths};
+    output_span = absl::MakeSpan(output);
+    weights_span = absl::MakeSpan(weights);
+  }
+  const absl::Time compute_start = absl::Now();
+  const absl::Status status =
+      attention->Forward(packed, attention_options, output_span, weights_span);
+  const absl::Duration compute_time = absl::Now() - compute_start;
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      ++stats_.batches;
+      stats_.computed_requests += batch_size;
+      stats_.max_batch_size_seen =
+          std::max<int64_t>(stats_.max_batch_size_seen, batch_size);
+    } else {
+      stats_.failed_requests += batch_size;
+    }
+  }
+  if (status.ok() && options_.observer.on_batch) {
+    options_.observer.on_batch(batch_size, tokens, compute_time);
+  }
+  int64_t output_offset = 0, weights_offset = 0;
+  for (Pending& pending : batch.requests) {
+    AttentionWork& work = *pending.work;
+    work.compute_time = compute_time;
+    if (status.ok() && !single) {
+      std::copy_n(output.begin() + output_offset, work.output.size(),
+                  work.output.begin());
+      std::copy_n(weights.begin() + weights_offset, work.attention.size(),
+                  work.attention.begin());
+    }
+    output_offset += static_cast<int64_t>(work.output.size());
+    weights_offset += static_cast<int64_t>(work.attention.size());
+    pending.done(status, std::move(pending.work));
+  }
+}
+
+}  // namespace attnserve::server

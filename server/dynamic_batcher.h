@@ -1,0 +1,169 @@
+// DynamicBatcher: groups concurrent attention requests for one model into packed
+// batches and runs them on a pool of compute workers.
+#ifndef ATTNSERVE_SERVER_DYNAMIC_BATCHER_H_
+#define ATTNSERVE_SERVER_DYNAMIC_BATCHER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/multi_head_attention.h"
+#include "server/clock.h"
+
+namespace attnserve::server {
+
+// One request's work: validated inputs in, results out. Owned by the batcher from
+// Enqueue until its callback, which receives it back.
+struct AttentionWork {
+  // Inputs (float32, already validated against the model).
+  std::vector<float> query;             // [sum(query_lengths), d_model]
+  std::vector<int64_t> query_lengths;   // n sequences
+  std::vector<float> memory;            // cross-attention: [sum(memory_lengths), d]
+  std::vector<int64_t> memory_lengths;  // empty for self-attention
+  bool causal = false;
+  std::vector<float> head_mask;  // empty or num_heads factors
+  bool return_attention = false;
+  // The caller's deadline; the request is dropped (DEADLINE_EXCEEDED) if still queued
+  // when it passes.
+  absl::Time deadline = absl::InfiniteFuture();
+  // Set by the caller when its call was cancelled; the request is then dropped
+  // (CANCELLED) if still queued. May be null.
+  std::shared_ptr<const std::atomic<bool>> cancelled;
+
+  // Results, filled in before the callback.
+  std::vector<float> output;     // [sum(query_lengths), d_model]
+  std::vector<float> attention;  // per sequence [h, L_q, L_k], when asked
+  absl::Duration queue_time;
+  absl::Duration compute_time;
+  int batch_size = 0;
+
+  int64_t tokens() const;
+};
+
+// Called exactly once per enqueued request, on a batcher worker thread, with OK and the
+// results, or with the error (DEADLINE_EXCEEDED, CANCELLED, UNAVAILABLE on shutdown,
+// INTERNAL from the core). Must not block for long: it delays the next batch.
+using WorkCallback = std::function<void(absl::Status, std::unique_ptr<AttentionWork>)>;
+
+// Counters of what the batcher did; for tests, logs and metrics.
+struct BatcherStats {
+  int64_t enqueued = 0;
+  int64_t rejected_queue_full = 0;
+  int64_t dropped_deadline = 0;
+  int64_t dropped_cancelled = 0;
+  int64_t batches = 0;            // batches computed
+  int64_t computed_requests = 0;  // requests inside computed batches
+  int64_t max_batch_size_seen = 0;
+  int64_t failed_requests = 0;  // requests whose batch failed in the core
+};
+
+// Observer hooks (for metrics). All optional; called on worker threads without the
+// batcher's lock held.
+struct BatcherObserver {
+  // A batch finished computing.
+  std::function<void(int batch_size, int64_t tokens, absl::Duration compute_time)>
+      on_batch;
+  // A request left the queue (into a batch, or dropped) after `queue_time`.
+  std::function<void(absl::Duration queue_time)> on_dequeue;
+  // The number of queued requests changed.
+  std::function<void(int64_t depth)> on_queue_depth;
+};
+
+// Thread-safe. Owns its worker threads (started by Create, joined by Shutdown or the
+// destructor) and one MultiHeadAttention per worker.
+//
+// Policy: a batch holds requests in arrival order that share the oldest request's
+// settings (self/cross, causal, head mask, return_attention), at most max_batch_size of
+// them and max_batch_tokens query tokens (a longer single request runs alone). It is
+// dispatched when full, or when its oldest request has waited max_queue_delay, or at
+// once while shutting down.
+class DynamicBatcher {
+ public:
+  struct Options {
+    // Most requests per batch. Range [1, 65536].
+    int max_batch_size = 32;
+    // Most query tokens per batch. Range >= 1.
+    int64_t max_batch_tokens = 8192;
+    // How long the oldest request may wait for company. Range >= 0.
+    absl::Duration max_queue_delay = absl::Milliseconds(2);
+    // Queued requests beyond which Enqueue fails with RESOURCE_EXHAUSTED. Range >= 1.
+    int max_queue_size = 1024;
+    // Compute workers, each with its own MultiHeadAttention. Range [1, 256].
+    int instances = 1;
+    // Source of time; not owned; must outlive the batcher. Null means RealClock.
+    Clock* clock = nullptr;
+    BatcherObserver observer;
+  };
+
+  // Creates one attention object per instance with `make_attention` and starts the
+  // workers. InvalidArgument naming a bad option; the factory's error otherwise.
+  static absl::StatusOr<std::unique_ptr<DynamicBatcher>> Create(
+      const Options& options,
+      const std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()>&
+          make_attention);
+
+  DynamicBatcher(const DynamicBatcher&) = delete;
+  DynamicBatcher& operator=(const DynamicBatcher&) = delete;
+  // Shuts down (see Shutdown) and joins the workers.
+  ~DynamicBatcher();
+
+  // Queues `work`; `done` is called later on a worker thread. Never blocks on compute.
+  // Returns RESOURCE_EXHAUSTED when max_queue_size requests are queued, UNAVAILABLE
+  // after Shutdown began; `done` is then not called and `work` is dropped.
+  absl::Status Enqueue(std::unique_ptr<AttentionWork> work, WorkCallback done);
+
+  // Stops accepting work, computes everything already queued, then joins the workers.
+  // Blocks until done. Idempotent.
+  void Shutdown();
+
+  BatcherStats stats() const;
+  int64_t queue_depth() const;
+
+ private:
+  struct Pending {
+    std::unique_ptr<AttentionWork> work;
+    WorkCallback done;
+    absl::Time enqueue_time;
+  };
+  struct Batch {
+    std::vector<Pending> requests;
+    std::vector<Pending> dropped;  // with their status in `drop_status`
+    std::vector<absl::Status> drop_status;
+  };
+
+  DynamicBatcher(const Options& options, Clock* clock);
+  void WorkerLoop(core::MultiHeadAttention* attention);
+  // Removes expired and cancelled requests into `batch.dropped`, then takes a batch if
+  // one is due at `now`. Returns the time of the next check when none is due.
+  std::optional<absl::Time> TakeBatch(absl::Time now, Batch& batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunBatch(core::MultiHeadAttention* attention, Batch& batch);
+
+  const Options options_;
+  Clock* const clock_;
+  std::vector<std::unique_ptr<core::MultiHeadAttention>> attention_;
+  std::vector<std::thread> workers_;
+
+  mutable absl::Mutex mu_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Bumped on every Enqueue so that waiting workers re-evaluate the policy.
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  BatcherStats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex join_mu_;
+  bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_DYNAMIC_BATCHER_H_

@@ -1,0 +1,116 @@
+// attnserve: the multi-head attention gRPC server.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/device.h"
+#include "server/attention_server.h"
+#include "server/event_log.h"
+
+ABSL_FLAG(
+    std::string, host, "0.0.0.0",
+    "Address to listen on for gRPC: 0.0.0.0 (all IPv4), [::] (all IPv6), 127.0.0.1.");
+ABSL_FLAG(int, port, 50051, "gRPC port; 0 picks a free port (printed at start-up).");
+ABSL_FLAG(std::string, model_repository, "",
+          "Folder with <name>/config.pbtxt + <name>/weights.safetensors per model. The "
+          "built-in model mha-base (d_model=512, 8 heads, fp32, seed 0) is always served "
+          "unless the repository has its own mha-base.");
+ABSL_FLAG(int, max_batch_size, 32, "Most requests per batch (models may override).");
+ABSL_FLAG(int64_t, max_batch_tokens, 8192,
+          "Most query tokens per batch; a longer single request runs alone.");
+ABSL_FLAG(absl::Duration, max_queue_delay, absl::Milliseconds(2),
+          "How long the oldest queued request waits for company before its batch runs.");
+ABSL_FLAG(int, max_queue_size, 1024,
+          "Queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, instances, 1, "Parallel compute workers per model.");
+ABSL_FLAG(int, intra_op_threads, 0,
+          "OpenMP threads per worker; 0 = one per core (or OMP_NUM_THREADS).");
+ABSL_FLAG(int64_t, max_sequence_length, 8192,
+          "Longest query or memory sequence accepted (models may override).");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "Largest gRPC message, both directions, in bytes.");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
+          "On SIGTERM/SIGINT, how long queued and running calls may take to finish.");
+ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
+          "Close client connections after this age (GOAWAY) so clients re-resolve DNS "
+          "and spread onto new replicas; 0 = never. 5m suits Kubernetes.");
+ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
+
+namespace {
+
+int Run() {
+  namespace server = attnserve::server;
+  const absl::StatusOr<attnserve::core::DeviceKind> device =
+      attnserve::core::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    server::LogEvent("startup_failed", {{"error", device.status().ToString()}});
+    return 2;
+  }
+  server::AttentionServer::Options options;
+  options.host = absl::GetFlag(FLAGS_host);
+  options.port = absl::GetFlag(FLAGS_port);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.grace_period = absl::GetFlag(FLAGS_grace_period);
+  options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.models.model_repository = absl::GetFlag(FLAGS_model_repository);
+  options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
+  options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
+  options.models.device = *device;
+  options.models.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
+  options.models.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.models.batching.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
+  options.models.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
+  options.models.batching.instances = absl::GetFlag(FLAGS_instances);
+
+  // Signals are taken synchronously by this thread; every thread started below
+  // inherits the blocked mask, so none of them is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<server::AttentionServer>> attention_server =
+      server::AttentionServer::Create(options);
+  if (!attention_server.ok()) {
+    server::LogEvent("startup_failed", {{"error", attention_server.status().ToString()}});
+    return 1;
+  }
+  server::LogEvent("serving", {{"host", options.host},
+                               {"port", absl::StrCat((*attention_server)->port())},
+                               {"device", absl::GetFlag(FLAGS_device)}});
+  std::printf("attnserve listening on %s:%d\n", options.host.c_str(),
+              (*attention_server)->port());
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  server::LogEvent("signal",
+                   {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"}});
+  (*attention_server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  // --help lists this binary's own flags (defined in this file).
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "multi-head attention inference over gRPC.\n"
+      "Usage: attnserve [--port=50051] [--model_repository=DIR] [batcher flags]");
+  absl::ParseCommandLine(argc, argv);
+  return Run();
+}

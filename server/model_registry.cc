@@ -1,0 +1,213 @@
+#include "server/model_registry.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/attention_weights.h"
+#include "core/multi_head_attention.h"
+#include "core/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace attnserve::server {
+
+namespace {
+
+// Keeps the first parse error with its position.
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error_.empty())
+      error_ = absl::StrCat("line ", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+absl::StatusOr<v1::ModelConfig> ReadConfig(const std::filesystem::path& path) {
+  std::ifstream stream(path);
+  if (!stream) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::stringstream text;
+  text << stream.rdbuf();
+  v1::ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path.string(), ": not a valid ModelConfig text proto: ", errors.error()));
+  }
+  return config;
+}
+
+core::Precision ToCorePrecision(v1::Precision precision) {
+  return precision == v1::PRECISION_BF16 ? core::Precision::kBf16
+                                         : core::Precision::kFp32;
+}
+
+v1::Precision ToProtoPrecision(core::Precision precision) {
+  return precision == core::Precision::kBf16 ? v1::PRECISION_BF16 : v1::PRECISION_FP32;
+}
+
+// Fills unset (zero) batching fields of `config` from the server defaults.
+DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
+                                      const DynamicBatcher::Options& defaults,
+                                      int default_threads, int& intra_op_threads) {
+  DynamicBatcher::Options options = defaults;
+  if (config.max_batch_size() != 0) options.max_batch_size = config.max_batch_size();
+  if (config.max_batch_tokens() != 0)
+    options.max_batch_tokens = config.max_batch_tokens();
+  if (config.max_queue_delay_us() != 0) {
+    options.max_queue_delay = absl::Microseconds(config.max_queue_delay_us());
+  }
+  if (config.max_queue_size() != 0) options.max_queue_size = config.max_queue_size();
+  if (config.instances() != 0) options.instances = config.instances();
+  intra_op_threads =
+      config.intra_op_threads() != 0 ? config.intra_op_threads() : default_threads;
+  return options;
+}
+
+absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
+    const std::string& name, const core::ModelSpec& spec,
+    const core::AttentionWeights& weights, int64_t max_sequence_length,
+    DynamicBatcher::Options batching, int intra_op_threads,
+    const ModelRegistry::Options& options) {
+  ATTN_ASSIGN_OR_RETURN(const dnnl::engine engine, core::CreateEngine(options.device));
+  auto model = std::make_unique<ServedModel>();
+  model->name = name;
+  model->spec = spec;
+  model->max_sequence_length = max_sequence_length;
+  batching.clock = options.clock;
+  if (options.make_observer) batching.observer = options.make_observer(name);
+  core::MultiHeadAttention::Options attention_options;
+  attention_options.intra_op_threads = intra_op_threads;
+  ATTN_ASSIGN_OR_RETURN(model->batcher, DynamicBatcher::Create(batching, [&]() {
+                          return core::MultiHeadAttention::Create(spec, weights, engine,
+                                                                  attention_options);
+                        }));
+
+  v1::ModelInfo& info = model->info;
+  info.set_name(name);
+  info.set_d_model(spec.d_model);
+  info.set_num_heads(spec.num_heads);
+  info.set_precision(ToProtoPrecision(spec.precision));
+  info.set_max_sequence_length(max_sequence_length);
+  info.add_input_dtypes(v1::DATA_TYPE_FP32);
+  info.add_input_dtypes(v1::DATA_TYPE_BF16);
+  info.set_device(std::string(core::DeviceKindName(options.device)));
+  v1::BatchingConfig* info_batching = info.mutable_batching();
+  info_batching->set_max_batch_size(batching.max_batch_size);
+  info_batching->set_max_batch_tokens(batching.max_batch_tokens);
+  info_batching->set_max_queue_delay_us(
+      absl::ToInt64Microseconds(batching.max_queue_delay));
+  info_batching->set_max_queue_size(batching.max_queue_size);
+  info_batching->set_instances(batching.instances);
+  info_batching->set_intra_op_threads(intra_op_threads);
+  return model;
+}
+
+absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
+    const std::filesystem::path& folder, const ModelRegistry::Options& options) {
+  const std::string name = folder.filename().string();
+  const std::filesystem::path config_path = folder / "config.pbtxt";
+  ATTN_ASSIGN_OR_RETURN(const v1::ModelConfig config, ReadConfig(config_path));
+  const auto invalid = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(config_path.string(), ": ", what));
+  };
+  if (!config.name().empty() && config.name() != name) {
+    return invalid(absl::StrCat("name \"", config.name(),
+                                "\" must equal the folder name \"", name, "\""));
+  }
+  core::ModelSpec spec;
+  spec.d_model = config.d_model();
+  spec.num_heads = config.num_heads();
+  spec.precision = ToCorePrecision(config.precision());
+  if (absl::Status status = spec.Validate(); !status.ok())
+    return invalid(status.message());
+  if (config.max_sequence_length() < 0) {
+    return invalid(absl::StrCat("max_sequence_length must be >= 0, got ",
+                                config.max_sequence_length()));
+  }
+  const int64_t max_sequence_length = config.max_sequence_length() != 0
+                                          ? config.max_sequence_length()
+                                          : options.max_sequence_length;
+  ATTN_ASSIGN_OR_RETURN(
+      const core::AttentionWeights weights,
+      core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec));
+  int intra_op_threads = 0;
+  const DynamicBatcher::Options batching = MergeBatching(
+      config.batching(), options.batching, options.intra_op_threads, intra_op_threads);
+  absl::StatusOr<std::unique_ptr<ServedModel>> model = MakeModel(
+      name, spec, weights, max_sequence_length, batching, intra_op_threads, options);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("model \"", name, "\" (", folder.string(),
+                                     "): ", model.status().message()));
+  }
+  return model;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
+    const Options& options) {
+  if (options.max_sequence_length < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_sequence_length must be >= 1, got ", options.max_sequence_length));
+  }
+  std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
+  if (!options.model_repository.empty()) {
+    const std::filesystem::path root(options.model_repository);
+    std::error_code error;
+    if (!std::filesystem::is_directory(root, error)) {
+      return absl::NotFoundError(absl::StrCat(
+          "model repository \"", options.model_repository, "\" is not a directory"));
+    }
+    std::vector<std::filesystem::path> folders;
+    for (const auto& entry : std::filesystem::directory_iterator(root)) {
+      if (entry.is_directory()) folders.push_back(entry.path());
+    }
+    std::sort(folders.begin(), folders.end());
+    for (const auto& folder : folders) {
+      ATTN_ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> model,
+                            LoadRepositoryModel(folder, options));
+      registry->models_.emplace(model->name, std::move(model));
+    }
+  }
+  if (registry->models_.count(kDefaultModelName) == 0) {
+    core::ModelSpec spec;  // d_model=512, num_heads=8, fp32
+    int intra_op_threads = 0;
+    ATTN_ASSIGN_OR_RETURN(
+        std::unique_ptr<ServedModel> model,
+        MakeModel(kDefaultModelName, spec, core::GenerateAttentionWeights(spec, 0),
+                  options.max_sequence_length,
+                  MergeBatching(v1::BatchingConfig(), options.batching,
+                                options.intra_op_threads, intra_op_threads),
+                  intra_op_threads, options));
+    registry->models_.emplace(kDefaultModelName, std::move(model));
+  }
+  registry->default_model_ = kDefaultModelName;
+  return registry;
+}
+
+ServedModel* ModelRegistry::Find(absl::string_view name) const {
+  const auto it = models_.find(name.empty() ? absl::string_view(default_model_) : name);
+  return it == models_.end() ? nullptr : it->second.get();
+}
+
+std::vector<const ServedModel*> ModelRegistry::models() const {
+  std::vector<const ServedModel*> result;
+  for (const auto& [name, model] : models_) result.push_back(model.get());
+  return result;
+}
+
+void ModelRegistry::Shutdown() {
+  for (auto& [name, model] : models_) model->batcher->Shutdown();
+}
+
+}  // namespace attnserve::server

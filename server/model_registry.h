@@ -1,0 +1,84 @@
+// ModelRegistry: the models a server serves, each with its weights and its own dynamic
+// batcher: the built-in default plus, optionally, every model of a repository folder.
+#ifndef ATTNSERVE_SERVER_MODEL_REGISTRY_H_
+#define ATTNSERVE_SERVER_MODEL_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "attnserve/v1/attention.pb.h"
+#include "core/device.h"
+#include "core/model_spec.h"
+#include "server/dynamic_batcher.h"
+
+namespace attnserve::server {
+
+// Name of the built-in model: d_model=512, 8 heads, fp32, weights from seed 0.
+inline constexpr char kDefaultModelName[] = "mha-base";
+
+// One served model. Immutable after creation except for its batcher (thread-safe).
+struct ServedModel {
+  std::string name;
+  core::ModelSpec spec;
+  int64_t max_sequence_length = 0;
+  // As reported by ListModels / GetModel.
+  v1::ModelInfo info;
+  std::unique_ptr<DynamicBatcher> batcher;
+};
+
+// Thread-safe after Create (lookups only); owns the models.
+class ModelRegistry {
+ public:
+  struct Options {
+    // A folder holding <name>/config.pbtxt + <name>/weights.safetensors per model;
+    // empty serves only the built-in model.
+    std::string model_repository;
+    // Batching settings for models whose config leaves them unset (and for the
+    // built-in model). `clock` and `observer` are ignored here (see below).
+    DynamicBatcher::Options batching;
+    // OpenMP threads per batcher instance; 0 = oneDNN's default (all cores).
+    int intra_op_threads = 0;
+    // Longest sequence accepted unless a config says otherwise. Range >= 1.
+    int64_t max_sequence_length = 8192;
+    // Where models compute.
+    core::DeviceKind device = core::DeviceKind::kCpu;
+    // Source of time for every batcher; null = real time. Not owned.
+    Clock* clock = nullptr;
+    // Builds each model's batcher observer (metrics); may be empty.
+    std::function<BatcherObserver(const std::string& model)> make_observer;
+  };
+
+  // Loads every model and starts its batcher. Errors name the file and the problem:
+  // NotFound (missing repository, config or weights), InvalidArgument (unparsable or
+  // invalid config, weights not matching it), Unavailable (no such device),
+  // Unimplemented (a precision the core does not run yet).
+  static absl::StatusOr<std::unique_ptr<ModelRegistry>> Create(const Options& options);
+
+  // The model called `name`; the default model when `name` is empty; null if unknown.
+  ServedModel* Find(absl::string_view name) const;
+
+  // All models, sorted by name.
+  std::vector<const ServedModel*> models() const;
+
+  // The name an empty request model resolves to.
+  const std::string& default_model() const { return default_model_; }
+
+  // Drains every batcher (queued work is computed) and joins their workers. Blocks.
+  void Shutdown();
+
+ private:
+  ModelRegistry() = default;
+
+  std::map<std::string, std::unique_ptr<ServedModel>, std::less<>> models_;
+  std::string default_model_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_MODEL_REGISTRY_H_

@@ -1,0 +1,59 @@
+// The one place where wire messages meet core types: validating an AttendRequest into
+// an AttentionWork, writing results back into an AttendResponse, and mapping
+// absl::Status to grpc::Status.
+#ifndef ATTNSERVE_SERVER_PROTO_CONVERT_H_
+#define ATTNSERVE_SERVER_PROTO_CONVERT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention.pb.h"
+#include "core/model_spec.h"
+#include "grpcpp/support/status.h"
+#include "server/dynamic_batcher.h"
+
+namespace attnserve::server {
+
+// Most bytes of request_id echoed back.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
+// Checks `request` against the model (`spec`, `max_sequence_length`) and converts its
+// tensors to float32. InvalidArgument naming the field and the expected value for: a
+// missing query, an unsupported dtype, rank not 2 or 3, a dimension < 1, last dimension
+// != d_model, a sequence longer than max_sequence_length, a raw byte count that does not
+// match the shape, a non-finite value, a memory whose rank or count does not match the
+// query, causal with memory, a head_mask of the wrong length or out of [0, 1], an
+// over-long request_id.
+absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
+    const v1::AttendRequest& request, const core::ModelSpec& spec,
+    int64_t max_sequence_length);
+
+// What a response needs from its request, kept instead of the request's bytes.
+struct ReplyFormat {
+  v1::DataType dtype = v1::DATA_TYPE_FP32;
+  std::vector<int64_t> shape;
+  bool return_attention = false;
+  std::string request_id;
+};
+ReplyFormat ReplyFormatOf(const v1::AttendRequest& request);
+
+// Writes `work`'s results into `response`: output with the query's shape and dtype,
+// attention weights (float32, [h, L, L_k] or [n, h, L, L_k]) when asked, timings.
+void FillResponse(const ReplyFormat& format, const AttentionWork& work,
+                  const std::string& model_name, int64_t num_heads,
+                  v1::AttendResponse* response);
+
+// The same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// float32 <-> bfloat16 (round to nearest even; NaN stays NaN).
+float Bf16ToFloat(uint16_t bits);
+uint16_t FloatToBf16(float value);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_PROTO_CONVERT_H_

@@ -1,0 +1,253 @@
+#include "server/dynamic_batcher.h"
+
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "core/attention_weights.h"
+#include "core/device.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/clock.h"
+
+namespace attnserve::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kDModel = 16;
+
+std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()> Factory() {
+  return [] {
+    core::ModelSpec spec;
+    spec.d_model = kDModel;
+    spec.num_heads = 2;
+    return core::MultiHeadAttention::Create(spec, core::GenerateAttentionWeights(spec, 1),
+                                            *core::CreateEngine(core::DeviceKind::kCpu));
+  };
+}
+
+std::unique_ptr<AttentionWork> Work(int64_t length, float fill = 0.5f) {
+  auto work = std::make_unique<AttentionWork>();
+  work->query.assign(length * kDModel, fill);
+  work->query_lengths = {length};
+  return work;
+}
+
+// Collects callbacks; Wait() blocks until `expected` arrived.
+class Results {
+ public:
+  explicit Results(int expected) : expected_(expected) {}
+  WorkCallback Callback() {
+    return [this](absl::Status status, std::unique_ptr<AttentionWork> work) {
+      absl::MutexLock lock(&mu_);
+      statuses_.push_back(status);
+      works_.push_back(std::move(work));
+      if (static_cast<int>(statuses_.size()) == expected_) done_.Notify();
+    };
+  }
+  void Wait() { done_.WaitForNotification(); }
+  std::vector<absl::Status> statuses() {
+    absl::MutexLock lock(&mu_);
+    return statuses_;
+  }
+  std::vector<std::unique_ptr<AttentionWork>>& works() { return works_; }
+
+ private:
+  const int expected_;
+  absl::Mutex mu_;
+  std::vector<absl::Status> statuses_;
+  std::vector<std::unique_ptr<AttentionWork>> works_;
+  absl::Notification done_;
+};
+
+DynamicBatcher::Options FakeTimeOptions(FakeClock& clock) {
+  DynamicBatcher::Options options;
+  options.clock = &clock;
+  options.max_queue_delay = absl::Milliseconds(10);
+  options.max_batch_size = 4;
+  return options;
+}
+
+TEST(DynamicBatcherTest, FlushesPartialBatchAfterDelay) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok()) << batcher.status();
+  Results results(3);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*batcher)->Enqueue(Work(2 + i), results.Callback()).ok());
+  }
+  // Time has not moved: the three wait for company (fewer than max_batch_size=4).
+  EXPECT_EQ((*batcher)->stats().batches, 0);
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  const BatcherStats stats = (*batcher)->stats();
+  EXPECT_EQ(stats.batches, 1);
+  EXPECT_EQ(stats.computed_requests, 3);
+  for (const auto& work : results.works()) {
+    EXPECT_EQ(work->batch_size, 3);
+    EXPECT_EQ(work->queue_time, absl::Milliseconds(10));
+  }
+}
+
+TEST(DynamicBatcherTest, DispatchesFullBatchWithoutWaiting) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(4);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE((*batcher)->Enqueue(Work(3), results.Callback()).ok());
+  }
+  results.Wait();  // no Advance: a full batch goes at once
+  EXPECT_EQ((*batcher)->stats().batches, 1);
+  EXPECT_EQ(results.works().front()->batch_size, 4);
+}
+
+TEST(DynamicBatcherTest, TokenLimitSplitsBatches) {
+  FakeClock clock;
+  DynamicBatcher::Options options = FakeTimeOptions(clock);
+  options.max_batch_tokens = 10;
+  auto batcher = DynamicBatcher::Create(options, Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(3);
+  for (int64_t length : {6, 4, 20}) {
+    ASSERT_TRUE((*batcher)->Enqueue(Work(length), results.Callback()).ok());
+  }
+  // 6 + 4 fills the token budget exactly: dispatched at once; 20 runs alone (over the
+  // budget on its own) once its delay passes.
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  EXPECT_EQ((*batcher)->stats().batches, 2);
+  EXPECT_EQ(results.works()[0]->batch_size, 2);
+  EXPECT_EQ(results.works()[2]->batch_size, 1);
+}
+
+TEST(DynamicBatcherTest, DifferentSettingsDoNotShareABatch) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(3);
+  auto causal = Work(3);
+  causal->causal = true;
+  ASSERT_TRUE((*batcher)->Enqueue(Work(3), results.Callback()).ok());
+  ASSERT_TRUE((*batcher)->Enqueue(std::move(causal), results.Callback()).ok());
+  ASSERT_TRUE((*batcher)->Enqueue(Work(5), results.Callback()).ok());
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  EXPECT_EQ((*batcher)->stats().batches, 2);
+  EXPECT_EQ((*batcher)->stats().max_batch_size_seen, 2);
+}
+
+TEST(DynamicBatcherTest, PackedResultsMatchEachRequestAlone) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok());
+  auto alone = Factory()();
+  ASSERT_TRUE(alone.ok());
+  Results results(3);
+  const std::vector<int64_t> lengths = {1, 7, 4};
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    auto work = Work(lengths[i]);
+    for (size_t j = 0; j < work->query.size(); ++j)
+      work->query[j] = 0.01f * (i + 1) * (j % 13);
+    ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback()).ok());
+  }
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  for (const auto& work : results.works()) {
+    std::vector<float> expected(work->query.size());
+    ASSERT_TRUE(
+        (*alone)
+            ->Forward({work->query, work->query_lengths}, {}, absl::MakeSpan(expected))
+            .ok());
+    ASSERT_EQ(work->output.size(), expected.size());
+    for (size_t j = 0; j < expected.size(); ++j) {
+      EXPECT_NEAR(work->output[j], expected[j], 1e-6);
+    }
+  }
+}
+
+TEST(DynamicBatcherTest, DropsExpiredRequestBeforeCompute) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(2);
+  auto expiring = Work(3);
+  expiring->deadline = clock.Now() + absl::Milliseconds(5);
+  ASSERT_TRUE((*batcher)->Enqueue(std::move(expiring), results.Callback()).ok());
+  ASSERT_TRUE((*batcher)->Enqueue(Work(3), results.Callback()).ok());
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  const std::vector<absl::Status> statuses = results.statuses();
+  EXPECT_EQ(statuses[0].code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(statuses[0].message(), HasSubstr("not computed"));
+  EXPECT_TRUE(statuses[1].ok());
+  const BatcherStats stats = (*batcher)->stats();
+  EXPECT_EQ(stats.dropped_deadline, 1);
+  EXPECT_EQ(stats.computed_requests, 1);
+}
+
+TEST(DynamicBatcherTest, DropsCancelledRequestBeforeCompute) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(1);
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto work = Work(3);
+  work->cancelled = flag;
+  ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback()).ok());
+  flag->store(true);
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  EXPECT_EQ(results.statuses()[0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ((*batcher)->stats().dropped_cancelled, 1);
+  EXPECT_EQ((*batcher)->stats().computed_requests, 0);
+}
+
+TEST(DynamicBatcherTest, RejectsWhenQueueIsFull) {
+  FakeClock clock;
+  DynamicBatcher::Options options = FakeTimeOptions(clock);
+  options.max_queue_size = 2;
+  auto batcher = DynamicBatcher::Create(options, Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(2);
+  ASSERT_TRUE((*batcher)->Enqueue(Work(2), results.Callback()).ok());
+  ASSERT_TRUE((*batcher)->Enqueue(Work(2), results.Callback()).ok());
+  const absl::Status full = (*batcher)->Enqueue(Work(2), results.Callback());
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("max_queue_size=2"));
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  EXPECT_EQ((*batcher)->stats().rejected_queue_full, 1);
+}
+
+TEST(DynamicBatcherTest, ShutdownComputesQueuedWorkThenRejects) {
+  FakeClock clock;
+  DynamicBatcher::Options options = FakeTimeOptions(clock);
+  options.max_queue_delay = absl::Hours(1);
+  auto batcher = DynamicBatcher::Create(options, Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(2);
+  ASSERT_TRUE((*batcher)->Enqueue(Work(2), results.Callback()).ok());
+  ASSERT_TRUE((*batcher)->Enqueue(Work(5), results.Callback()).ok());
+  (*batcher)->Shutdown();  // drains without waiting for the hour
+  EXPECT_EQ(results.statuses().size(), 2u);
+  for (const absl::Status& status : results.statuses()) EXPECT_TRUE(status.ok());
+  const absl::Status late = (*batcher)->Enqueue(Work(2), results.Callback());
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(DynamicBatcherTest, RejectsBadOptionsByName) {
+  DynamicBatcher::Options options;
+  options.max_batch_size = 0;
+  auto batcher = DynamicBatcher::Create(options, Factory());
+  EXPECT_EQ(batcher.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(batcher.status().message(), HasSubstr("max_batch_size"));
+  options = DynamicBatcher::Options();
+  options.max_queue_delay = absl::Milliseconds(-1);
+  batcher = DynamicBatcher::Create(options, Factory());
+  EXPECT_THAT(batcher.status().message(), HasSubstr("max_queue_delay"));
+}
+
+}  // namespace
+}  // namespace attnserve::server
