@@ -1,0 +1,375 @@
+// AttentionService over a real gRPC server on loopback, called with the client library.
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
+#include "core/attention_weights.h"
+#include "core/device.h"
+#include "core/multi_head_attention.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/proto_convert.h"
+#include "tests/server/test_server.h"
+
+namespace attnserve::server {
+namespace {
+
+using ::attnserve::client::Float32Tensor;
+using ::attnserve::client::Float32Values;
+using ::attnserve::server::testing::RandomValues;
+using ::attnserve::server::testing::StartServer;
+using ::attnserve::server::testing::TestServer;
+using ::testing::HasSubstr;
+
+constexpr int64_t kD = 512;
+constexpr int64_t kHeads = 8;
+
+// The default model computed directly by the core, as the reference for the wire.
+class DirectModel {
+ public:
+  DirectModel() {
+    attention_ = std::move(core::MultiHeadAttention::Create(
+                               spec_, core::GenerateAttentionWeights(spec_, 0),
+                               *core::CreateEngine(core::DeviceKind::kCpu)))
+                     .value();
+  }
+  std::vector<float> Run(const std::vector<float>& query,
+                         const std::vector<int64_t>& lengths,
+                         const std::vector<float>& memory = {},
+                         const std::vector<int64_t>& memory_lengths = {},
+                         bool causal = false, const std::vector<float>& mask = {},
+                         std::vector<float>* weights = nullptr) {
+    std::vector<float> output(query.size());
+    if (weights != nullptr) {
+      weights->resize(core::MultiHeadAttention::AttentionWeightsSize(kHeads, lengths,
+                                                                     memory_lengths));
+    }
+    EXPECT_TRUE(attention_
+                    ->Forward({query, lengths, memory, memory_lengths}, {causal, mask},
+                              absl::MakeSpan(output),
+                              weights ? absl::MakeSpan(*weights) : absl::Span<float>())
+                    .ok());
+    return output;
+  }
+
+ private:
+  core::ModelSpec spec_;
+  std::unique_ptr<core::MultiHeadAttention> attention_;
+};
+
+void ExpectClose(const std::vector<float>& actual, const std::vector<float>& expected,
+                 double tolerance = 1e-6) {
+  ASSERT_EQ(actual.size(), expected.size());
+  double worst = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    worst = std::max(worst, std::abs(static_cast<double>(actual[i]) - expected[i]));
+  }
+  EXPECT_LE(worst, tolerance);
+}
+
+v1::AttendRequest Request(int64_t length, uint32_t seed) {
+  v1::AttendRequest request;
+  request.set_model("mha-base");
+  *request.mutable_query() = Float32Tensor(RandomValues(length * kD, seed), {length, kD});
+  return request;
+}
+
+class AttentionServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new TestServer(StartServer()); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static TestServer* server_;
+  DirectModel direct_;
+};
+TestServer* AttentionServiceTest::server_ = nullptr;
+
+TEST_F(AttentionServiceTest, SelfAttentionMatchesCore) {
+  const v1::AttendRequest request = Request(37, 1);
+  auto response = server_->client->Attend(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->model(), "mha-base");
+  EXPECT_THAT(response->output().shape(), ::testing::ElementsAre(37, kD));
+  ExpectClose(*Float32Values(response->output()),
+              direct_.Run(*Float32Values(request.query()), {37}));
+}
+
+TEST_F(AttentionServiceTest, RankThreeQueryIsNSequences) {
+  v1::AttendRequest request;
+  const std::vector<float> query = RandomValues(3 * 5 * kD, 2);
+  *request.mutable_query() = Float32Tensor(query, {3, 5, kD});
+  auto response = server_->client->Attend(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_THAT(response->output().shape(), ::testing::ElementsAre(3, 5, kD));
+  ExpectClose(*Float32Values(response->output()), direct_.Run(query, {5, 5, 5}));
+}
+
+TEST_F(AttentionServiceTest, CrossAttentionMatchesCore) {
+  v1::AttendRequest request = Request(6, 3);
+  const std::vector<float> memory = RandomValues(11 * kD, 4);
+  *request.mutable_memory() = Float32Tensor(memory, {11, kD});
+  request.set_return_attention(true);
+  auto response = server_->client->Attend(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  std::vector<float> weights;
+  ExpectClose(*Float32Values(response->output()),
+              direct_.Run(*Float32Values(request.query()), {6}, memory, {11}, false, {},
+                          &weights));
+  EXPECT_THAT(response->attention().shape(), ::testing::ElementsAre(kHeads, 6, 11));
+  ExpectClose(*Float32Values(response->attention()), weights);
+}
+
+TEST_F(AttentionServiceTest, CausalWithHeadMaskAndWeightsMatchesCore) {
+  v1::AttendRequest request = Request(9, 5);
+  request.set_causal(true);
+  const std::vector<float> mask = {1, 0, 1, 0.5f, 1, 1, 0.25f, 1};
+  request.mutable_head_mask()->Add(mask.begin(), mask.end());
+  request.set_return_attention(true);
+  request.set_request_id("req-42");
+  auto response = server_->client->Attend(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  std::vector<float> weights;
+  ExpectClose(
+      *Float32Values(response->output()),
+      direct_.Run(*Float32Values(request.query()), {9}, {}, {}, true, mask, &weights));
+  ExpectClose(*Float32Values(response->attention()), weights);
+  EXPECT_EQ(response->request_id(), "req-42");
+  EXPECT_GE(response->batch_size(), 1);
+}
+
+TEST_F(AttentionServiceTest, Bf16QueryGetsBf16OutputCloseToFp32) {
+  const v1::AttendRequest fp32 = Request(8, 6);
+  const std::vector<float> values = *Float32Values(fp32.query());
+  v1::AttendRequest bf16 = fp32;
+  std::string raw(values.size() * 2, '\0');
+  std::vector<float> rounded(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const uint16_t bits = FloatToBf16(values[i]);
+    std::memcpy(raw.data() + 2 * i, &bits, 2);
+    rounded[i] = Bf16ToFloat(bits);
+  }
+  bf16.mutable_query()->set_dtype(v1::DATA_TYPE_BF16);
+  bf16.mutable_query()->set_raw(raw);
+  auto response = server_->client->Attend(bf16);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->output().dtype(), v1::DATA_TYPE_BF16);
+  const std::vector<float> expected = direct_.Run(rounded, {8});
+  ASSERT_EQ(response->output().raw().size(), expected.size() * 2);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, response->output().raw().data() + 2 * i, 2);
+    // One bf16 rounding of the output: relative error <= 2^-8.
+    EXPECT_NEAR(Bf16ToFloat(bits), expected[i], std::abs(expected[i]) / 256 + 1e-6);
+  }
+}
+
+TEST_F(AttentionServiceTest, ConcurrentClientsEachGetTheirOwnAnswer) {
+  constexpr int kClients = 64;
+  std::vector<v1::AttendRequest> requests;
+  for (int i = 0; i < kClients; ++i)
+    requests.push_back(Request(1 + (i * 7) % 40, 100 + i));
+  std::vector<absl::StatusOr<v1::AttendResponse>> responses(kClients,
+                                                            absl::UnknownError("unset"));
+  absl::BlockingCounter pending(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    server_->client->AttendAsync(requests[i], absl::Seconds(60),
+                                 [&responses, &pending, i](auto response) {
+                                   responses[i] = std::move(response);
+                                   pending.DecrementCount();
+                                 });
+  }
+  pending.Wait();
+  for (int i = 0; i < kClients; ++i) {
+    ASSERT_TRUE(responses[i].ok()) << i << ": " << responses[i].status();
+    const int64_t length = requests[i].query().shape(0);
+    ExpectClose(*Float32Values(responses[i]->output()),
+                direct_.Run(*Float32Values(requests[i].query()), {length}));
+  }
+}
+
+TEST_F(AttentionServiceTest, ListsAndDescribesModels) {
+  auto models = server_->client->ListModels();
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->size(), 1u);
+  EXPECT_EQ((*models)[0].name(), "mha-base");
+  EXPECT_EQ((*models)[0].d_model(), kD);
+  EXPECT_EQ((*models)[0].num_heads(), kHeads);
+  EXPECT_EQ((*models)[0].precision(), v1::PRECISION_FP32);
+  auto model = server_->client->GetModel("mha-base");
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(model->max_sequence_length(), 8192);
+  EXPECT_EQ(model->batching().max_batch_size(), 32);
+  auto missing = server_->client->GetModel("nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AttentionServiceTest, HealthIsServingOverallPerModelAndPerService) {
+  EXPECT_TRUE(*server_->client->IsServing(""));
+  EXPECT_TRUE(*server_->client->IsServing("mha-base"));
+  EXPECT_TRUE(*server_->client->IsServing("attnserve.v1.AttentionService"));
+  EXPECT_EQ(server_->client->IsServing("unknown-model").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// --- Bad input: one case each, the code, the field and the expected value. ---
+
+class BadInputTest : public AttentionServiceTest {
+ protected:
+  void ExpectRejected(const v1::AttendRequest& request, absl::StatusCode code,
+                      const std::vector<std::string>& words) {
+    auto response = server_->client->Attend(request);
+    ASSERT_FALSE(response.ok());
+    EXPECT_EQ(response.status().code(), code) << response.status();
+    for (const std::string& word : words) {
+      EXPECT_THAT(response.status().message(), HasSubstr(word));
+    }
+    // The server keeps serving after every rejection.
+    EXPECT_TRUE(server_->client->Attend(Request(2, 9)).ok());
+  }
+};
+
+TEST_F(BadInputTest, UnknownModelIsNotFound) {
+  v1::AttendRequest request = Request(2, 1);
+  request.set_model("gpt-17");
+  ExpectRejected(request, absl::StatusCode::kNotFound, {"gpt-17", "mha-base"});
+}
+
+TEST_F(BadInputTest, MissingQuery) {
+  v1::AttendRequest request;
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, {"query is required"});
+}
+
+TEST_F(BadInputTest, UnspecifiedDtype) {
+  v1::AttendRequest request = Request(2, 1);
+  request.mutable_query()->set_dtype(v1::DATA_TYPE_UNSPECIFIED);
+  ExpectRejected(
+      request, absl::StatusCode::kInvalidArgument,
+      {"query.dtype", "DATA_TYPE_FP32 or DATA_TYPE_BF16", "DATA_TYPE_UNSPECIFIED"});
+}
+
+TEST_F(BadInputTest, RankOne) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(RandomValues(kD, 1), {kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"query.shape", "rank 2", "got rank 1"});
+}
+
+TEST_F(BadInputTest, RankFour) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(RandomValues(kD, 1), {1, 1, 1, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument, {"got rank 4"});
+}
+
+TEST_F(BadInputTest, LastDimensionIsNotDModel) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(RandomValues(4 * 256, 1), {4, 256});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"query.shape[1] must equal d_model=512, got 256"});
+}
+
+TEST_F(BadInputTest, ZeroLength) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor({}, {0, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"query.shape[0] must be >= 1, got 0"});
+}
+
+TEST_F(BadInputTest, LongerThanMaxSequenceLength) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(std::vector<float>(8193 * kD), {8193, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"sequence length 8193 exceeds max_sequence_length=8192"});
+}
+
+TEST_F(BadInputTest, RawByteCountDoesNotMatchShape) {
+  v1::AttendRequest request = Request(3, 1);
+  request.mutable_query()->mutable_raw()->resize(3 * kD * 4 - 2);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"query.raw must hold product(shape) * 4 = 6144 bytes", "got 6142"});
+}
+
+TEST_F(BadInputTest, HeadMaskOfWrongLength) {
+  v1::AttendRequest request = Request(3, 1);
+  request.add_head_mask(1);
+  request.add_head_mask(1);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"head_mask must have num_heads=8 values or none, got 2"});
+}
+
+TEST_F(BadInputTest, HeadMaskValueOutOfRange) {
+  v1::AttendRequest request = Request(3, 1);
+  for (int i = 0; i < kHeads; ++i) request.add_head_mask(i == 3 ? 1.5f : 1.0f);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"head_mask[3] must be in [0, 1], got 1.5"});
+}
+
+TEST_F(BadInputTest, CausalWithCrossAttention) {
+  v1::AttendRequest request = Request(3, 1);
+  *request.mutable_memory() = Float32Tensor(RandomValues(4 * kD, 2), {4, kD});
+  request.set_causal(true);
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"causal must be false when memory is set"});
+}
+
+TEST_F(BadInputTest, NaNInQuery) {
+  std::vector<float> values = RandomValues(3 * kD, 1);
+  values[700] = std::nanf("");
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(values, {3, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"query must hold finite values; element 700"});
+}
+
+TEST_F(BadInputTest, InfinityInMemory) {
+  v1::AttendRequest request = Request(3, 1);
+  std::vector<float> memory = RandomValues(2 * kD, 2);
+  memory[5] = INFINITY;
+  *request.mutable_memory() = Float32Tensor(memory, {2, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"memory must hold finite values; element 5"});
+}
+
+TEST_F(BadInputTest, MemoryRankDiffersFromQuery) {
+  v1::AttendRequest request = Request(3, 1);
+  *request.mutable_memory() = Float32Tensor(RandomValues(2 * kD, 2), {1, 2, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"memory.shape must have the query's rank 2, got rank 3"});
+}
+
+TEST_F(BadInputTest, MemoryCountDiffersFromQuery) {
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(RandomValues(2 * 3 * kD, 1), {2, 3, kD});
+  *request.mutable_memory() = Float32Tensor(RandomValues(3 * 4 * kD, 2), {3, 4, kD});
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"memory.shape[0] must equal query.shape[0]=2", "got 3"});
+}
+
+TEST_F(BadInputTest, OverlongRequestId) {
+  v1::AttendRequest request = Request(2, 1);
+  request.set_request_id(std::string(300, 'x'));
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"request_id must be at most 256 bytes, got 300"});
+}
+
+TEST_F(BadInputTest, MessageLargerThanLimitIsResourceExhausted) {
+  v1::AttendRequest request;
+  // 8192 x 512 float32 = 16 MiB; the test server keeps the 64 MiB default, so send
+  // more than that in raw bytes with a shape that would never be reached.
+  request.mutable_query()->set_dtype(v1::DATA_TYPE_FP32);
+  request.mutable_query()->set_raw(std::string((64 << 20) + 16, '\0'));
+  client::AttentionClient::Options options;
+  options.target = absl::StrCat("127.0.0.1:", server_->server->port());
+  options.max_message_bytes = 128 << 20;  // so that the server, not the client, refuses
+  auto big_client = client::AttentionClient::Create(options);
+  ASSERT_TRUE(big_client.ok());
+  auto response = (*big_client)->Attend(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(server_->client->Attend(Request(2, 9)).ok());
+}
+
+}  // namespace
+}  // namespace attnserve::server
