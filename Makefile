@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test bench-core format clean
+.PHONY: all deps configure build test run bench-core format clean
 
 all: build
 
@@ -19,6 +19,11 @@ build: configure
 # Installs dependencies, builds Release, runs every test through CTest.
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# Serves the built-in model (mha-base) on :50051 in the foreground; Ctrl-C drains and
+# exits. Extra flags: make run ARGS="--port=50052 --max_queue_delay=5ms".
+run: build
+	$(BUILD_DIR)/server/attnserve $(ARGS)
 
 # Core speed: Google Benchmark over the (B, L, d, h) grid, interleaved with PyTorch's
 # nn.MultiheadAttention, printed as one table. Not part of `make test`.

@@ -40,6 +40,9 @@ build_packages=(
   libbenchmark-dev
   clang-format
   python3
+  python3-grpcio
+  python3-grpc-tools
+  python3-protobuf
 )
 
 bench_packages=(

@@ -78,6 +78,11 @@ void AttentionServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);
   if (shut_down_) return;
   shut_down_ = true;
+  if (server_ == nullptr) {
+    // Create failed part-way; whatever exists stops with its own destructor.
+    if (registry_ != nullptr) registry_->Shutdown();
+    return;
+  }
   const absl::Time start = absl::Now();
   LogEvent("shutdown_started",
            {{"grace_period", absl::FormatDuration(options_.grace_period)}});

@@ -1,0 +1,113 @@
+// The attnserve binary as operators run it: start-up errors, and the SIGTERM drain.
+#include "tests/e2e/server_process.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "client/attention_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnserve {
+namespace {
+
+using ::attnserve::client::AttentionClient;
+using ::attnserve::client::Float32Tensor;
+using ::attnserve::testing::ServerProcess;
+using ::testing::HasSubstr;
+
+std::string StderrPath(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + ".stderr";
+}
+
+std::unique_ptr<AttentionClient> Connect(int port) {
+  AttentionClient::Options options;
+  options.target = absl::StrCat("127.0.0.1:", port);
+  options.timeout = absl::Seconds(60);
+  return std::move(AttentionClient::Create(options)).value();
+}
+
+v1::AttendRequest Request(int64_t length) {
+  v1::AttendRequest request;
+  *request.mutable_query() =
+      Float32Tensor(std::vector<float>(length * 512, 0.25f), {length, 512});
+  return request;
+}
+
+TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
+  ServerProcess server(
+      ATTNSERVE_BINARY,
+      {"--host=127.0.0.1", "--port=0", "--instances=1", "--max_batch_size=4",
+       "--max_queue_delay=1ms", "--grace_period=60s"},
+      StderrPath("drain"));
+  const int port = server.ReadPort();
+  ASSERT_GT(port, 0) << server.Stderr();
+  auto client = Connect(port);
+  ASSERT_TRUE(client->Attend(Request(8)).ok());  // connected and warm
+
+  // 100 requests of 256 tokens in batches of 4: well over a second of compute, so
+  // most are still queued when the signal arrives.
+  constexpr int kInFlight = 100;
+  std::atomic<int> succeeded{0};
+  std::vector<absl::Status> failures;
+  absl::Mutex failures_mu;
+  absl::BlockingCounter pending(kInFlight);
+  for (int i = 0; i < kInFlight; ++i) {
+    client->AttendAsync(Request(256), absl::Seconds(60), [&](auto response) {
+      if (response.ok()) {
+        ++succeeded;
+      } else {
+        absl::MutexLock lock(&failures_mu);
+        failures.push_back(response.status());
+      }
+      pending.DecrementCount();
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  server.Signal(SIGTERM);
+
+  // New calls are refused once the drain has begun.
+  bool refused = false;
+  for (int attempt = 0; attempt < 200 && !refused; ++attempt) {
+    const auto late = client->Attend(Request(4), absl::Seconds(5));
+    refused = late.status().code() == absl::StatusCode::kUnavailable;
+    if (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(refused);
+
+  pending.Wait();
+  EXPECT_EQ(succeeded.load(), kInFlight);
+  for (const absl::Status& failure : failures) ADD_FAILURE() << failure;
+  EXPECT_EQ(server.Wait(), 0);
+  const std::string log = server.Stderr();
+  EXPECT_THAT(log, HasSubstr("event=signal signal=SIGTERM"));
+  EXPECT_THAT(log, HasSubstr("event=shutdown_finished"));
+}
+
+TEST(ServerProcessTest, BadModelRepositoryFailsStartupNamingTheFile) {
+  const std::string repository = ::testing::TempDir() + "/bad_repository";
+  const std::string model_dir = repository + "/broken";
+  std::filesystem::create_directories(model_dir);
+  {
+    std::ofstream config(model_dir + "/config.pbtxt");
+    config << "d_model: 64\nnum_heads: 5\n";
+  }
+  ServerProcess server(
+      ATTNSERVE_BINARY,
+      {"--host=127.0.0.1", "--port=0", "--model_repository=" + repository},
+      StderrPath("bad_repository"));
+  EXPECT_EQ(server.ReadPort(), -1);
+  EXPECT_NE(server.Wait(), 0);
+  const std::string log = server.Stderr();
+  EXPECT_THAT(log, HasSubstr("event=startup_failed"));
+  EXPECT_THAT(log, HasSubstr(model_dir + "/config.pbtxt"));
+  EXPECT_THAT(log, HasSubstr("num_heads must divide d_model"));
+}
+
+}  // namespace
+}  // namespace attnserve
