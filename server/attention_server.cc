@@ -23,10 +23,20 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   if (options.grace_period < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("grace_period must be >= 0");
   }
+  if (options.metrics_port < -1 || options.metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_port must be in [-1, 65535], got ", options.metrics_port));
+  }
   std::unique_ptr<AttentionServer> server(new AttentionServer());
   server->options_ = options;
+  server->metrics_ = std::make_unique<ServerMetrics>();
+  ModelRegistry::Options model_options = options.models;
+  ServerMetrics* metrics = server->metrics_.get();
+  model_options.make_observer = [metrics](const v1::ModelInfo& info) {
+    return metrics->AddModel(info);
+  };
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
-      ModelRegistry::Create(options.models);
+      ModelRegistry::Create(model_options);
   if (!registry.ok()) return registry.status();
   server->registry_ = std::move(registry).value();
   for (const ServedModel* model : server->registry_->models()) {
@@ -37,8 +47,17 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
               {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
               {"batching", model->info.batching().ShortDebugString()}});
   }
-  server->service_ =
-      std::make_unique<AttentionService>(server->registry_.get(), options.call_observer);
+  server->service_ = std::make_unique<AttentionService>(server->registry_.get(),
+                                                        metrics->service_observer());
+  if (options.metrics_port >= 0) {
+    absl::StatusOr<int> metrics_port =
+        metrics->StartExposer(options.metrics_host, options.metrics_port);
+    if (!metrics_port.ok()) {
+      server->registry_->Shutdown();
+      return metrics_port.status();
+    }
+    server->metrics_port_ = *metrics_port;
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/attention_service.h"
 #include "server/model_registry.h"
+#include "server/server_metrics.h"
 
 namespace attnserve::server {
 
@@ -33,8 +34,10 @@ class AttentionServer {
     absl::Duration grace_period = absl::Seconds(30);
     // The models.
     ModelRegistry::Options models;
-    // Per-call observer (metrics); may be empty.
-    CallObserver call_observer;
+    // Where /metrics is served (Prometheus text format): port 0 picks a free one
+    // (see metrics_port()); -1 serves none (the metrics are still recorded).
+    std::string metrics_host = "0.0.0.0";
+    int metrics_port = -1;
   };
 
   // Loads the models, binds the port and starts serving. Errors: those of
@@ -48,6 +51,9 @@ class AttentionServer {
   // The bound port (the chosen one when Options::port was 0).
   int port() const { return port_; }
   const ModelRegistry& registry() const { return *registry_; }
+  // The bound /metrics port, or -1 when not served.
+  int metrics_port() const { return metrics_port_; }
+  ServerMetrics& metrics() { return *metrics_; }
 
   // Drains: health turns NOT_SERVING, new calls get UNAVAILABLE, queued and running
   // calls finish (up to grace_period, then they are cancelled), batchers stop. Blocks
@@ -59,6 +65,9 @@ class AttentionServer {
 
   Options options_;
   int port_ = 0;
+  int metrics_port_ = -1;
+  // Declared before what reports into it, so it is destroyed after them.
+  std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<grpc::Server> server_;

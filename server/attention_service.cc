@@ -49,12 +49,14 @@ class AttendReactor final : public grpc::ServerUnaryReactor {
 class StreamReactor final
     : public grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse> {
  public:
-  StreamReactor(AttentionService* service, grpc::CallbackServerContext* context,
-                const std::atomic<bool>* draining)
+  StreamReactor(AttentionService* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        draining_(draining),
-        cancelled_(std::make_shared<std::atomic<bool>>(false)) {
+        cancelled_(std::make_shared<std::atomic<bool>>(false)),
+        start_(absl::Now()) {
+    if (service_->observer().on_rpc_started) {
+      service_->observer().on_rpc_started("AttendStream");
+    }
     StartRead(&request_);
   }
 
@@ -94,10 +96,6 @@ class StreamReactor final
       }
       Complete(sequence, std::move(message));
     };
-    if (draining_->load(std::memory_order_acquire)) {
-      answer(Unavailable(), {});
-      return;
-    }
     service_->Submit(request, DeadlineOf(context_), cancelled_, std::move(answer));
   }
 
@@ -182,13 +180,20 @@ class StreamReactor final
     }
     if (write != nullptr) StartWrite(write);
     if (read) StartRead(&request_);
-    if (finish) Finish(finish_status);
+    if (finish) {
+      if (service_->observer().on_rpc_handled) {
+        service_->observer().on_rpc_handled(
+            "AttendStream", static_cast<absl::StatusCode>(finish_status.error_code()),
+            absl::Now() - start_);
+      }
+      Finish(finish_status);
+    }
   }
 
   AttentionService* const service_;
   grpc::CallbackServerContext* const context_;
-  const std::atomic<bool>* const draining_;
   std::shared_ptr<std::atomic<bool>> cancelled_;
+  const absl::Time start_;
   v1::AttendStreamRequest request_;
 
   absl::Mutex mu_;
@@ -206,7 +211,7 @@ class StreamReactor final
 
 }  // namespace
 
-AttentionService::AttentionService(ModelRegistry* registry, CallObserver observer)
+AttentionService::AttentionService(ModelRegistry* registry, ServiceObserver observer)
     : registry_(registry), observer_(std::move(observer)) {}
 
 void AttentionService::Submit(
@@ -216,9 +221,12 @@ void AttentionService::Submit(
   const absl::Time start = absl::Now();
   ServedModel* model = registry_->Find(request.model());
   const std::string model_name = model != nullptr ? model->name : "";
+  if (observer_.on_request_started) observer_.on_request_started(model_name);
   auto finish = [this, start, model_name, done = std::move(done)](
                     absl::Status status, v1::AttendResponse response, int64_t tokens) {
-    if (observer_) observer_(model_name, status, absl::Now() - start, tokens);
+    if (observer_.on_request_finished) {
+      observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
+    }
     done(std::move(status), std::move(response));
   };
   if (draining_.load(std::memory_order_acquire)) {
@@ -264,17 +272,23 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
                                                    const v1::AttendRequest* request,
                                                    v1::AttendResponse* response) {
   auto* reactor = new AttendReactor();
-  Submit(*request, DeadlineOf(context), reactor->cancelled(),
-         [reactor, response](absl::Status status, v1::AttendResponse result) {
-           if (status.ok()) response->Swap(&result);
-           reactor->Finish(ToGrpcStatus(status));
-         });
+  const absl::Time start = absl::Now();
+  if (observer_.on_rpc_started) observer_.on_rpc_started("Attend");
+  Submit(
+      *request, DeadlineOf(context), reactor->cancelled(),
+      [this, start, reactor, response](absl::Status status, v1::AttendResponse result) {
+        if (status.ok()) response->Swap(&result);
+        if (observer_.on_rpc_handled) {
+          observer_.on_rpc_handled("Attend", status.code(), absl::Now() - start);
+        }
+        reactor->Finish(ToGrpcStatus(status));
+      });
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse>*
 AttentionService::AttendStream(grpc::CallbackServerContext* context) {
-  return new StreamReactor(this, context, &draining_);
+  return new StreamReactor(this, context);
 }
 
 grpc::ServerUnaryReactor* AttentionService::ListModels(

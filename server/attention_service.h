@@ -15,20 +15,34 @@
 
 namespace attnserve::server {
 
-// Called once per finished Attend call or stream message (for metrics): the model
-// name ("" when unknown), the final status and the time since the handler started.
-using CallObserver =
-    std::function<void(const std::string& model, const absl::Status& status,
-                       absl::Duration elapsed, int64_t tokens)>;
+// Hooks for metrics; every member optional. Called on gRPC or batcher threads, never
+// under the service's locks; they must be thread-safe and quick.
+struct ServiceObserver {
+  // An RPC began / ended. `method` is the RPC's name ("Attend", "AttendStream",
+  // "ListModels", "GetModel"); `elapsed` runs from the handler's start to Finish.
+  std::function<void(absl::string_view method)> on_rpc_started;
+  std::function<void(absl::string_view method, absl::StatusCode code,
+                     absl::Duration elapsed)>
+      on_rpc_handled;
+  // One attention request (an Attend call or one stream message) was received /
+  // answered. `model` is the served model's name, or "" when the request named an
+  // unknown model; `tokens` counts computed query tokens (0 unless OK).
+  std::function<void(const std::string& model)> on_request_started;
+  std::function<void(const std::string& model, const absl::Status& status,
+                     absl::Duration elapsed, int64_t tokens)>
+      on_request_finished;
+};
 
 // Thread-safe. Does not own the registry, which must outlive every call.
 class AttentionService final : public v1::AttentionService::CallbackService {
  public:
-  explicit AttentionService(ModelRegistry* registry, CallObserver observer = nullptr);
+  explicit AttentionService(ModelRegistry* registry, ServiceObserver observer = {});
 
   // From now on new calls and stream messages are answered UNAVAILABLE; calls already
   // queued are computed. Idempotent.
   void StartDraining() { draining_.store(true, std::memory_order_release); }
+
+  const ServiceObserver& observer() const { return observer_; }
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -51,7 +65,7 @@ class AttentionService final : public v1::AttentionService::CallbackService {
 
  private:
   ModelRegistry* const registry_;
-  CallObserver observer_;
+  const ServiceObserver observer_;
   std::atomic<bool> draining_{false};
 };
 

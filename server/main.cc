@@ -42,6 +42,11 @@ ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
           "Close client connections after this age (GOAWAY) so clients re-resolve DNS "
           "and spread onto new replicas; 0 = never. 5m suits Kubernetes.");
+ABSL_FLAG(int, metrics_port, 8080,
+          "HTTP port serving /metrics (Prometheus text format); 0 picks a free port "
+          "(printed at start-up); -1 turns it off.");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
+          "Address the /metrics server listens on.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
 
 namespace {
@@ -60,6 +65,8 @@ int Run() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.models.model_repository = absl::GetFlag(FLAGS_model_repository);
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
@@ -89,6 +96,10 @@ int Run() {
                                {"device", absl::GetFlag(FLAGS_device)}});
   std::printf("attnserve listening on %s:%d\n", options.host.c_str(),
               (*attention_server)->port());
+  if ((*attention_server)->metrics_port() >= 0) {
+    std::printf("attnserve metrics on %s:%d\n", options.metrics_host.c_str(),
+                (*attention_server)->metrics_port());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;

@@ -82,14 +82,6 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   model->name = name;
   model->spec = spec;
   model->max_sequence_length = max_sequence_length;
-  batching.clock = options.clock;
-  if (options.make_observer) batching.observer = options.make_observer(name);
-  core::MultiHeadAttention::Options attention_options;
-  attention_options.intra_op_threads = intra_op_threads;
-  ATTN_ASSIGN_OR_RETURN(model->batcher, DynamicBatcher::Create(batching, [&]() {
-                          return core::MultiHeadAttention::Create(spec, weights, engine,
-                                                                  attention_options);
-                        }));
 
   v1::ModelInfo& info = model->info;
   info.set_name(name);
@@ -108,6 +100,15 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   info_batching->set_max_queue_size(batching.max_queue_size);
   info_batching->set_instances(batching.instances);
   info_batching->set_intra_op_threads(intra_op_threads);
+
+  batching.clock = options.clock;
+  if (options.make_observer) batching.observer = options.make_observer(info);
+  core::MultiHeadAttention::Options attention_options;
+  attention_options.intra_op_threads = intra_op_threads;
+  ATTN_ASSIGN_OR_RETURN(model->batcher, DynamicBatcher::Create(batching, [&]() {
+                          return core::MultiHeadAttention::Create(spec, weights, engine,
+                                                                  attention_options);
+                        }));
   return model;
 }
 

@@ -50,8 +50,9 @@ class ModelRegistry {
     core::DeviceKind device = core::DeviceKind::kCpu;
     // Source of time for every batcher; null = real time. Not owned.
     Clock* clock = nullptr;
-    // Builds each model's batcher observer (metrics); may be empty.
-    std::function<BatcherObserver(const std::string& model)> make_observer;
+    // Builds each model's batcher observer (metrics) from its description; may be
+    // empty. Called during Create, once per model.
+    std::function<BatcherObserver(const v1::ModelInfo& model)> make_observer;
   };
 
   // Loads every model and starts its batcher. Errors name the file and the problem:

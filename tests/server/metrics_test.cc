@@ -1,0 +1,174 @@
+// The metrics a running server records, read back in the text format /metrics serves.
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/server_metrics.h"
+#include "tests/server/test_server.h"
+
+namespace attnserve::server {
+namespace {
+
+using ::attnserve::client::Float32Tensor;
+using ::attnserve::server::testing::StartServer;
+using ::attnserve::server::testing::TestServer;
+
+// The value of the sample `name{labels}` in `text`, where `labels` lists label="value"
+// pairs that must all appear (in any order); -1 when absent.
+double Sample(const std::string& text, const std::string& name,
+              const std::vector<std::string>& labels = {}) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t end_of_name = line.find_first_of("{ ");
+    if (line.substr(0, end_of_name) != name) continue;
+    bool all = true;
+    for (const std::string& label : labels) all &= line.find(label) != std::string::npos;
+    if (!all) continue;
+    double value = -1;
+    EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
+    return value;
+  }
+  return -1;
+}
+
+v1::AttendRequest Request(int64_t length) {
+  v1::AttendRequest request;
+  *request.mutable_query() =
+      Float32Tensor(std::vector<float>(length * 512, 0.5f), {length, 512});
+  return request;
+}
+
+bool Eventually(const std::function<bool()>& condition) {
+  for (int i = 0; i < 1000 && !condition(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return condition();
+}
+
+TEST(ServerMetricsTest, CountsEqualWhatWasSentPerCode) {
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    options.models.batching.max_queue_delay = absl::Milliseconds(150);
+    options.models.batching.max_batch_size = 4;
+    options.models.batching.max_queue_size = 1;
+  });
+  // 3 OK, one at a time (each alone in its batch).
+  for (int64_t length : {3, 5, 8})
+    ASSERT_TRUE(server.client->Attend(Request(length)).ok());
+  // 2 INVALID_ARGUMENT.
+  v1::AttendRequest bad = Request(2);
+  bad.mutable_query()->set_dtype(v1::DATA_TYPE_UNSPECIFIED);
+  EXPECT_FALSE(server.client->Attend(bad).ok());
+  EXPECT_FALSE(server.client->Attend(bad).ok());
+  // 1 OK that holds the only queue slot, and 1 RESOURCE_EXHAUSTED meanwhile.
+  absl::Notification held_done;
+  server.client->AttendAsync(Request(4), absl::Seconds(30), [&](auto response) {
+    EXPECT_TRUE(response.ok());
+    held_done.Notify();
+  });
+  ASSERT_TRUE(Eventually([&] { return server.batcher().queue_depth() == 1; }));
+  EXPECT_EQ(server.client->Attend(Request(2)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  held_done.WaitForNotification();
+  // 1 DEADLINE_EXCEEDED: dropped in the queue before its batch is due.
+  EXPECT_EQ(server.client->Attend(Request(2), absl::Milliseconds(40)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  ASSERT_TRUE(Eventually([&] { return server.batcher().stats().dropped_deadline == 1; }));
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(server.server->metrics().Render(), "attnserve_requests_total",
+                  {"model=\"mha-base\"", "code=\"DEADLINE_EXCEEDED\""}) == 1;
+  }));
+
+  const std::string text = server.server->metrics().Render();
+  const std::string model = "model=\"mha-base\"";
+  EXPECT_EQ(Sample(text, "attnserve_requests_total", {model, "code=\"OK\""}), 4);
+  EXPECT_EQ(
+      Sample(text, "attnserve_requests_total", {model, "code=\"INVALID_ARGUMENT\""}), 2);
+  EXPECT_EQ(
+      Sample(text, "attnserve_requests_total", {model, "code=\"RESOURCE_EXHAUSTED\""}),
+      1);
+  EXPECT_EQ(
+      Sample(text, "attnserve_requests_total", {model, "code=\"DEADLINE_EXCEEDED\""}), 1);
+  EXPECT_EQ(Sample(text, "attnserve_requests_total", {model, "code=\"CANCELLED\""}), 0);
+  EXPECT_EQ(Sample(text, "attnserve_request_duration_seconds_count", {model}), 8);
+  // Four computed batches of one request each, 3+5+8+4 tokens.
+  EXPECT_EQ(Sample(text, "attnserve_batch_size_count", {model}), 4);
+  EXPECT_EQ(Sample(text, "attnserve_batch_size_bucket", {model, "le=\"1\""}), 4);
+  EXPECT_EQ(Sample(text, "attnserve_batch_tokens_sum", {model}), 20);
+  EXPECT_EQ(Sample(text, "attnserve_tokens_total", {model}), 20);
+  EXPECT_EQ(Sample(text, "attnserve_compute_duration_seconds_count", {model}), 4);
+  // Queue time is observed for computed and dropped requests alike.
+  EXPECT_EQ(Sample(text, "attnserve_queue_duration_seconds_count", {model}), 5);
+  EXPECT_EQ(Sample(text, "attnserve_inflight_requests", {model}), 0);
+  EXPECT_EQ(Sample(text, "attnserve_queue_depth", {model}), 0);
+  EXPECT_EQ(Sample(text, "attnserve_queue_capacity", {model}), 1);
+  EXPECT_EQ(
+      Sample(text, "attnserve_model_info", {model, "d_model=\"512\"", "heads=\"8\""}), 1);
+  const std::string attend = "grpc_method=\"Attend\"";
+  EXPECT_EQ(Sample(text, "grpc_server_started_total", {attend}), 8);
+  EXPECT_EQ(Sample(text, "grpc_server_handled_total", {attend, "grpc_code=\"OK\""}), 4);
+  EXPECT_EQ(Sample(text, "grpc_server_handled_total",
+                   {attend, "grpc_code=\"InvalidArgument\""}),
+            2);
+  EXPECT_EQ(Sample(text, "grpc_server_handling_seconds_count", {attend}), 8);
+  EXPECT_GT(Sample(text, "process_resident_memory_bytes"), 1e6);
+  EXPECT_GT(Sample(text, "process_open_fds"), 3);
+}
+
+TEST(ServerMetricsTest, UnknownModelIsCountedUnderOneLabel) {
+  TestServer server = StartServer();
+  v1::AttendRequest request = Request(2);
+  for (const char* name : {"a", "b", "c"}) {
+    request.set_model(name);
+    EXPECT_EQ(server.client->Attend(request).status().code(),
+              absl::StatusCode::kNotFound);
+  }
+  const std::string text = server.server->metrics().Render();
+  EXPECT_EQ(Sample(text, "attnserve_requests_total",
+                   {"model=\"_unknown\"", "code=\"NOT_FOUND\""}),
+            3);
+  EXPECT_EQ(text.find("model=\"a\""), std::string::npos);
+}
+
+TEST(ServerMetricsTest, StreamCountsOneRpcAndEveryMessage) {
+  TestServer server = StartServer();
+  grpc::ClientContext context;
+  auto stream = server.client->stub()->AttendStream(&context);
+  for (int i = 0; i < 5; ++i) {
+    v1::AttendStreamRequest message;
+    *message.mutable_request() = Request(2);
+    ASSERT_TRUE(stream->Write(message));
+  }
+  stream->WritesDone();
+  v1::AttendStreamResponse answer;
+  while (stream->Read(&answer)) {
+  }
+  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(server.server->metrics().Render(), "grpc_server_handled_total",
+                  {"grpc_method=\"AttendStream\"", "grpc_code=\"OK\""}) == 1;
+  }));
+  const std::string text = server.server->metrics().Render();
+  EXPECT_EQ(Sample(text, "grpc_server_started_total",
+                   {"grpc_method=\"AttendStream\"", "grpc_type=\"bidi_stream\""}),
+            1);
+  EXPECT_EQ(
+      Sample(text, "attnserve_requests_total", {"model=\"mha-base\"", "code=\"OK\""}), 5);
+}
+
+TEST(ServerMetricsTest, BucketsSpanSubMillisecondToSeconds) {
+  EXPECT_EQ(DurationBuckets().front(), 0.0001);
+  EXPECT_EQ(DurationBuckets().back(), 25);
+  EXPECT_THAT(PowerOfTwoBuckets(32), ::testing::ElementsAre(1, 2, 4, 8, 16, 32));
+  EXPECT_THAT(PowerOfTwoBuckets(20), ::testing::ElementsAre(1, 2, 4, 8, 16, 32));
+}
+
+}  // namespace
+}  // namespace attnserve::server
