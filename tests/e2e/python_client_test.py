@@ -42,7 +42,8 @@ class PythonClientTest(unittest.TestCase):
         generate_stubs(cls.stub_dir.name)
         sys.path.insert(0, cls.stub_dir.name)
         cls.server = subprocess.Popen(
-            [BINARY, "--host=127.0.0.1", "--port=0", "--max_queue_delay=1ms"],
+            [BINARY, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+             "--max_queue_delay=1ms"],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = cls.server.stdout.readline()
         if "listening on" not in line:

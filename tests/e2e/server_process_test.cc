@@ -42,8 +42,8 @@ v1::AttendRequest Request(int64_t length) {
 TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
   ServerProcess server(
       ATTNSERVE_BINARY,
-      {"--host=127.0.0.1", "--port=0", "--instances=1", "--max_batch_size=4",
-       "--max_queue_delay=1ms", "--grace_period=60s"},
+      {"--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--instances=1",
+       "--max_batch_size=4", "--max_queue_delay=1ms", "--grace_period=60s"},
       StderrPath("drain"));
   const int port = server.ReadPort();
   ASSERT_GT(port, 0) << server.Stderr();
@@ -97,10 +97,10 @@ TEST(ServerProcessTest, BadModelRepositoryFailsStartupNamingTheFile) {
     std::ofstream config(model_dir + "/config.pbtxt");
     config << "d_model: 64\nnum_heads: 5\n";
   }
-  ServerProcess server(
-      ATTNSERVE_BINARY,
-      {"--host=127.0.0.1", "--port=0", "--model_repository=" + repository},
-      StderrPath("bad_repository"));
+  ServerProcess server(ATTNSERVE_BINARY,
+                       {"--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+                        "--model_repository=" + repository},
+                       StderrPath("bad_repository"));
   EXPECT_EQ(server.ReadPort(), -1);
   EXPECT_NE(server.Wait(), 0);
   const std::string log = server.Stderr();
