@@ -11,45 +11,21 @@ import array
 import math
 import os
 import random
-import signal
-import subprocess
 import sys
-import tempfile
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import stubs  # noqa: E402
+
 BINARY, ROOT = sys.argv[1], sys.argv[2]
-
-
-def generate_stubs(out_dir):
-    from grpc_tools import protoc
-    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
-    for proto_dir, files in (
-        (os.path.join(ROOT, "proto"),
-         ["attnserve/v1/tensor.proto", "attnserve/v1/attention.proto"]),
-        (os.path.join(ROOT, "tests", "e2e"), ["reflection.proto"]),
-    ):
-        code = protoc.main(["protoc", f"-I{proto_dir}", f"-I{include}",
-                            f"--python_out={out_dir}", f"--grpc_python_out={out_dir}",
-                            *files])
-        if code != 0:
-            raise RuntimeError(f"protoc failed for {files}")
 
 
 class PythonClientTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.stub_dir = tempfile.TemporaryDirectory()
-        generate_stubs(cls.stub_dir.name)
-        sys.path.insert(0, cls.stub_dir.name)
-        cls.server = subprocess.Popen(
-            [BINARY, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
-             "--max_queue_delay=1ms"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = cls.server.stdout.readline()
-        if "listening on" not in line:
-            cls.server.kill()
-            raise RuntimeError(f"attnserve did not start: {line!r}")
-        cls.target = line.strip().rsplit(" ", 1)[1]
+        cls.stub_dir = stubs.generate_stubs(ROOT)
+        cls.server = stubs.Attnserve(BINARY, "--max_queue_delay=1ms")
+        cls.target = cls.server.target
         import grpc
         cls.channel = grpc.insecure_channel(cls.target)
         grpc.channel_ready_future(cls.channel).result(timeout=10)
@@ -57,8 +33,7 @@ class PythonClientTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.channel.close()
-        cls.server.send_signal(signal.SIGTERM)
-        code = cls.server.wait(timeout=30)
+        code = cls.server.stop()
         cls.stub_dir.cleanup()
         assert code == 0, f"attnserve exited with {code}"
 

@@ -1,0 +1,51 @@
+"""Shared helpers of the Python end-to-end tests: Python stubs generated from proto/
+at test time (grpc_tools from Debian's python3-grpc-tools), and a running attnserve."""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+
+def generate_stubs(root):
+    """Generates stubs for proto/ and tests/e2e/reflection.proto into a temporary folder,
+    puts it on sys.path and returns the TemporaryDirectory (keep it alive)."""
+    from grpc_tools import protoc
+    out = tempfile.TemporaryDirectory()
+    include = os.path.join(os.path.dirname(protoc.__file__), "_proto")
+    for proto_dir, files in (
+        (os.path.join(root, "proto"),
+         ["attnserve/v1/tensor.proto", "attnserve/v1/attention.proto"]),
+        (os.path.join(root, "tests", "e2e"), ["reflection.proto"]),
+    ):
+        code = protoc.main(["protoc", f"-I{proto_dir}", f"-I{include}",
+                            f"--python_out={out.name}", f"--grpc_python_out={out.name}",
+                            *files])
+        if code != 0:
+            raise RuntimeError(f"protoc failed for {files}")
+    sys.path.insert(0, out.name)
+    return out
+
+
+class Attnserve:
+    """attnserve on 127.0.0.1 with free ports; `target` and `metrics_port` are read from
+    the lines it prints at start-up."""
+
+    def __init__(self, binary, *flags, metrics=False):
+        args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
+                f"--metrics_port={0 if metrics else -1}", *flags]
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, text=True)
+        line = self.process.stdout.readline()
+        if "listening on" not in line:
+            self.process.kill()
+            raise RuntimeError(f"attnserve did not start: {line!r}")
+        self.target = line.strip().rsplit(" ", 1)[1]
+        self.metrics_port = None
+        if metrics:
+            self.metrics_port = int(self.process.stdout.readline().strip().rsplit(":", 1)[1])
+
+    def stop(self):
+        """SIGTERM, then the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=60)
