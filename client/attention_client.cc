@@ -79,12 +79,15 @@ void AttentionClient::AttendAsync(
   call->done = std::move(done);
   stub_->async()->Attend(context, &call->request, &call->response,
                          [call](grpc::Status status) {
-                           if (status.ok()) {
-                             call->done(std::move(call->response));
-                           } else {
-                             call->done(FromGrpcStatus(status));
-                           }
+                           // Everything the call owns is released before `done` runs:
+                           // the caller may destroy this client as soon as it returns.
+                           auto done = std::move(call->done);
+                           absl::StatusOr<v1::AttendResponse> result =
+                               status.ok() ? absl::StatusOr<v1::AttendResponse>(
+                                                 std::move(call->response))
+                                           : FromGrpcStatus(status);
                            delete call;
+                           done(std::move(result));
                          });
 }
 

@@ -43,6 +43,7 @@ build_packages=(
   python3-grpcio
   python3-grpc-tools
   python3-protobuf
+  python3-numpy
   prometheus
 )
 

@@ -1,0 +1,269 @@
+// attnctl: call attnserve from a shell.
+//
+//   attnctl health [--model=M]
+//   attnctl models
+//   attnctl model M
+//   attnctl infer [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])
+//                 [--memory=m.npy] [--causal] [--head_mask=1,1,0,...]
+//                 [--output=y.npy] [--attention_out=a.npy]
+//
+// Exit codes: 0 ok; 1 the call failed (gRPC code name and message printed); 2 usage.
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "client/attention_client.h"
+#include "client/npy.h"
+
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "gRPC target: host:port, dns:///name:port, ipv4:a:p,b:p, unix:path.");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Deadline of each call.");
+ABSL_FLAG(std::string, lb, "pick_first",
+          "Load balancing over resolved addresses: pick_first or round_robin.");
+ABSL_FLAG(std::string, model, "", "Model name (infer, health); empty = server default.");
+ABSL_FLAG(std::string, input, "", "infer: query .npy, float32 [L, d] or [n, L, d].");
+ABSL_FLAG(bool, random, false, "infer: send a random query instead of --input.");
+ABSL_FLAG(int64_t, seq_len, 128, "infer --random: sequence length L.");
+ABSL_FLAG(int64_t, batch, 0,
+          "infer --random: n sequences (query [n, L, d]); 0 = [L, d].");
+ABSL_FLAG(int64_t, seed, 1, "infer --random: random seed.");
+ABSL_FLAG(std::string, memory, "", "infer: cross-attention keys/values .npy.");
+ABSL_FLAG(bool, causal, false, "infer: causal mask (self-attention only).");
+ABSL_FLAG(std::string, head_mask, "",
+          "infer: comma-separated factor per head, e.g. 1,1,0,1.");
+ABSL_FLAG(std::string, output, "", "infer: write the output here (.npy).");
+ABSL_FLAG(std::string, attention_out, "",
+          "infer: also ask for per-head attention weights and write them here (.npy).");
+
+namespace {
+
+using attnserve::client::AttentionClient;
+
+constexpr int kOk = 0;
+constexpr int kCallFailed = 1;
+constexpr int kUsage = 2;
+
+int Usage(const std::string& problem) {
+  std::fprintf(stderr, "attnctl: %s\nRun 'attnctl --help' for usage.\n", problem.c_str());
+  return kUsage;
+}
+
+int Failed(const absl::Status& status) {
+  std::fprintf(stderr, "attnctl: %s: %s\n",
+               std::string(absl::StatusCodeToString(status.code())).c_str(),
+               std::string(status.message()).c_str());
+  return kCallFailed;
+}
+
+// absl::ParseCommandLine exits with 1 on a bad flag; attnctl promises 2 for usage
+// errors, so flags are checked against the registry first.
+bool CheckFlags(int argc, char** argv, std::string& problem) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::StartsWith(arg, "-")) continue;
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    const size_t equals = arg.find('=');
+    const absl::string_view name = arg.substr(0, equals);
+    if (name == "help" || name == "helpfull" || name == "version") continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag != nullptr && flag->IsOfType<bool>()) continue;
+      flag = nullptr;
+    }
+    if (flag == nullptr) {
+      problem = absl::StrCat("unknown flag --", name);
+      return false;
+    }
+    std::string value;
+    if (equals != absl::string_view::npos) {
+      value = std::string(arg.substr(equals + 1));
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      problem = absl::StrCat("flag --", name, " needs a value");
+      return false;
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      problem = absl::StrCat("bad value for --", name, ": ", error);
+      return false;
+    }
+  }
+  return true;
+}
+
+int Health(const AttentionClient& client) {
+  const std::string service = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<bool> serving = client.IsServing(service);
+  if (!serving.ok()) return Failed(serving.status());
+  std::printf("%s%s\n", service.empty() ? "" : absl::StrCat(service, ": ").c_str(),
+              *serving ? "SERVING" : "NOT_SERVING");
+  return *serving ? kOk : kCallFailed;
+}
+
+int Models(const AttentionClient& client) {
+  absl::StatusOr<std::vector<attnserve::v1::ModelInfo>> models = client.ListModels();
+  if (!models.ok()) return Failed(models.status());
+  std::printf("%-24s %8s %6s %9s %8s %10s\n", "MODEL", "D_MODEL", "HEADS", "PRECISION",
+              "MAX_LEN", "MAX_BATCH");
+  for (const auto& model : *models) {
+    std::printf("%-24s %8lld %6lld %9s %8lld %10d\n", model.name().c_str(),
+                static_cast<long long>(model.d_model()),
+                static_cast<long long>(model.num_heads()),
+                model.precision() == attnserve::v1::PRECISION_BF16 ? "bf16" : "fp32",
+                static_cast<long long>(model.max_sequence_length()),
+                model.batching().max_batch_size());
+  }
+  return kOk;
+}
+
+int Model(const AttentionClient& client, const std::string& name) {
+  absl::StatusOr<attnserve::v1::ModelInfo> model = client.GetModel(name);
+  if (!model.ok()) return Failed(model.status());
+  std::printf("%s", model->DebugString().c_str());
+  return kOk;
+}
+
+int Infer(const AttentionClient& client) {
+  attnserve::v1::AttendRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  const std::string input = absl::GetFlag(FLAGS_input);
+  if (input.empty() == !absl::GetFlag(FLAGS_random)) {
+    return Usage("infer needs exactly one of --input=FILE.npy and --random");
+  }
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+  if (!input.empty()) {
+    absl::StatusOr<attnserve::client::NpyArray> array = attnserve::client::ReadNpy(input);
+    if (!array.ok()) return Usage(std::string(array.status().message()));
+    shape = array->shape;
+    values = std::move(array->values);
+  } else {
+    // The model's width comes from the server.
+    absl::StatusOr<attnserve::v1::ModelInfo> model =
+        client.GetModel(request.model().empty() ? "mha-base" : request.model());
+    if (!model.ok()) return Failed(model.status());
+    const int64_t length = absl::GetFlag(FLAGS_seq_len);
+    const int64_t batch = absl::GetFlag(FLAGS_batch);
+    if (length < 1 || batch < 0) return Usage("--seq_len must be >= 1 and --batch >= 0");
+    if (batch > 0) shape.push_back(batch);
+    shape.push_back(length);
+    shape.push_back(model->d_model());
+    values.resize((batch > 0 ? batch : 1) * length * model->d_model());
+    std::mt19937 generator(static_cast<uint32_t>(absl::GetFlag(FLAGS_seed)));
+    std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);
+    for (float& value : values) value = distribution(generator);
+  }
+  *request.mutable_query() = attnserve::client::Float32Tensor(values, shape);
+  if (const std::string memory = absl::GetFlag(FLAGS_memory); !memory.empty()) {
+    absl::StatusOr<attnserve::client::NpyArray> array =
+        attnserve::client::ReadNpy(memory);
+    if (!array.ok()) return Usage(std::string(array.status().message()));
+    *request.mutable_memory() =
+        attnserve::client::Float32Tensor(array->values, array->shape);
+  }
+  request.set_causal(absl::GetFlag(FLAGS_causal));
+  if (const std::string mask = absl::GetFlag(FLAGS_head_mask); !mask.empty()) {
+    for (absl::string_view part : absl::StrSplit(mask, ',')) {
+      float factor = 0;
+      if (!absl::SimpleAtof(part, &factor)) {
+        return Usage(absl::StrCat("--head_mask: '", part, "' is not a number"));
+      }
+      request.add_head_mask(factor);
+    }
+  }
+  const std::string attention_out = absl::GetFlag(FLAGS_attention_out);
+  request.set_return_attention(!attention_out.empty());
+
+  absl::StatusOr<attnserve::v1::AttendResponse> response = client.Attend(request);
+  if (!response.ok()) return Failed(response.status());
+  absl::StatusOr<std::vector<float>> output =
+      attnserve::client::Float32Values(response->output());
+  if (!output.ok()) return Failed(output.status());
+  const std::vector<int64_t> output_shape(response->output().shape().begin(),
+                                          response->output().shape().end());
+  std::printf("model=%s output_shape=[%s] queue_us=%lld compute_us=%lld batch_size=%d\n",
+              response->model().c_str(), absl::StrJoin(output_shape, ", ").c_str(),
+              static_cast<long long>(response->queue_time_us()),
+              static_cast<long long>(response->compute_time_us()),
+              response->batch_size());
+  if (const std::string path = absl::GetFlag(FLAGS_output); !path.empty()) {
+    if (absl::Status status = attnserve::client::WriteNpy(path, output_shape, *output);
+        !status.ok()) {
+      return Failed(status);
+    }
+  } else {
+    std::vector<float> head(output->begin(),
+                            output->begin() + std::min<size_t>(8, output->size()));
+    std::printf("output[0, :8] = [%s]\n", absl::StrJoin(head, ", ").c_str());
+  }
+  if (!attention_out.empty()) {
+    absl::StatusOr<std::vector<float>> weights =
+        attnserve::client::Float32Values(response->attention());
+    if (!weights.ok()) return Failed(weights.status());
+    const std::vector<int64_t> weights_shape(response->attention().shape().begin(),
+                                             response->attention().shape().end());
+    if (absl::Status status =
+            attnserve::client::WriteNpy(attention_out, weights_shape, *weights);
+        !status.ok()) {
+      return Failed(status);
+    }
+  }
+  return kOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "client/attnctl_main.cc");
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "call attnserve from a shell.\n"
+      "  attnctl health [--model=M]\n"
+      "  attnctl models\n"
+      "  attnctl model M\n"
+      "  attnctl infer [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])\n"
+      "                [--memory=m.npy] [--causal] [--head_mask=1,1,0,...]\n"
+      "                [--output=y.npy] [--attention_out=a.npy]\n"
+      "Exit codes: 0 ok, 1 the call failed, 2 usage.");
+  std::string problem;
+  if (!CheckFlags(argc, argv, problem)) return Usage(problem);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() < 2)
+    return Usage("missing command: health, models, model or infer");
+  const std::string command = positional[1];
+
+  AttentionClient::Options options;
+  options.target = absl::GetFlag(FLAGS_target);
+  options.timeout = absl::GetFlag(FLAGS_timeout);
+  options.load_balancing = absl::GetFlag(FLAGS_lb);
+  absl::StatusOr<std::unique_ptr<AttentionClient>> client =
+      AttentionClient::Create(options);
+  if (!client.ok()) return Usage(std::string(client.status().message()));
+
+  if (command == "health" && positional.size() == 2) return Health(**client);
+  if (command == "models" && positional.size() == 2) return Models(**client);
+  if (command == "model" && positional.size() == 3) return Model(**client, positional[2]);
+  if (command == "infer" && positional.size() == 2) return Infer(**client);
+  return Usage(absl::StrCat("bad command line for '", command, "'"));
+}
