@@ -77,18 +77,17 @@ void AttentionClient::AttendAsync(
   SetDeadline(*context, timeout);
   call->request = request;
   call->done = std::move(done);
-  stub_->async()->Attend(context, &call->request, &call->response,
-                         [call](grpc::Status status) {
-                           // Everything the call owns is released before `done` runs:
-                           // the caller may destroy this client as soon as it returns.
-                           auto done = std::move(call->done);
-                           absl::StatusOr<v1::AttendResponse> result =
-                               status.ok() ? absl::StatusOr<v1::AttendResponse>(
-                                                 std::move(call->response))
-                                           : FromGrpcStatus(status);
-                           delete call;
-                           done(std::move(result));
-                         });
+  stub_->async()->Attend(
+      context, &call->request, &call->response, [call](grpc::Status status) {
+        // Everything the call owns is released before `done` runs:
+        // the caller may destroy this client as soon as it returns.
+        auto done = std::move(call->done);
+        absl::StatusOr<v1::AttendResponse> result =
+            status.ok() ? absl::StatusOr<v1::AttendResponse>(std::move(call->response))
+                        : FromGrpcStatus(status);
+        delete call;
+        done(std::move(result));
+      });
 }
 
 absl::StatusOr<bool> AttentionClient::IsServing(const std::string& service) const {

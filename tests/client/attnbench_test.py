@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""attnbench against a real attnserve on 127.0.0.1:0: short closed- and open-loop runs,
+their JSON, CSV and SVG outputs, and agreement with the server's own /metrics.
+
+usage: attnbench_test.py ATTNSERVE ATTNBENCH REPO_ROOT
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.dom.minidom
+
+SERVER, ATTNBENCH, ROOT = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import stubs  # noqa: E402
+
+
+class AttnbenchTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", metrics=True)
+        cls.dir = tempfile.TemporaryDirectory()
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.server.stop() == 0
+        cls.dir.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir.name, name)
+
+    def bench(self, *args):
+        result = subprocess.run(
+            [ATTNBENCH, f"--target={self.server.target}", "--warmup=0.3s", "--window=0.5s",
+             "--max_duration=2s", *args], capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return result
+
+    def test_closed_loop_outputs_and_server_agreement(self):
+        metrics = f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+        result = self.bench("--concurrency=1,4", "--seq_len=8*3,32*1",
+                            f"--metrics_url={metrics}", f"--json={self.path('r.json')}",
+                            f"--csv={self.path('r.csv')}", f"--plot={self.path('r.svg')}")
+        self.assertIn("conc=4", result.stdout)
+        run = json.load(open(self.path("r.json")))
+        self.assertEqual(len(run["steps"]), 2)
+        for step in run["steps"]:
+            latency = step["latency_ms"]
+            ordered = [latency[k] for k in ("p50", "p90", "p95", "p99", "p99.9", "max")]
+            self.assertEqual(ordered, sorted(ordered), latency)
+            self.assertGreater(step["requests"], 0)
+            self.assertEqual(step["errors"], {})
+            # The server counted the same calls between the two scrapes that bracket the
+            # measurement, give or take the calls in flight at each edge.
+            self.assertLessEqual(abs(step["server"]["requests"] - step["requests"]),
+                                 2 * step["level"], step)
+            self.assertGreaterEqual(step["server"]["mean_batch_size"], 1.0)
+        rows = list(csv.DictReader(open(self.path("r.csv"))))
+        self.assertEqual([float(r["level"]) for r in rows], [1.0, 4.0])
+        svg = xml.dom.minidom.parse(self.path("r.svg"))
+        self.assertEqual(svg.documentElement.tagName, "svg")
+        self.assertEqual(len(svg.getElementsByTagName("polyline")), 3)
+
+    def test_open_loop_sends_at_the_rate(self):
+        rate = 150
+        self.bench(f"--rate={rate}", "--seq_len=4:16", f"--json={self.path('o.json')}")
+        step = json.load(open(self.path("o.json")))["steps"][0]
+        self.assertEqual(step["mode"], "rate")
+        sent_rate = step["sent"] / step["seconds"]
+        self.assertLess(abs(sent_rate - rate) / rate, 0.10, step)
+
+    def test_stream_mode(self):
+        self.bench("--concurrency=2", "--stream", "--seq_len=8", f"--json={self.path('s.json')}")
+        run = json.load(open(self.path("s.json")))
+        self.assertTrue(run["stream"])
+        self.assertGreater(run["steps"][0]["requests"], 0)
+
+    def test_bad_arguments_exit_two(self):
+        for args in (["--concurrency=0"], ["--seq_len=0"], [], ["--rate=5", "--concurrency=1"],
+                     ["--concurrency=1", "--dtype=int8"]):
+            result = subprocess.run([ATTNBENCH, f"--target={self.server.target}", *args],
+                                    capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 2, (args, result.stderr))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
