@@ -119,14 +119,17 @@ std::optional<absl::Time> DynamicBatcher::TakeBatch(absl::Time now, Batch& batch
   for (auto it = queue_.begin(); it != queue_.end();) {
     const AttentionWork& work = *it->work;
     absl::Status drop;
-    if (work.cancelled != nullptr && work.cancelled->load(std::memory_order_acquire)) {
-      drop = absl::CancelledError("the call was cancelled while queued");
-      ++stats_.dropped_cancelled;
-    } else if (now >= work.deadline) {
+    // The deadline is checked first: gRPC cancels a call when its deadline passes, and
+    // that is a deadline, not a caller's cancellation.
+    if (now >= work.deadline) {
       drop = absl::DeadlineExceededError(absl::StrCat(
           "deadline passed after ", absl::FormatDuration(now - it->enqueue_time),
           " in the queue; the request was not computed"));
       ++stats_.dropped_deadline;
+    } else if (work.cancelled != nullptr &&
+               work.cancelled->load(std::memory_order_acquire)) {
+      drop = absl::CancelledError("the call was cancelled while queued");
+      ++stats_.dropped_cancelled;
     }
     if (drop.ok()) {
       ++it;

@@ -93,8 +93,10 @@ class DynamicBatcher {
     int max_batch_size = 32;
     // Most query tokens per batch. Range >= 1.
     int64_t max_batch_tokens = 8192;
-    // How long the oldest request may wait for company. Range >= 0.
-    absl::Duration max_queue_delay = absl::Milliseconds(2);
+    // How long the oldest request may wait for company. Range >= 0; 0 dispatches at
+    // once with whatever is queued (under load, requests queue up while a batch
+    // computes, so batches still form).
+    absl::Duration max_queue_delay = absl::ZeroDuration();
     // Queued requests beyond which Enqueue fails with RESOURCE_EXHAUSTED. Range >= 1.
     int max_queue_size = 1024;
     // Compute workers, each with its own MultiHeadAttention. Range [1, 256].

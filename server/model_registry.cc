@@ -154,9 +154,13 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
   const int64_t max_sequence_length = config.max_sequence_length() != 0
                                           ? config.max_sequence_length()
                                           : options.max_sequence_length;
-  ATTN_ASSIGN_OR_RETURN(
-      const core::AttentionWeights weights,
-      core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec));
+  core::AttentionWeights weights;
+  if (config.generated_weights()) {
+    weights = core::GenerateAttentionWeights(spec, config.seed());
+  } else {
+    ATTN_ASSIGN_OR_RETURN(weights, core::LoadAttentionWeightsFile(
+                                       (folder / "weights.safetensors").string(), spec));
+  }
   int intra_op_threads = 0;
   const DynamicBatcher::Options batching = MergeBatching(
       config.batching(), options.batching, options.intra_op_threads, intra_op_threads);

@@ -76,6 +76,21 @@ TEST(ModelRegistryTest, ServesATorchModuleAndMatchesTorchOverTheWire) {
   EXPECT_EQ(server.client->ListModels()->size(), 2u);
 }
 
+TEST(ModelRegistryTest, GeneratesWeightsFromASeedWhenAsked) {
+  const std::string repository = NewRepository("generated");
+  WriteFile(repository + "/big/config.pbtxt",
+            "d_model: 96\nnum_heads: 6\ngenerated_weights: true\nseed: 3\n");
+  ModelRegistry::Options options;
+  options.model_repository = repository;
+  auto registry = ModelRegistry::Create(options);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  const ServedModel* model = (*registry)->Find("big");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->spec.d_model, 96);
+  EXPECT_EQ(model->spec.num_heads, 6);
+  (*registry)->Shutdown();
+}
+
 TEST(ModelRegistryTest, MalformedConfigNamesFileAndLine) {
   const std::string repository = NewRepository("malformed");
   WriteFile(repository + "/m/config.pbtxt", "d_model: 64\nnum_heads: four\n");
