@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps configure build test run bench-core format clean
+.PHONY: all deps configure build test run bench-core bench-server format clean
 
 all: build
 
@@ -30,6 +30,12 @@ run: build
 bench-core: build
 	deploy/install-deps.sh --bench
 	/usr/bin/python3 tests/bench/compare_core.py --core-bench $(BUILD_DIR)/tests/bench/core_bench
+
+# Server speed: attnbench against attnserve, the core, a Python grpcio + torch peer,
+# batching on/off, the latency floor and 8 MiB messages. Not part of `make test`.
+bench-server: build
+	deploy/install-deps.sh --bench
+	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) .
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.proto')

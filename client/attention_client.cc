@@ -26,6 +26,7 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
   arguments.SetLoadBalancingPolicyName(options.load_balancing);
+  for (const auto& [name, value] : options.grpc_arguments) arguments.SetInt(name, value);
   std::unique_ptr<AttentionClient> client(new AttentionClient());
   client->options_ = options;
   client->channel_ = grpc::CreateCustomChannel(

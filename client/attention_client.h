@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,8 @@ class AttentionClient {
     int max_message_bytes = 64 << 20;
     // Deadline of each call unless the call gives its own.
     absl::Duration timeout = absl::Seconds(30);
+    // Extra integer gRPC channel arguments (name -> value).
+    std::vector<std::pair<std::string, int>> grpc_arguments;
   };
 
   // Creates the channel (connects lazily). InvalidArgument for an unknown

@@ -45,6 +45,9 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Deadline of each call.");
 ABSL_FLAG(
     std::string, metrics_url, "",
     "The server's /metrics URL (http://host:port/metrics) for server-side figures.");
+ABSL_FLAG(
+    std::string, grpc_args, "",
+    "Extra integer gRPC channel arguments, name=value,... (e.g. flow-control tuning).");
 ABSL_FLAG(std::string, json, "", "Write results as JSON here.");
 ABSL_FLAG(std::string, csv, "", "Write results as CSV here.");
 ABSL_FLAG(std::string, plot, "",
@@ -61,6 +64,20 @@ bool ParseList(const std::string& text, std::vector<double>& values) {
     values.push_back(value);
   }
   return !values.empty();
+}
+
+// "name=value,name=value" -> integer gRPC channel arguments.
+bool ParseGrpcArguments(const std::string& text,
+                        std::vector<std::pair<std::string, int>>& arguments) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> parts = absl::StrSplit(item, '=');
+    int value = 0;
+    if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &value)) {
+      return false;
+    }
+    arguments.emplace_back(parts[0], value);
+  }
+  return true;
 }
 
 bool WriteFile(const std::string& path, const std::string& text) {
@@ -100,6 +117,11 @@ int Run() {
   client_options.target = absl::GetFlag(FLAGS_target);
   client_options.load_balancing = absl::GetFlag(FLAGS_lb);
   client_options.timeout = absl::GetFlag(FLAGS_timeout);
+  if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args),
+                          client_options.grpc_arguments)) {
+    std::fprintf(stderr, "attnbench: --grpc_args must be name=integer,...\n");
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<AttentionClient>> client =
       AttentionClient::Create(client_options);
   if (!client.ok()) {

@@ -77,6 +77,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
                                static_cast<int>(absl::ToInt64Milliseconds(
                                    std::max(options.grace_period, absl::Seconds(1)))));
   }
+  for (const auto& [name, value] : options.grpc_arguments) {
+    builder.AddChannelArgument(name, value);
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     server->registry_->Shutdown();

@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -38,6 +40,9 @@ class AttentionServer {
     // (see metrics_port()); -1 serves none (the metrics are still recorded).
     std::string metrics_host = "0.0.0.0";
     int metrics_port = -1;
+    // Extra integer gRPC channel arguments for the server (name -> value), e.g.
+    // {"grpc.http2.max_frame_size", 16777215}; applied after the ones above.
+    std::vector<std::pair<std::string, int>> grpc_arguments;
   };
 
   // Loads the models, binds the port and starts serving. Errors: those of

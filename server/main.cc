@@ -9,7 +9,9 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "core/device.h"
 #include "server/attention_server.h"
@@ -50,9 +52,26 @@ ABSL_FLAG(int, metrics_port, 8080,
           "(printed at start-up); -1 turns it off.");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
           "Address the /metrics server listens on.");
+ABSL_FLAG(std::string, grpc_args, "",
+          "Extra integer gRPC server channel arguments, name=value,..., e.g. "
+          "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
 
 namespace {
+
+// "name=value,name=value" -> integer gRPC channel arguments.
+bool ParseGrpcArguments(const std::string& text,
+                        std::vector<std::pair<std::string, int>>& arguments) {
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> parts = absl::StrSplit(item, '=');
+    int value = 0;
+    if (parts.size() != 2 || parts[0].empty() || !absl::SimpleAtoi(parts[1], &value)) {
+      return false;
+    }
+    arguments.emplace_back(parts[0], value);
+  }
+  return true;
+}
 
 int Run() {
   namespace server = attnserve::server;
@@ -69,6 +88,11 @@ int Run() {
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args), options.grpc_arguments)) {
+    server::LogEvent("startup_failed",
+                     {{"error", "--grpc_args must be name=integer,name=integer,..."}});
+    return 2;
+  }
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.models.model_repository = absl::GetFlag(FLAGS_model_repository);
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);

@@ -78,6 +78,19 @@ BENCHMARK(BM_MultiHeadAttention)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);
 
+// What the server's batches cost in the core alone: B single sequences of L=128,
+// d=512, 1 thread (make bench-server divides the server's throughput by this).
+void ServerShapes(benchmark::internal::Benchmark* bench) {
+  bench->ArgNames({"B", "L", "d", "h", "threads"});
+  for (int64_t batch : {1, 2, 4, 8, 16, 32}) bench->Args({batch, 128, 512, 8, 1});
+}
+BENCHMARK(BM_MultiHeadAttention)
+    ->Name("BM_ServerShapes")
+    ->Apply(ServerShapes)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
 // The in-situ ceiling: oneDNN's own large square f32 matmul.
 void BM_PeakMatmul(benchmark::State& state) {
   const int64_t n = state.range(0);
