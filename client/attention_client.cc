@@ -22,10 +22,28 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
         absl::StrCat("load_balancing must be pick_first or round_robin, got ",
                      options.load_balancing));
   }
+  if (options.max_attempts < 1 || options.max_attempts > 5) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_attempts must be in [1, 5], got ", options.max_attempts));
+  }
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
-  arguments.SetLoadBalancingPolicyName(options.load_balancing);
+  // The default service config: the balancing policy, and a retry policy for
+  // UNAVAILABLE so that a draining or vanished replica costs a retry, not an error.
+  std::string config =
+      absl::StrCat("{\"loadBalancingConfig\": [{\"", options.load_balancing, "\": {}}]");
+  if (options.max_attempts > 1) {
+    absl::StrAppend(
+        &config,
+        ", \"methodConfig\": [{\"name\": [{\"service\": "
+        "\"attnserve.v1.AttentionService\"}], \"retryPolicy\": {\"maxAttempts\": ",
+        options.max_attempts,
+        ", \"initialBackoff\": \"0.02s\", \"maxBackoff\": \"0.5s\", "
+        "\"backoffMultiplier\": 2, \"retryableStatusCodes\": [\"UNAVAILABLE\"]}}]");
+  }
+  config += "}";
+  arguments.SetServiceConfigJSON(config);
   for (const auto& [name, value] : options.grpc_arguments) arguments.SetInt(name, value);
   std::unique_ptr<AttentionClient> client(new AttentionClient());
   client->options_ = options;

@@ -48,6 +48,8 @@ ABSL_FLAG(
 ABSL_FLAG(
     std::string, grpc_args, "",
     "Extra integer gRPC channel arguments, name=value,... (e.g. flow-control tuning).");
+ABSL_FLAG(int, max_attempts, 1,
+          "Attempts per call on UNAVAILABLE (retry policy in the service config), 1-5.");
 ABSL_FLAG(std::string, json, "", "Write results as JSON here.");
 ABSL_FLAG(std::string, csv, "", "Write results as CSV here.");
 ABSL_FLAG(std::string, plot, "",
@@ -117,6 +119,7 @@ int Run() {
   client_options.target = absl::GetFlag(FLAGS_target);
   client_options.load_balancing = absl::GetFlag(FLAGS_lb);
   client_options.timeout = absl::GetFlag(FLAGS_timeout);
+  client_options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args),
                           client_options.grpc_arguments)) {
     std::fprintf(stderr, "attnbench: --grpc_args must be name=integer,...\n");

@@ -48,4 +48,6 @@ class Attnserve:
     def stop(self):
         """SIGTERM, then the exit code."""
         self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=60)
+        code = self.process.wait(timeout=60)
+        self.process.stdout.close()
+        return code
