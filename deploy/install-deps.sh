@@ -5,18 +5,32 @@
 #   deploy/install-deps.sh            build + test dependencies (default)
 #   deploy/install-deps.sh --runtime  only the shared libraries the binaries load
 #   deploy/install-deps.sh --bench    extra peers used by `make bench-core` only
+#   deploy/install-deps.sh --list-runtime   print the runtime list, one per line
 #
 # Idempotent: packages already installed are not fetched again, and `apt-get update`
 # runs only when something is missing.
 set -euo pipefail
 
+# Every package providing a shared library that attnserve, attnctl or attnbench load
+# (tests/deploy/check_runtime_libs.sh checks this against ldd), plus certificates.
 runtime_packages=(
-  libgrpc++1.51
-  libprotobuf32
-  libdnnl2
   libabsl20220623
-  libprometheus-cpp-pull1.0
+  libc-ares2
+  libc6
+  libcivetweb1
+  libdnnl2
+  libgcc-s1
+  libgomp1
+  libgrpc++1.51
+  libgrpc29
   libprometheus-cpp-core1.0
+  libprometheus-cpp-pull1.0
+  libprotobuf32
+  libre2-9
+  libssl3
+  libstdc++6
+  ocl-icd-libopencl1
+  zlib1g
   ca-certificates
 )
 
@@ -39,21 +53,29 @@ build_packages=(
   libgmock-dev
   libbenchmark-dev
   clang-format
+  debootstrap
   python3
   python3-grpcio
   python3-grpc-tools
   python3-protobuf
   python3-numpy
+  python3-yaml
   prometheus
+  kubectl
 )
 
 bench_packages=(
   python3-torch
   python3-numpy
+  python3-yaml
   libopenblas0-pthread
 )
 
 mode="${1:---build}"
+if [[ "${mode}" == "--list-runtime" ]]; then
+  printf '%s\n' "${runtime_packages[@]}"
+  exit 0
+fi
 case "${mode}" in
   --runtime) wanted=("${runtime_packages[@]}") ;;
   --build) wanted=("${runtime_packages[@]}" "${build_packages[@]}") ;;

@@ -1,0 +1,49 @@
+#!/usr/bin/python3
+"""Parses deploy/compose.yaml and checks the stack: the three services, attnserve built
+from the top-level Dockerfile with its ports, every mounted file present in the repo,
+Prometheus scraping the attnserve service, Grafana provisioned with the dashboard.
+
+usage: check_compose.py REPO_ROOT
+"""
+import os
+import sys
+
+import yaml
+
+ROOT = sys.argv[1]
+DEPLOY = os.path.join(ROOT, "deploy")
+problems = []
+
+
+def check(condition, what):
+    if not condition:
+        problems.append(what)
+
+
+compose = yaml.safe_load(open(os.path.join(DEPLOY, "compose.yaml")))
+services = compose["services"]
+check(set(services) >= {"attnserve", "prometheus", "grafana"}, "missing services")
+attnserve = services["attnserve"]
+check(os.path.isfile(os.path.join(DEPLOY, attnserve["build"]["context"],
+                                  attnserve["build"]["dockerfile"])), "Dockerfile not found")
+check("50051:50051" in attnserve["ports"] and "8080:8080" in attnserve["ports"],
+      "attnserve ports")
+mounted = 0
+for name, service in services.items():
+    for volume in service.get("volumes", []):
+        source = volume.split(":")[0]
+        if source.startswith("."):
+            mounted += 1
+            check(os.path.isfile(os.path.join(DEPLOY, source)), f"{name}: {source} missing")
+prometheus = yaml.safe_load(open(os.path.join(DEPLOY, "prometheus", "prometheus.yml")))
+targets = [t for job in prometheus["scrape_configs"] for c in job["static_configs"]
+           for t in c["targets"]]
+check("attnserve:8080" in targets, "prometheus.yml does not scrape attnserve:8080")
+datasources = yaml.safe_load(open(os.path.join(
+    DEPLOY, "grafana", "provisioning", "datasources", "prometheus.yml")))
+check(datasources["datasources"][0]["url"] == "http://prometheus:9090", "datasource URL")
+for problem in problems:
+    print("check_compose:", problem)
+print(f"check_compose: {len(services)} services, {mounted} mounted files, "
+      f"{len(problems)} problems")
+sys.exit(1 if problems else 0)
