@@ -9,10 +9,10 @@ dockerfile="${root}/Dockerfile"
 if ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
 fi
-lint="${tools}/npm/node_modules/.bin/dockerfilelint"
+lint="${tools}/npm-dockerfilelint/node_modules/.bin/dockerfilelint"
 if [[ ! -x "${lint}" ]]; then
-  mkdir -p "${tools}/npm"
-  npm install --prefix "${tools}/npm" --no-audit --no-fund --silent dockerfilelint@1 >&2
+  mkdir -p "${tools}/npm-dockerfilelint"
+  npm install --prefix "${tools}/npm-dockerfilelint" --no-audit --no-fund --silent dockerfilelint@1 >&2
 fi
 "${lint}" "${dockerfile}"
 

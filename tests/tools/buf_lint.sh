@@ -7,10 +7,10 @@ tools="$2"
 if ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
 fi
-buf="${tools}/npm/node_modules/.bin/buf"
+buf="${tools}/npm-buf/node_modules/.bin/buf"
 if [[ ! -x "${buf}" ]]; then
-  mkdir -p "${tools}/npm"
-  npm install --prefix "${tools}/npm" --no-audit --no-fund --silent @bufbuild/buf@1 >&2
+  mkdir -p "${tools}/npm-buf"
+  npm install --prefix "${tools}/npm-buf" --no-audit --no-fund --silent @bufbuild/buf@1 >&2
 fi
 cd "${root}/proto"
 "${buf}" --version

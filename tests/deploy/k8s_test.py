@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""Builds both kustomize overlays with kubectl, validates every object against the
+Kubernetes schemas (npm kubernetes-models, @kubernetes-models/prometheus-operator; see
+validate_k8s.js), and asserts the deployment policy.
+
+usage: k8s_test.py REPO_ROOT TOOLS_DIR
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import yaml
+
+ROOT, TOOLS = sys.argv[1], sys.argv[2]
+K8S = os.path.join(ROOT, "deploy", "k8s")
+NODE_MODULES = os.path.join(TOOLS, "npm-k8s", "node_modules")
+
+
+def ensure_models():
+    if os.path.isdir(os.path.join(NODE_MODULES, "@kubernetes-models", "prometheus-operator")):
+        return
+    os.makedirs(os.path.join(TOOLS, "npm-k8s"), exist_ok=True)
+    subprocess.run(["npm", "install", "--prefix", os.path.join(TOOLS, "npm-k8s"), "--no-audit",
+                    "--no-fund", "--silent", "kubernetes-models@4",
+                    "@kubernetes-models/prometheus-operator@4"], check=True, timeout=600)
+
+
+def build(overlay):
+    text = subprocess.run(["kubectl", "kustomize", os.path.join(K8S, "overlays", overlay)],
+                          check=True, capture_output=True, text=True, timeout=120).stdout
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def find(objects, kind):
+    return [o for o in objects if o["kind"] == kind]
+
+
+def flag(args, name):
+    for arg in args:
+        if arg.startswith(f"--{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def seconds(duration):
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
+
+
+class KustomizeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        ensure_models()
+        cls.overlays = {name: build(name) for name in ("dev", "prod")}
+
+    def test_objects_validate_against_schemas(self):
+        for name, objects in self.overlays.items():
+            with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+                json.dump(objects, f)
+                f.flush()
+                result = subprocess.run(
+                    ["node", os.path.join(ROOT, "tests/deploy/validate_k8s.js"), f.name,
+                     NODE_MODULES], capture_output=True, text=True, timeout=120)
+            print(f"\n{name}:\n{result.stdout}", end="")
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+
+    def test_deployment_policy(self):
+        for name, objects in self.overlays.items():
+            with self.subTest(overlay=name):
+                deployment = find(objects, "Deployment")[0]
+                pod = deployment["spec"]["template"]["spec"]
+                container = pod["containers"][0]
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    self.assertIn("grpc", container[probe], probe)
+                    self.assertEqual(container[probe]["grpc"]["port"], 50051)
+                for kind in ("requests", "limits"):
+                    self.assertEqual(set(container["resources"][kind]), {"cpu", "memory"})
+                self.assertTrue(pod["securityContext"]["runAsNonRoot"])
+                self.assertNotEqual(pod["securityContext"]["runAsUser"], 0)
+                security = container["securityContext"]
+                self.assertFalse(security["allowPrivilegeEscalation"])
+                self.assertTrue(security["readOnlyRootFilesystem"])
+                image = container["image"]
+                self.assertRegex(image, r":[\w.-]+$", "image tag must be pinned")
+                self.assertFalse(image.endswith(":latest"))
+                args = container["args"]
+                pre_stop = int(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+                grace = seconds(flag(args, "grace_period"))
+                self.assertGreater(pod["terminationGracePeriodSeconds"], pre_stop + grace)
+                self.assertIsNotNone(flag(args, "max_connection_age"))
+                ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+                self.assertEqual(ports, {"grpc": 50051, "metrics": 8080})
+                self.assertEqual(flag(args, "metrics_port"), "8080")
+                labels = deployment["spec"]["template"]["metadata"]["labels"]
+                for service in find(objects, "Service"):
+                    for key, value in service["spec"]["selector"].items():
+                        self.assertEqual(labels.get(key), value, service["metadata"]["name"])
+                for budget in find(objects, "PodDisruptionBudget"):
+                    for key, value in budget["spec"]["selector"]["matchLabels"].items():
+                        self.assertEqual(labels.get(key), value)
+                services = {s["metadata"]["name"]: s for s in find(objects, "Service")}
+                self.assertEqual(services["attnserve-headless"]["spec"]["clusterIP"], "None")
+                self.assertEqual(services["attnserve"]["spec"]["type"], "ClusterIP")
+                monitor = find(objects, "ServiceMonitor")[0]
+                self.assertEqual(monitor["spec"]["endpoints"][0]["port"], "metrics")
+
+    def test_overlays_differ_as_intended(self):
+        dev, prod = self.overlays["dev"], self.overlays["prod"]
+        self.assertEqual(find(dev, "Deployment")[0]["spec"]["replicas"], 1)
+        self.assertEqual(find(dev, "HorizontalPodAutoscaler"), [])
+        self.assertGreaterEqual(find(prod, "Deployment")[0]["spec"]["replicas"], 3)
+        hpa = find(prod, "HorizontalPodAutoscaler")[0]
+        self.assertEqual(hpa["apiVersion"], "autoscaling/v2")
+        self.assertGreaterEqual(hpa["spec"]["minReplicas"], 3)
+        kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
+        self.assertEqual(kinds["Resource"]["resource"]["name"], "cpu")
+        queue_metric = kinds["Pods"]["pods"]["metric"]["name"]
+        with open(os.path.join(K8S, "prometheus-adapter", "rules.yaml")) as f:
+            rules = yaml.safe_load(f)
+        exposed = [rule["name"]["as"] for rule in rules["rules"]]
+        self.assertIn(queue_metric, exposed, "the adapter must serve the HPA's Pods metric")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)
