@@ -364,8 +364,11 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
       }
       continue;
     }
-    const auto invalid = [&name](absl::string_view what) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", what));
+    // A structured binding cannot be captured in C++17; name it first.
+    const std::string& tensor_name = name;
+    const auto invalid = [&tensor_name](absl::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", tensor_name, "': ", what));
     };
     if (value.kind != JsonValue::Kind::kObject) return invalid("entry is not an object");
     const JsonValue* dtype = nullptr;

@@ -53,6 +53,7 @@ build_packages=(
   libgmock-dev
   libbenchmark-dev
   clang-format
+  clang
   debootstrap
   python3
   python3-grpcio
