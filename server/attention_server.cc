@@ -110,10 +110,15 @@ void AttentionServer::Shutdown() {
            {{"grace_period", absl::FormatDuration(options_.grace_period)}});
   // Sets every service NOT_SERVING and ignores later updates.
   server_->GetHealthCheckService()->Shutdown();
-  service_->StartDraining();
-  // Stops accepting calls, waits for running ones (they are waiting on the batchers,
-  // which keep computing) until the grace period ends, then cancels the rest.
+  // Stops accepting calls: the listener closes and clients get GOAWAY, so their next
+  // calls go to other replicas; a call that raced the GOAWAY is refused by gRPC itself,
+  // which clients retry transparently (an application-level UNAVAILABLE here would
+  // instead spend one of their retry attempts). Calls already accepted keep running
+  // (they wait on the batchers, which keep computing) until the grace period ends,
+  // then the rest are cancelled.
   server_->Shutdown(absl::ToChronoTime(start + options_.grace_period));
+  // Nothing new can arrive now; anything that still reaches a handler is refused.
+  service_->StartDraining();
   registry_->Shutdown();
   server_->Wait();
   LogEvent("shutdown_finished", {{"elapsed", absl::FormatDuration(absl::Now() - start)}});
