@@ -91,6 +91,54 @@ BENCHMARK(BM_MultiHeadAttention)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);
 
+// A server sees batches of arbitrary total length: each call here packs 4 sequences of
+// lengths drawn from [16, 512] (a fixed pseudo-random sequence), so shapes rarely
+// repeat and primitive creation shows up in the time. Compare with the same FLOPs at a
+// repeated shape to see what shape churn costs.
+void BM_MixedLengths(benchmark::State& state) {
+  ModelSpec spec;
+  MultiHeadAttention::Options options;
+  options.intra_op_threads = 1;
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
+                                              *engine, options);
+  std::vector<float> query(4 * 512 * spec.d_model, 0.1f), output(query.size());
+  uint64_t lcg = 12345;
+  double flops = 0;
+  for (auto _ : state) {
+    std::vector<int64_t> lengths(4);
+    int64_t total = 0;
+    for (int64_t& length : lengths) {
+      lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+      length = state.range(0) ? 16 + static_cast<int64_t>((lcg >> 33) % 497) : 264;
+      total += length;
+      flops += 8.0 * length * spec.d_model * spec.d_model +
+               4.0 * length * length * spec.d_model;
+    }
+    AttentionBatch batch;
+    batch.query = absl::MakeConstSpan(query).subspan(0, total * spec.d_model);
+    batch.query_lengths = lengths;
+    const absl::Status status =
+        (*attention)
+            ->Forward(batch, AttentionOptions(),
+                      absl::MakeSpan(output).subspan(0, total * spec.d_model));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+  }
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsRate);
+  state.counters["primitives_created"] =
+      static_cast<double>((*attention)->primitive_creations());
+}
+BENCHMARK(BM_MixedLengths)
+    ->ArgName("mixed")
+    ->Arg(0)
+    ->Arg(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(2.0);
+
 // The in-situ ceiling: oneDNN's own large square f32 matmul.
 void BM_PeakMatmul(benchmark::State& state) {
   const int64_t n = state.range(0);
