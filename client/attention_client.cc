@@ -29,8 +29,11 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
-  // The default service config: the balancing policy, and a retry policy for
-  // UNAVAILABLE so that a draining or vanished replica costs a retry, not an error.
+  // The default service config: the balancing policy, and a retry policy so that a
+  // draining or vanished replica costs a retry, not an error: UNAVAILABLE (refused,
+  // connection lost) and CANCELLED, which a server shutting down sends for calls it had
+  // received but not yet handed to the service (seen in tests/deploy/scale_out_test.py);
+  // those never ran. A call the caller cancels itself is never retried by gRPC.
   std::string config =
       absl::StrCat("{\"loadBalancingConfig\": [{\"", options.load_balancing, "\": {}}]");
   if (options.max_attempts > 1) {
@@ -40,7 +43,8 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
         "\"attnserve.v1.AttentionService\"}], \"retryPolicy\": {\"maxAttempts\": ",
         options.max_attempts,
         ", \"initialBackoff\": \"0.02s\", \"maxBackoff\": \"0.5s\", "
-        "\"backoffMultiplier\": 2, \"retryableStatusCodes\": [\"UNAVAILABLE\"]}}]");
+        "\"backoffMultiplier\": 2, \"retryableStatusCodes\": [\"UNAVAILABLE\", "
+        "\"CANCELLED\"]}}]");
   }
   config += "}";
   arguments.SetServiceConfigJSON(config);

@@ -31,8 +31,9 @@ class AttentionClient {
     int max_message_bytes = 64 << 20;
     // Deadline of each call unless the call gives its own.
     absl::Duration timeout = absl::Seconds(30);
-    // Attempts per call for calls that fail with UNAVAILABLE (a replica draining or
-    // gone): 1 = no retry; up to 5. Attend is idempotent, so retrying is safe.
+    // Attempts per call for calls that fail with UNAVAILABLE or a server-sent
+    // CANCELLED (a replica draining or gone): 1 = no retry; up to 5. Attend is
+    // idempotent, so retrying is safe.
     int max_attempts = 1;
     // Extra integer gRPC channel arguments (name -> value).
     std::vector<std::pair<std::string, int>> grpc_arguments;
