@@ -81,7 +81,7 @@ absl::StatusOr<v1::AttendResponse> AttentionClient::Attend(
 }
 
 void AttentionClient::AttendAsync(
-    const v1::AttendRequest& request, absl::Duration timeout,
+    v1::AttendRequest request, absl::Duration timeout,
     std::function<void(absl::StatusOr<v1::AttendResponse>)> done,
     grpc::ClientContext* context) const {
   struct Call {
@@ -98,7 +98,7 @@ void AttentionClient::AttendAsync(
   }
   call->context = context;
   SetDeadline(*context, timeout);
-  call->request = request;
+  call->request = std::move(request);
   call->done = std::move(done);
   stub_->async()->Attend(
       context, &call->request, &call->response, [call](grpc::Status status) {

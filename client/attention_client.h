@@ -49,9 +49,10 @@ class AttentionClient {
                                             absl::Duration timeout) const;
 
   // Non-blocking Attend: `done` runs once on a gRPC thread with the result. The
-  // request is copied; `context`, if not null, lets the caller cancel
-  // (context->TryCancel()) and must outlive the call.
-  void AttendAsync(const v1::AttendRequest& request, absl::Duration timeout,
+  // request is taken by value (move a temporary in to avoid copying its tensors);
+  // `context`, if not null, lets the caller cancel (context->TryCancel()) and must
+  // outlive the call.
+  void AttendAsync(v1::AttendRequest request, absl::Duration timeout,
                    std::function<void(absl::StatusOr<v1::AttendResponse>)> done,
                    grpc::ClientContext* context = nullptr) const;
 

@@ -56,7 +56,8 @@ absl::StatusOr<LengthMix> LengthMix::Parse(const std::string& spec) {
       return bad("each entry is LENGTH or LENGTH*WEIGHT, LENGTH >= 1, WEIGHT > 0");
     }
     mix.lengths_.push_back(length);
-    mix.weights_.push_back(weight);
+    mix.cumulative_weights_.push_back(
+        weight + (mix.cumulative_weights_.empty() ? 0 : mix.cumulative_weights_.back()));
   }
   if (mix.lengths_.empty()) return bad("empty");
   if (*std::max_element(mix.lengths_.begin(), mix.lengths_.end()) > kMaxPayloadTokens) {
@@ -69,23 +70,17 @@ int64_t LengthMix::Draw(std::mt19937_64& generator) const {
   if (lengths_.empty()) {
     return std::uniform_int_distribution<int64_t>(low_, high_)(generator);
   }
-  std::discrete_distribution<size_t> pick(weights_.begin(), weights_.end());
-  return lengths_[pick(generator)];
+  // Built once in Parse: a draw is one uniform number and a binary search.
+  const double point =
+      std::uniform_real_distribution<double>(0, cumulative_weights_.back())(generator);
+  const size_t index = static_cast<size_t>(
+      std::upper_bound(cumulative_weights_.begin(), cumulative_weights_.end(), point) -
+      cumulative_weights_.begin());
+  return lengths_[std::min(index, lengths_.size() - 1)];
 }
 
 int64_t LengthMix::MaxLength() const {
   return lengths_.empty() ? high_ : *std::max_element(lengths_.begin(), lengths_.end());
-}
-
-double LengthMix::MeanLength() const {
-  if (lengths_.empty())
-    return (static_cast<double>(low_) + static_cast<double>(high_)) / 2;
-  double total = 0, weight = 0;
-  for (size_t i = 0; i < lengths_.size(); ++i) {
-    total += static_cast<double>(lengths_[i]) * weights_[i];
-    weight += weights_[i];
-  }
-  return total / weight;
 }
 
 // Collects completions of one step; thread-safe.

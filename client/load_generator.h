@@ -25,13 +25,12 @@ class LengthMix {
   // InvalidArgument naming the problem for a malformed spec or a length < 1.
   static absl::StatusOr<LengthMix> Parse(const std::string& spec);
   int64_t Draw(std::mt19937_64& generator) const;
-  double MeanLength() const;
   int64_t MaxLength() const;
 
  private:
   int64_t low_ = 0, high_ = 0;  // uniform range when the list is empty
   std::vector<int64_t> lengths_;
-  std::vector<double> weights_;
+  std::vector<double> cumulative_weights_;  // running sums of the list's weights
 };
 
 // What one step (one concurrency or one rate) measured.

@@ -138,19 +138,17 @@ MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine
       engine_(engine),
       stream_(engine),
       options_(options),
-      cache_(static_cast<size_t>(options.primitive_cache_capacity)),
-      d_(spec.d_model),
-      head_dim_(spec.head_dim()) {}
+      cache_(static_cast<size_t>(options.primitive_cache_capacity)) {}
 
 dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t heads, int64_t rows) const {
-  return memory::desc({heads, rows, head_dim_}, memory::data_type::f32,
-                      {head_dim_, d_, 1});
+  return memory::desc({heads, rows, spec_.head_dim()}, memory::data_type::f32,
+                      {spec_.head_dim(), spec_.d_model, 1});
 }
 
 dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t heads,
                                                        int64_t length) const {
-  return memory::desc({heads, head_dim_, length}, memory::data_type::f32,
-                      {head_dim_, 1, d_});
+  return memory::desc({heads, spec_.head_dim(), length}, memory::data_type::f32,
+                      {spec_.head_dim(), 1, spec_.d_model});
 }
 
 int64_t MultiHeadAttention::AttentionWeightsSize(
@@ -393,7 +391,8 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
                                                 float* attention_weights,
                                                 float* context) {
   const int64_t heads = spec_.num_heads;
-  const int64_t head_dim = head_dim_;
+  const int64_t head_dim = spec_.head_dim();
+  const int64_t d = spec_.d_model;
   const int64_t budget = options_.attention_block_bytes;
   const int64_t row_bytes = key_length * static_cast<int64_t>(sizeof(float));
   // Short sequences: all heads in one batched matmul each (fewest primitive calls).
@@ -427,13 +426,13 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
       ATTN_ASSIGN_OR_RETURN(
           const CachedPrimitive* scores_primitive,
           GetPrimitive(PrimitiveKind::kScores, group, rows, key_length));
-      ATTN_RETURN_IF_ERROR(Execute(
-          *scores_primitive,
-          {{DNNL_ARG_SRC, memory(HeadRowsView(group, rows), engine_,
-                                 const_cast<float*>(q + first_row * d_ + column))},
-           {DNNL_ARG_WEIGHTS, memory(HeadColumnsView(group, key_length), engine_,
-                                     const_cast<float*>(k + column))},
-           {DNNL_ARG_DST, scores}}));
+      ATTN_RETURN_IF_ERROR(
+          Execute(*scores_primitive,
+                  {{DNNL_ARG_SRC, memory(HeadRowsView(group, rows), engine_,
+                                         const_cast<float*>(q + first_row * d + column))},
+                   {DNNL_ARG_WEIGHTS, memory(HeadColumnsView(group, key_length), engine_,
+                                             const_cast<float*>(k + column))},
+                   {DNNL_ARG_DST, scores}}));
 
       if (causal) {
         // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
@@ -465,7 +464,7 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
                    {DNNL_ARG_WEIGHTS, memory(HeadRowsView(group, key_length), engine_,
                                              const_cast<float*>(v + column))},
                    {DNNL_ARG_DST, memory(HeadRowsView(group, rows), engine_,
-                                         context + first_row * d_ + column)}}));
+                                         context + first_row * d + column)}}));
     }
   }
   return absl::OkStatus();

@@ -141,8 +141,6 @@ class MultiHeadAttention {
   dnnl::stream stream_;
   Options options_;
   PrimitiveCache cache_;
-  int64_t d_;
-  int64_t head_dim_;
 
   // Weights, with 1/sqrt(head_dim) folded into the query projection.
   std::vector<float> query_weight_, key_weight_, value_weight_, out_weight_;

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/bfloat16.h"
 #include "core/status_macros.h"
 
 namespace attnserve::core {
@@ -250,13 +251,6 @@ uint64_t ReadLittleEndian64(const char* bytes) {
     value = (value << 8) | static_cast<unsigned char>(bytes[i]);
   }
   return value;
-}
-
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-  float result;
-  std::memcpy(&result, &widened, sizeof(result));
-  return result;
 }
 
 }  // namespace

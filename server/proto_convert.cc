@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/bfloat16.h"
 
 namespace attnserve::server {
 
@@ -81,7 +82,7 @@ absl::StatusOr<TensorLayout> ReadSequences(const v1::Tensor& tensor,
     for (int64_t i = 0; i < elements; ++i) {
       uint16_t bits;
       std::memcpy(&bits, raw + 2 * i, 2);
-      out[i] = Bf16ToFloat(bits);
+      out[i] = core::Bf16ToFloat(bits);
     }
   }
   for (int64_t i = 0; i < elements; ++i) {
@@ -94,21 +95,6 @@ absl::StatusOr<TensorLayout> ReadSequences(const v1::Tensor& tensor,
 }
 
 }  // namespace
-
-float Bf16ToFloat(uint16_t bits) {
-  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-}
-
-uint16_t FloatToBf16(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
 
 absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
     const v1::AttendRequest& request, const core::ModelSpec& spec,
@@ -190,7 +176,7 @@ void FillResponse(const ReplyFormat& format, const AttentionWork& work,
   if (format.dtype == v1::DATA_TYPE_BF16) {
     raw->resize(work.output.size() * 2);
     for (size_t i = 0; i < work.output.size(); ++i) {
-      const uint16_t bits = FloatToBf16(work.output[i]);
+      const uint16_t bits = core::FloatToBf16(work.output[i]);
       std::memcpy(raw->data() + 2 * i, &bits, 2);
     }
   } else {

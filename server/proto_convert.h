@@ -50,10 +50,6 @@ void FillResponse(const ReplyFormat& format, const AttentionWork& work,
 // The same code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// float32 <-> bfloat16 (round to nearest even; NaN stays NaN).
-float Bf16ToFloat(uint16_t bits);
-uint16_t FloatToBf16(float value);
-
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_PROTO_CONVERT_H_

@@ -6,14 +6,8 @@ set -euo pipefail
 root="$1"
 tools="$2"
 dockerfile="${root}/Dockerfile"
-if ! command -v npm >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
-fi
+bash "${root}/tests/tools/npm_tool.sh" "${tools}/npm-dockerfilelint" dockerfilelint@1
 lint="${tools}/npm-dockerfilelint/node_modules/.bin/dockerfilelint"
-if [[ ! -x "${lint}" ]]; then
-  mkdir -p "${tools}/npm-dockerfilelint"
-  npm install --prefix "${tools}/npm-dockerfilelint" --no-audit --no-fund --silent dockerfilelint@1 >&2
-fi
 "${lint}" "${dockerfile}"
 
 status=0

@@ -21,11 +21,8 @@ NODE_MODULES = os.path.join(TOOLS, "npm-k8s", "node_modules")
 
 
 def ensure_models():
-    if os.path.isdir(os.path.join(NODE_MODULES, "@kubernetes-models", "prometheus-operator")):
-        return
-    os.makedirs(os.path.join(TOOLS, "npm-k8s"), exist_ok=True)
-    subprocess.run(["npm", "install", "--prefix", os.path.join(TOOLS, "npm-k8s"), "--no-audit",
-                    "--no-fund", "--silent", "kubernetes-models@4",
+    subprocess.run(["bash", os.path.join(ROOT, "tests/tools/npm_tool.sh"),
+                    os.path.join(TOOLS, "npm-k8s"), "kubernetes-models@4",
                     "@kubernetes-models/prometheus-operator@4"], check=True, timeout=600)
 
 

@@ -6,6 +6,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "core/attention_weights.h"
+#include "core/bfloat16.h"
 #include "core/device.h"
 #include "core/multi_head_attention.h"
 #include "gmock/gmock.h"
@@ -148,9 +149,9 @@ TEST_F(AttentionServiceTest, Bf16QueryGetsBf16OutputCloseToFp32) {
   std::string raw(values.size() * 2, '\0');
   std::vector<float> rounded(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t bits = FloatToBf16(values[i]);
+    const uint16_t bits = core::FloatToBf16(values[i]);
     std::memcpy(raw.data() + 2 * i, &bits, 2);
-    rounded[i] = Bf16ToFloat(bits);
+    rounded[i] = core::Bf16ToFloat(bits);
   }
   bf16.mutable_query()->set_dtype(v1::DATA_TYPE_BF16);
   bf16.mutable_query()->set_raw(raw);
@@ -163,7 +164,7 @@ TEST_F(AttentionServiceTest, Bf16QueryGetsBf16OutputCloseToFp32) {
     uint16_t bits;
     std::memcpy(&bits, response->output().raw().data() + 2 * i, 2);
     // One bf16 rounding of the output: relative error <= 2^-8.
-    EXPECT_NEAR(Bf16ToFloat(bits), expected[i], std::abs(expected[i]) / 256 + 1e-6);
+    EXPECT_NEAR(core::Bf16ToFloat(bits), expected[i], std::abs(expected[i]) / 256 + 1e-6);
   }
 }
 

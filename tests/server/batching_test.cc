@@ -13,6 +13,7 @@ namespace attnserve::server {
 namespace {
 
 using ::attnserve::client::Float32Tensor;
+using ::attnserve::server::testing::Eventually;
 using ::attnserve::server::testing::RandomValues;
 using ::attnserve::server::testing::StartServer;
 using ::attnserve::server::testing::TestServer;
@@ -41,15 +42,6 @@ std::vector<absl::StatusOr<v1::AttendResponse>> SendConcurrently(TestServer& ser
   }
   pending.Wait();
   return responses;
-}
-
-// Polls `condition` for up to 10 s (the server's bookkeeping trails the client's view).
-bool Eventually(const std::function<bool()>& condition) {
-  for (int i = 0; i < 1000; ++i) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return condition();
 }
 
 TEST(BatchingTest, ConcurrentRequestsFormBatchesWhenDelayAllows) {

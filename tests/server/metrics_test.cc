@@ -16,6 +16,7 @@ namespace attnserve::server {
 namespace {
 
 using ::attnserve::client::Float32Tensor;
+using ::attnserve::server::testing::Eventually;
 using ::attnserve::server::testing::StartServer;
 using ::attnserve::server::testing::TestServer;
 
@@ -44,13 +45,6 @@ v1::AttendRequest Request(int64_t length) {
   *request.mutable_query() =
       Float32Tensor(std::vector<float>(length * 512, 0.5f), {length, 512});
   return request;
-}
-
-bool Eventually(const std::function<bool()>& condition) {
-  for (int i = 0; i < 1000 && !condition(); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return condition();
 }
 
 TEST(ServerMetricsTest, CountsEqualWhatWasSentPerCode) {

@@ -2,9 +2,11 @@
 #ifndef ATTNSERVE_TESTS_SERVER_TEST_SERVER_H_
 #define ATTNSERVE_TESTS_SERVER_TEST_SERVER_H_
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -41,6 +43,14 @@ inline TestServer StartServer(
   client_options.timeout = absl::Seconds(30);
   test.client = std::move(client::AttentionClient::Create(client_options)).value();
   return test;
+}
+
+// Polls `condition` for up to 10 s (the server's bookkeeping trails the client's view).
+inline bool Eventually(const std::function<bool()>& condition) {
+  for (int i = 0; i < 1000 && !condition(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return condition();
 }
 
 inline std::vector<float> RandomValues(size_t count, uint32_t seed) {

@@ -4,14 +4,8 @@
 set -euo pipefail
 root="$1"
 tools="$2"
-if ! command -v npm >/dev/null; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends npm
-fi
+bash "${root}/tests/tools/npm_tool.sh" "${tools}/npm-buf" @bufbuild/buf@1
 buf="${tools}/npm-buf/node_modules/.bin/buf"
-if [[ ! -x "${buf}" ]]; then
-  mkdir -p "${tools}/npm-buf"
-  npm install --prefix "${tools}/npm-buf" --no-audit --no-fund --silent @bufbuild/buf@1 >&2
-fi
 cd "${root}/proto"
 "${buf}" --version
 "${buf}" lint
