@@ -2,23 +2,37 @@
 BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
+VENV := $(abspath $(BUILD_DIR))/venv
+CMAKE_ARGS ?=
 
-.PHONY: all deps configure build test run bench-core bench-server format clean
+.PHONY: all deps deps-build configure build test image run bench-core bench-server format clean
 
 all: build
 
+# Everything `make test` needs, the only step that uses the network: Debian packages for
+# compiling and testing, the PyPI tools in $(VENV), the Docker engine, the locally made
+# base image and the image's package layers. Tests afterwards never download anything.
 deps:
+	deploy/install-deps.sh --build --test --venv $(VENV)
+	deploy/docker-prepare.sh --all $(BUILD_DIR)
+
+# Compiling only (what the image's build stage runs).
+deps-build:
 	deploy/install-deps.sh --build
 
-configure: deps
-	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+configure: deps-build
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DATTNSERVE_VENV=$(VENV) $(CMAKE_ARGS)
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 # Installs dependencies, builds Release, runs every test through CTest.
-test: build
+test: deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# The Docker image attnserve:0.1.0 from the top-level Dockerfile.
+image: deps
+	DOCKER_BUILDKIT=0 /usr/bin/docker build --network host -t attnserve:0.1.0 .
 
 # Serves the built-in model (mha-base) on :50051 in the foreground; Ctrl-C drains and
 # exits. Extra flags: make run ARGS="--port=50052 --max_queue_delay=5ms".
@@ -28,13 +42,13 @@ run: build
 # Core speed: Google Benchmark over the (B, L, d, h) grid, interleaved with PyTorch's
 # nn.MultiheadAttention, printed as one table. Not part of `make test`.
 bench-core: build
-	deploy/install-deps.sh --bench
+	deploy/install-deps.sh --test --bench --venv $(VENV)
 	/usr/bin/python3 tests/bench/compare_core.py --core-bench $(BUILD_DIR)/tests/bench/core_bench
 
 # Server speed: attnbench against attnserve, the core, a Python grpcio + torch peer,
 # batching on/off, the latency floor and 8 MiB messages. Not part of `make test`.
 bench-server: build
-	deploy/install-deps.sh --bench
+	deploy/install-deps.sh --test --bench --venv $(VENV)
 	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) .
 
 format:

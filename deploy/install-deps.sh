@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages attnserve needs. The single list of dependencies:
-# the Makefile, CI and the Dockerfile all call this script.
+# Installs what attnserve needs on Debian 12. The single list of dependencies: the
+# Makefile, CI and the Dockerfile all call this script. Groups, by use:
 #
-#   deploy/install-deps.sh            build + test dependencies (default)
-#   deploy/install-deps.sh --runtime  only the shared libraries the binaries load
-#   deploy/install-deps.sh --bench    extra peers used by `make bench-core` only
-#   deploy/install-deps.sh --list-runtime   print the runtime list, one per line
+#   --build     compiling: compilers, CMake and -dev packages (the image's build stage)
+#   --runtime   the shared libraries the binaries load (the image's runtime stage)
+#   --test      what `make test` needs beyond compiling: Python, Prometheus, Docker,
+#               debootstrap, clang tools, and the project virtualenv (--venv DIR) with
+#               the PyPI tools pinned in deploy/requirements-test.txt
+#   --bench     the peers `make bench-core` / `make bench-server` compare against
+#   --list-runtime   print the runtime list, one per line
 #
-# Idempotent: packages already installed are not fetched again, and `apt-get update`
-# runs only when something is missing.
+# Several groups may be given at once (`--build --test`). With no argument: --build.
+# Idempotent: packages already installed are not fetched again, `apt-get update` runs
+# only when something is missing, and the virtualenv is refreshed only when the
+# requirements file changed. After this script, tests need no network.
 set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
 
 # Every package providing a shared library that attnserve, attnctl or attnbench load
 # (tests/deploy/check_runtime_libs.sh checks this against ldd), plus certificates.
@@ -34,11 +40,13 @@ runtime_packages=(
   ca-certificates
 )
 
+# Compiling the project, its tests and benchmarks (GoogleTest and Google Benchmark are
+# linked by the test binaries). Debian's dnnl-config.cmake needs the OpenCL headers,
+# which libdnnl-dev does not pull in.
 build_packages=(
   build-essential
   cmake
   pkg-config
-  git
   protobuf-compiler
   protobuf-compiler-grpc
   libprotobuf-dev
@@ -52,17 +60,25 @@ build_packages=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
-  clang-format
+)
+
+# Running the tests: the foreign Python client, a real Prometheus (promtool), the Docker
+# engine and the tools that make its base image, clang-format and clang's
+# -Wthread-safety, and python3-venv for the project virtualenv.
+test_packages=(
+  git
   clang
-  debootstrap
+  clang-format
   python3
+  python3-venv
   python3-grpcio
   python3-grpc-tools
   python3-protobuf
   python3-numpy
   python3-yaml
   prometheus
-  kubectl
+  docker.io
+  debootstrap
 )
 
 bench_packages=(
@@ -72,38 +88,71 @@ bench_packages=(
   libopenblas0-pthread
 )
 
-mode="${1:---build}"
-if [[ "${mode}" == "--list-runtime" ]]; then
-  printf '%s\n' "${runtime_packages[@]}"
-  exit 0
-fi
-case "${mode}" in
-  --runtime) wanted=("${runtime_packages[@]}") ;;
-  --build) wanted=("${runtime_packages[@]}" "${build_packages[@]}") ;;
-  --bench) wanted=("${bench_packages[@]}") ;;
-  *)
-    echo "usage: $0 [--build|--runtime|--bench]" >&2
-    exit 2
-    ;;
-esac
+usage() {
+  echo "usage: $0 [--build] [--runtime] [--test [--venv DIR]] [--bench] | --list-runtime" >&2
+  exit 2
+}
+
+wanted=()
+venv=""
+with_test=0
+[[ $# -eq 0 ]] && set -- --build
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --list-runtime)
+      printf '%s\n' "${runtime_packages[@]}"
+      exit 0
+      ;;
+    --runtime) wanted+=("${runtime_packages[@]}") ;;
+    --build) wanted+=("${runtime_packages[@]}" "${build_packages[@]}") ;;
+    --test)
+      wanted+=("${test_packages[@]}")
+      with_test=1
+      ;;
+    --bench) wanted+=("${bench_packages[@]}") ;;
+    --venv)
+      [[ $# -ge 2 ]] || usage
+      venv="$2"
+      shift
+      ;;
+    *) usage ;;
+  esac
+  shift
+done
 
 missing=()
-for package in "${wanted[@]}"; do
+for package in $(printf '%s\n' "${wanted[@]}" | sort -u); do
   if ! dpkg-query -W -f='${Status}' "${package}" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("${package}")
   fi
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "install-deps: all ${#wanted[@]} packages present (${mode})"
-  exit 0
+  echo "install-deps: all packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ "$(id -u)" -ne 0 ]]; then
+    sudo_cmd=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -q
+  "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo_cmd=()
-if [[ "$(id -u)" -ne 0 ]]; then
-  sudo_cmd=(sudo)
+# The project virtualenv: PyPI tools pinned in one file. --system-site-packages keeps
+# Debian's grpcio, numpy, yaml and torch visible, so only the pinned tools come from PyPI.
+if [[ ${with_test} -eq 1 ]]; then
+  venv="${venv:-build/venv}"
+  requirements="${here}/requirements-test.txt"
+  stamp="${venv}/.requirements"
+  if [[ -f "${stamp}" ]] && cmp -s "${stamp}" "${requirements}"; then
+    echo "install-deps: virtualenv ${venv} up to date"
+  else
+    echo "install-deps: virtualenv ${venv} from ${requirements}"
+    /usr/bin/python3 -m venv --system-site-packages "${venv}"
+    "${venv}/bin/python" -m pip install -q --disable-pip-version-check \
+      --require-virtualenv -r "${requirements}"
+    cp "${requirements}" "${stamp}"
+  fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo_cmd[@]}" apt-get update -q
-"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "server/event_log.h"
@@ -60,6 +61,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   }
 
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC's built-in health service does not use protobuf, so reflection would list
+  // grpc.health.v1.Health without being able to describe it (buf curl and grpcurl then
+  // fail). Touching the descriptor links health.proto's and registers it in the pool.
+  grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);

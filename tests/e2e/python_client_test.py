@@ -1,16 +1,19 @@
-#!/usr/bin/python3
 """A foreign client: Debian's python3-grpcio calls a real attnserve process.
 
 Stubs are generated at test time from proto/ with grpc_tools (python3-grpc-tools), so
 the test checks the published .proto files, not C++ internals. The server is started
 on 127.0.0.1 with port 0; its chosen port is read from its first stdout line.
 
+Run with the project virtualenv's Python: `buf curl` (PyPI buf-bin) sits beside it.
+
 usage: python_client_test.py ATTNSERVE_BINARY REPO_ROOT
 """
 import array
+import json
 import math
 import os
 import random
+import subprocess
 import sys
 import unittest
 
@@ -93,6 +96,24 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("attnserve.v1.AttentionService", names)
         self.assertIn("grpc.health.v1.Health", names)
         self.assertTrue(responses[1].file_descriptor_response.file_descriptor_proto)
+
+    def test_buf_curl_calls_through_reflection(self):
+        # A client that has no .proto files at all: buf curl learns the schema from the
+        # server's reflection service, then calls ListModels with a JSON body.
+        buf = os.path.join(os.path.dirname(sys.executable), "buf")
+        base = f"http://{self.target}"
+        common = [buf, "curl", "--protocol", "grpc", "--http2-prior-knowledge"]
+        listed = subprocess.run(common + ["--list-methods", base], capture_output=True,
+                                text=True, timeout=60)
+        self.assertEqual(listed.returncode, 0, listed.stderr)
+        self.assertIn("attnserve.v1.AttentionService/Attend", listed.stdout.split())
+        called = subprocess.run(
+            common + ["-d", "{}", f"{base}/attnserve.v1.AttentionService/ListModels"],
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(called.returncode, 0, called.stderr)
+        models = json.loads(called.stdout)["models"]
+        self.assertEqual([m["name"] for m in models], ["mha-base"])
+        self.assertEqual(int(models[0]["dModel"]), 512)  # int64 is a JSON string
 
 
 if __name__ == "__main__":

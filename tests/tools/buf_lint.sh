@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Lints proto/ with buf's DEFAULT rules (proto/buf.yaml). buf comes from the npm
-# package @bufbuild/buf, installed once under the build folder (TOOLS_DIR).
+# Lints proto/ with buf's DEFAULT rules (proto/buf.yaml). buf comes from the PyPI
+# package buf-bin in the project virtualenv (deploy/install-deps.sh --test).
+#
+# usage: buf_lint.sh REPO_ROOT VENV_DIR
 set -euo pipefail
 root="$1"
-tools="$2"
-bash "${root}/tests/tools/npm_tool.sh" "${tools}/npm-buf" @bufbuild/buf@1
-buf="${tools}/npm-buf/node_modules/.bin/buf"
+buf="$2/bin/buf"
 cd "${root}/proto"
 "${buf}" --version
 "${buf}" lint
