@@ -7,6 +7,7 @@
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "server/event_log.h"
 
 namespace attnserve::server {
@@ -20,6 +21,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   if (options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes must be >= 1024, got ", options.max_message_bytes));
+  }
+  if (options.grpc_memory_bytes < (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grpc_memory_bytes must be >= 1048576, got ", options.grpc_memory_bytes));
+  }
+  if (options.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_concurrent_streams must be >= 1, got ", options.max_concurrent_streams));
   }
   if (options.grace_period < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("grace_period must be >= 0");
@@ -48,8 +57,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
               {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
               {"batching", model->info.batching().ShortDebugString()}});
   }
-  server->service_ = std::make_unique<AttentionService>(server->registry_.get(),
-                                                        metrics->service_observer());
+  AttentionService::Options service_options;
+  service_options.max_response_bytes = options.max_message_bytes;
+  server->service_ = std::make_unique<AttentionService>(
+      server->registry_.get(), service_options, metrics->service_observer());
   if (options.metrics_port >= 0) {
     absl::StatusOr<int> metrics_port =
         metrics->StartExposer(options.metrics_host, options.metrics_port);
@@ -72,6 +83,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  grpc::ResourceQuota quota("attnserve");
+  quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
+  builder.SetResourceQuota(quota);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             options.max_concurrent_streams);
   if (options.max_connection_age > absl::ZeroDuration() &&
       options.max_connection_age < absl::InfiniteDuration()) {
     builder.AddChannelArgument(
@@ -115,6 +131,12 @@ void AttentionServer::Shutdown() {
            {{"grace_period", absl::FormatDuration(options_.grace_period)}});
   // Sets every service NOT_SERVING and ignores later updates.
   server_->GetHealthCheckService()->Shutdown();
+  // Open streams stop reading now, answer what they hold and end with UNAVAILABLE, so
+  // their clients reopen elsewhere instead of being cancelled at the grace period's end.
+  service_->DrainStreams();
+  // Queued work runs now instead of waiting for company: gRPC's Shutdown below returns
+  // only once every accepted call has finished.
+  registry_->Flush();
   // Stops accepting calls: the listener closes and clients get GOAWAY, so their next
   // calls go to other replicas; a call that raced the GOAWAY is refused by gRPC itself,
   // which clients retry transparently (an application-level UNAVAILABLE here would

@@ -34,6 +34,11 @@ class AttentionServer {
     // On Shutdown, how long queued and running calls may take to finish before they
     // are cancelled. Range >= 0.
     absl::Duration grace_period = absl::Seconds(30);
+    // Memory gRPC itself may use for connections and messages in flight
+    // (grpc::ResourceQuota): beyond it, reads from clients pause. Range >= 1 MiB.
+    int64_t grpc_memory_bytes = int64_t{1} << 30;
+    // Concurrent calls (HTTP/2 streams) per client connection. Range >= 1.
+    int max_concurrent_streams = 256;
     // The models.
     ModelRegistry::Options models;
     // Where /metrics is served (Prometheus text format): port 0 picks a free one

@@ -1,5 +1,6 @@
 #include "server/attention_service.h"
 
+#include <cassert>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -32,20 +33,34 @@ absl::Status Unavailable() {
 }
 
 // A unary Attend call; finished from the batcher's callback, deleted by gRPC's OnDone.
+// A cancellation wakes the model's batcher (not owned; may be null), which then drops
+// the request at once, so an abandoned call stops holding queue space.
 class AttendReactor final : public grpc::ServerUnaryReactor {
  public:
-  AttendReactor() : cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
-  void OnCancel() override { cancelled_->store(true, std::memory_order_release); }
+  explicit AttendReactor(DynamicBatcher* batcher)
+      : batcher_(batcher), cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+  void OnCancel() override {
+    cancelled_->store(true, std::memory_order_release);
+    if (batcher_ != nullptr) batcher_->Wake();
+  }
   void OnDone() override { delete this; }
   std::shared_ptr<std::atomic<bool>> cancelled() const { return cancelled_; }
 
  private:
+  DynamicBatcher* const batcher_;
   std::shared_ptr<std::atomic<bool>> cancelled_;
 };
 
+}  // namespace
+
 // AttendStream: reads messages continuously, submits each, and writes the answers in
-// the order the messages came, one write in flight at a time. Lives until gRPC's OnDone
-// and until every submitted message has been answered by the batcher.
+// the order the messages came, one write in flight at a time.
+//
+// Lifetime: a reference count under mu_. gRPC holds one reference from construction to
+// OnDone; each submitted message holds one until its answer has been handed on
+// (Complete returns); DrainStreams holds one while it drains. The last Unref deletes.
+// Every method that touches the reactor after releasing mu_ holds a reference, so no
+// path can run on a deleted reactor.
 class StreamReactor final
     : public grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse> {
  public:
@@ -57,7 +72,21 @@ class StreamReactor final
     if (service_->observer().on_rpc_started) {
       service_->observer().on_rpc_started("AttendStream");
     }
-    StartRead(&request_);
+    const bool open = service_->RegisterStream(this);
+    {
+      absl::MutexLock lock(&mu_);
+      if (open) {
+        issuing_read_ = true;
+      } else {
+        draining_ = true;
+        reads_done_ = true;  // no read is started: the stream ends at once
+      }
+    }
+    if (open) {
+      IssueRead();
+    } else {
+      Advance();
+    }
   }
 
   void OnReadDone(bool ok) override {
@@ -75,13 +104,18 @@ class StreamReactor final
       absl::MutexLock lock(&mu_);
       sequence = next_sequence_++;
       slots_.push_back(Slot{sequence, false, {}});
-      ++outstanding_;
-      read_more = slots_.size() < kMaxStreamInFlight;
-      if (!read_more) read_paused_ = true;
+      ++refs_;  // held by the submitted message until Complete returns
+      // While draining no new message is read: the stream ends once these are answered.
+      read_more = !draining_ && slots_.size() < kMaxStreamInFlight;
+      if (read_more) {
+        issuing_read_ = true;
+      } else {
+        read_paused_ = true;
+      }
     }
     const v1::AttendRequest request = std::move(*request_.mutable_request());
     request_.Clear();
-    if (read_more) StartRead(&request_);
+    if (read_more) IssueRead();
     const std::string request_id = request.request_id();
     auto answer = [this, sequence, request_id](absl::Status status,
                                                v1::AttendResponse response) {
@@ -112,11 +146,29 @@ class StreamReactor final
   void OnCancel() override { cancelled_->store(true, std::memory_order_release); }
 
   void OnDone() override {
+    service_->UnregisterStream(this);
+    Unref();
+  }
+
+  // Called by AttentionService::DrainStreams with a reference held.
+  void Drain() {
+    {
+      absl::MutexLock lock(&mu_);
+      draining_ = true;
+    }
+    Advance();
+  }
+
+  void Ref() {
+    absl::MutexLock lock(&mu_);
+    ++refs_;
+  }
+
+  void Unref() {
     bool destroy;
     {
       absl::MutexLock lock(&mu_);
-      done_ = true;
-      destroy = outstanding_ == 0;
+      destroy = --refs_ == 0;
     }
     if (destroy) delete this;
   }
@@ -128,8 +180,9 @@ class StreamReactor final
     v1::AttendStreamResponse message;
   };
 
+  // The answer to message `sequence`; runs on a batcher thread (or inline when the
+  // message was refused), holding the reference taken in OnReadDone.
   void Complete(int64_t sequence, v1::AttendStreamResponse message) {
-    bool destroy = false;
     {
       absl::MutexLock lock(&mu_);
       for (Slot& slot : slots_) {
@@ -139,18 +192,24 @@ class StreamReactor final
           break;
         }
       }
-      --outstanding_;
-      destroy = done_ && outstanding_ == 0;
     }
-    if (destroy) {
-      delete this;
-      return;
+    Advance();
+    Unref();
+  }
+
+  // StartRead, decided under the lock with issuing_read_ set; no Finish is decided
+  // until the read has been issued, so a read never starts after Finish.
+  void IssueRead() {
+    StartRead(&request_);
+    {
+      absl::MutexLock lock(&mu_);
+      issuing_read_ = false;
     }
     Advance();
   }
 
   // Starts the next write, resumes reading, or finishes: decided under the lock, done
-  // outside it.
+  // outside it. The caller holds a reference.
   void Advance() {
     const v1::AttendStreamResponse* write = nullptr;
     bool read = false, finish = false;
@@ -166,20 +225,31 @@ class StreamReactor final
         // Deque elements stay put while others are pushed behind them.
         write = &slots_.front().message;
       }
-      if (read_paused_ && !reads_done_ && slots_.size() < kMaxStreamInFlight) {
+      if (read_paused_ && !reads_done_ && !draining_ &&
+          slots_.size() < kMaxStreamInFlight) {
         read_paused_ = false;
+        issuing_read_ = true;
         read = true;
       }
-      if (reads_done_ && slots_.empty() && !writing_) {
+      // Draining ends the stream once every message read so far is answered, even
+      // with a read still pending (gRPC completes it with ok=false).
+      if ((reads_done_ || draining_) && slots_.empty() && !writing_ && !issuing_read_) {
         finished_ = true;
         finish = true;
-        finish_status = broken_ ? grpc::Status(grpc::StatusCode::CANCELLED,
-                                               "the client stopped reading")
-                                : grpc::Status::OK;
+        if (broken_) {
+          finish_status =
+              grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+        } else if (draining_) {
+          finish_status = grpc::Status(
+              grpc::StatusCode::UNAVAILABLE,
+              "the server is shutting down; every message sent before was answered; "
+              "reopen the stream on another replica");
+        } else {
+          finish_status = grpc::Status::OK;
+        }
       }
     }
     if (write != nullptr) StartWrite(write);
-    if (read) StartRead(&request_);
     if (finish) {
       if (service_->observer().on_rpc_handled) {
         service_->observer().on_rpc_handled(
@@ -188,6 +258,7 @@ class StreamReactor final
       }
       Finish(finish_status);
     }
+    if (read) IssueRead();
   }
 
   AttentionService* const service_;
@@ -197,22 +268,62 @@ class StreamReactor final
   v1::AttendStreamRequest request_;
 
   absl::Mutex mu_;
+  int64_t refs_ ABSL_GUARDED_BY(mu_) = 1;  // gRPC's, until OnDone
   // Answers in request order; the front one is written when ready.
   std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet answered
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool issuing_read_ ABSL_GUARDED_BY(mu_) = false;  // a StartRead is being issued
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace
+AttentionService::AttentionService(ModelRegistry* registry, const Options& options,
+                                   ServiceObserver observer)
+    : registry_(registry), options_(options), observer_(std::move(observer)) {}
 
-AttentionService::AttentionService(ModelRegistry* registry, ServiceObserver observer)
-    : registry_(registry), observer_(std::move(observer)) {}
+AttentionService::~AttentionService() {
+  absl::MutexLock lock(&streams_mu_);
+  // The gRPC server is shut down first, and it waits for every stream's OnDone.
+  assert(streams_.empty());
+}
+
+bool AttentionService::RegisterStream(StreamReactor* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(stream);
+  return !streams_draining_;
+}
+
+void AttentionService::UnregisterStream(StreamReactor* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void AttentionService::DrainStreams() {
+  std::vector<StreamReactor*> open;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    streams_draining_ = true;
+    // A registered stream has not seen OnDone, so gRPC's reference keeps it alive
+    // while this one is taken.
+    for (StreamReactor* stream : streams_) {
+      stream->Ref();
+      open.push_back(stream);
+    }
+  }
+  for (StreamReactor* stream : open) {
+    stream->Drain();
+    stream->Unref();
+  }
+}
+
+void AttentionService::StartDraining() {
+  draining_.store(true, std::memory_order_release);
+  DrainStreams();
+}
 
 void AttentionService::Submit(
     const v1::AttendRequest& request, absl::Time deadline,
@@ -242,8 +353,12 @@ void AttentionService::Submit(
            {}, 0);
     return;
   }
+  AdmissionLimits limits;
+  limits.max_sequence_length = model->max_sequence_length;
+  limits.max_response_bytes = options_.max_response_bytes;
+  limits.max_work_bytes = model->max_queue_bytes;
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
-      WorkFromRequest(request, model->spec, model->max_sequence_length);
+      WorkFromRequest(request, model->spec, limits);
   if (!work.ok()) {
     finish(work.status(), {}, 0);
     return;
@@ -256,11 +371,20 @@ void AttentionService::Submit(
   auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
   const absl::Status enqueued = model->batcher->Enqueue(
       std::move(work).value(),
-      [model, format, tokens, shared_finish](absl::Status status,
-                                             std::unique_ptr<AttentionWork> result) {
+      [this, model, format, tokens, shared_finish](
+          absl::Status status, std::unique_ptr<AttentionWork> result) {
         v1::AttendResponse response;
         if (status.ok()) {
           FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
+          // Admission bounded the size already; this guards the invariant, because gRPC
+          // aborts the process on a message it cannot serialize.
+          const size_t bytes = response.ByteSizeLong();
+          if (bytes > static_cast<size_t>(options_.max_response_bytes)) {
+            status = absl::InternalError(absl::StrCat(
+                "the response is ", bytes,
+                " bytes, over max_message_bytes=", options_.max_response_bytes));
+            response.Clear();
+          }
         }
         (*shared_finish)(std::move(status), std::move(response),
                          status.ok() ? tokens : 0);
@@ -271,7 +395,8 @@ void AttentionService::Submit(
 grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
                                                    const v1::AttendRequest* request,
                                                    v1::AttendResponse* response) {
-  auto* reactor = new AttendReactor();
+  const ServedModel* model = registry_->Find(request->model());
+  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
   const absl::Time start = absl::Now();
   if (observer_.on_rpc_started) observer_.on_rpc_started("Attend");
   Submit(

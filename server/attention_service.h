@@ -8,7 +8,9 @@
 #include <functional>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "server/model_registry.h"
@@ -33,14 +35,30 @@ struct ServiceObserver {
       on_request_finished;
 };
 
+class StreamReactor;
+
 // Thread-safe. Does not own the registry, which must outlive every call.
 class AttentionService final : public v1::AttentionService::CallbackService {
  public:
-  explicit AttentionService(ModelRegistry* registry, ServiceObserver observer = {});
+  struct Options {
+    // Largest message the server sends (its gRPC max send size); a request whose
+    // response could be larger is refused with INVALID_ARGUMENT before any work.
+    // Range [1024, 2^31 - 1].
+    int64_t max_response_bytes = 64 << 20;
+  };
+
+  AttentionService(ModelRegistry* registry, const Options& options,
+                   ServiceObserver observer = {});
+  ~AttentionService() override;
+
+  // Open streams stop reading, answer the messages they already hold, and end with
+  // UNAVAILABLE; streams opened later end at once. Unary calls are not affected (see
+  // StartDraining). Does not block. Idempotent.
+  void DrainStreams();
 
   // From now on new calls and stream messages are answered UNAVAILABLE; calls already
-  // queued are computed. Idempotent.
-  void StartDraining() { draining_.store(true, std::memory_order_release); }
+  // queued are computed. Also drains streams. Idempotent.
+  void StartDraining();
 
   const ServiceObserver& observer() const { return observer_; }
 
@@ -64,9 +82,19 @@ class AttentionService final : public v1::AttentionService::CallbackService {
               std::function<void(absl::Status, v1::AttendResponse)> done);
 
  private:
+  friend class StreamReactor;
+  // Open streams register while gRPC holds them (until their OnDone).
+  // Returns false when streams are draining: the stream must end at once.
+  bool RegisterStream(StreamReactor* stream);
+  void UnregisterStream(StreamReactor* stream);
+
   ModelRegistry* const registry_;
+  const Options options_;
   const ServiceObserver observer_;
   std::atomic<bool> draining_{false};
+  absl::Mutex streams_mu_;
+  absl::flat_hash_set<StreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool streams_draining_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 
 }  // namespace attnserve::server

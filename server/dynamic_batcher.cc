@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
            CheckRange("max_batch_size", options.max_batch_size, 1, 65536),
            CheckRange("max_batch_tokens", options.max_batch_tokens, 1, int64_t{1} << 40),
            CheckRange("max_queue_size", options.max_queue_size, 1, 1 << 30),
+           CheckRange("max_queue_bytes", options.max_queue_bytes, 1, int64_t{1} << 50),
            CheckRange("instances", options.instances, 1, 256),
        }) {
     if (!status.ok()) return status;
@@ -84,6 +85,14 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<AttentionWork> work,
           "queue full: ", queue_.size(), " requests waiting (max_queue_size=",
           options_.max_queue_size, "); retry later"));
     }
+    if (work->reserved_bytes > options_.max_queue_bytes - held_bytes_) {
+      ++stats_.rejected_queue_bytes;
+      return absl::ResourceExhaustedError(
+          absl::StrCat("queue full: queued and running requests hold ", held_bytes_,
+                       " bytes and this one needs ", work->reserved_bytes,
+                       " (max_queue_bytes=", options_.max_queue_bytes, "); retry later"));
+    }
+    held_bytes_ += work->reserved_bytes;
     queue_.push_back(Pending{std::move(work), std::move(done), clock_->Now()});
     ++stats_.enqueued;
     ++generation_;
@@ -91,6 +100,17 @@ absl::Status DynamicBatcher::Enqueue(std::unique_ptr<AttentionWork> work,
   }
   if (options_.observer.on_queue_depth) options_.observer.on_queue_depth(depth);
   return absl::OkStatus();
+}
+
+void DynamicBatcher::Wake() {
+  absl::MutexLock lock(&mu_);
+  ++generation_;
+}
+
+void DynamicBatcher::Flush() {
+  absl::MutexLock lock(&mu_);
+  flushing_ = true;
+  ++generation_;
 }
 
 void DynamicBatcher::Shutdown() {
@@ -112,6 +132,18 @@ BatcherStats DynamicBatcher::stats() const {
 int64_t DynamicBatcher::queue_depth() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(queue_.size());
+}
+
+int64_t DynamicBatcher::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
+}
+
+void DynamicBatcher::Answer(Pending& pending, absl::Status status) {
+  const int64_t bytes = pending.work->reserved_bytes;
+  pending.done(std::move(status), std::move(pending.work));
+  absl::MutexLock lock(&mu_);
+  held_bytes_ -= bytes;
 }
 
 std::optional<absl::Time> DynamicBatcher::TakeBatch(absl::Time now, Batch& batch) {
@@ -161,7 +193,7 @@ std::optional<absl::Time> DynamicBatcher::TakeBatch(absl::Time now, Batch& batch
     }
   }
   const absl::Time due_time = oldest.enqueue_time + options_.max_queue_delay;
-  if (!full && !stopping_ && now < due_time) {
+  if (!full && !stopping_ && !flushing_ && now < due_time) {
     absl::Time next = due_time;
     for (const Pending& pending : queue_) next = std::min(next, pending.work->deadline);
     return next;
@@ -208,7 +240,7 @@ void DynamicBatcher::WorkerLoop(core::MultiHeadAttention* attention) {
       if (options_.observer.on_dequeue) {
         options_.observer.on_dequeue(pending.work->queue_time);
       }
-      pending.done(batch.drop_status[i], std::move(pending.work));
+      Answer(pending, batch.drop_status[i]);
     }
     if (!batch.requests.empty()) RunBatch(attention, batch);
   }
@@ -296,7 +328,7 @@ void DynamicBatcher::RunBatch(core::MultiHeadAttention* attention, Batch& batch)
     }
     output_offset += static_cast<int64_t>(work.output.size());
     weights_offset += static_cast<int64_t>(work.attention.size());
-    pending.done(status, std::move(pending.work));
+    Answer(pending, status);
   }
 }
 

@@ -38,6 +38,9 @@ struct AttentionWork {
   // Set by the caller when its call was cancelled; the request is then dropped
   // (CANCELLED) if still queued. May be null.
   std::shared_ptr<const std::atomic<bool>> cancelled;
+  // Bytes this request holds from Enqueue until its callback returns (inputs and
+  // results), counted against Options::max_queue_bytes. Set at validation.
+  int64_t reserved_bytes = 0;
 
   // Results, filled in before the callback.
   std::vector<float> output;     // [sum(query_lengths), d_model]
@@ -57,7 +60,8 @@ using WorkCallback = std::function<void(absl::Status, std::unique_ptr<AttentionW
 // Counters of what the batcher did; for tests, logs and metrics.
 struct BatcherStats {
   int64_t enqueued = 0;
-  int64_t rejected_queue_full = 0;
+  int64_t rejected_queue_full = 0;   // max_queue_size reached
+  int64_t rejected_queue_bytes = 0;  // max_queue_bytes would be exceeded
   int64_t dropped_deadline = 0;
   int64_t dropped_cancelled = 0;
   int64_t batches = 0;            // batches computed
@@ -99,6 +103,10 @@ class DynamicBatcher {
     absl::Duration max_queue_delay = absl::ZeroDuration();
     // Queued requests beyond which Enqueue fails with RESOURCE_EXHAUSTED. Range >= 1.
     int max_queue_size = 1024;
+    // Bytes that requests may hold together from Enqueue until their callbacks return
+    // (AttentionWork::reserved_bytes); beyond it Enqueue fails with RESOURCE_EXHAUSTED.
+    // A batch's packed copies are not counted. Range >= 1.
+    int64_t max_queue_bytes = int64_t{1} << 30;
     // Compute workers, each with its own MultiHeadAttention. Range [1, 256].
     int instances = 1;
     // Source of time; not owned; must outlive the batcher. Null means RealClock.
@@ -119,9 +127,19 @@ class DynamicBatcher {
   ~DynamicBatcher();
 
   // Queues `work`; `done` is called later on a worker thread. Never blocks on compute.
-  // Returns RESOURCE_EXHAUSTED when max_queue_size requests are queued, UNAVAILABLE
-  // after Shutdown began; `done` is then not called and `work` is dropped.
+  // Returns RESOURCE_EXHAUSTED when max_queue_size requests are queued or the work's
+  // reserved_bytes would take the held bytes past max_queue_bytes, UNAVAILABLE after
+  // Shutdown began; `done` is then not called and `work` is dropped.
   absl::Status Enqueue(std::unique_ptr<AttentionWork> work, WorkCallback done);
+
+  // Makes the workers re-check the queue now: a request whose call was cancelled is
+  // dropped (and its bytes returned) without waiting for the next batch. Does not block.
+  void Wake();
+
+  // From now on batches are dispatched without waiting for max_queue_delay, so queued
+  // work finishes promptly while a server drains; Enqueue still accepts work. Does not
+  // block. Idempotent.
+  void Flush();
 
   // Stops accepting work, computes everything already queued, then joins the workers.
   // Blocks until done. Idempotent.
@@ -129,6 +147,8 @@ class DynamicBatcher {
 
   BatcherStats stats() const;
   int64_t queue_depth() const;
+  // Bytes held now by queued and computing requests.
+  int64_t held_bytes() const;
 
  private:
   struct Pending {
@@ -150,6 +170,8 @@ class DynamicBatcher {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunBatch(core::MultiHeadAttention* attention, Batch& batch);
+  // Calls `pending.done`, then returns the request's bytes to the budget.
+  void Answer(Pending& pending, absl::Status status);
 
   const Options options_;
   Clock* const clock_;
@@ -159,6 +181,8 @@ class DynamicBatcher {
   mutable absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool flushing_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped on every Enqueue so that waiting workers re-evaluate the policy.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);

@@ -1,5 +1,6 @@
 // attnserve: the multi-head attention gRPC server.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <string>
@@ -35,11 +36,21 @@ ABSL_FLAG(
     "a batch computes form the next one).");
 ABSL_FLAG(int, max_queue_size, 1024,
           "Queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_queue_bytes, 0,
+          "Bytes that queued and computing requests of one model may hold (inputs and "
+          "results); beyond it new ones get RESOURCE_EXHAUSTED, and one that needs more "
+          "alone gets INVALID_ARGUMENT. 0 = a quarter of physical memory.");
+ABSL_FLAG(int64_t, grpc_memory_bytes, 0,
+          "Memory gRPC may use for connections and messages in flight (ResourceQuota); "
+          "beyond it, reading from clients pauses. 0 = a quarter of physical memory.");
+ABSL_FLAG(int, max_concurrent_streams, 256,
+          "Concurrent calls (HTTP/2 streams) per client connection.");
 ABSL_FLAG(int, instances, 1, "Parallel compute workers per model.");
 ABSL_FLAG(int, intra_op_threads, 0,
           "OpenMP threads per worker; 0 = one per core (or OMP_NUM_THREADS).");
 ABSL_FLAG(int64_t, max_sequence_length, 8192,
-          "Longest query or memory sequence accepted (models may override).");
+          "Longest query or memory sequence accepted (models may override); at most "
+          "1048576.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest gRPC message, both directions, in bytes.");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
@@ -58,6 +69,15 @@ ABSL_FLAG(std::string, grpc_args, "",
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
 
 namespace {
+
+// Physical memory, or 4 GiB when it cannot be read. A container's cgroup limit is not
+// consulted: on Kubernetes set --max_queue_bytes and --grpc_memory_bytes explicitly.
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return int64_t{4} << 30;
+  return static_cast<int64_t>(pages) * page_size;
+}
 
 // "name=value,name=value" -> integer gRPC channel arguments.
 bool ParseGrpcArguments(const std::string& text,
@@ -103,6 +123,14 @@ int Run() {
   options.models.batching.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
   options.models.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
   options.models.batching.instances = absl::GetFlag(FLAGS_instances);
+  const int64_t quarter_of_memory = PhysicalMemoryBytes() / 4;
+  options.models.batching.max_queue_bytes = absl::GetFlag(FLAGS_max_queue_bytes) != 0
+                                                ? absl::GetFlag(FLAGS_max_queue_bytes)
+                                                : quarter_of_memory;
+  options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes) != 0
+                                  ? absl::GetFlag(FLAGS_grpc_memory_bytes)
+                                  : quarter_of_memory;
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
 
   // Signals are taken synchronously by this thread; every thread started below
   // inherits the blocked mask, so none of them is interrupted.

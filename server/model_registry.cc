@@ -93,6 +93,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   model->name = name;
   model->spec = spec;
   model->max_sequence_length = max_sequence_length;
+  model->max_queue_bytes = batching.max_queue_bytes;
 
   v1::ModelInfo& info = model->info;
   info.set_name(name);
@@ -147,8 +148,10 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
   spec.precision = ToCorePrecision(config.precision());
   if (absl::Status status = spec.Validate(); !status.ok())
     return invalid(status.message());
-  if (config.max_sequence_length() < 0) {
-    return invalid(absl::StrCat("max_sequence_length must be >= 0, got ",
+  if (config.max_sequence_length() < 0 ||
+      config.max_sequence_length() > kMaxSequenceLengthCeiling) {
+    return invalid(absl::StrCat("max_sequence_length must be in [0, ",
+                                kMaxSequenceLengthCeiling, "], got ",
                                 config.max_sequence_length()));
   }
   const int64_t max_sequence_length = config.max_sequence_length() != 0
@@ -178,9 +181,11 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
 
 absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
     const Options& options) {
-  if (options.max_sequence_length < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_sequence_length must be >= 1, got ", options.max_sequence_length));
+  if (options.max_sequence_length < 1 ||
+      options.max_sequence_length > kMaxSequenceLengthCeiling) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_length must be in [1, ",
+                                                   kMaxSequenceLengthCeiling, "], got ",
+                                                   options.max_sequence_length));
   }
   std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
   if (!options.model_repository.empty()) {
@@ -226,6 +231,10 @@ std::vector<const ServedModel*> ModelRegistry::models() const {
   std::vector<const ServedModel*> result;
   for (const auto& [name, model] : models_) result.push_back(model.get());
   return result;
+}
+
+void ModelRegistry::Flush() {
+  for (auto& [name, model] : models_) model->batcher->Flush();
 }
 
 void ModelRegistry::Shutdown() {

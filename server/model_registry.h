@@ -22,11 +22,18 @@ namespace attnserve::server {
 // Name of the built-in model: d_model=512, 8 heads, fp32, weights from seed 0.
 inline constexpr char kDefaultModelName[] = "mha-base";
 
+// The ceiling of max_sequence_length: 2^20 tokens. Far above what attention over one
+// sequence can compute in a call's lifetime, and low enough that every size derived
+// from a shape ([n, h, L, L] weights included) stays far from int64 overflow.
+inline constexpr int64_t kMaxSequenceLengthCeiling = int64_t{1} << 20;
+
 // One served model. Immutable after creation except for its batcher (thread-safe).
 struct ServedModel {
   std::string name;
   core::ModelSpec spec;
   int64_t max_sequence_length = 0;
+  // The batcher's byte budget; one request needing more is refused as never fitting.
+  int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.
   v1::ModelInfo info;
   std::unique_ptr<DynamicBatcher> batcher;
@@ -44,7 +51,8 @@ class ModelRegistry {
     DynamicBatcher::Options batching;
     // OpenMP threads per batcher instance; 0 = oneDNN's default (all cores).
     int intra_op_threads = 0;
-    // Longest sequence accepted unless a config says otherwise. Range >= 1.
+    // Longest sequence accepted unless a config says otherwise. Range
+    // [1, kMaxSequenceLengthCeiling] (a config's value too).
     int64_t max_sequence_length = 8192;
     // Where models compute.
     core::DeviceKind device = core::DeviceKind::kCpu;
@@ -69,6 +77,10 @@ class ModelRegistry {
 
   // The name an empty request model resolves to.
   const std::string& default_model() const { return default_model_; }
+
+  // Every batcher dispatches without waiting for company from now on (see
+  // DynamicBatcher::Flush). Does not block.
+  void Flush();
 
   // Drains every batcher (queued work is computed) and joins their workers. Blocks.
   void Shutdown();

@@ -2,36 +2,56 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/bfloat16.h"
+#include "core/status_macros.h"
 
 namespace attnserve::server {
 
 namespace {
 
-// Far above any real sequence, low enough that products of dimensions cannot overflow.
-constexpr int64_t kMaxDimension = int64_t{1} << 31;
+// Bytes a response carries beyond its tensors (model name, request_id, shapes, timings,
+// protobuf and gRPC framing), counted generously so that the estimate is an upper bound.
+constexpr int64_t kResponseOverheadBytes = 4096;
 
 struct TensorLayout {
-  int64_t count = 1;   // sequences
-  int64_t length = 0;  // tokens per sequence
+  int64_t count = 1;     // sequences
+  int64_t length = 0;    // tokens per sequence
+  int64_t elements = 0;  // count * length * d_model
 };
 
 std::string ShapeText(const v1::Tensor& tensor) {
   return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
 }
 
-// Validates `tensor` (named `field`) as [L, d] or [n, L, d] and appends its values as
-// float32 to `values`.
-absl::StatusOr<TensorLayout> ReadSequences(const v1::Tensor& tensor,
-                                           absl::string_view field,
-                                           const core::ModelSpec& spec,
-                                           int64_t max_sequence_length,
-                                           std::vector<float>& values) {
+// a * b, or nullopt when the product overflows int64.
+std::optional<int64_t> CheckedMultiply(int64_t a, int64_t b) {
+  int64_t product;
+  if (__builtin_mul_overflow(a, b, &product)) return std::nullopt;
+  return product;
+}
+
+std::optional<int64_t> CheckedProduct(std::initializer_list<int64_t> factors) {
+  std::optional<int64_t> product = 1;
+  for (int64_t factor : factors) {
+    if (product) product = CheckedMultiply(*product, factor);
+  }
+  return product;
+}
+
+int64_t ElementSize(v1::DataType dtype) { return dtype == v1::DATA_TYPE_FP32 ? 4 : 2; }
+
+// Validates `tensor` (named `field`) as [L, d] or [n, L, d] without touching its values.
+absl::StatusOr<TensorLayout> CheckSequences(const v1::Tensor& tensor,
+                                            absl::string_view field,
+                                            const core::ModelSpec& spec,
+                                            int64_t max_sequence_length) {
   if (tensor.dtype() != v1::DATA_TYPE_FP32 && tensor.dtype() != v1::DATA_TYPE_BF16) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
@@ -44,7 +64,7 @@ absl::StatusOr<TensorLayout> ReadSequences(const v1::Tensor& tensor,
         rank, " ", ShapeText(tensor)));
   }
   for (int i = 0; i < rank; ++i) {
-    if (tensor.shape(i) < 1 || tensor.shape(i) > kMaxDimension) {
+    if (tensor.shape(i) < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, ".shape[", i, "] must be >= 1, got ", tensor.shape(i),
                        " in shape ", ShapeText(tensor)));
@@ -64,14 +84,24 @@ absl::StatusOr<TensorLayout> ReadSequences(const v1::Tensor& tensor,
         absl::StrCat(field, " sequence length ", layout.length,
                      " exceeds max_sequence_length=", max_sequence_length));
   }
-  const int64_t elements = layout.count * layout.length * width;
-  const int64_t element_size = tensor.dtype() == v1::DATA_TYPE_FP32 ? 4 : 2;
-  if (static_cast<int64_t>(tensor.raw().size()) != elements * element_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".raw must hold product(shape) * ", element_size, " = ",
-        elements * element_size, " bytes for ", v1::DataType_Name(tensor.dtype()),
-        " shape ", ShapeText(tensor), ", got ", tensor.raw().size()));
+  const int64_t element_size = ElementSize(tensor.dtype());
+  const std::optional<int64_t> bytes =
+      CheckedProduct({layout.count, layout.length, width, element_size});
+  if (!bytes || *bytes != static_cast<int64_t>(tensor.raw().size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".raw must hold product(shape) * ", element_size, " = ",
+                     bytes ? absl::StrCat(*bytes) : std::string("(over 2^63)"),
+                     " bytes for ", v1::DataType_Name(tensor.dtype()), " shape ",
+                     ShapeText(tensor), ", got ", tensor.raw().size()));
   }
+  layout.elements = *bytes / element_size;
+  return layout;
+}
+
+// Appends `tensor`'s values (already checked by CheckSequences) as float32 to `values`.
+absl::Status ReadValues(const v1::Tensor& tensor, absl::string_view field,
+                        const TensorLayout& layout, std::vector<float>& values) {
+  const int64_t elements = layout.elements;
   const size_t offset = values.size();
   values.resize(offset + elements);
   float* out = values.data() + offset;
@@ -91,14 +121,55 @@ absl::StatusOr<TensorLayout> ReadSequences(const v1::Tensor& tensor,
           absl::StrCat(field, " must hold finite values; element ", i, " is ", out[i]));
     }
   }
-  return layout;
+  return absl::OkStatus();
+}
+
+// The bytes a request's answer and its work will take, from its validated shapes.
+// InvalidArgument when the response could never be sent within max_response_bytes, or
+// the work could never fit in max_work_bytes.
+absl::StatusOr<int64_t> AdmitSizes(const v1::AttendRequest& request,
+                                   const core::ModelSpec& spec, const TensorLayout& query,
+                                   const std::optional<TensorLayout>& memory,
+                                   const AdmissionLimits& limits) {
+  const int64_t key_length = memory ? memory->length : query.length;
+  // Attention weights are float32 [n, h, L_q, L_k]; sizes below are exact products of
+  // dimensions already bounded by max_sequence_length, computed without wrapping.
+  const std::optional<int64_t> attention_bytes =
+      request.return_attention()
+          ? CheckedProduct({query.count, spec.num_heads, query.length, key_length, 4})
+          : std::optional<int64_t>(0);
+  const int64_t output_bytes = query.elements * ElementSize(request.query().dtype());
+  const int64_t overhead = kResponseOverheadBytes + request.request_id().size();
+  if (!attention_bytes ||
+      *attention_bytes > limits.max_response_bytes - output_bytes - overhead) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the response would be ",
+        attention_bytes ? absl::StrCat(output_bytes + *attention_bytes + overhead)
+                        : std::string("over 2^63"),
+        " bytes (output ", output_bytes, ", attention weights ",
+        attention_bytes ? absl::StrCat(*attention_bytes) : std::string("over 2^63"),
+        "), over the largest message the server sends, max_message_bytes=",
+        limits.max_response_bytes,
+        request.return_attention() ? "; ask without return_attention or send fewer tokens"
+                                   : "; send fewer tokens"));
+  }
+  // Held while queued and computed: float32 inputs and results.
+  const int64_t memory_elements = memory ? memory->elements : 0;
+  const int64_t work_bytes =
+      (2 * query.elements + memory_elements) * int64_t{4} + *attention_bytes;
+  if (work_bytes > limits.max_work_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request needs ", work_bytes,
+        " bytes of working memory, over max_queue_bytes=", limits.max_work_bytes));
+  }
+  return work_bytes;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
     const v1::AttendRequest& request, const core::ModelSpec& spec,
-    int64_t max_sequence_length) {
+    const AdmissionLimits& limits) {
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("request_id must be at most ",
                                                    kMaxRequestIdBytes, " bytes, got ",
@@ -109,12 +180,12 @@ absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
         "query is required: a tensor [L, d_model] or "
         "[n, L, d_model]");
   }
-  auto work = std::make_unique<AttentionWork>();
+  // Shapes and sizes first: nothing is copied or converted for a request that will be
+  // refused.
   absl::StatusOr<TensorLayout> query =
-      ReadSequences(request.query(), "query", spec, max_sequence_length, work->query);
+      CheckSequences(request.query(), "query", spec, limits.max_sequence_length);
   if (!query.ok()) return query.status();
-  work->query_lengths.assign(query->count, query->length);
-
+  std::optional<TensorLayout> memory;
   if (request.has_memory()) {
     if (request.causal()) {
       return absl::InvalidArgumentError(
@@ -126,17 +197,16 @@ absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
           "memory.shape must have the query's rank ", request.query().shape_size(),
           ", got rank ", request.memory().shape_size()));
     }
-    absl::StatusOr<TensorLayout> memory = ReadSequences(
-        request.memory(), "memory", spec, max_sequence_length, work->memory);
-    if (!memory.ok()) return memory.status();
-    if (memory->count != query->count) {
+    absl::StatusOr<TensorLayout> checked =
+        CheckSequences(request.memory(), "memory", spec, limits.max_sequence_length);
+    if (!checked.ok()) return checked.status();
+    if (checked->count != query->count) {
       return absl::InvalidArgumentError(
           absl::StrCat("memory.shape[0] must equal query.shape[0]=", query->count,
-                       " (one memory per query sequence), got ", memory->count));
+                       " (one memory per query sequence), got ", checked->count));
     }
-    work->memory_lengths.assign(memory->count, memory->length);
+    memory = *checked;
   }
-
   if (request.head_mask_size() > 0) {
     if (request.head_mask_size() != spec.num_heads) {
       return absl::InvalidArgumentError(
@@ -150,8 +220,19 @@ absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
             absl::StrCat("head_mask[", i, "] must be in [0, 1], got ", factor));
       }
     }
-    work->head_mask.assign(request.head_mask().begin(), request.head_mask().end());
   }
+  absl::StatusOr<int64_t> work_bytes = AdmitSizes(request, spec, *query, memory, limits);
+  if (!work_bytes.ok()) return work_bytes.status();
+
+  auto work = std::make_unique<AttentionWork>();
+  work->reserved_bytes = *work_bytes;
+  ATTN_RETURN_IF_ERROR(ReadValues(request.query(), "query", *query, work->query));
+  work->query_lengths.assign(query->count, query->length);
+  if (memory) {
+    ATTN_RETURN_IF_ERROR(ReadValues(request.memory(), "memory", *memory, work->memory));
+    work->memory_lengths.assign(memory->count, memory->length);
+  }
+  work->head_mask.assign(request.head_mask().begin(), request.head_mask().end());
   work->causal = request.causal();
   work->return_attention = request.return_attention();
   return work;

@@ -21,16 +21,30 @@ namespace attnserve::server {
 // Most bytes of request_id echoed back.
 inline constexpr size_t kMaxRequestIdBytes = 256;
 
-// Checks `request` against the model (`spec`, `max_sequence_length`) and converts its
-// tensors to float32. InvalidArgument naming the field and the expected value for: a
-// missing query, an unsupported dtype, rank not 2 or 3, a dimension < 1, last dimension
-// != d_model, a sequence longer than max_sequence_length, a raw byte count that does not
-// match the shape, a non-finite value, a memory whose rank or count does not match the
-// query, causal with memory, a head_mask of the wrong length or out of [0, 1], an
-// over-long request_id.
+// The limits a request is admitted under.
+struct AdmissionLimits {
+  // Longest query or memory sequence. Range [1, kMaxSequenceLengthCeiling]
+  // (model_registry.h).
+  int64_t max_sequence_length = 8192;
+  // Largest message the server sends; a response that could exceed it is refused before
+  // any work. Range [1024, 2^31 - 1] (protobuf cannot serialize 2 GiB).
+  int64_t max_response_bytes = 64 << 20;
+  // Most bytes one request may hold while queued and computed (the queue's byte budget).
+  int64_t max_work_bytes = int64_t{1} << 30;
+};
+
+// Checks `request` against the model (`spec`) and `limits`, then converts its tensors
+// to float32. Shapes and sizes are checked (with overflow-checked 64-bit products)
+// before any value is copied. InvalidArgument naming the field and the expected value
+// for: a missing query, an unsupported dtype, rank not 2 or 3, a dimension < 1, last
+// dimension != d_model, a sequence longer than max_sequence_length, a raw byte count
+// that does not match the shape, a response larger than max_response_bytes, working
+// memory larger than max_work_bytes, a non-finite value, a memory whose rank or count
+// does not match the query, causal with memory, a head_mask of the wrong length or out
+// of [0, 1], an over-long request_id. The work's reserved_bytes is set.
 absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
     const v1::AttendRequest& request, const core::ModelSpec& spec,
-    int64_t max_sequence_length);
+    const AdmissionLimits& limits);
 
 // What a response needs from its request, kept instead of the request's bytes.
 struct ReplyFormat {

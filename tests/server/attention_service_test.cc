@@ -356,6 +356,29 @@ TEST_F(BadInputTest, OverlongRequestId) {
                  {"request_id must be at most 256 bytes, got 300"});
 }
 
+TEST_F(BadInputTest, AttentionWeightsOverTheLargestMessageAreRefusedBeforeQueueing) {
+  // 16 MiB in, but [8, 8192, 8192] float32 weights would be 2 GiB out: wave 1 computed
+  // them and then died in protobuf serialization.
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(std::vector<float>(8192 * kD), {8192, kD});
+  request.set_return_attention(true);
+  const int64_t enqueued = server_->batcher().stats().enqueued;
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"the response would be", "attention weights 2147483648",
+                  "max_message_bytes=67108864", "without return_attention"});
+  EXPECT_EQ(server_->batcher().stats().enqueued, enqueued + 1);  // only the probe
+}
+
+TEST_F(BadInputTest, ShapeWhoseByteCountOverflowsInt64) {
+  v1::AttendRequest request = Request(2, 1);
+  request.mutable_query()->clear_shape();
+  for (int64_t dimension : {int64_t{1} << 52, int64_t{2}, kD}) {
+    request.mutable_query()->add_shape(dimension);
+  }
+  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
+                 {"query.raw must hold product(shape) * 4 = (over 2^63) bytes"});
+}
+
 TEST_F(BadInputTest, MessageLargerThanLimitIsResourceExhausted) {
   v1::AttendRequest request;
   // 8192 x 512 float32 = 16 MiB; the test server keeps the 64 MiB default, so send
@@ -370,6 +393,33 @@ TEST_F(BadInputTest, MessageLargerThanLimitIsResourceExhausted) {
   auto response = (*big_client)->Attend(request);
   EXPECT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(server_->client->Attend(Request(2, 9)).ok());
+}
+
+TEST(AdmissionTest, RequestNeedingMoreThanTheQueueBudgetAloneIsInvalid) {
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    options.models.batching.max_queue_bytes = 1 << 20;
+  });
+  v1::AttendRequest request;
+  // [257, 512] float32: 514 KiB in, 514 KiB out: over 1 MiB together.
+  *request.mutable_query() = Float32Tensor(RandomValues(257 * kD, 3), {257, kD});
+  auto response = server.client->Attend(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(response.status().message(),
+              HasSubstr("needs 1052672 bytes of working memory, over max_queue_bytes="
+                        "1048576"));
+  EXPECT_EQ(server.batcher().stats().enqueued, 0);
+  EXPECT_TRUE(server.client->Attend(Request(16, 1)).ok());
+}
+
+TEST(AdmissionTest, MaxSequenceLengthAboveTheCeilingIsRefusedAtStartUp) {
+  AttentionServer::Options options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.models.max_sequence_length = kMaxSequenceLengthCeiling + 1;
+  auto server = AttentionServer::Create(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("max_sequence_length must be in [1, "
+                                                   "1048576], got 1048577"));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/clock.h"
 #include "tests/server/test_server.h"
 
 namespace attnserve::server {
@@ -88,8 +89,11 @@ TEST(BatchingTest, RequestExpiringInQueueIsNotComputed) {
 }
 
 TEST(BatchingTest, CancelledCallIsDroppedBeforeCompute) {
-  TestServer server = StartServer([](AttentionServer::Options& options) {
-    options.models.batching.max_queue_delay = absl::Milliseconds(500);
+  // Fake time: the request can never become due by itself, whatever the machine's load.
+  FakeClock clock;
+  TestServer server = StartServer([&clock](AttentionServer::Options& options) {
+    options.models.clock = &clock;
+    options.models.batching.max_queue_delay = absl::Hours(1);
   });
   grpc::ClientContext context;
   absl::Notification done;
@@ -101,18 +105,24 @@ TEST(BatchingTest, CancelledCallIsDroppedBeforeCompute) {
         done.Notify();
       },
       &context);
-  EXPECT_TRUE(Eventually([&] { return server.batcher().queue_depth() == 1; }));
+  ASSERT_TRUE(Eventually([&] { return server.batcher().queue_depth() == 1; }));
   context.TryCancel();
   done.WaitForNotification();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  // The server's cancellation wakes the batcher, which drops the request at once:
+  // fake time never moved, so nothing else could have woken it.
   EXPECT_TRUE(
       Eventually([&] { return server.batcher().stats().dropped_cancelled == 1; }));
+  EXPECT_EQ(server.batcher().queue_depth(), 0);
   EXPECT_EQ(server.batcher().stats().computed_requests, 0);
 }
 
 TEST(BatchingTest, FullQueueIsResourceExhaustedAndServerRecovers) {
-  TestServer server = StartServer([](AttentionServer::Options& options) {
-    options.models.batching.max_queue_delay = absl::Milliseconds(400);
+  // Fake time: the two queued requests stay queued until the test advances it.
+  FakeClock clock;
+  TestServer server = StartServer([&clock](AttentionServer::Options& options) {
+    options.models.clock = &clock;
+    options.models.batching.max_queue_delay = absl::Milliseconds(10);
     options.models.batching.max_batch_size = 8;
     options.models.batching.max_queue_size = 2;
   });
@@ -124,14 +134,44 @@ TEST(BatchingTest, FullQueueIsResourceExhaustedAndServerRecovers) {
       pending.DecrementCount();
     });
   }
-  EXPECT_TRUE(Eventually([&] { return server.batcher().queue_depth() == 2; }));
+  ASSERT_TRUE(Eventually([&] { return server.batcher().queue_depth() == 2; }));
   auto rejected = server.client->Attend(Request(3, 9));
   EXPECT_EQ(rejected.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(rejected.status().message(), HasSubstr("max_queue_size=2"));
+  clock.Advance(absl::Milliseconds(10));
   pending.Wait();
   EXPECT_TRUE(queued[0].ok()) << queued[0];
   EXPECT_TRUE(queued[1].ok()) << queued[1];
-  EXPECT_TRUE(server.client->Attend(Request(3, 10)).ok());
+  // A lone request is due after the delay too: answer it by advancing time until done.
+  absl::Notification recovered;
+  absl::Status last;
+  server.client->AttendAsync(Request(3, 10), absl::Seconds(30), [&](auto response) {
+    last = response.status();
+    recovered.Notify();
+  });
+  EXPECT_TRUE(Eventually([&] {
+    clock.Advance(absl::Milliseconds(10));
+    return recovered.HasBeenNotified();
+  }));
+  EXPECT_TRUE(last.ok()) << last;
+}
+
+TEST(BatchingTest, ShutdownComputesQueuedCallsWithoutWaitingForTheirDelay) {
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    options.models.batching.max_queue_delay = absl::Hours(1);
+    options.grace_period = absl::Hours(1);  // a hang would outlast the test's timeout
+  });
+  absl::Notification done;
+  absl::Status status;
+  server.client->AttendAsync(Request(4, 1), absl::Seconds(60), [&](auto response) {
+    status = response.status();
+    done.Notify();
+  });
+  ASSERT_TRUE(Eventually([&] { return server.batcher().queue_depth() == 1; }));
+  server.server->Shutdown();
+  done.WaitForNotification();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(server.batcher().stats().computed_requests, 1);
 }
 
 TEST(StreamingTest, ThousandMessagesAnsweredInOrderWithOneError) {
@@ -171,6 +211,69 @@ TEST(StreamingTest, ThousandMessagesAnsweredInOrderWithOneError) {
   writer.join();
   EXPECT_TRUE(stream->Finish().ok());
   EXPECT_EQ(received, kMessages);
+}
+
+TEST(StreamingTest, DrainAnswersWhatTheStreamHoldsThenEndsUnavailable) {
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    // Long enough that a stream left open until the grace period ends would end
+    // CANCELLED only after this test's timeout, not UNAVAILABLE.
+    options.grace_period = absl::Seconds(120);
+  });
+  grpc::ClientContext context;
+  auto stream = server.client->stub()->AttendStream(&context);
+  for (int i = 0; i < 3; ++i) {
+    v1::AttendStreamRequest message;
+    *message.mutable_request() = Request(4, i);
+    ASSERT_TRUE(stream->Write(message));
+  }
+  // The server holds all three once they are counted as started.
+  ASSERT_TRUE(Eventually([&] { return server.batcher().stats().enqueued == 3; }));
+  std::thread shutdown([&] { server.server->Shutdown(); });
+  int answered = 0;
+  v1::AttendStreamResponse answer;
+  while (stream->Read(&answer)) {
+    EXPECT_TRUE(answer.has_response()) << answer.error().message();
+    ++answered;
+  }
+  const grpc::Status status = stream->Finish();
+  shutdown.join();
+  EXPECT_EQ(answered, 3);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("reopen the stream"));
+}
+
+TEST(StreamingTest, ManyStreamsEndingWhileAnswersArriveLeaveNoDanglingReactor) {
+  // Streams that close (WritesDone, then the client goes away) while the batcher is
+  // still answering race OnDone against Complete; run under ASan this catches a
+  // reactor used after deletion.
+  TestServer server = StartServer();
+  constexpr int kStreams = 16;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kStreams; ++c) {
+    clients.emplace_back([&server, c] {
+      grpc::ClientContext context;
+      auto stream = server.client->stub()->AttendStream(&context);
+      for (int i = 0; i < 20; ++i) {
+        v1::AttendStreamRequest message;
+        *message.mutable_request() = Request(1 + (c + i) % 8, i);
+        if (!stream->Write(message)) break;
+      }
+      stream->WritesDone();
+      v1::AttendStreamResponse answer;
+      // Half the clients read everything; the others cancel after the first answer.
+      if (c % 2 == 0) {
+        while (stream->Read(&answer)) {
+        }
+        EXPECT_TRUE(stream->Finish().ok());
+      } else {
+        stream->Read(&answer);
+        context.TryCancel();
+        stream->Finish();
+      }
+    });
+  }
+  for (std::thread& client : clients) client.join();
+  EXPECT_TRUE(server.client->Attend(Request(3, 1)).ok());
 }
 
 }  // namespace

@@ -221,6 +221,31 @@ TEST(DynamicBatcherTest, RejectsWhenQueueIsFull) {
   EXPECT_EQ((*batcher)->stats().rejected_queue_full, 1);
 }
 
+TEST(DynamicBatcherTest, RejectsWhenQueueBytesWouldExceedTheBudget) {
+  FakeClock clock;
+  DynamicBatcher::Options options = FakeTimeOptions(clock);
+  options.max_queue_bytes = 1000;
+  auto batcher = DynamicBatcher::Create(options, Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(2);
+  auto work = [](int64_t bytes) {
+    std::unique_ptr<AttentionWork> w = Work(2);
+    w->reserved_bytes = bytes;
+    return w;
+  };
+  ASSERT_TRUE((*batcher)->Enqueue(work(600), results.Callback()).ok());
+  const absl::Status over = (*batcher)->Enqueue(work(401), results.Callback());
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("hold 600 bytes and this one needs 401"));
+  EXPECT_THAT(over.message(), HasSubstr("max_queue_bytes=1000"));
+  ASSERT_TRUE((*batcher)->Enqueue(work(400), results.Callback()).ok());  // exactly fits
+  EXPECT_EQ((*batcher)->held_bytes(), 1000);
+  EXPECT_EQ((*batcher)->stats().rejected_queue_bytes, 1);
+  (*batcher)->Shutdown();  // computes both and joins: every byte is returned
+  EXPECT_EQ(results.statuses().size(), 2u);
+  EXPECT_EQ((*batcher)->held_bytes(), 0);
+}
+
 TEST(DynamicBatcherTest, ShutdownComputesQueuedWorkThenRejects) {
   FakeClock clock;
   DynamicBatcher::Options options = FakeTimeOptions(clock);
