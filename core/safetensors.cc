@@ -5,6 +5,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "core/bfloat16.h"
 #include "core/status_macros.h"
+#include "nlohmann/json.hpp"
 
 namespace attnserve::core {
 
@@ -24,225 +26,96 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr int kMaxJsonDepth = 16;
 
-// A minimal JSON value: enough for a safetensors header (objects, arrays, strings,
-// integers, and the literals, which are parsed and then rejected where not expected).
-struct JsonValue {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = Kind::kNull;
-  bool boolean = false;
-  std::string text;  // string contents, or the number's literal text
-  std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;
-};
+using Json = nlohmann::json;
 
-// Recursive-descent parser over a bounded string; positions in errors are header bytes.
-class JsonParser {
+// A SAX pass over the header for what nlohmann's DOM parser leaves to its user: nesting
+// depth and duplicate keys (the DOM keeps the last one silently). It builds nothing;
+// key sets are per open object, so the pass is O(n log n). (nlohmann's callback parser
+// would do the same checks but rescans the parent object at every child's end: O(n^2).)
+class HeaderChecker : public nlohmann::json_sax<Json> {
  public:
-  explicit JsonParser(absl::string_view input) : input_(input) {}
-
-  absl::StatusOr<JsonValue> ParseDocument() {
-    JsonValue value;
-    ATTN_RETURN_IF_ERROR(ParseValue(0, value));
-    SkipSpace();
-    if (pos_ != input_.size()) return Error("trailing characters after the value");
-    return value;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override {
+    open_objects_.emplace_back();
+    return Enter();
   }
-
- private:
-  absl::Status Error(absl::string_view what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed JSON header at byte ", pos_, ": ", what));
-  }
-
-  void SkipSpace() {
-    while (pos_ < input_.size() && (input_[pos_] == ' ' || input_[pos_] == '\t' ||
-                                    input_[pos_] == '\n' || input_[pos_] == '\r')) {
-      ++pos_;
+  bool key(string_t& key) override {
+    if (!open_objects_.back().insert(key).second) {
+      error_ = absl::StrCat("malformed JSON header: duplicate key '", key, "'");
+      return false;
     }
+    return true;
   }
-
-  bool Consume(absl::string_view literal) {
-    if (input_.substr(pos_, literal.size()) == literal) {
-      pos_ += literal.size();
-      return true;
-    }
+  bool end_object() override {
+    open_objects_.pop_back();
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) override { return Enter(); }
+  bool end_array() override {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t position, const std::string&,
+                   const nlohmann::detail::exception& error) override {
+    error_ = position > input_size_
+                 ? absl::StrCat("malformed JSON header: unexpected end of header (",
+                                input_size_, " bytes)")
+                 : absl::StrCat("malformed JSON header at byte ", position, ": ",
+                                error.what());
     return false;
   }
 
-  absl::Status ParseValue(int depth, JsonValue& out) {
-    if (depth > kMaxJsonDepth) return Error("nesting too deep");
-    SkipSpace();
-    if (pos_ >= input_.size()) return Error("unexpected end of header");
-    const char c = input_[pos_];
-    if (c == '{') return ParseObject(depth, out);
-    if (c == '[') return ParseArray(depth, out);
-    if (c == '"') {
-      out.kind = JsonValue::Kind::kString;
-      return ParseString(out.text);
+  explicit HeaderChecker(size_t input_size) : input_size_(input_size) {}
+  const std::string& error() const { return error_; }
+
+ private:
+  bool Enter() {
+    if (++depth_ > kMaxJsonDepth) {
+      error_ = absl::StrCat("malformed JSON header: nesting too deep (over ",
+                            kMaxJsonDepth, " levels)");
+      return false;
     }
-    if (c == '-' || (c >= '0' && c <= '9')) return ParseNumber(out);
-    if (Consume("true")) {
-      out.kind = JsonValue::Kind::kBool;
-      out.boolean = true;
-      return absl::OkStatus();
-    }
-    if (Consume("false")) {
-      out.kind = JsonValue::Kind::kBool;
-      return absl::OkStatus();
-    }
-    if (Consume("null")) {
-      out.kind = JsonValue::Kind::kNull;
-      return absl::OkStatus();
-    }
-    return Error(absl::StrCat("unexpected character '", std::string(1, c), "'"));
+    return true;
   }
 
-  absl::Status ParseObject(int depth, JsonValue& out) {
-    out.kind = JsonValue::Kind::kObject;
-    ++pos_;  // '{'
-    SkipSpace();
-    if (Consume("}")) return absl::OkStatus();
-    while (true) {
-      SkipSpace();
-      if (pos_ >= input_.size() || input_[pos_] != '"') {
-        return Error("expected a string key");
-      }
-      std::string key;
-      ATTN_RETURN_IF_ERROR(ParseString(key));
-      for (const auto& [existing, unused] : out.object) {
-        if (existing == key) return Error(absl::StrCat("duplicate key \"", key, "\""));
-      }
-      SkipSpace();
-      if (!Consume(":")) return Error("expected ':'");
-      JsonValue value;
-      ATTN_RETURN_IF_ERROR(ParseValue(depth + 1, value));
-      out.object.emplace_back(std::move(key), std::move(value));
-      SkipSpace();
-      if (Consume(",")) continue;
-      if (Consume("}")) return absl::OkStatus();
-      return Error("expected ',' or '}'");
-    }
-  }
-
-  absl::Status ParseArray(int depth, JsonValue& out) {
-    out.kind = JsonValue::Kind::kArray;
-    ++pos_;  // '['
-    SkipSpace();
-    if (Consume("]")) return absl::OkStatus();
-    while (true) {
-      JsonValue value;
-      ATTN_RETURN_IF_ERROR(ParseValue(depth + 1, value));
-      out.array.push_back(std::move(value));
-      SkipSpace();
-      if (Consume(",")) continue;
-      if (Consume("]")) return absl::OkStatus();
-      return Error("expected ',' or ']'");
-    }
-  }
-
-  absl::Status ParseString(std::string& out) {
-    ++pos_;  // opening quote
-    while (pos_ < input_.size()) {
-      const char c = input_[pos_++];
-      if (c == '"') return absl::OkStatus();
-      if (static_cast<unsigned char>(c) < 0x20) {
-        return Error("control character in string");
-      }
-      if (c != '\\') {
-        out.push_back(c);
-        continue;
-      }
-      if (pos_ >= input_.size()) break;
-      const char escaped = input_[pos_++];
-      switch (escaped) {
-        case '"':
-        case '\\':
-        case '/':
-          out.push_back(escaped);
-          break;
-        case 'b':
-          out.push_back('\b');
-          break;
-        case 'f':
-          out.push_back('\f');
-          break;
-        case 'n':
-          out.push_back('\n');
-          break;
-        case 'r':
-          out.push_back('\r');
-          break;
-        case 't':
-          out.push_back('\t');
-          break;
-        case 'u': {
-          // Names in practice are ASCII; a \u escape is kept as its code point in UTF-8
-          // for the basic plane, which is all a tensor name needs.
-          if (pos_ + 4 > input_.size()) return Error("truncated \\u escape");
-          uint32_t code = 0;
-          for (int i = 0; i < 4; ++i) {
-            const char h = input_[pos_++];
-            code <<= 4;
-            if (h >= '0' && h <= '9') {
-              code |= h - '0';
-            } else if (h >= 'a' && h <= 'f') {
-              code |= h - 'a' + 10;
-            } else if (h >= 'A' && h <= 'F') {
-              code |= h - 'A' + 10;
-            } else {
-              return Error("bad hex digit in \\u escape");
-            }
-          }
-          if (code < 0x80) {
-            out.push_back(static_cast<char>(code));
-          } else if (code < 0x800) {
-            out.push_back(static_cast<char>(0xC0 | (code >> 6)));
-            out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-          } else {
-            out.push_back(static_cast<char>(0xE0 | (code >> 12)));
-            out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-            out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
-          }
-          break;
-        }
-        default:
-          return Error("unknown escape in string");
-      }
-    }
-    return Error("unterminated string");
-  }
-
-  absl::Status ParseNumber(JsonValue& out) {
-    const size_t start = pos_;
-    while (pos_ < input_.size() &&
-           (input_[pos_] == '-' || input_[pos_] == '+' || input_[pos_] == '.' ||
-            input_[pos_] == 'e' || input_[pos_] == 'E' ||
-            (input_[pos_] >= '0' && input_[pos_] <= '9'))) {
-      ++pos_;
-    }
-    out.kind = JsonValue::Kind::kNumber;
-    out.text = std::string(input_.substr(start, pos_ - start));
-    double unused;
-    if (!absl::SimpleAtod(out.text, &unused)) {
-      pos_ = start;
-      return Error("bad number");
-    }
-    return absl::OkStatus();
-  }
-
-  absl::string_view input_;
-  size_t pos_ = 0;
+  const size_t input_size_;
+  int depth_ = 0;
+  std::vector<std::set<std::string>> open_objects_;
+  std::string error_;
 };
 
-absl::StatusOr<int64_t> NonNegativeInteger(const JsonValue& value,
-                                           absl::string_view what) {
-  int64_t result = 0;
-  if (value.kind != JsonValue::Kind::kNumber || !absl::SimpleAtoi(value.text, &result) ||
-      result < 0) {
+// Parses the header with nlohmann::json (Debian's nlohmann-json3) after HeaderChecker
+// accepted it.
+absl::StatusOr<Json> ParseHeader(absl::string_view text) {
+  HeaderChecker checker(text.size());
+  if (!Json::sax_parse(text.begin(), text.end(), &checker)) {
+    return absl::InvalidArgumentError(checker.error());
+  }
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed JSON header: ", error.what()));
+  }
+}
+
+absl::StatusOr<int64_t> NonNegativeInteger(const Json& value, absl::string_view what) {
+  // Integers parse as unsigned when non-negative; anything else (negative, fractional,
+  // beyond 2^64, not a number) is refused.
+  if (!value.is_number_unsigned() ||
+      value.get<uint64_t>() >
+          static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " must be a non-negative integer"));
   }
-  return result;
+  return static_cast<int64_t>(value.get<uint64_t>());
 }
 
 uint64_t ReadLittleEndian64(const char* bytes) {
@@ -334,9 +207,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "header length ", header_size, " exceeds the limit of ", kMaxHeaderBytes));
   }
-  JsonParser parser(absl::string_view(bytes).substr(8, header_size));
-  ATTN_ASSIGN_OR_RETURN(JsonValue header, parser.ParseDocument());
-  if (header.kind != JsonValue::Kind::kObject) {
+  ATTN_ASSIGN_OR_RETURN(const Json header,
+                        ParseHeader(absl::string_view(bytes).substr(8, header_size)));
+  if (!header.is_object()) {
     return absl::InvalidArgumentError(
         "malformed JSON header: top level is not an object");
   }
@@ -344,17 +217,17 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
   SafetensorsFile file;
   file.data_offset_ = 8 + header_size;
   const uint64_t data_size = bytes.size() - file.data_offset_;
-  for (auto& [name, value] : header.object) {
+  for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
-      if (value.kind != JsonValue::Kind::kObject) {
+      if (!value.is_object()) {
         return absl::InvalidArgumentError("__metadata__ must be an object of strings");
       }
-      for (auto& [key, entry] : value.object) {
-        if (entry.kind != JsonValue::Kind::kString) {
+      for (const auto& [key, entry] : value.items()) {
+        if (!entry.is_string()) {
           return absl::InvalidArgumentError(
               absl::StrCat("__metadata__ value for '", key, "' must be a string"));
         }
-        file.metadata_[key] = entry.text;
+        file.metadata_[key] = entry.get<std::string>();
       }
       continue;
     }
@@ -364,34 +237,28 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor '", tensor_name, "': ", what));
     };
-    if (value.kind != JsonValue::Kind::kObject) return invalid("entry is not an object");
-    const JsonValue* dtype = nullptr;
-    const JsonValue* shape = nullptr;
-    const JsonValue* offsets = nullptr;
-    for (const auto& [key, field] : value.object) {
-      if (key == "dtype") dtype = &field;
-      if (key == "shape") shape = &field;
-      if (key == "data_offsets") offsets = &field;
-    }
-    if (dtype == nullptr || dtype->kind != JsonValue::Kind::kString) {
+    if (!value.is_object()) return invalid("entry is not an object");
+    const auto dtype = value.find("dtype");
+    const auto shape = value.find("shape");
+    const auto offsets = value.find("data_offsets");
+    if (dtype == value.end() || !dtype->is_string()) {
       return invalid("missing string field 'dtype'");
     }
-    if (shape == nullptr || shape->kind != JsonValue::Kind::kArray) {
+    if (shape == value.end() || !shape->is_array()) {
       return invalid("missing array field 'shape'");
     }
-    if (offsets == nullptr || offsets->kind != JsonValue::Kind::kArray ||
-        offsets->array.size() != 2) {
+    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2) {
       return invalid("missing field 'data_offsets' of two integers");
     }
     Tensor tensor;
-    tensor.dtype = dtype->text;
+    tensor.dtype = dtype->get<std::string>();
     const int64_t element_size = SafetensorsDtypeSize(tensor.dtype);
     if (element_size == 0) {
       return invalid(absl::StrCat("unknown dtype '", tensor.dtype, "'"));
     }
     // Element count with overflow checks: a hostile shape must not wrap around.
     uint64_t elements = 1;
-    for (const JsonValue& dim : shape->array) {
+    for (const Json& dim : *shape) {
       ATTN_ASSIGN_OR_RETURN(const int64_t size, NonNegativeInteger(dim, "shape entry"));
       tensor.shape.push_back(size);
       if (size != 0 && elements > std::numeric_limits<uint64_t>::max() / 16 /
@@ -401,9 +268,9 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
       elements *= static_cast<uint64_t>(size);
     }
     ATTN_ASSIGN_OR_RETURN(const int64_t begin,
-                          NonNegativeInteger(offsets->array[0], "data_offsets[0]"));
+                          NonNegativeInteger((*offsets)[0], "data_offsets[0]"));
     ATTN_ASSIGN_OR_RETURN(const int64_t end,
-                          NonNegativeInteger(offsets->array[1], "data_offsets[1]"));
+                          NonNegativeInteger((*offsets)[1], "data_offsets[1]"));
     tensor.data_begin = static_cast<uint64_t>(begin);
     tensor.data_end = static_cast<uint64_t>(end);
     if (tensor.data_begin > tensor.data_end) {
@@ -425,20 +292,33 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
     file.tensors_.emplace(name, std::move(tensor));
   }
 
-  // No two tensors may share bytes.
+  // As the format requires: the tensors, in offset order, tile the data section exactly
+  // (no overlap, no gap, no trailing bytes).
   std::vector<std::pair<const std::string*, const Tensor*>> by_offset;
-  for (const auto& [name, tensor] : file.tensors_) {
-    if (tensor.data_end > tensor.data_begin) by_offset.emplace_back(&name, &tensor);
-  }
+  for (const auto& [name, tensor] : file.tensors_) by_offset.emplace_back(&name, &tensor);
   std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
-    return a.second->data_begin < b.second->data_begin;
+    return std::make_pair(a.second->data_begin, a.second->data_end) <
+           std::make_pair(b.second->data_begin, b.second->data_end);
   });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i].second->data_begin < by_offset[i - 1].second->data_end) {
-      return absl::InvalidArgumentError(absl::StrCat("data_offsets of tensors '",
-                                                     *by_offset[i - 1].first, "' and '",
-                                                     *by_offset[i].first, "' overlap"));
+  uint64_t covered = 0;
+  const std::string* previous = nullptr;
+  for (const auto& [name, tensor] : by_offset) {
+    if (tensor->data_begin < covered) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data_offsets of tensors '", *previous, "' and '", *name, "' overlap"));
     }
+    if (tensor->data_begin > covered) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data_offsets leave bytes [", covered, ", ", tensor->data_begin,
+                       ") before tensor '", *name, "' unused"));
+    }
+    covered = tensor->data_end;
+    previous = name;
+  }
+  if (covered != data_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the data section has ", data_size - covered,
+                     " trailing bytes that no tensor's data_offsets cover"));
   }
   file.bytes_ = std::move(bytes);
   return file;

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -117,6 +118,44 @@ TEST(SafetensorsTest, MalformedJsonIsRejectedWithPosition) {
   ExpectInvalid(RawFile(R"(["w"])", ""), "top level is not an object");
   ExpectInvalid(RawFile(R"({"a":1,"a":2})", ""), "duplicate key");
   ExpectInvalid(RawFile(std::string(100, '['), ""), "nesting too deep");
+  ExpectInvalid(RawFile(R"({"w":{"dtype":"F32","dtype":"F32"}})", ""),
+                "duplicate key 'dtype'");
+}
+
+TEST(SafetensorsTest, ManyKeysParseInLinearithmicTime) {
+  // 200k tensors of zero bytes: a quadratic duplicate check would take minutes here.
+  std::string header = "{";
+  for (int i = 0; i < 200000; ++i) {
+    absl::StrAppend(&header, i > 0 ? "," : "", "\"t", i,
+                    "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]}");
+  }
+  header += "}";
+  const absl::StatusOr<SafetensorsFile> file =
+      SafetensorsFile::Parse(RawFile(header, ""));
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->Names().size(), 200000u);
+}
+
+TEST(SafetensorsTest, GapsAndTrailingBytesAreRejected) {
+  ExpectInvalid(RawFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                        FloatBytes({1, 2})),
+                "data_offsets leave bytes [0, 4) before tensor 'a' unused");
+  ExpectInvalid(RawFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+                        FloatBytes({1, 2, 3})),
+                "data_offsets leave bytes [4, 8) before tensor 'b' unused");
+  ExpectInvalid(RawFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                        FloatBytes({1, 2})),
+                "4 trailing bytes");
+}
+
+TEST(SafetensorsTest, NonIntegerNumbersAreRejected) {
+  ExpectInvalid(RawFile(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})",
+                        FloatBytes({1})),
+                "shape entry must be a non-negative integer");
+  ExpectInvalid(RawFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,1e400]}})",
+                        FloatBytes({1})),
+                "malformed JSON header");
 }
 
 TEST(SafetensorsTest, OverlappingOffsetsAreRejected) {
