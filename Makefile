@@ -4,8 +4,11 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 VENV := $(abspath $(BUILD_DIR))/venv
 CMAKE_ARGS ?=
+SANITIZE_DIR := $(BUILD_DIR)/asan
+# Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
+FUZZ_SECONDS ?= 60
 
-.PHONY: all deps deps-build configure build test image run bench-core bench-server format clean
+.PHONY: all deps deps-build configure build test test-asan asan-build fuzz overload soak image run bench-core bench-server format clean
 
 all: build
 
@@ -26,9 +29,37 @@ configure: deps-build
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Installs dependencies, builds Release, runs every test through CTest.
+# Installs dependencies, builds Release, runs every test through CTest, then the
+# sanitizer build's tests and fuzzers (test-asan).
 test: deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) test-asan
+
+# clang build of every target with AddressSanitizer + UndefinedBehaviorSanitizer (any
+# report fails the test that triggered it) and libFuzzer coverage; runs the C++ and
+# end-to-end tests against it, then each fuzzer for FUZZ_SECONDS from its seed corpus
+# and replays every past crash (tests/fuzz/regressions).
+test-asan: asan-build
+	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS) -LE 'lint|deploy|docker'
+
+asan-build: deps
+	CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DATTNSERVE_VENV=$(VENV) -DATTNSERVE_SANITIZE=address,undefined,fuzzer-no-link \
+	  -DATTNSERVE_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+
+# The fuzzers alone, longer: make fuzz FUZZ_SECONDS=3600
+fuzz: FUZZ_SECONDS = 600
+fuzz: asan-build
+	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS) -L fuzz
+
+# Load and faults on loopback (tests/load/reliability.py), bounded in time; not part of
+# `make test`. overload: 2x capacity against a short queue. soak: SOAK_SECONDS at 80%.
+SOAK_SECONDS ?= 300
+overload: build
+	$(VENV)/bin/python tests/load/reliability.py $(BUILD_DIR) overload
+soak: build
+	$(VENV)/bin/python tests/load/reliability.py $(BUILD_DIR) soak $(SOAK_SECONDS)
 
 # The Docker image attnserve:0.1.0 from the top-level Dockerfile.
 image: deps

@@ -96,7 +96,8 @@ std::string FormatJson(const BenchRun& run) {
                     ", \"latency_ms\": {\"p50\": ", c.p50, ", \"p90\": ", c.p90,
                     ", \"p95\": ", c.p95, ", \"p99\": ", c.p99, ", \"p99.9\": ", c.p999,
                     ", \"max\": ", c.max, ", \"mean\": ", c.mean,
-                    "}, \"windows\": ", c.windows,
+                    "}, \"error_latency_ms\": {\"p50\": ", c.error_p50,
+                    ", \"p99\": ", c.error_p99, "}, \"windows\": ", c.windows,
                     ", \"stable\": ", c.stable ? "true" : "false", ", \"errors\": {",
                     absl::StrJoin(errors, ", "), "}");
     if (const auto& server = run.steps[i].server) {

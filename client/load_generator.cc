@@ -114,6 +114,7 @@ class LoadGenerator::Recorder {
       ++window_counts_[static_cast<size_t>((done - measure_start_) / window_)];
     } else {
       ++errors_[std::string(absl::StatusCodeToString(status.code()))];
+      error_latencies_ms_.push_back(absl::ToDoubleMilliseconds(done - start));
     }
   }
   void CountSent() {
@@ -149,6 +150,9 @@ class LoadGenerator::Recorder {
     double total = 0;
     for (double latency : latencies_ms_) total += latency;
     result.mean = latencies_ms_.empty() ? 0 : total / latencies_ms_.size();
+    std::sort(error_latencies_ms_.begin(), error_latencies_ms_.end());
+    result.error_p50 = Percentile(error_latencies_ms_, 0.50);
+    result.error_p99 = Percentile(error_latencies_ms_, 0.99);
   }
 
  private:
@@ -160,6 +164,7 @@ class LoadGenerator::Recorder {
   absl::Time measure_start_ ABSL_GUARDED_BY(mu_);
   absl::Time measure_end_ ABSL_GUARDED_BY(mu_);
   std::vector<double> latencies_ms_ ABSL_GUARDED_BY(mu_);
+  std::vector<double> error_latencies_ms_ ABSL_GUARDED_BY(mu_);
   int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;

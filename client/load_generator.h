@@ -42,8 +42,10 @@ struct StepResult {
   int64_t tokens = 0;
   int64_t sent = 0;                       // open loop: calls issued during measurement
   std::map<std::string, int64_t> errors;  // gRPC code name -> count
-  // Latency percentiles in milliseconds.
+  // Latency percentiles in milliseconds of the calls that succeeded.
   double p50 = 0, p90 = 0, p95 = 0, p99 = 0, p999 = 0, max = 0, mean = 0;
+  // The same for the calls that failed (how fast an overloaded server refuses).
+  double error_p50 = 0, error_p99 = 0;
   int windows = 0;
   bool stable = false;  // three consecutive windows agreed within 10%
   double requests_per_second() const { return seconds > 0 ? requests / seconds : 0; }

@@ -104,8 +104,10 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& bytes) {
       return Invalid(absl::StrCat("bad shape ", *shape_text));
     }
     array.shape.push_back(dim);
+    // Checked before multiplying: two dimensions of 2^40 would overflow int64.
+    if (dim != 0 && elements > (int64_t{1} << 40) / dim)
+      return Invalid("shape too large");
     elements *= dim;
-    if (elements > (int64_t{1} << 40)) return Invalid("shape too large");
   }
   const size_t data_start = header_start + header_size;
   const size_t expected = static_cast<size_t>(elements) * sizeof(float);
@@ -115,7 +117,8 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& bytes) {
         " needs ", expected, " bytes of data, the file has ", bytes.size() - data_start));
   }
   array.values.resize(elements);
-  std::memcpy(array.values.data(), bytes.data() + data_start, expected);
+  // An empty array has no buffer: memcpy from or to null is undefined even for 0 bytes.
+  if (expected > 0) std::memcpy(array.values.data(), bytes.data() + data_start, expected);
   return array;
 }
 

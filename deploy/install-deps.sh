@@ -64,11 +64,13 @@ build_packages=(
 )
 
 # Running the tests: the foreign Python client, a real Prometheus (promtool), the Docker
-# engine and the tools that make its base image, clang-format and clang's
-# -Wthread-safety, and python3-venv for the project virtualenv.
+# engine and the tools that make its base image, clang-format, clang (-Wthread-safety,
+# the sanitizer build) with its sanitizer and libFuzzer runtimes, and python3-venv for
+# the project virtualenv.
 test_packages=(
   git
   clang
+  libclang-rt-14-dev
   clang-format
   python3
   python3-venv

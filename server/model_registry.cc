@@ -29,22 +29,6 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string error_;
 };
 
-absl::StatusOr<v1::ModelConfig> ReadConfig(const std::filesystem::path& path) {
-  std::ifstream stream(path);
-  if (!stream) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
-  std::stringstream text;
-  text << stream.rdbuf();
-  v1::ModelConfig config;
-  google::protobuf::TextFormat::Parser parser;
-  FirstErrorCollector errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path.string(), ": not a valid ModelConfig text proto: ", errors.error()));
-  }
-  return config;
-}
-
 core::Precision ToCorePrecision(v1::Precision precision) {
   return precision == v1::PRECISION_BF16 ? core::Precision::kBf16
                                          : core::Precision::kFp32;
@@ -134,26 +118,22 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
     const std::filesystem::path& folder, const ModelRegistry::Options& options) {
   const std::string name = folder.filename().string();
   const std::filesystem::path config_path = folder / "config.pbtxt";
-  ATTN_ASSIGN_OR_RETURN(const v1::ModelConfig config, ReadConfig(config_path));
-  const auto invalid = [&](absl::string_view what) {
-    return absl::InvalidArgumentError(absl::StrCat(config_path.string(), ": ", what));
-  };
-  if (!config.name().empty() && config.name() != name) {
-    return invalid(absl::StrCat("name \"", config.name(),
-                                "\" must equal the folder name \"", name, "\""));
+  std::ifstream stream(config_path);
+  if (!stream) {
+    return absl::NotFoundError(absl::StrCat(config_path.string(), ": cannot open"));
   }
+  std::stringstream text;
+  text << stream.rdbuf();
+  absl::StatusOr<v1::ModelConfig> parsed = ParseModelConfig(text.str(), name);
+  if (!parsed.ok()) {
+    return absl::Status(parsed.status().code(), absl::StrCat(config_path.string(), ": ",
+                                                             parsed.status().message()));
+  }
+  const v1::ModelConfig& config = *parsed;
   core::ModelSpec spec;
   spec.d_model = config.d_model();
   spec.num_heads = config.num_heads();
   spec.precision = ToCorePrecision(config.precision());
-  if (absl::Status status = spec.Validate(); !status.ok())
-    return invalid(status.message());
-  if (config.max_sequence_length() < 0 ||
-      config.max_sequence_length() > kMaxSequenceLengthCeiling) {
-    return invalid(absl::StrCat("max_sequence_length must be in [0, ",
-                                kMaxSequenceLengthCeiling, "], got ",
-                                config.max_sequence_length()));
-  }
   const int64_t max_sequence_length = config.max_sequence_length() != 0
                                           ? config.max_sequence_length()
                                           : options.max_sequence_length;
@@ -178,6 +158,36 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
 }
 
 }  // namespace
+
+absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
+                                                 absl::string_view folder_name) {
+  v1::ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a valid ModelConfig text proto: ", errors.error()));
+  }
+  if (!config.name().empty() && config.name() != folder_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name \"", config.name(), "\" must equal the folder name \"", folder_name, "\""));
+  }
+  core::ModelSpec spec;
+  spec.d_model = config.d_model();
+  spec.num_heads = config.num_heads();
+  spec.precision = ToCorePrecision(config.precision());
+  if (absl::Status status = spec.Validate(); !status.ok()) {
+    return absl::InvalidArgumentError(status.message());
+  }
+  if (config.max_sequence_length() < 0 ||
+      config.max_sequence_length() > kMaxSequenceLengthCeiling) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_length must be in [0, ",
+                                                   kMaxSequenceLengthCeiling, "], got ",
+                                                   config.max_sequence_length()));
+  }
+  return config;
+}
 
 absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
     const Options& options) {
