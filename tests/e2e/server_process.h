@@ -56,14 +56,15 @@ class ServerProcess {
     if (stdout_ != nullptr) fclose(stdout_);
   }
 
-  // The port from "attnserve listening on HOST:PORT", or -1 if the process ended
+  // The port from the next stdout line, "attnserve listening on HOST:PORT" (or, with
+  // `marker` = "metrics on", "attnserve metrics on HOST:PORT"); -1 if the process ended
   // without printing it.
-  int ReadPort() {
+  int ReadPort(const std::string& marker = "listening on") {
     char line[256];
     if (stdout_ == nullptr || fgets(line, sizeof(line), stdout_) == nullptr) return -1;
     const std::string text(line);
     const size_t colon = text.rfind(':');
-    if (text.find("listening on") == std::string::npos || colon == std::string::npos) {
+    if (text.find(marker) == std::string::npos || colon == std::string::npos) {
       return -1;
     }
     return std::stoi(text.substr(colon + 1));

@@ -1,6 +1,11 @@
 // The attnserve binary as operators run it: start-up errors, and the SIGTERM drain.
 #include "tests/e2e/server_process.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -32,6 +37,35 @@ std::unique_ptr<AttentionClient> Connect(int port) {
   return std::move(AttentionClient::Create(options)).value();
 }
 
+// GET http://127.0.0.1:port/metrics over a plain socket; "" on failure.
+std::string FetchMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string text;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, request.data(), request.size()) ==
+        static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t got;
+      while ((got = read(fd, buffer, sizeof(buffer))) > 0) text.append(buffer, got);
+    }
+  }
+  close(fd);
+  return text;
+}
+
+// The value of the first sample line starting with `series` (name and labels), or -1.
+double SampleValue(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
 v1::AttendRequest Request(int64_t length) {
   v1::AttendRequest request;
   *request.mutable_query() =
@@ -43,10 +77,13 @@ TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
   ServerProcess server(
       ATTNSERVE_BINARY,
       {"--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--instances=1",
-       "--max_batch_size=4", "--max_queue_delay=1ms", "--grace_period=60s"},
+       "--max_batch_size=4", "--max_queue_delay=1ms", "--grace_period=60s",
+       "--metrics_host=127.0.0.1", "--metrics_port=0"},
       StderrPath("drain"));
   const int port = server.ReadPort();
   ASSERT_GT(port, 0) << server.Stderr();
+  const int metrics_port = server.ReadPort("metrics on");
+  ASSERT_GT(metrics_port, 0) << server.Stderr();
   auto client = Connect(port);
   ASSERT_TRUE(client->Attend(Request(8)).ok());  // connected and warm
 
@@ -68,7 +105,20 @@ TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
       pending.DecrementCount();
     });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The signal goes once the server holds all of them (answered or in flight), however
+  // slowly a loaded machine delivers them.
+  const auto all_received = [&] {
+    const std::string text = FetchMetrics(metrics_port);
+    const double inflight =
+        SampleValue(text, "attnserve_inflight_requests{model=\"mha-base\"}");
+    const double answered =
+        SampleValue(text, "attnserve_requests_total{code=\"OK\",model=\"mha-base\"}");
+    return inflight + answered - 1 >= kInFlight;  // minus the warm-up call
+  };
+  for (int i = 0; i < 6000 && !all_received(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(all_received()) << FetchMetrics(metrics_port);
   server.Signal(SIGTERM);
 
   // New calls are refused once the drain has begun.
