@@ -9,6 +9,9 @@ namespace attnserve::server {
 
 namespace {
 
+// How far gRPC's deadline timer and absl::Now() may disagree (see TakeBatch).
+constexpr absl::Duration kDeadlineClockSlack = absl::Milliseconds(20);
+
 absl::Status CheckRange(absl::string_view name, int64_t value, int64_t low,
                         int64_t high) {
   if (value < low || value > high) {
@@ -152,14 +155,18 @@ std::optional<absl::Time> DynamicBatcher::TakeBatch(absl::Time now, Batch& batch
     const AttentionWork& work = *it->work;
     absl::Status drop;
     // The deadline is checked first: gRPC cancels a call when its deadline passes, and
-    // that is a deadline, not a caller's cancellation.
-    if (now >= work.deadline) {
+    // that is a deadline, not a caller's cancellation. gRPC's deadline timer runs on its
+    // own clock and a cancellation wakes this worker at once, so a call cancelled just
+    // before the deadline by this clock was cancelled by its deadline too.
+    const bool cancelled =
+        work.cancelled != nullptr && work.cancelled->load(std::memory_order_acquire);
+    if (now >= work.deadline ||
+        (cancelled && now >= work.deadline - kDeadlineClockSlack)) {
       drop = absl::DeadlineExceededError(absl::StrCat(
           "deadline passed after ", absl::FormatDuration(now - it->enqueue_time),
           " in the queue; the request was not computed"));
       ++stats_.dropped_deadline;
-    } else if (work.cancelled != nullptr &&
-               work.cancelled->load(std::memory_order_acquire)) {
+    } else if (cancelled) {
       drop = absl::CancelledError("the call was cancelled while queued");
       ++stats_.dropped_cancelled;
     }

@@ -204,6 +204,27 @@ TEST(DynamicBatcherTest, DropsCancelledRequestBeforeCompute) {
   EXPECT_EQ((*batcher)->stats().computed_requests, 0);
 }
 
+TEST(DynamicBatcherTest, CancellationJustBeforeTheDeadlineCountsAsDeadline) {
+  // gRPC cancels a call at its deadline by its own timer, which may run a little ahead
+  // of this clock: that drop is a deadline, not a caller's cancellation.
+  FakeClock clock;
+  DynamicBatcher::Options options = FakeTimeOptions(clock);
+  options.max_queue_delay = absl::Hours(1);
+  auto batcher = DynamicBatcher::Create(options, Factory());
+  ASSERT_TRUE(batcher.ok());
+  Results results(1);
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto work = Work(3);
+  work->cancelled = flag;
+  work->deadline = clock.Now() + absl::Milliseconds(5);
+  ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback()).ok());
+  flag->store(true);
+  (*batcher)->Wake();
+  results.Wait();
+  EXPECT_EQ(results.statuses()[0].code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*batcher)->stats().dropped_deadline, 1);
+}
+
 TEST(DynamicBatcherTest, RejectsWhenQueueIsFull) {
   FakeClock clock;
   DynamicBatcher::Options options = FakeTimeOptions(clock);
