@@ -4,21 +4,25 @@
 set -euo pipefail
 root="$1"
 shift
-mapfile -t runtime < <("${root}/deploy/install-deps.sh" --list-runtime)
+declare -A runtime
+while read -r package; do runtime["${package}"]=1; done \
+  < <("${root}/deploy/install-deps.sh" --list-runtime)
 missing=0
 checked=0
 for binary in "$@"; do
   while read -r library; do
     [[ -z "${library}" ]] && continue
-    package=$(dpkg -S "${library}" 2>/dev/null | head -1 | cut -d: -f1 || true)
+    package=$(dpkg -S "${library}" 2>/dev/null | awk -F: 'NR == 1 {print $1}' || true)
     if [[ -z "${package}" ]]; then
-      package=$(dpkg -S "$(readlink -f "${library}")" 2>/dev/null | head -1 | cut -d: -f1 || true)
+      package=$(dpkg -S "$(readlink -f "${library}")" 2>/dev/null | awk -F: 'NR == 1 {print $1}' || true)
     fi
     checked=$((checked + 1))
     if [[ -z "${package}" ]]; then
       echo "check_runtime_libs: ${binary}: ${library} belongs to no package" >&2
       missing=1
-    elif ! printf '%s\n' "${runtime[@]}" | grep -qx "${package}"; then
+    # A lookup, not `printf | grep -q`: under pipefail, grep exiting at its first match
+    # can kill printf with SIGPIPE and fail the pipeline (seen on a loaded machine).
+    elif [[ -z "${runtime[${package}]:-}" ]]; then
       echo "check_runtime_libs: ${binary}: ${library} comes from ${package}," \
         "which is not on the runtime list" >&2
       missing=1
