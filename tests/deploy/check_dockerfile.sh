@@ -26,7 +26,7 @@ expect '^USER [0-9]+$' "a numeric non-root USER"
 expect '^EXPOSE 50051 8080$' "EXPOSE 50051 8080"
 expect '^ENTRYPOINT \["attnserve"\]$' "ENTRYPOINT attnserve"
 # No RUN step may install packages by name outside the script.
-if grep -E '^RUN .*apt-get install' "${dockerfile}"; then
+if grep -E '^RUN .*apt-get[[:space:]]+install' "${dockerfile}"; then
   echo "check_dockerfile: install packages through deploy/install-deps.sh only" >&2
   status=1
 fi
