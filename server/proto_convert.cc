@@ -30,17 +30,11 @@ std::string ShapeText(const v1::Tensor& tensor) {
   return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
 }
 
-// a * b, or nullopt when the product overflows int64.
-std::optional<int64_t> CheckedMultiply(int64_t a, int64_t b) {
-  int64_t product;
-  if (__builtin_mul_overflow(a, b, &product)) return std::nullopt;
-  return product;
-}
-
+// The product of `factors`, or nullopt when it overflows int64.
 std::optional<int64_t> CheckedProduct(std::initializer_list<int64_t> factors) {
-  std::optional<int64_t> product = 1;
+  int64_t product = 1;
   for (int64_t factor : factors) {
-    if (product) product = CheckedMultiply(*product, factor);
+    if (__builtin_mul_overflow(product, factor, &product)) return std::nullopt;
   }
   return product;
 }

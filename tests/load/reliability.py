@@ -37,12 +37,10 @@ ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "268435456",
 
 def cpu_model():
     with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/cpuinfo") as f:
-        flags = next(line for line in f if line.startswith("flags")).split()
+        fields = {key.strip(): value.strip()
+                  for key, value in (line.split(":", 1) for line in f if ":" in line)}
+    name = fields["model name"]
+    flags = fields["flags"].split()
     isa = "avx512_bf16" if "avx512_bf16" in flags else (
         "avx512f" if "avx512f" in flags else ("avx2" if "avx2" in flags else "sse"))
     return f"{name} ({isa}), {os.cpu_count()} cores"
