@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "transport/transport.h"
 
 namespace attnserve::client {
 
@@ -48,6 +49,7 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
   }
   config += "}";
   arguments.SetServiceConfigJSON(config);
+  transport::ApplyTransportDefaults(arguments);
   for (const auto& [name, value] : options.grpc_arguments) arguments.SetInt(name, value);
   std::unique_ptr<AttentionClient> client(new AttentionClient());
   client->options_ = options;

@@ -23,6 +23,7 @@
 #include "client/attention_client.h"
 #include "client/bench_report.h"
 #include "client/load_generator.h"
+#include "transport/transport.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "gRPC target of the server.");
 ABSL_FLAG(std::string, lb, "pick_first", "pick_first or round_robin.");
@@ -221,5 +222,6 @@ int main(int argc, char** argv) {
       "  attnbench --rate=100,200,400 [--seq_len=16:512] [--json=F] [--csv=F] "
       "[--plot=F.svg]");
   absl::ParseCommandLine(argc, argv);
+  attnserve::transport::KeepAllocatorMemory();
   return Run();
 }

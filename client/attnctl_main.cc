@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "client/attention_client.h"
 #include "client/npy.h"
+#include "transport/transport.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target: host:port, dns:///name:port, ipv4:a:p,b:p, unix:path.");
@@ -249,6 +250,7 @@ int main(int argc, char** argv) {
   std::string problem;
   if (!CheckFlags(argc, argv, problem)) return Usage(problem);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  attnserve::transport::KeepAllocatorMemory();
   if (positional.size() < 2)
     return Usage("missing command: health, models, model or infer");
   const std::string command = positional[1];

@@ -9,6 +9,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "server/event_log.h"
+#include "transport/transport.h"
 
 namespace attnserve::server {
 
@@ -86,6 +87,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   grpc::ResourceQuota quota("attnserve");
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
   builder.SetResourceQuota(quota);
+  transport::ApplyTransportDefaults(builder);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options.max_concurrent_streams);
   if (options.max_connection_age > absl::ZeroDuration() &&

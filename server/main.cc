@@ -17,6 +17,7 @@
 #include "core/device.h"
 #include "server/attention_server.h"
 #include "server/event_log.h"
+#include "transport/transport.h"
 
 ABSL_FLAG(
     std::string, host, "0.0.0.0",
@@ -178,5 +179,6 @@ int main(int argc, char** argv) {
       "multi-head attention inference over gRPC.\n"
       "Usage: attnserve [--port=50051] [--model_repository=DIR] [batcher flags]");
   absl::ParseCommandLine(argc, argv);
+  attnserve::transport::KeepAllocatorMemory();
   return Run();
 }
