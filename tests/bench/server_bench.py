@@ -1,6 +1,8 @@
 #!/usr/bin/python3
-"""`make bench-server`: the server's speed against the core, a Python peer, itself
-without batching, its latency floor, and large messages. Not a test: it prints numbers.
+"""`make bench-server`: attnserve against its floors (a raw TCP echo and a bare gRPC echo
+of the same bytes, the core alone), a Python grpcio + torch peer, itself without batching,
+and large messages; then a table of issue 10's targets with PASS/FAIL. Not a test: it
+prints numbers measured side by side in one run. Medians (p50) unless a row says mean.
 
 Servers are pinned to core 0 with one compute thread and attnbench to core 1, so the
 client does not steal the server's core. Every run is bounded (attnbench stops steps
@@ -19,6 +21,9 @@ BUILD, ROOT = sys.argv[1], sys.argv[2]
 ATTNSERVE = os.path.join(BUILD, "server", "attnserve")
 ATTNBENCH = os.path.join(BUILD, "client", "attnbench")
 CORE_BENCH = os.path.join(BUILD, "tests", "bench", "core_bench")
+ECHO_BENCH = os.path.join(BUILD, "tests", "bench", "echo_bench")
+KEPT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
+               "MALLOC_TOP_PAD_": "16777216"}  # what transport::KeepAllocatorMemory sets
 SERVER_CORE, CLIENT_CORE = "0", "1"
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import stubs  # noqa: E402
@@ -30,8 +35,7 @@ def torch_env():
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OPENBLAS_L2_SIZE", None)
-    env["MALLOC_MMAP_THRESHOLD_"] = "67108864"
-    env["MALLOC_TRIM_THRESHOLD_"] = "134217728"
+    env.update(KEPT_MALLOC)
     env["OMP_NUM_THREADS"] = "1"
     return env
 
@@ -88,21 +92,149 @@ def line(step):
             f"p99 {lat['p99']:7.2f} ms")
 
 
+def echo(kind, size, tuned=True):
+    """p50/p99/mean ms of one echo of `size` bytes each way, server on core 0."""
+    flags = [] if tuned else ["--tuned=false"]
+    server = subprocess.Popen(["taskset", "-c", SERVER_CORE, ECHO_BENCH,
+                               f"--mode={kind}_server", *flags],
+                              stdout=subprocess.PIPE, text=True)
+    port = server.stdout.readline().split()[-1]
+    try:
+        out = subprocess.run(["taskset", "-c", CLIENT_CORE, ECHO_BENCH,
+                              f"--mode={kind}_client", f"--port={port}", f"--bytes={size}",
+                              "--seconds=3", *flags],
+                             check=True, capture_output=True, text=True, timeout=120).stdout
+    finally:
+        stop(server)
+    return json.loads(out)
+
+
+PYTHON_CLIENT = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+import grpc, numpy as np, stubs
+keep = stubs.generate_stubs(sys.argv[2].rsplit("/tests/", 1)[0])
+from attnserve.v1 import attention_pb2, attention_pb2_grpc, tensor_pb2
+channel = grpc.insecure_channel(sys.argv[1], options=[
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.experimental.tcp_read_chunk_size", 1 << 20)])
+stub = attention_pb2_grpc.AttentionServiceStub(channel)
+query = np.random.default_rng(0).standard_normal((128, 512), dtype=np.float32)
+request = attention_pb2.AttendRequest(query=tensor_pb2.Tensor(
+    dtype=tensor_pb2.DATA_TYPE_FP32, shape=[128, 512], raw=query.tobytes()))
+times = []
+end = time.monotonic() + 4
+while time.monotonic() < end:
+    start = time.perf_counter()
+    stub.Attend(request, timeout=30)
+    times.append((time.perf_counter() - start) * 1e3)
+times = sorted(times[len(times) // 5:])
+print(times[len(times) // 2])
+"""
+
+
+def python_client_p50(target):
+    env = dict(os.environ, **KEPT_MALLOC)
+    out = subprocess.run(["taskset", "-c", CLIENT_CORE, "/usr/bin/python3", "-c",
+                          PYTHON_CLIENT, target, os.path.join(ROOT, "tests", "e2e")],
+                         check=True, capture_output=True, text=True, env=env, timeout=120)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def rss_mib(process):
+    """The server's peak resident set (VmHWM) in MiB."""
+    with open(f"/proc/{process.pid}/status") as f:
+        for entry in f:
+            if entry.startswith("VmHWM:"):
+                return int(entry.split()[1]) / 1024
+    raise RuntimeError("no VmHWM")
+
+
+def isa():
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for entry in f:
+            if entry.startswith("flags"):
+                flags = set(entry.split(":", 1)[1].split())
+                break
+    model = next((entry.split(":", 1)[1].strip() for entry in open("/proc/cpuinfo")
+                  if entry.startswith("model name")), "?")
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+    return f"{model}; " + " ".join(f for f in wanted if f in flags)
+
+
 def main():
-    results = {}
-    # 1. Server vs core at saturating concurrency.
+    rows = []  # (measure, figure, target, passed)
+    print(f"CPU: {isa()}; server on core {SERVER_CORE}, client on core {CLIENT_CORE}",
+          flush=True)
+
+    # 0. Floors: the same 256 KiB each way over a raw socket and over bare gRPC.
+    kib256 = 128 * 512 * 4
+    tcp = echo("tcp", kib256)
+    grpc_default = echo("grpc", kib256, tuned=False)
+    grpc_tuned = echo("grpc", kib256)
+    print(f"0. echo of 256 KiB each way (p50 / p99):\n"
+          f"   raw TCP socket            {tcp['p50_ms']:.3f} / {tcp['p99_ms']:.3f} ms\n"
+          f"   gRPC, gRPC+glibc defaults {grpc_default['p50_ms']:.3f} / "
+          f"{grpc_default['p99_ms']:.3f} ms\n"
+          f"   gRPC, attnserve transport {grpc_tuned['p50_ms']:.3f} / "
+          f"{grpc_tuned['p99_ms']:.3f} ms", flush=True)
+
+    # 1. Latency floor at concurrency 1: where each millisecond goes.
     server, target, metrics = attnserve()
+    floor = bench(target, "--concurrency=1", "--seq_len=128", metrics_port=metrics)[0]
+    python_p50 = python_client_p50(target)
+    stop(server)
+    alone = core_ms(1)
+    p50 = floor["latency_ms"]["p50"]
+    in_server = floor["server"]["mean_queue_ms"] + floor["server"]["mean_compute_ms"]
+    print(f"1. concurrency 1, L=128, d=512 fp32 (256 KiB each way):\n"
+          f"   attnbench p50 {p50:.2f} ms = core alone {alone:.2f} + gRPC echo "
+          f"{grpc_tuned['p50_ms']:.2f} + serving {p50 - alone - grpc_tuned['p50_ms']:.2f} ms\n"
+          f"   server-side: queue {floor['server']['mean_queue_ms']:.3f} ms, compute "
+          f"{floor['server']['mean_compute_ms']:.2f} ms (mean)\n"
+          f"   Python grpcio client p50 {python_p50:.2f} ms "
+          f"(overhead beyond core {python_p50 - alone:.2f} ms)", flush=True)
+    rows.append(("p50 at c1, L=128", f"{p50:.2f} ms",
+                 f"<= echo {grpc_tuned['p50_ms']:.2f} + core {alone:.2f} + 0.15 ms",
+                 p50 <= grpc_tuned["p50_ms"] + alone + 0.15))
+    rows.append(("overhead beyond compute at c1", f"{p50 - in_server:.2f} ms", "<= 0.5 ms",
+                 p50 - in_server <= 0.5))
+
+    # 2. Server vs core at saturating concurrency; RSS under load.
+    server, target, metrics = attnserve("--max_queue_bytes=33554432")
     step = bench(target, "--concurrency=32", "--seq_len=128", metrics_port=metrics)[0]
     stop(server)
     batch = step["server"]["mean_batch_size"]
     nearest = min((1, 2, 4, 8, 16, 32), key=lambda b: abs(b - batch))
     core_rps = nearest / (core_ms(nearest) / 1e3)
-    print(f"1. server vs core (L=128, d=512, concurrency 32, 1 compute thread):\n"
+    ratio = step["requests_per_second"] / core_rps
+    print(f"2. server vs core (L=128, concurrency 32, 1 compute thread):\n"
           f"   server {line(step)}, mean batch {batch:.2f}\n"
-          f"   core at B={nearest}: {core_rps:.1f} req/s  ->  ratio "
-          f"{step['requests_per_second'] / core_rps:.2f} (target >= 0.85)", flush=True)
+          f"   core at B={nearest}: {core_rps:.1f} req/s  ->  ratio {ratio:.2f}", flush=True)
+    rows.append(("saturated c32 L=128 vs core alone", f"x{ratio:.2f}", ">= 0.95",
+                 ratio >= 0.95))
 
-    # 2. Server vs the Python peer, same pinning, same client.
+    # 3. Batching gain on short sequences, and RSS under c64 with a 32 MiB queue budget.
+    server, target, metrics = attnserve("--max_queue_bytes=33554432")
+    batched = bench(target, "--concurrency=64", "--seq_len=16", metrics_port=metrics)[0]
+    rss = rss_mib(server)
+    stop(server)
+    server, target, metrics = attnserve("--max_batch_size=1")
+    single = bench(target, "--concurrency=64", "--seq_len=16", metrics_port=metrics)[0]
+    stop(server)
+    gain = batched["requests_per_second"] / single["requests_per_second"]
+    print(f"3. batching gain (L=16, concurrency 64):\n"
+          f"   default      {line(batched)}  mean batch {batched['server']['mean_batch_size']:.1f}"
+          f"\n   batch size 1 {line(single)}\n   gain x{gain:.2f}; server peak RSS "
+          f"{rss:.0f} MiB", flush=True)
+    rows.append(("batching gain L=16 c64 vs batch 1", f"x{gain:.2f}", ">= 3", gain >= 3))
+    weights_mib = (4 * 512 * 512 + 4 * 512) * 4 / 2**20
+    budget = weights_mib + 32 + 64
+    rows.append(("server peak RSS under c64 (32 MiB queue)", f"{rss:.0f} MiB",
+                 f"<= weights {weights_mib:.0f} + queue 32 + 64 MiB", rss <= budget))
+
+    # 4. Server vs the Python peer, same pinning, same client, same allocator settings.
     peer = start(["/usr/bin/python3", os.path.join(ROOT, "tests/bench/python_peer_server.py"),
                   ROOT], env=torch_env())
     server, target, metrics = attnserve()
@@ -110,60 +242,46 @@ def main():
     theirs = bench(peer[1], "--concurrency=1,16", "--seq_len=128", model="torch-peer")
     stop(server)
     stop(peer[0])
-    print("2. attnserve vs Python grpcio + torch peer (L=128, 1 core each):")
+    print("4. attnserve vs Python grpcio + torch peer (L=128, 1 core each):")
     for a, b in zip(ours, theirs):
         print(f"   concurrency {a['level']:>4.0f}: attnserve {line(a)} | peer {line(b)} | "
               f"throughput x{a['requests_per_second'] / b['requests_per_second']:.2f}",
               flush=True)
+    a, b = ours[-1], theirs[-1]
+    peer_ratio = a["requests_per_second"] / b["requests_per_second"]
+    rows.append(("vs Python peer at c16", f"x{peer_ratio:.2f}, p99 {a['latency_ms']['p99']:.1f}"
+                 f" vs {b['latency_ms']['p99']:.1f} ms", ">= 1.5x, lower p99",
+                 peer_ratio >= 1.5 and a["latency_ms"]["p99"] < b["latency_ms"]["p99"]))
 
-    # 3. Batching gain on short sequences.
-    server, target, metrics = attnserve()
-    batched = bench(target, "--concurrency=64", "--seq_len=16", metrics_port=metrics)[0]
-    stop(server)
-    server, target, metrics = attnserve("--max_batch_size=1")
-    single = bench(target, "--concurrency=64", "--seq_len=16", metrics_port=metrics)[0]
-    stop(server)
-    print(f"3. batching gain (L=16, concurrency 64):\n"
-          f"   default      {line(batched)}  mean batch {batched['server']['mean_batch_size']:.1f}\n"
-          f"   batch size 1 {line(single)}\n"
-          f"   gain x{batched['requests_per_second'] / single['requests_per_second']:.2f}"
-          " (target >= 3)", flush=True)
-
-    # 4. Latency floor.
-    server, target, metrics = attnserve()
-    floor = bench(target, "--concurrency=1", "--seq_len=128", metrics_port=metrics)[0]
-    stop(server)
-    alone = core_ms(1)
-    print(f"4. latency floor (concurrency 1, L=128): p50 {floor['latency_ms']['p50']:.2f} ms, "
-          f"core alone {alone:.2f} ms, overhead {floor['latency_ms']['p50'] - alone:.2f} ms "
-          f"(target <= 0.4); server-side queue {floor['server']['mean_queue_ms']:.3f} ms, "
-          f"compute {floor['server']['mean_compute_ms']:.2f} ms", flush=True)
-
-    # 5. Large messages: d=1024, L=2048 (8 MiB each way); transport time = client
-    # latency minus the server's own request time.
+    # 5. Large messages: d=1024, L=2048 (8 MiB each way). Transport time = client mean
+    # minus the server's own request time; the echo shows the floor for the same bytes.
+    mib8 = 2048 * 1024 * 4
+    big_tcp, big_echo = echo("tcp", mib8), echo("grpc", mib8)
     repo = os.path.join(TMP.name, "models")
     os.makedirs(os.path.join(repo, "big"))
     with open(os.path.join(repo, "big", "config.pbtxt"), "w") as f:
         f.write("d_model: 1024\nnum_heads: 16\ngenerated_weights: true\nseed: 1\n")
-    megabytes = 2 * 2048 * 1024 * 4 / 1e6
-    print("5. large messages (L=2048, d=1024: 8.4 MB request + 8.4 MB response):")
-    for label, args in (("defaults", ""),
-                        ("max_frame_size 16 MiB + 8 MiB BDP-free window",
-                         "grpc.http2.max_frame_size=16777215,"
-                         "grpc.http2.lookahead_bytes=8388608,grpc.http2.bdp_probe=0")):
-        flags = [f"--model_repository={repo}"] + ([f"--grpc_args={args}"] if args else [])
-        server, target, metrics = attnserve(*flags)
-        client_flags = ["--concurrency=1", "--seq_len=2048", "--max_requests=6",
-                        "--window=4s", "--max_duration=12s"]
-        if args:
-            client_flags.append(f"--grpc_args={args}")
-        step = bench(target, *client_flags, metrics_port=metrics, model="big")[0]
-        stop(server)
-        server_ms = step["server"]["mean_queue_ms"] + step["server"]["mean_compute_ms"]
-        transport = step["latency_ms"]["mean"] - server_ms
-        print(f"   {label}: client mean {step['latency_ms']['mean']:.1f} ms, server "
-              f"{server_ms:.1f} ms, transport {transport:.1f} ms = "
-              f"{megabytes / (transport / 1e3):.0f} MB/s", flush=True)
+    server, target, metrics = attnserve(f"--model_repository={repo}")
+    step = bench(target, "--concurrency=1", "--seq_len=2048", "--max_requests=6", "--window=4s",
+                 "--max_duration=12s", metrics_port=metrics, model="big")[0]
+    stop(server)
+    server_ms = step["server"]["mean_queue_ms"] + step["server"]["mean_compute_ms"]
+    transport = step["latency_ms"]["mean"] - server_ms
+    each_way = mib8 / (transport / 2 / 1e3) / 1e9
+    print(f"5. large messages (L=2048, d=1024: 8 MiB request + 8 MiB response):\n"
+          f"   raw TCP echo {big_tcp['p50_ms']:.1f} ms, gRPC echo {big_echo['p50_ms']:.1f} ms"
+          f" ({mib8 / (big_echo['p50_ms'] / 2 / 1e3) / 1e9:.2f} GB/s each way)\n"
+          f"   attnserve: client mean {step['latency_ms']['mean']:.1f} ms, server "
+          f"{server_ms:.1f} ms, transport {transport:.1f} ms = {each_way:.2f} GB/s each way",
+          flush=True)
+    rows.append(("8 MiB request + 8 MiB response", f"{each_way:.2f} GB/s each way",
+                 ">= 1 GB/s", each_way >= 1.0))
+
+    print("\ntargets (issue 10), one run:")
+    width = max(len(r[0]) for r in rows)
+    for measure, figure, target_text, passed in rows:
+        print(f"  {measure:<{width}}  {figure:<28} target {target_text:<36} "
+              f"{'PASS' if passed else 'FAIL'}")
 
 
 if __name__ == "__main__":
