@@ -113,12 +113,14 @@ class StreamReactor final
         read_paused_ = true;
       }
     }
-    const v1::AttendRequest request = std::move(*request_.mutable_request());
+    // The work views the request's tensor bytes, so the answer callback owns the
+    // request until the batcher is done with it.
+    auto request =
+        std::make_shared<const v1::AttendRequest>(std::move(*request_.mutable_request()));
     request_.Clear();
     if (read_more) IssueRead();
-    const std::string request_id = request.request_id();
-    auto answer = [this, sequence, request_id](absl::Status status,
-                                               v1::AttendResponse response) {
+    auto answer = [this, sequence, request](absl::Status status,
+                                            v1::AttendResponse response) {
       v1::AttendStreamResponse message;
       if (status.ok()) {
         *message.mutable_response() = std::move(response);
@@ -126,11 +128,11 @@ class StreamReactor final
         v1::StreamError* error = message.mutable_error();
         error->set_code(static_cast<int>(status.code()));
         error->set_message(std::string(status.message()));
-        error->set_request_id(request_id);
+        error->set_request_id(request->request_id());
       }
       Complete(sequence, std::move(message));
     };
-    service_->Submit(request, DeadlineOf(context_), cancelled_, std::move(answer));
+    service_->Submit(*request, DeadlineOf(context_), cancelled_, std::move(answer));
   }
 
   void OnWriteDone(bool ok) override {

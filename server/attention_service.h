@@ -76,7 +76,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
 
   // Validates `request` and enqueues it; `done` gets the status and, when OK, the
   // filled response; it runs on a batcher thread, or inline when the request is
-  // rejected before queueing. `cancelled` may be null.
+  // rejected before queueing. `cancelled` may be null. `request` must stay alive until
+  // `done` has run: the queued work reads its tensor bytes in place.
   void Submit(const v1::AttendRequest& request, absl::Time deadline,
               std::shared_ptr<const std::atomic<bool>> cancelled,
               std::function<void(absl::Status, v1::AttendResponse)> done);

@@ -1,9 +1,12 @@
 #include "server/dynamic_batcher.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
 
 namespace attnserve::server {
 
@@ -28,6 +31,53 @@ bool SameSettings(const AttentionWork& a, const AttentionWork& b) {
 }
 
 }  // namespace
+
+InputTensor InputTensor::FromFloats(absl::Span<const float> values) {
+  InputTensor tensor;
+  tensor.owned_.assign(reinterpret_cast<const char*>(values.data()),
+                       values.size() * sizeof(float));
+  tensor.bytes_ = tensor.owned_;
+  return tensor;
+}
+
+InputTensor& InputTensor::operator=(InputTensor&& other) noexcept {
+  if (this == &other) return *this;
+  bf16_ = other.bf16_;
+  const bool owning = !other.owned_.empty() && other.bytes_.data() == other.owned_.data();
+  owned_ = std::move(other.owned_);
+  // A moved string may have new storage (short strings live inside the object).
+  bytes_ = owning ? absl::string_view(owned_) : other.bytes_;
+  other.bytes_ = {};
+  return *this;
+}
+
+void InputTensor::CopyTo(float* out) const {
+  const int64_t count = elements();
+  if (!bf16_) {
+    std::memcpy(out, bytes_.data(), static_cast<size_t>(count) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes_.data() + 2 * i, 2);
+    out[i] = core::Bf16ToFloat(bits);
+  }
+}
+
+absl::Span<const float> InputTensor::InPlace() const {
+  if (bf16_ || reinterpret_cast<uintptr_t>(bytes_.data()) % alignof(float) != 0)
+    return {};
+  return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes_.data()),
+                             static_cast<size_t>(elements()));
+}
+
+absl::Span<float> AttentionWork::output_values() {
+  return absl::MakeSpan(reinterpret_cast<float*>(output.data()), output.size() / 4);
+}
+
+absl::Span<float> AttentionWork::attention_values() {
+  return absl::MakeSpan(reinterpret_cast<float*>(attention.data()), attention.size() / 4);
+}
 
 int64_t AttentionWork::tokens() const {
   int64_t total = 0;
@@ -258,52 +308,76 @@ void DynamicBatcher::RunBatch(core::MultiHeadAttention* attention, Batch& batch)
   const int batch_size = static_cast<int>(batch.requests.size());
   const AttentionWork& first = *batch.requests.front().work;
   const int64_t heads = attention->spec().num_heads;
+  const int64_t d_model = attention->spec().d_model;
 
-  // A lone request is computed straight from and into its own buffers; a batch is
-  // packed end to end (the core needs one contiguous input).
-  std::vector<float> query, memory, output, weights;
+  // Each input is read once: a lone float32 request is computed straight from its
+  // message's bytes and into its own result buffers; otherwise the inputs are copied
+  // (or widened from bf16) into one packed buffer, never zero-filled first, and the
+  // packed results are copied once into each request's result buffers.
   std::vector<int64_t> query_lengths, memory_lengths;
-  const bool single = batch_size == 1;
-  int64_t tokens = 0;
+  int64_t tokens = 0, memory_tokens = 0, weights_size = 0;
   for (Pending& pending : batch.requests) {
     AttentionWork& work = *pending.work;
     work.queue_time = start - pending.enqueue_time;
     work.batch_size = batch_size;
     tokens += work.tokens();
-    work.output.resize(work.query.size());
+    memory_tokens += work.memory.elements() / d_model;
+    work.output.resize(static_cast<size_t>(work.query.elements()) * sizeof(float));
     if (work.return_attention) {
-      work.attention.resize(core::MultiHeadAttention::AttentionWeightsSize(
-          heads, work.query_lengths, work.memory_lengths));
+      const int64_t size = core::MultiHeadAttention::AttentionWeightsSize(
+          heads, work.query_lengths, work.memory_lengths);
+      work.attention.resize(static_cast<size_t>(size) * sizeof(float));
+      weights_size += size;
     }
     if (options_.observer.on_dequeue) options_.observer.on_dequeue(work.queue_time);
-    if (single) break;
-    query.insert(query.end(), work.query.begin(), work.query.end());
-    memory.insert(memory.end(), work.memory.begin(), work.memory.end());
     query_lengths.insert(query_lengths.end(), work.query_lengths.begin(),
                          work.query_lengths.end());
     memory_lengths.insert(memory_lengths.end(), work.memory_lengths.begin(),
                           work.memory_lengths.end());
   }
 
-  core::AttentionBatch packed;
+  core::AttentionBatch packed{{}, query_lengths, {}, memory_lengths};
   core::AttentionOptions attention_options;
   attention_options.causal = first.causal;
   attention_options.head_mask = first.head_mask;
   absl::Span<float> output_span, weights_span;
-  if (single) {
+  std::unique_ptr<float[]> query, memory, output, weights;  // packed; not zero-filled
+  const auto pack = [](const InputTensor& input, std::unique_ptr<float[]>& buffer) {
+    buffer.reset(new float[static_cast<size_t>(input.elements())]);
+    input.CopyTo(buffer.get());
+    return absl::MakeConstSpan(buffer.get(), static_cast<size_t>(input.elements()));
+  };
+  if (batch_size == 1) {
     AttentionWork& work = *batch.requests.front().work;
-    packed = {work.query, work.query_lengths, work.memory, work.memory_lengths};
-    output_span = absl::MakeSpan(work.output);
-    weights_span = absl::MakeSpan(work.attention);
-  } else {
-    output.resize(query.size());
-    if (first.return_attention) {
-      weights.resize(core::MultiHeadAttention::AttentionWeightsSize(heads, query_lengths,
-                                                                    memory_lengths));
+    packed.query = work.query.InPlace();
+    if (packed.query.empty()) packed.query = pack(work.query, query);
+    packed.memory = work.memory.InPlace();
+    if (packed.memory.empty() && !work.memory.empty()) {
+      packed.memory = pack(work.memory, memory);
     }
-    packed = {query, query_lengths, memory, memory_lengths};
-    output_span = absl::MakeSpan(output);
-    weights_span = absl::MakeSpan(weights);
+    output_span = work.output_values();
+    weights_span = work.attention_values();
+  } else {
+    query.reset(new float[static_cast<size_t>(tokens * d_model)]);
+    if (memory_tokens > 0) {
+      memory.reset(new float[static_cast<size_t>(memory_tokens * d_model)]);
+    }
+    int64_t query_offset = 0, memory_offset = 0;
+    for (Pending& pending : batch.requests) {
+      const AttentionWork& work = *pending.work;
+      work.query.CopyTo(query.get() + query_offset);
+      query_offset += work.query.elements();
+      if (!work.memory.empty()) work.memory.CopyTo(memory.get() + memory_offset);
+      memory_offset += work.memory.elements();
+    }
+    packed.query = absl::MakeConstSpan(query.get(), static_cast<size_t>(query_offset));
+    packed.memory = absl::MakeConstSpan(memory.get(), static_cast<size_t>(memory_offset));
+    output.reset(new float[static_cast<size_t>(query_offset)]);
+    output_span = absl::MakeSpan(output.get(), static_cast<size_t>(query_offset));
+    if (weights_size > 0) {
+      weights.reset(new float[static_cast<size_t>(weights_size)]);
+      weights_span = absl::MakeSpan(weights.get(), static_cast<size_t>(weights_size));
+    }
   }
   const absl::Time compute_start = absl::Now();
   const absl::Status status =
@@ -327,14 +401,15 @@ void DynamicBatcher::RunBatch(core::MultiHeadAttention* attention, Batch& batch)
   for (Pending& pending : batch.requests) {
     AttentionWork& work = *pending.work;
     work.compute_time = compute_time;
-    if (status.ok() && !single) {
-      std::copy_n(output.begin() + output_offset, work.output.size(),
-                  work.output.begin());
-      std::copy_n(weights.begin() + weights_offset, work.attention.size(),
-                  work.attention.begin());
+    if (status.ok() && batch_size > 1) {
+      std::memcpy(work.output.data(), output.get() + output_offset, work.output.size());
+      if (!work.attention.empty()) {
+        std::memcpy(work.attention.data(), weights.get() + weights_offset,
+                    work.attention.size());
+      }
     }
-    output_offset += static_cast<int64_t>(work.output.size());
-    weights_offset += static_cast<int64_t>(work.attention.size());
+    output_offset += static_cast<int64_t>(work.output.size() / sizeof(float));
+    weights_offset += static_cast<int64_t>(work.attention.size() / sizeof(float));
     Answer(pending, status);
   }
 }

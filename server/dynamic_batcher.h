@@ -9,25 +9,60 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/multi_head_attention.h"
 #include "server/clock.h"
 
 namespace attnserve::server {
 
+// A request tensor's values as they arrived: little-endian float32 or bfloat16 bytes,
+// already validated (shape and finiteness). They are read once, by the batcher: the core
+// uses float32 bytes in place when a request runs alone; otherwise they are copied (or
+// widened, for bf16) straight into the batch's packed buffer.
+class InputTensor {
+ public:
+  InputTensor() = default;
+  // Views `bytes`, which must outlive this tensor (the server views the request message,
+  // which lives until the call's answer is sent).
+  InputTensor(absl::string_view bytes, bool bf16) : bytes_(bytes), bf16_(bf16) {}
+  // Owns a copy of `values` (tests, tools).
+  static InputTensor FromFloats(absl::Span<const float> values);
+  InputTensor(const InputTensor&) = delete;
+  InputTensor& operator=(const InputTensor&) = delete;
+  InputTensor(InputTensor&& other) noexcept { *this = std::move(other); }
+  InputTensor& operator=(InputTensor&& other) noexcept;
+
+  int64_t elements() const {
+    return static_cast<int64_t>(bytes_.size()) / (bf16_ ? 2 : 4);
+  }
+  bool empty() const { return bytes_.empty(); }
+  // Writes elements() float32 values to `out`: one copy, or one widening for bf16.
+  void CopyTo(float* out) const;
+  // The values as float32 without a copy: float32 bytes aligned to 4; else empty.
+  absl::Span<const float> InPlace() const;
+
+ private:
+  absl::string_view bytes_;
+  bool bf16_ = false;
+  std::string owned_;  // FromFloats only; bytes_ views it
+};
+
 // One request's work: validated inputs in, results out. Owned by the batcher from
 // Enqueue until its callback, which receives it back.
 struct AttentionWork {
-  // Inputs (float32, already validated against the model).
-  std::vector<float> query;             // [sum(query_lengths), d_model]
+  // Inputs, already validated against the model.
+  InputTensor query;                    // [sum(query_lengths), d_model]
   std::vector<int64_t> query_lengths;   // n sequences
-  std::vector<float> memory;            // cross-attention: [sum(memory_lengths), d]
+  InputTensor memory;                   // cross-attention: [sum(memory_lengths), d]
   std::vector<int64_t> memory_lengths;  // empty for self-attention
   bool causal = false;
   std::vector<float> head_mask;  // empty or num_heads factors
@@ -42,14 +77,19 @@ struct AttentionWork {
   // results), counted against Options::max_queue_bytes. Set at validation.
   int64_t reserved_bytes = 0;
 
-  // Results, filled in before the callback.
-  std::vector<float> output;     // [sum(query_lengths), d_model]
-  std::vector<float> attention;  // per sequence [h, L_q, L_k], when asked
+  // Results, filled in before the callback: float32 bytes, so that a float32 answer
+  // moves into the response message without another copy.
+  std::string output;     // [sum(query_lengths), d_model]
+  std::string attention;  // per sequence [h, L_q, L_k], when asked
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;
 
   int64_t tokens() const;
+  int64_t output_elements() const { return static_cast<int64_t>(output.size()) / 4; }
+  // The results as float32 values (views of `output` / `attention`).
+  absl::Span<float> output_values();
+  absl::Span<float> attention_values();
 };
 
 // Called exactly once per enqueued request, on a batcher worker thread, with OK and the

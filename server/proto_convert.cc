@@ -92,30 +92,52 @@ absl::StatusOr<TensorLayout> CheckSequences(const v1::Tensor& tensor,
   return layout;
 }
 
-// Appends `tensor`'s values (already checked by CheckSequences) as float32 to `values`.
-absl::Status ReadValues(const v1::Tensor& tensor, absl::string_view field,
-                        const TensorLayout& layout, std::vector<float>& values) {
-  const int64_t elements = layout.elements;
-  const size_t offset = values.size();
-  values.resize(offset + elements);
-  float* out = values.data() + offset;
+// Checks that `tensor`'s values (sizes already checked by CheckSequences) are finite,
+// reading the bytes in place: an exponent of all ones is an infinity or a NaN.
+absl::Status CheckFinite(const v1::Tensor& tensor, absl::string_view field,
+                         const TensorLayout& layout) {
   const char* raw = tensor.raw().data();
-  if (tensor.dtype() == v1::DATA_TYPE_FP32) {
-    std::memcpy(out, raw, elements * sizeof(float));
+  const bool bf16 = tensor.dtype() == v1::DATA_TYPE_BF16;
+  const auto first_bad = [&]() -> int64_t {
+    if (bf16) {
+      for (int64_t i = 0; i < layout.elements; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, raw + 2 * i, 2);
+        if ((bits & 0x7f80u) == 0x7f80u) return i;
+      }
+      return -1;
+    }
+    // Branch-free over blocks so that the compiler vectorizes the common, clean case.
+    constexpr int64_t kBlock = 1024;
+    for (int64_t begin = 0; begin < layout.elements; begin += kBlock) {
+      const int64_t end = std::min(layout.elements, begin + kBlock);
+      uint32_t bad = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, raw + 4 * i, 4);
+        bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      }
+      if (bad == 0) continue;
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, raw + 4 * i, 4);
+        if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+      }
+    }
+    return -1;
+  };
+  const int64_t bad = first_bad();
+  if (bad < 0) return absl::OkStatus();
+  float value;
+  if (bf16) {
+    uint16_t bits;
+    std::memcpy(&bits, raw + 2 * bad, 2);
+    value = core::Bf16ToFloat(bits);
   } else {
-    for (int64_t i = 0; i < elements; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, raw + 2 * i, 2);
-      out[i] = core::Bf16ToFloat(bits);
-    }
+    std::memcpy(&value, raw + 4 * bad, 4);
   }
-  for (int64_t i = 0; i < elements; ++i) {
-    if (!std::isfinite(out[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " must hold finite values; element ", i, " is ", out[i]));
-    }
-  }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " must hold finite values; element ", bad, " is ", value));
 }
 
 // The bytes a request's answer and its work will take, from its validated shapes.
@@ -218,12 +240,17 @@ absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
   absl::StatusOr<int64_t> work_bytes = AdmitSizes(request, spec, *query, memory, limits);
   if (!work_bytes.ok()) return work_bytes.status();
 
+  ATTN_RETURN_IF_ERROR(CheckFinite(request.query(), "query", *query));
+  if (memory) ATTN_RETURN_IF_ERROR(CheckFinite(request.memory(), "memory", *memory));
+
   auto work = std::make_unique<AttentionWork>();
   work->reserved_bytes = *work_bytes;
-  ATTN_RETURN_IF_ERROR(ReadValues(request.query(), "query", *query, work->query));
+  work->query =
+      InputTensor(request.query().raw(), request.query().dtype() == v1::DATA_TYPE_BF16);
   work->query_lengths.assign(query->count, query->length);
   if (memory) {
-    ATTN_RETURN_IF_ERROR(ReadValues(request.memory(), "memory", *memory, work->memory));
+    work->memory = InputTensor(request.memory().raw(),
+                               request.memory().dtype() == v1::DATA_TYPE_BF16);
     work->memory_lengths.assign(memory->count, memory->length);
   }
   work->head_mask.assign(request.head_mask().begin(), request.head_mask().end());
@@ -241,22 +268,22 @@ ReplyFormat ReplyFormatOf(const v1::AttendRequest& request) {
   return format;
 }
 
-void FillResponse(const ReplyFormat& format, const AttentionWork& work,
+void FillResponse(const ReplyFormat& format, AttentionWork& work,
                   const std::string& model_name, int64_t num_heads,
                   v1::AttendResponse* response) {
   v1::Tensor* output = response->mutable_output();
   output->set_dtype(format.dtype);
   output->mutable_shape()->Add(format.shape.begin(), format.shape.end());
-  std::string* raw = output->mutable_raw();
   if (format.dtype == v1::DATA_TYPE_BF16) {
-    raw->resize(work.output.size() * 2);
-    for (size_t i = 0; i < work.output.size(); ++i) {
-      const uint16_t bits = core::FloatToBf16(work.output[i]);
+    const absl::Span<const float> values = work.output_values();
+    std::string* raw = output->mutable_raw();
+    raw->resize(values.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t bits = core::FloatToBf16(values[i]);
       std::memcpy(raw->data() + 2 * i, &bits, 2);
     }
   } else {
-    raw->assign(reinterpret_cast<const char*>(work.output.data()),
-                work.output.size() * sizeof(float));
+    output->set_raw(std::move(work.output));  // the bytes move; nothing is copied
   }
   if (format.return_attention) {
     v1::Tensor* attention = response->mutable_attention();
@@ -268,8 +295,7 @@ void FillResponse(const ReplyFormat& format, const AttentionWork& work,
     attention->add_shape(num_heads);
     attention->add_shape(work.query_lengths.front());
     attention->add_shape(key_length);
-    attention->set_raw(reinterpret_cast<const char*>(work.attention.data()),
-                       work.attention.size() * sizeof(float));
+    attention->set_raw(std::move(work.attention));
   }
   response->set_model(model_name);
   response->set_request_id(format.request_id);

@@ -33,15 +33,17 @@ struct AdmissionLimits {
   int64_t max_work_bytes = int64_t{1} << 30;
 };
 
-// Checks `request` against the model (`spec`) and `limits`, then converts its tensors
-// to float32. Shapes and sizes are checked (with overflow-checked 64-bit products)
-// before any value is copied. InvalidArgument naming the field and the expected value
-// for: a missing query, an unsupported dtype, rank not 2 or 3, a dimension < 1, last
-// dimension != d_model, a sequence longer than max_sequence_length, a raw byte count
-// that does not match the shape, a response larger than max_response_bytes, working
-// memory larger than max_work_bytes, a non-finite value, a memory whose rank or count
-// does not match the query, causal with memory, a head_mask of the wrong length or out
-// of [0, 1], an over-long request_id. The work's reserved_bytes is set.
+// Checks `request` against the model (`spec`) and `limits` and returns its work, whose
+// inputs VIEW the request's tensor bytes: `request` must outlive the work (nothing is
+// copied here; the batcher reads the bytes once). Shapes and sizes are checked (with
+// overflow-checked 64-bit products) before any value is read. InvalidArgument naming the
+// field and the expected value for: a missing query, an unsupported dtype, rank not 2 or
+// 3, a dimension < 1, last dimension != d_model, a sequence longer than
+// max_sequence_length, a raw byte count that does not match the shape, a response larger
+// than max_response_bytes, working memory larger than max_work_bytes, a non-finite value,
+// a memory whose rank or count does not match the query, causal with memory, a head_mask
+// of the wrong length or out of [0, 1], an over-long request_id. The work's
+// reserved_bytes is set.
 absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
     const v1::AttendRequest& request, const core::ModelSpec& spec,
     const AdmissionLimits& limits);
@@ -55,9 +57,10 @@ struct ReplyFormat {
 };
 ReplyFormat ReplyFormatOf(const v1::AttendRequest& request);
 
-// Writes `work`'s results into `response`: output with the query's shape and dtype,
+// Moves `work`'s results into `response` (float32 bytes move without a copy; bf16 is
+// narrowed once): output with the query's shape and dtype,
 // attention weights (float32, [h, L, L_k] or [n, h, L, L_k]) when asked, timings.
-void FillResponse(const ReplyFormat& format, const AttentionWork& work,
+void FillResponse(const ReplyFormat& format, AttentionWork& work,
                   const std::string& model_name, int64_t num_heads,
                   v1::AttendResponse* response);
 

@@ -1,8 +1,10 @@
 // libFuzzer target: wire bytes -> AttendRequest -> validated AttentionWork, the path
 // every request takes before it is queued. Any input must give a Status, never a crash,
 // an overflow or a read out of bounds.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
@@ -31,8 +33,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // What was admitted is consistent with its own shapes.
     int64_t tokens = 0;
     for (int64_t length : (*work)->query_lengths) tokens += length;
-    if (static_cast<int64_t>((*work)->query.size()) != tokens * spec.d_model)
-      __builtin_trap();
+    if ((*work)->query.elements() != tokens * spec.d_model) __builtin_trap();
+    // The batcher reads every admitted byte (ASan checks the views stay inside it).
+    std::vector<float> values(static_cast<size_t>((*work)->query.elements()));
+    (*work)->query.CopyTo(values.data());
+    for (float value : values) {
+      if (!std::isfinite(value)) __builtin_trap();  // finiteness was checked
+    }
     if ((*work)->reserved_bytes > limits.max_work_bytes) __builtin_trap();
   }
   return 0;

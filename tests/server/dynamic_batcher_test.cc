@@ -1,10 +1,13 @@
 #include "server/dynamic_batcher.h"
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "core/attention_weights.h"
+#include "core/bfloat16.h"
 #include "core/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -29,7 +32,7 @@ std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()> Facto
 
 std::unique_ptr<AttentionWork> Work(int64_t length, float fill = 0.5f) {
   auto work = std::make_unique<AttentionWork>();
-  work->query.assign(length * kDModel, fill);
+  work->query = InputTensor::FromFloats(std::vector<float>(length * kDModel, fill));
   work->query_lengths = {length};
   return work;
 }
@@ -146,23 +149,88 @@ TEST(DynamicBatcherTest, PackedResultsMatchEachRequestAlone) {
   ASSERT_TRUE(alone.ok());
   Results results(3);
   const std::vector<int64_t> lengths = {1, 7, 4};
+  std::map<int64_t, std::vector<float>> inputs;  // by length (each length once)
   for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<float>& values = inputs[lengths[i]];
+    values.resize(lengths[i] * kDModel);
+    for (size_t j = 0; j < values.size(); ++j) values[j] = 0.01f * (i + 1) * (j % 13);
     auto work = Work(lengths[i]);
-    for (size_t j = 0; j < work->query.size(); ++j)
-      work->query[j] = 0.01f * (i + 1) * (j % 13);
+    work->query = InputTensor::FromFloats(values);
     ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback()).ok());
   }
   clock.Advance(absl::Milliseconds(10));
   results.Wait();
   for (const auto& work : results.works()) {
-    std::vector<float> expected(work->query.size());
-    ASSERT_TRUE(
-        (*alone)
-            ->Forward({work->query, work->query_lengths}, {}, absl::MakeSpan(expected))
-            .ok());
-    ASSERT_EQ(work->output.size(), expected.size());
+    const std::vector<float>& query = inputs.at(work->query_lengths.front());
+    std::vector<float> expected(query.size());
+    ASSERT_TRUE((*alone)
+                    ->Forward({query, work->query_lengths}, {}, absl::MakeSpan(expected))
+                    .ok());
+    const absl::Span<const float> output = work->output_values();
+    ASSERT_EQ(output.size(), expected.size());
     for (size_t j = 0; j < expected.size(); ++j) {
-      EXPECT_NEAR(work->output[j], expected[j], 1e-6);
+      EXPECT_NEAR(output[j], expected[j], 1e-6);
+    }
+  }
+}
+
+// Cross-attention with weights, inputs in float32 and bf16 in one batch: each input is
+// packed once from its own bytes (bf16 widened), and every result lands in its request.
+TEST(DynamicBatcherTest, MixedDtypeCrossAttentionBatchMatchesEachRequestAlone) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  ASSERT_TRUE(batcher.ok());
+  auto alone = Factory()();
+  ASSERT_TRUE(alone.ok());
+  const std::vector<int64_t> lengths = {3, 6, 2}, memory_lengths = {5, 1, 4};
+  std::map<int64_t, std::vector<float>> queries, memories;  // float32 values, by length
+  std::vector<std::string> bf16_bytes(lengths.size());      // outlive the batch
+  Results results(3);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<float>& query = queries[lengths[i]];
+    std::vector<float>& memory = memories[lengths[i]];
+    query.resize(lengths[i] * kDModel);
+    memory.resize(memory_lengths[i] * kDModel);
+    for (size_t j = 0; j < query.size(); ++j)
+      query[j] = 0.02f * ((j * (i + 3)) % 17) - 0.1f;
+    for (size_t j = 0; j < memory.size(); ++j) memory[j] = 0.03f * ((j * (i + 5)) % 11);
+    auto work = std::make_unique<AttentionWork>();
+    if (i == 1) {  // bf16 on the wire: the reference gets the widened values
+      for (float& value : query) {
+        const uint16_t bits = core::FloatToBf16(value);
+        value = core::Bf16ToFloat(bits);
+        bf16_bytes[i].append(reinterpret_cast<const char*>(&bits), 2);
+      }
+      work->query = InputTensor(bf16_bytes[i], /*bf16=*/true);
+    } else {
+      work->query = InputTensor::FromFloats(query);
+    }
+    work->query_lengths = {lengths[i]};
+    work->memory = InputTensor::FromFloats(memory);
+    work->memory_lengths = {memory_lengths[i]};
+    work->return_attention = true;
+    ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback()).ok());
+  }
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  EXPECT_EQ((*batcher)->stats().batches, 1);
+  for (const auto& work : results.works()) {
+    const std::vector<float>& query = queries.at(work->query_lengths.front());
+    const std::vector<float>& memory = memories.at(work->query_lengths.front());
+    std::vector<float> output(query.size());
+    std::vector<float> weights(core::MultiHeadAttention::AttentionWeightsSize(
+        (*alone)->spec().num_heads, work->query_lengths, work->memory_lengths));
+    ASSERT_TRUE((*alone)
+                    ->Forward({query, work->query_lengths, memory, work->memory_lengths},
+                              {}, absl::MakeSpan(output), absl::MakeSpan(weights))
+                    .ok());
+    ASSERT_EQ(work->output_values().size(), output.size());
+    ASSERT_EQ(work->attention_values().size(), weights.size());
+    for (size_t j = 0; j < output.size(); ++j) {
+      EXPECT_NEAR(work->output_values()[j], output[j], 1e-6);
+    }
+    for (size_t j = 0; j < weights.size(); ++j) {
+      EXPECT_NEAR(work->attention_values()[j], weights[j], 1e-6);
     }
   }
 }
