@@ -10,10 +10,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "client/attention_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -137,6 +139,70 @@ TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
   const std::string log = server.Stderr();
   EXPECT_THAT(log, HasSubstr("event=signal signal=SIGTERM"));
   EXPECT_THAT(log, HasSubstr("event=shutdown_finished"));
+}
+
+// A replica killed with SIGKILL (the OOM killer, a node failure) answers nothing more:
+// its callers get UNAVAILABLE at once, never a hang, and the same client carries on once
+// a new process listens on the port again.
+TEST(ServerProcessTest, SigkillFailsInFlightCallsAndTheClientRecoversAfterRestart) {
+  const std::vector<std::string> flags = {"--host=127.0.0.1", "--metrics_port=-1",
+                                          "--instances=1", "--max_batch_size=4"};
+  std::vector<std::string> first_flags = flags;
+  first_flags.push_back("--port=0");
+  auto first = std::make_unique<ServerProcess>(ATTNSERVE_BINARY, first_flags,
+                                               StderrPath("sigkill-first"));
+  const int port = first->ReadPort();
+  ASSERT_GT(port, 0) << first->Stderr();
+  auto client = Connect(port);
+  ASSERT_TRUE(client->Attend(Request(8)).ok());
+
+  // Calls of 512 tokens: several seconds of compute in all, so the kill lands mid-work.
+  constexpr int kInFlight = 24;
+  std::vector<absl::Status> results;
+  absl::Mutex results_mu;
+  absl::BlockingCounter pending(kInFlight);
+  absl::Notification first_answered;
+  for (int i = 0; i < kInFlight; ++i) {
+    client->AttendAsync(Request(512), absl::Seconds(120), [&](auto response) {
+      {
+        absl::MutexLock lock(&results_mu);
+        results.push_back(response.status());
+      }
+      if (response.ok() && !first_answered.HasBeenNotified()) first_answered.Notify();
+      pending.DecrementCount();
+    });
+  }
+  first_answered.WaitForNotification();  // the server is busy computing the rest
+  first->Signal(SIGKILL);
+  EXPECT_EQ(first->Wait(), 128 + SIGKILL);
+  pending.Wait();  // every call ends: none hangs on a dead connection
+  int ok = 0;
+  for (const absl::Status& status : results) {
+    if (status.ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_LT(ok, kInFlight);
+
+  std::vector<std::string> second_flags = flags;
+  second_flags.push_back(absl::StrCat("--port=", port));
+  ServerProcess second(ATTNSERVE_BINARY, second_flags, StderrPath("sigkill-second"));
+  ASSERT_EQ(second.ReadPort(), port) << second.Stderr();
+  // The channel reconnects on its own backoff; the new process answers the same client.
+  absl::Status recovered = absl::UnavailableError("not tried");
+  for (int attempt = 0; attempt < 300 && !recovered.ok(); ++attempt) {
+    recovered = client->Attend(Request(8), absl::Seconds(10)).status();
+    if (!recovered.ok()) {
+      EXPECT_EQ(recovered.code(), absl::StatusCode::kUnavailable) << recovered;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  EXPECT_TRUE(recovered.ok()) << recovered;
+  second.Signal(SIGTERM);
+  EXPECT_EQ(second.Wait(), 0) << second.Stderr();
 }
 
 TEST(ServerProcessTest, BadModelRepositoryFailsStartupNamingTheFile) {
