@@ -299,7 +299,13 @@ ServerSide ServerDelta(const std::string& before, const std::string& after) {
   if (batches > 0) {
     server.mean_compute_ms =
         delta("attnserve_compute_duration_seconds_sum") / batches * 1e3;
-    server.mean_batch_size = delta("attnserve_batch_size_sum") / batches;
+  }
+  // Sum and count of one histogram: the server observes each batch's size and compute
+  // time in two histograms, one after the other, so a scrape between the two would skew a
+  // ratio taken across them (seen as a mean batch size of 0.9985 with batches of 1).
+  const double sized_batches = delta("attnserve_batch_size_count");
+  if (sized_batches > 0) {
+    server.mean_batch_size = delta("attnserve_batch_size_sum") / sized_batches;
   }
   return server;
 }
