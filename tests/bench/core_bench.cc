@@ -79,10 +79,12 @@ BENCHMARK(BM_MultiHeadAttention)
     ->MinTime(0.5);
 
 // What the server's batches cost in the core alone: B single sequences of L=128,
-// d=512, 1 thread (make bench-server divides the server's throughput by this).
+// d=512, 1 thread (make bench-server divides the server's throughput by this), and L=16
+// at B=1 and B=32 (the core's own batching gain, the ceiling of the server's).
 void ServerShapes(benchmark::internal::Benchmark* bench) {
   bench->ArgNames({"B", "L", "d", "h", "threads"});
   for (int64_t batch : {1, 2, 4, 8, 16, 32}) bench->Args({batch, 128, 512, 8, 1});
+  for (int64_t batch : {1, 32}) bench->Args({batch, 16, 512, 8, 1});
 }
 BENCHMARK(BM_MultiHeadAttention)
     ->Name("BM_ServerShapes")

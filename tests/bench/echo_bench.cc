@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "echo.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "transport/transport.h"
@@ -33,6 +35,10 @@ ABSL_FLAG(int64_t, bytes, 256 << 10, "Payload bytes each way.");
 ABSL_FLAG(
     bool, tuned, true,
     "Apply attnserve's allocator and channel settings; false shows gRPC's defaults.");
+ABSL_FLAG(
+    int, concurrency, 1,
+    "grpc_client: calls in flight (callback API); above 1 it prints throughput, the "
+    "most echoes one server core can answer.");
 ABSL_FLAG(double, seconds, 3, "Client: how long to measure (after 0.5 s of warm-up).");
 
 namespace {
@@ -90,6 +96,51 @@ int Measure(Call call) {
   return 0;
 }
 
+// Keeps --concurrency echoes in flight for 0.5 s of warm-up plus --seconds and prints
+// the echoes per second answered after the warm-up, as one JSON line.
+int Throughput(attnserve::bench::Echo::Stub& stub,
+               const attnserve::bench::Blob& request) {
+  struct Call {
+    grpc::ClientContext context;
+    attnserve::bench::Blob response;
+  };
+  const auto measure_from = Clock::now() + std::chrono::milliseconds(500);
+  const auto until =
+      measure_from + std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds));
+  absl::Mutex mu;
+  int64_t counted = 0, failed = 0;
+  int running = absl::GetFlag(FLAGS_concurrency);
+  std::function<void()> issue = [&] {
+    auto* call = new Call;
+    stub.async()->Echo(&call->context, &request, &call->response,
+                       [&, call](grpc::Status status) {
+                         const auto now = Clock::now();
+                         delete call;
+                         bool again;
+                         {
+                           absl::MutexLock lock(&mu);
+                           if (!status.ok()) ++failed;
+                           if (now >= measure_from && now < until) ++counted;
+                           again = status.ok() && now < until;
+                           if (!again) --running;
+                         }
+                         if (again) issue();
+                       });
+  };
+  for (int i = 0; i < absl::GetFlag(FLAGS_concurrency); ++i) issue();
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(
+      +[](int* left) { return *left == 0; }, &running));
+  if (failed > 0) {
+    std::fprintf(stderr, "echo failed %lld times\n", static_cast<long long>(failed));
+    return 1;
+  }
+  std::printf("{\"calls\": %lld, \"per_second\": %.1f}\n",
+              static_cast<long long>(counted),
+              static_cast<double>(counted) / absl::GetFlag(FLAGS_seconds));
+  return 0;
+}
+
 int GrpcClient() {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(-1);
@@ -100,6 +151,7 @@ int GrpcClient() {
                                 grpc::InsecureChannelCredentials(), arguments));
   attnserve::bench::Blob request;
   request.mutable_data()->assign(static_cast<size_t>(absl::GetFlag(FLAGS_bytes)), 'x');
+  if (absl::GetFlag(FLAGS_concurrency) > 1) return Throughput(*stub, request);
   return Measure([&] {
     grpc::ClientContext context;
     attnserve::bench::Blob response;

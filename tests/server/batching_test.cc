@@ -7,7 +7,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/clock.h"
+#include "tests/server/fake_clock.h"
 #include "tests/server/test_server.h"
 
 namespace attnserve::server {

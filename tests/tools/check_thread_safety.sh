@@ -7,7 +7,7 @@ build="$2"
 cd "${root}"
 status=0
 count=0
-for file in core/*.cc server/*.cc client/*.cc; do
+for file in core/*.cc transport/*.cc server/*.cc client/*.cc; do
   count=$((count + 1))
   if ! clang++ -std=c++17 -fsyntax-only -Wthread-safety -Werror=thread-safety \
       -I. -I"${build}/proto" "${file}"; then

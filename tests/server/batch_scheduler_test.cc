@@ -1,0 +1,335 @@
+// The batching policy alone: BatchScheduler over a task of the test's own, with an
+// executor that records what it was given. No core, no gRPC; time is a FakeClock.
+#include "server/batch_scheduler.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/fake_clock.h"
+
+namespace attnserve::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+struct FakeTask {
+  int id = 0;
+  int64_t size = 1;
+  std::string kind = "a";  // tasks share a batch only with their own kind
+  int64_t reserved_bytes = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::shared_ptr<const std::atomic<bool>> cancelled;
+  absl::Duration queue_time;
+  int executed_in_batch_of = 0;
+
+  int64_t tokens() const { return size; }
+  bool SharesBatchWith(const FakeTask& other) const { return kind == other.kind; }
+};
+
+using Scheduler = BatchScheduler<FakeTask>;
+
+std::unique_ptr<FakeTask> Task(int id, int64_t size = 1, std::string kind = "a") {
+  auto task = std::make_unique<FakeTask>();
+  task->id = id;
+  task->size = size;
+  task->kind = std::move(kind);
+  return task;
+}
+
+// Records every batch (the ids in it) and every answer; Wait(n) blocks until n answers.
+class Recorder {
+ public:
+  Scheduler::Executor Executor(absl::Status result = absl::OkStatus()) {
+    return [this, result](int /*instance*/, absl::Span<FakeTask* const> batch) {
+      std::vector<int> ids;
+      for (FakeTask* task : batch) {
+        ids.push_back(task->id);
+        task->executed_in_batch_of = static_cast<int>(batch.size());
+      }
+      absl::MutexLock lock(&mu_);
+      batches_.push_back(ids);
+      return result;
+    };
+  }
+  Scheduler::Callback Callback() {
+    return [this](absl::Status status, std::unique_ptr<FakeTask> task) {
+      absl::MutexLock lock(&mu_);
+      answers_.push_back({task->id, status});
+      tasks_.push_back(std::move(task));
+    };
+  }
+  void Wait(size_t answers) {
+    absl::MutexLock lock(&mu_);
+    const auto enough = [this, answers]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return answers_.size() >= answers;
+    };
+    mu_.Await(absl::Condition(&enough));
+  }
+  std::vector<std::vector<int>> batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+  // The status each task id was answered with.
+  absl::Status StatusOf(int id) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [task, status] : answers_) {
+      if (task == id) return status;
+    }
+    return absl::UnknownError("not answered");
+  }
+  const FakeTask& TaskOf(int id) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& task : tasks_) {
+      if (task->id == id) return *task;
+    }
+    ADD_FAILURE() << "task " << id << " not answered";
+    return *tasks_.front();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::vector<int>> batches_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int, absl::Status>> answers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<FakeTask>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+BatchingOptions Options(FakeClock& clock) {
+  BatchingOptions options;
+  options.clock = &clock;
+  options.max_queue_delay = absl::Milliseconds(10);
+  options.max_batch_size = 4;
+  return options;
+}
+
+TEST(BatchSchedulerTest, PartialBatchWaitsForItsDelayThenGoesTogether) {
+  FakeClock clock;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(Options(clock), recorder.Executor());
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  for (int id = 1; id <= 3; ++id) {
+    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
+  }
+  // Had the first not waited for company it would have run alone.
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(3);
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2, 3)));
+  EXPECT_EQ(recorder.TaskOf(1).queue_time, absl::Milliseconds(10));
+  EXPECT_EQ((*scheduler)->stats().computed_requests, 3);
+}
+
+TEST(BatchSchedulerTest, FullBatchGoesWithoutWaiting) {
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_queue_delay = absl::Hours(1);
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  for (int id = 1; id <= 4; ++id) {
+    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
+  }
+  recorder.Wait(4);  // time never moves
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2, 3, 4)));
+}
+
+TEST(BatchSchedulerTest, TokenBudgetSplitsBatchesAndALargerTaskRunsAlone) {
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_batch_tokens = 10;
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(1, 6), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2, 4), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(3, 20), recorder.Callback()).ok());
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(3);
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2), ElementsAre(3)));
+}
+
+TEST(BatchSchedulerTest, TasksThatCannotShareABatchRunApartInArrivalOrder) {
+  FakeClock clock;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(Options(clock), recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(1, 1, "a"), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2, 1, "b"), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(3, 1, "a"), recorder.Callback()).ok());
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(3);
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 3), ElementsAre(2)));
+}
+
+TEST(BatchSchedulerTest, ExpiredAndCancelledTasksAreAnsweredWithoutExecution) {
+  FakeClock clock;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(Options(clock), recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  auto expiring = Task(1);
+  expiring->deadline = clock.Now() + absl::Milliseconds(5);
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto cancelled = Task(2);
+  cancelled->cancelled = flag;
+  ASSERT_TRUE((*scheduler)->Enqueue(std::move(expiring), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(std::move(cancelled), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(3), recorder.Callback()).ok());
+  flag->store(true);
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(3);
+  EXPECT_EQ(recorder.StatusOf(1).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(recorder.StatusOf(1).message(), HasSubstr("not computed"));
+  EXPECT_EQ(recorder.StatusOf(2).code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(recorder.StatusOf(3).ok());
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(3)));
+  const BatcherStats stats = (*scheduler)->stats();
+  EXPECT_EQ(stats.dropped_deadline, 1);
+  EXPECT_EQ(stats.dropped_cancelled, 1);
+}
+
+TEST(BatchSchedulerTest, WakeDropsACancelledTaskWithoutWaitingForTheBatch) {
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_queue_delay = absl::Hours(1);
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto task = Task(1);
+  task->cancelled = flag;
+  task->reserved_bytes = 64;
+  ASSERT_TRUE((*scheduler)->Enqueue(std::move(task), recorder.Callback()).ok());
+  flag->store(true);
+  (*scheduler)->Wake();
+  recorder.Wait(1);  // time never moves
+  EXPECT_EQ(recorder.StatusOf(1).code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(recorder.batches().empty());
+}
+
+TEST(BatchSchedulerTest, CancellationJustBeforeTheDeadlineCountsAsDeadline) {
+  // gRPC cancels a call at its deadline by its own timer, which may run a little ahead
+  // of this clock: that drop is a deadline, not a caller's cancellation.
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_queue_delay = absl::Hours(1);
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  auto flag = std::make_shared<std::atomic<bool>>(false);
+  auto task = Task(1);
+  task->cancelled = flag;
+  task->deadline = clock.Now() + absl::Milliseconds(5);
+  ASSERT_TRUE((*scheduler)->Enqueue(std::move(task), recorder.Callback()).ok());
+  flag->store(true);
+  (*scheduler)->Wake();
+  recorder.Wait(1);
+  EXPECT_EQ(recorder.StatusOf(1).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*scheduler)->stats().dropped_deadline, 1);
+}
+
+TEST(BatchSchedulerTest, CountAndByteBudgetsRefuseWithTheLimitAndBytesComeBack) {
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_queue_size = 2;
+  options.max_queue_bytes = 1000;
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  auto sized = [](int id, int64_t bytes) {
+    auto task = Task(id);
+    task->reserved_bytes = bytes;
+    return task;
+  };
+  ASSERT_TRUE((*scheduler)->Enqueue(sized(1, 600), recorder.Callback()).ok());
+  const absl::Status over = (*scheduler)->Enqueue(sized(2, 401), recorder.Callback());
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(over.message(), HasSubstr("hold 600 bytes and this one needs 401"));
+  EXPECT_THAT(over.message(), HasSubstr("max_queue_bytes=1000"));
+  ASSERT_TRUE((*scheduler)->Enqueue(sized(3, 400), recorder.Callback()).ok());
+  EXPECT_EQ((*scheduler)->held_bytes(), 1000);
+  const absl::Status full = (*scheduler)->Enqueue(sized(4, 0), recorder.Callback());
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("max_queue_size=2"));
+  (*scheduler)->Shutdown();  // executes both and joins: every byte is returned
+  EXPECT_EQ((*scheduler)->held_bytes(), 0);
+  const BatcherStats stats = (*scheduler)->stats();
+  EXPECT_EQ(stats.rejected_queue_bytes, 1);
+  EXPECT_EQ(stats.rejected_queue_full, 1);
+}
+
+TEST(BatchSchedulerTest, AnExecutorErrorAnswersEveryTaskOfItsBatch) {
+  FakeClock clock;
+  Recorder recorder;
+  auto scheduler =
+      Scheduler::Create(Options(clock), recorder.Executor(absl::InternalError("boom")));
+  ASSERT_TRUE(scheduler.ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(1), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2), recorder.Callback()).ok());
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(2);
+  EXPECT_EQ(recorder.StatusOf(1).message(), "boom");
+  EXPECT_EQ(recorder.StatusOf(2).message(), "boom");
+  EXPECT_EQ((*scheduler)->stats().failed_requests, 2);
+  EXPECT_EQ((*scheduler)->stats().batches, 0);
+}
+
+TEST(BatchSchedulerTest, InstancesExecuteBatchesAtTheSameTime) {
+  FakeClock clock;
+  BatchingOptions options = Options(clock);
+  options.max_batch_size = 1;
+  options.instances = 2;
+  absl::Mutex mu;
+  int inside = 0;
+  std::vector<int> instances_seen;
+  // Each batch waits until the other one is running too: with one worker this would
+  // never return (and the test would time out), with two both get through.
+  auto executor = [&](int instance, absl::Span<FakeTask* const>) {
+    absl::MutexLock lock(&mu);
+    ++inside;
+    instances_seen.push_back(instance);
+    mu.Await(absl::Condition(
+        +[](int* n) { return *n >= 2; }, &inside));
+    return absl::OkStatus();
+  };
+  auto scheduler = Scheduler::Create(options, executor);
+  ASSERT_TRUE(scheduler.ok());
+  Recorder recorder;
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(1), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2), recorder.Callback()).ok());
+  recorder.Wait(2);
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(instances_seen, ::testing::UnorderedElementsAre(0, 1));
+}
+
+TEST(BatchSchedulerTest, ShutdownExecutesWhatIsQueuedThenRefuses) {
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_queue_delay = absl::Hours(1);
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(1), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2), recorder.Callback()).ok());
+  (*scheduler)->Shutdown();  // without waiting for the hour
+  EXPECT_TRUE(recorder.StatusOf(1).ok());
+  EXPECT_TRUE(recorder.StatusOf(2).ok());
+  const absl::Status late = (*scheduler)->Enqueue(Task(3), recorder.Callback());
+  EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(BatchSchedulerTest, BadOptionsAreRefusedByName) {
+  BatchingOptions options;
+  options.instances = 0;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  EXPECT_EQ(scheduler.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(scheduler.status().message(), HasSubstr("instances must be in [1, 256]"));
+}
+
+}  // namespace
+}  // namespace attnserve::server
