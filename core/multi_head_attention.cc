@@ -300,8 +300,9 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
                  output.data());
 }
 
-absl::StatusOr<const CachedPrimitive*> MultiHeadAttention::GetPrimitive(
-    PrimitiveKind kind, int64_t heads, int64_t a, int64_t b) {
+absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(PrimitiveKind kind,
+                                                                  int64_t heads,
+                                                                  int64_t a, int64_t b) {
   const int64_t d = spec_.d_model;
   const auto create = [&]() -> absl::StatusOr<CachedPrimitive> {
     try {
@@ -353,19 +354,30 @@ absl::StatusOr<const CachedPrimitive*> MultiHeadAttention::GetPrimitive(
   return cache_.GetOrCreate(PrimitiveKey{kind, {heads, a, b}}, create);
 }
 
-absl::Status MultiHeadAttention::Execute(const CachedPrimitive& primitive,
-                                         std::unordered_map<int, memory> args) {
+absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
+                                         std::initializer_list<ExecArg> args) {
   if (primitive.scratchpad_bytes > scratchpad_bytes_) {
     scratchpad_ = std::make_unique<uint8_t[]>(primitive.scratchpad_bytes);
     scratchpad_bytes_ = primitive.scratchpad_bytes;
   }
+  // The same id always has the same layout for one primitive (its key fixes the
+  // shapes), so a memory object made once is only re-pointed afterwards.
+  const auto bind = [&](int id, const memory::desc& desc, void* data) {
+    auto it = primitive.args.find(id);
+    if (it == primitive.args.end()) {
+      primitive.args.emplace(id, memory(desc, engine_, data));
+    } else {
+      it->second.set_data_handle(data);
+    }
+  };
+  for (const ExecArg& arg : args) bind(arg.id, arg.desc, const_cast<float*>(arg.data));
   if (primitive.scratchpad_bytes > 0) {
-    const memory::desc scratchpad_desc({static_cast<int64_t>(primitive.scratchpad_bytes)},
-                                       memory::data_type::u8, memory::format_tag::a);
-    args.emplace(DNNL_ARG_SCRATCHPAD,
-                 memory(scratchpad_desc, engine_, scratchpad_.get()));
+    bind(DNNL_ARG_SCRATCHPAD,
+         memory::desc({static_cast<int64_t>(primitive.scratchpad_bytes)},
+                      memory::data_type::u8, memory::format_tag::a),
+         scratchpad_.get());
   }
-  primitive.primitive.execute(stream_, args);
+  primitive.primitive.execute(stream_, primitive.args);
   stream_.wait();
   return absl::OkStatus();
 }
@@ -374,15 +386,13 @@ absl::Status MultiHeadAttention::Project(const float* in, int64_t rows,
                                          const float* weight, const float* bias,
                                          float* out) {
   const int64_t d = spec_.d_model;
-  ATTN_ASSIGN_OR_RETURN(const CachedPrimitive* primitive,
+  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
                         GetPrimitive(PrimitiveKind::kProjection, 0, rows, 0));
   const memory::desc weights_desc({d, d}, memory::data_type::f32, memory::format_tag::ba);
-  return Execute(
-      *primitive,
-      {{DNNL_ARG_SRC, memory(Plain2d(rows, d), engine_, const_cast<float*>(in))},
-       {DNNL_ARG_WEIGHTS, memory(weights_desc, engine_, const_cast<float*>(weight))},
-       {DNNL_ARG_BIAS, memory(Plain2d(1, d), engine_, const_cast<float*>(bias))},
-       {DNNL_ARG_DST, memory(Plain2d(rows, d), engine_, out)}});
+  return Execute(*primitive, {{DNNL_ARG_SRC, Plain2d(rows, d), in},
+                              {DNNL_ARG_WEIGHTS, weights_desc, weight},
+                              {DNNL_ARG_BIAS, Plain2d(1, d), bias},
+                              {DNNL_ARG_DST, Plain2d(rows, d), out}});
 }
 
 absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
@@ -420,19 +430,17 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
           scratch != nullptr
               ? scratch
               : attention_weights + (first_head * query_length + first_row) * key_length;
-      const memory scores(ScoresDesc(group, rows, key_length), engine_, scores_data);
+      const memory::desc scores = ScoresDesc(group, rows, key_length);
 
       // scores = Q K^T per head (the 1/sqrt(head_dim) is already folded into Q).
       ATTN_ASSIGN_OR_RETURN(
-          const CachedPrimitive* scores_primitive,
+          CachedPrimitive * scores_primitive,
           GetPrimitive(PrimitiveKind::kScores, group, rows, key_length));
       ATTN_RETURN_IF_ERROR(
           Execute(*scores_primitive,
-                  {{DNNL_ARG_SRC, memory(HeadRowsView(group, rows), engine_,
-                                         const_cast<float*>(q + first_row * d + column))},
-                   {DNNL_ARG_WEIGHTS, memory(HeadColumnsView(group, key_length), engine_,
-                                             const_cast<float*>(k + column))},
-                   {DNNL_ARG_DST, scores}}));
+                  {{DNNL_ARG_SRC, HeadRowsView(group, rows), q + first_row * d + column},
+                   {DNNL_ARG_WEIGHTS, HeadColumnsView(group, key_length), k + column},
+                   {DNNL_ARG_DST, scores, scores_data}}));
 
       if (causal) {
         // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
@@ -449,22 +457,21 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
 
       // probabilities = softmax(scores) over keys, in place.
       ATTN_ASSIGN_OR_RETURN(
-          const CachedPrimitive* softmax_primitive,
+          CachedPrimitive * softmax_primitive,
           GetPrimitive(PrimitiveKind::kSoftmax, group, rows, key_length));
-      ATTN_RETURN_IF_ERROR(
-          Execute(*softmax_primitive, {{DNNL_ARG_SRC, scores}, {DNNL_ARG_DST, scores}}));
+      ATTN_RETURN_IF_ERROR(Execute(
+          *softmax_primitive,
+          {{DNNL_ARG_SRC, scores, scores_data}, {DNNL_ARG_DST, scores, scores_data}}));
 
       // context = probabilities V per head, into the heads' columns of the context.
       ATTN_ASSIGN_OR_RETURN(
-          const CachedPrimitive* context_primitive,
+          CachedPrimitive * context_primitive,
           GetPrimitive(PrimitiveKind::kContext, group, rows, key_length));
-      ATTN_RETURN_IF_ERROR(
-          Execute(*context_primitive,
-                  {{DNNL_ARG_SRC, scores},
-                   {DNNL_ARG_WEIGHTS, memory(HeadRowsView(group, key_length), engine_,
-                                             const_cast<float*>(v + column))},
-                   {DNNL_ARG_DST, memory(HeadRowsView(group, rows), engine_,
-                                         context + first_row * d + column)}}));
+      ATTN_RETURN_IF_ERROR(Execute(
+          *context_primitive,
+          {{DNNL_ARG_SRC, scores, scores_data},
+           {DNNL_ARG_WEIGHTS, HeadRowsView(group, key_length), v + column},
+           {DNNL_ARG_DST, HeadRowsView(group, rows), context + first_row * d + column}}));
     }
   }
   return absl::OkStatus();

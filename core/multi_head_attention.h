@@ -9,6 +9,7 @@
 #define ATTNSERVE_CORE_MULTI_HEAD_ATTENTION_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -131,10 +132,18 @@ class MultiHeadAttention {
   // The same slices read transposed, [heads, head_dim, length] (K^T).
   dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length) const;
   // `heads` is 0 for projections; a, b are (rows, 0) or (rows, L_k).
-  absl::StatusOr<const CachedPrimitive*> GetPrimitive(PrimitiveKind kind, int64_t heads,
-                                                      int64_t a, int64_t b);
-  absl::Status Execute(const CachedPrimitive& primitive,
-                       std::unordered_map<int, dnnl::memory> args);
+  absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind, int64_t heads,
+                                                int64_t a, int64_t b);
+  // One execution argument: oneDNN's argument id, its layout, and where its data is
+  // (read, or written for a DST argument).
+  struct ExecArg {
+    int id;
+    dnnl::memory::desc desc;
+    const float* data;
+  };
+  // Runs `primitive` on `args` (and the scratchpad); allocates nothing once the
+  // primitive has run before.
+  absl::Status Execute(CachedPrimitive& primitive, std::initializer_list<ExecArg> args);
 
   ModelSpec spec_;
   dnnl::engine engine_;

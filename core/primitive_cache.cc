@@ -4,9 +4,9 @@
 
 namespace attnserve::core {
 
-absl::StatusOr<const CachedPrimitive*> PrimitiveCache::GetOrCreate(
+absl::StatusOr<CachedPrimitive*> PrimitiveCache::GetOrCreate(
     const PrimitiveKey& key,
-    const std::function<absl::StatusOr<CachedPrimitive>()>& create) {
+    absl::FunctionRef<absl::StatusOr<CachedPrimitive>()> create) {
   if (auto it = index_.find(key); it != index_.end()) {
     entries_.splice(entries_.begin(), entries_, it->second);
     return &it->second->second;

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "dnnl.hpp"
 
@@ -37,10 +39,13 @@ struct PrimitiveKey {
   }
 };
 
-// A created primitive and the user scratchpad it needs.
+// A created primitive, the user scratchpad it needs, and its execution arguments:
+// memory objects made on its first run and re-pointed (set_data_handle) on every later
+// one, so that running a cached primitive allocates nothing.
 struct CachedPrimitive {
   dnnl::primitive primitive;
   size_t scratchpad_bytes = 0;
+  std::unordered_map<int, dnnl::memory> args;
 };
 
 // Not thread-safe: owned by one MultiHeadAttention, used by one thread at a time.
@@ -52,9 +57,9 @@ class PrimitiveCache {
   // The primitive for `key`, calling `create` on a miss (and evicting the least
   // recently used entry when full). A failed `create` is returned and not cached.
   // The returned pointer is valid until the next call.
-  absl::StatusOr<const CachedPrimitive*> GetOrCreate(
+  absl::StatusOr<CachedPrimitive*> GetOrCreate(
       const PrimitiveKey& key,
-      const std::function<absl::StatusOr<CachedPrimitive>()>& create);
+      absl::FunctionRef<absl::StatusOr<CachedPrimitive>()> create);
 
   size_t size() const { return entries_.size(); }
   // Number of `create` calls so far (misses), for tests and metrics.

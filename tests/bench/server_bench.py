@@ -22,6 +22,7 @@ ATTNSERVE = os.path.join(BUILD, "server", "attnserve")
 ATTNBENCH = os.path.join(BUILD, "client", "attnbench")
 CORE_BENCH = os.path.join(BUILD, "tests", "bench", "core_bench")
 ECHO_BENCH = os.path.join(BUILD, "tests", "bench", "echo_bench")
+REQUEST_PATH_BENCH = os.path.join(BUILD, "tests", "bench", "request_path_bench")
 KEPT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
                "MALLOC_TOP_PAD_": "16777216"}  # what transport::KeepAllocatorMemory sets
 SERVER_CORE, CLIENT_CORE = "0", "1"
@@ -296,6 +297,17 @@ def main():
           flush=True)
     rows.append(("8 MiB request + 8 MiB response", f"{each_way:.2f} GB/s each way",
                  ">= 1 GB/s", each_way >= 1.0))
+
+    # 6. Heap allocations per request (every malloc in the process, L=16).
+    out = subprocess.run([REQUEST_PATH_BENCH, "--benchmark_format=json"], check=True,
+                         capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, OMP_NUM_THREADS="1")).stdout
+    allocs = {b["name"].split("/")[0]: b["allocs_per_request"]
+              for b in json.loads(out)["benchmarks"]}
+    print(f"6. heap allocations per request (L=16): core Forward {allocs['BM_CoreForward']:.0f}"
+          f", + serving (validate, queue, batch, respond) "
+          f"{allocs['BM_ServicePath'] - allocs['BM_CoreForward']:.0f}, + gRPC at both ends "
+          f"{allocs['BM_GrpcCall'] - allocs['BM_ServicePath']:.0f}", flush=True)
 
     print("\ntargets (issue 10), one run:")
     width = max(len(r[0]) for r in rows)
