@@ -39,15 +39,17 @@ struct BatcherStats {
   int64_t failed_requests = 0;  // requests whose batch the executor failed
 };
 
-// Observer hooks (for metrics). All optional; called on worker threads without the
-// scheduler's lock held. on_batch is the executor's to call.
+// Observer hooks (for metrics). All optional. on_dequeue runs on worker threads without
+// the scheduler's lock held; on_batch is the executor's to call.
 struct BatcherObserver {
   // A batch finished computing.
   std::function<void(int batch_size, int64_t tokens, absl::Duration compute_time)>
       on_batch;
   // A request left the queue (into a batch, or dropped) after `queue_time`.
   std::function<void(absl::Duration queue_time)> on_dequeue;
-  // The number of queued requests changed.
+  // The number of queued requests changed. Called with the scheduler's lock held, so
+  // that reports arrive in the order the depth changed (a gauge set after the lock was
+  // released could be left stale): it must only record, never call the scheduler.
   std::function<void(int64_t depth)> on_queue_depth;
 };
 
@@ -126,7 +128,6 @@ class BatchScheduler {
   // reserved_bytes would take the held bytes past max_queue_bytes, UNAVAILABLE after
   // Shutdown began; `done` is then not called and `task` is dropped.
   absl::Status Enqueue(std::unique_ptr<Task> task, Callback done) {
-    int64_t depth = 0;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) {
@@ -150,9 +151,8 @@ class BatchScheduler {
       queue_.push_back(Pending{std::move(task), std::move(done), clock_->Now()});
       ++stats_.enqueued;
       ++generation_;
-      depth = static_cast<int64_t>(queue_.size());
+      ReportDepth();
     }
-    if (options_.observer.on_queue_depth) options_.observer.on_queue_depth(depth);
     return absl::OkStatus();
   }
 
@@ -218,6 +218,12 @@ class BatchScheduler {
       : options_(options),
         clock_(options.clock != nullptr ? options.clock : RealClock::Get()),
         executor_(std::move(executor)) {}
+
+  void ReportDepth() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.observer.on_queue_depth) {
+      options_.observer.on_queue_depth(static_cast<int64_t>(queue_.size()));
+    }
+  }
 
   // Calls `pending.done`, then returns the task's bytes to the budget.
   void Answer(Pending& pending, absl::Status status) {
@@ -305,7 +311,6 @@ class BatchScheduler {
     std::vector<Task*> tasks;
     while (true) {
       Batch batch;
-      int64_t depth = 0;
       {
         absl::MutexLock lock(&mu_);
         while (true) {
@@ -319,9 +324,8 @@ class BatchScheduler {
           clock_->AwaitWithDeadline(&mu_, absl::Condition(&changed),
                                     next.value_or(absl::InfiniteFuture()));
         }
-        depth = static_cast<int64_t>(queue_.size());
+        ReportDepth();
       }
-      if (options_.observer.on_queue_depth) options_.observer.on_queue_depth(depth);
       const absl::Time now = clock_->Now();
       const auto dequeue = [&](Pending& pending) {
         pending.task->queue_time = now - pending.enqueue_time;
