@@ -8,7 +8,7 @@ SANITIZE_DIR := $(BUILD_DIR)/asan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps deps-build configure build test test-asan asan-build fuzz overload soak image run bench-core bench-server format clean
+.PHONY: all deps deps-build configure build test test-asan asan-build fuzz overload soak image run bench-core bench-server bench-grid format clean
 
 all: build
 
@@ -81,6 +81,10 @@ bench-core: build
 bench-server: build
 	deploy/install-deps.sh --test --bench --venv $(VENV)
 	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) .
+
+# Instances x intra-op threads on the whole machine (how the defaults were chosen).
+bench-grid: build
+	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) . --grid
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.proto')

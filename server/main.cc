@@ -46,9 +46,10 @@ ABSL_FLAG(int64_t, grpc_memory_bytes, 0,
           "beyond it, reading from clients pauses. 0 = a quarter of physical memory.");
 ABSL_FLAG(int, max_concurrent_streams, 256,
           "Concurrent calls (HTTP/2 streams) per client connection.");
-ABSL_FLAG(int, instances, 1, "Parallel compute workers per model.");
+ABSL_FLAG(int, instances, 2,
+          "Parallel compute workers per model, each with its own copy of the weights.");
 ABSL_FLAG(int, intra_op_threads, 0,
-          "OpenMP threads per worker; 0 = one per core (or OMP_NUM_THREADS).");
+          "OpenMP threads per worker; 0 = the cores divided by the instances.");
 ABSL_FLAG(int64_t, max_sequence_length, 8192,
           "Longest query or memory sequence accepted (models may override); at most "
           "1048576.");

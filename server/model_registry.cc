@@ -1,8 +1,10 @@
 #include "server/model_registry.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,6 +55,11 @@ DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
   if (config.instances() != 0) options.instances = config.instances();
   intra_op_threads =
       config.intra_op_threads() != 0 ? config.intra_op_threads() : default_threads;
+  if (intra_op_threads == 0) {
+    // The cores, shared out between the instances (make bench-grid chose this).
+    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    intra_op_threads = std::max(1, cores / std::max(1, options.instances));
+  }
   return options;
 }
 

@@ -56,7 +56,8 @@ class ModelRegistry {
     // Batching settings for models whose config leaves them unset (and for the
     // built-in model). `clock` and `observer` are ignored here (see below).
     DynamicBatcher::Options batching;
-    // OpenMP threads per batcher instance; 0 = oneDNN's default (all cores).
+    // OpenMP threads per batcher instance; 0 = the cores divided by the model's
+    // instances (at least 1).
     int intra_op_threads = 0;
     // Longest sequence accepted unless a config says otherwise. Range
     // [1, kMaxSequenceLengthCeiling] (a config's value too).

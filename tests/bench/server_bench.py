@@ -8,7 +8,8 @@ Servers are pinned to core 0 with one compute thread and attnbench to core 1, so
 client does not steal the server's core. Every run is bounded (attnbench stops steps
 by itself) and talks to 127.0.0.1 only.
 
-usage: server_bench.py BUILD_DIR REPO_ROOT
+usage: server_bench.py BUILD_DIR REPO_ROOT [--grid]
+  --grid: instances x intra-op threads, unpinned, instead (make bench-grid).
 """
 import json
 import os
@@ -54,7 +55,7 @@ def start(command, env=None, metrics=False):
 def attnserve(*flags):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return start([ATTNSERVE, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
-                  "--metrics_port=0", "--intra_op_threads=1", *flags], env=env, metrics=True)
+                  "--metrics_port=0", "--instances=1", "--intra_op_threads=1", *flags], env=env, metrics=True)
 
 
 def stop(process):
@@ -316,5 +317,40 @@ def main():
               f"{'PASS' if passed else 'FAIL'}")
 
 
+def grid():
+    """Instances x intra-op threads on this whole machine: server and attnbench unpinned,
+    sharing every core, as a small deployment runs them."""
+    cores = os.cpu_count()
+    print(f"CPU: {isa()}; {cores} cores; server and client unpinned", flush=True)
+    print(f"{'instances':>9} {'threads':>7} | {'c1 p50 ms':>9} {'c1 req/s':>8} | "
+          f"{'c32 req/s':>9} {'c32 p99 ms':>10} {'batch':>5}")
+    for instances in (1, 2):
+        for threads in (1, 2):
+            env = dict(os.environ)
+            env.pop("OMP_NUM_THREADS", None)
+            server = subprocess.Popen(
+                [ATTNSERVE, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
+                 "--metrics_port=0", f"--instances={instances}",
+                 f"--intra_op_threads={threads}"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            target = server.stdout.readline().strip().rsplit(" ", 1)[1]
+            metrics = server.stdout.readline().strip().rsplit(":", 1)[1]
+            out = os.path.join(TMP.name, "grid.json")
+            subprocess.run([ATTNBENCH, f"--target={target}", "--concurrency=1,32",
+                            "--seq_len=128", f"--json={out}", "--warmup=1s", "--window=2s",
+                            "--max_duration=10s",
+                            f"--metrics_url=http://127.0.0.1:{metrics}/metrics"],
+                           check=True, capture_output=True, text=True, timeout=300)
+            stop(server)
+            one, many = json.load(open(out))["steps"]
+            print(f"{instances:>9} {threads:>7} | {one['latency_ms']['p50']:>9.2f} "
+                  f"{one['requests_per_second']:>8.1f} | {many['requests_per_second']:>9.1f} "
+                  f"{many['latency_ms']['p99']:>10.1f} "
+                  f"{many['server']['mean_batch_size']:>5.1f}", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 3 and sys.argv[3] == "--grid":
+        grid()
+    else:
+        main()
