@@ -119,10 +119,20 @@ class StreamReactor final
         std::make_shared<const v1::AttendRequest>(std::move(*request_.mutable_request()));
     request_.Clear();
     if (read_more) IssueRead();
-    auto answer = [this, sequence, request](absl::Status status,
-                                            v1::AttendResponse response) {
+    const ServedModel* model = service_->registry_->Find(request->model());
+    DynamicBatcher* batcher = model != nullptr ? model->batcher.get() : nullptr;
+    auto answer = [this, sequence, request, batcher](absl::Status status,
+                                                     v1::AttendResponse response) {
       v1::AttendStreamResponse message;
+      int64_t held = 0;
       if (status.ok()) {
+        // Until it is written, the answer stays counted in the model's queue budget
+        // (taken here, before the batcher returns the request's own bytes): a client
+        // that stops reading keeps new work out instead of growing memory.
+        if (batcher != nullptr) {
+          held = static_cast<int64_t>(response.ByteSizeLong());
+          batcher->Hold(held);
+        }
         *message.mutable_response() = std::move(response);
       } else {
         v1::StreamError* error = message.mutable_error();
@@ -130,18 +140,21 @@ class StreamReactor final
         error->set_message(std::string(status.message()));
         error->set_request_id(request->request_id());
       }
-      Complete(sequence, std::move(message));
+      Complete(sequence, std::move(message), batcher, held);
     };
     service_->Submit(*request, DeadlineOf(context_), cancelled_, std::move(answer));
   }
 
   void OnWriteDone(bool ok) override {
+    Slot written;
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      written = std::move(slots_.front());
       slots_.pop_front();
       if (!ok) broken_ = true;
     }
+    ReleaseHeld(written);
     Advance();
   }
 
@@ -177,20 +190,31 @@ class StreamReactor final
 
  private:
   struct Slot {
-    int64_t sequence;
-    bool ready;
+    int64_t sequence = 0;
+    bool ready = false;
     v1::AttendStreamResponse message;
+    // The answer's bytes counted in `batcher`'s budget until written or discarded.
+    DynamicBatcher* batcher = nullptr;
+    int64_t held_bytes = 0;
   };
+
+  static void ReleaseHeld(const Slot& slot) {
+    if (slot.batcher != nullptr && slot.held_bytes > 0)
+      slot.batcher->Release(slot.held_bytes);
+  }
 
   // The answer to message `sequence`; runs on a batcher thread (or inline when the
   // message was refused), holding the reference taken in OnReadDone.
-  void Complete(int64_t sequence, v1::AttendStreamResponse message) {
+  void Complete(int64_t sequence, v1::AttendStreamResponse message,
+                DynamicBatcher* batcher, int64_t held_bytes) {
     {
       absl::MutexLock lock(&mu_);
       for (Slot& slot : slots_) {
         if (slot.sequence == sequence) {
           slot.ready = true;
           slot.message = std::move(message);
+          slot.batcher = batcher;
+          slot.held_bytes = held_bytes;
           break;
         }
       }
@@ -216,12 +240,16 @@ class StreamReactor final
     const v1::AttendStreamResponse* write = nullptr;
     bool read = false, finish = false;
     grpc::Status finish_status;
+    std::vector<Slot> discarded;
     {
       absl::MutexLock lock(&mu_);
       if (finished_) return;
       if (broken_) {
         // The client is gone: answers are discarded as they come.
-        while (!slots_.empty() && slots_.front().ready && !writing_) slots_.pop_front();
+        while (!slots_.empty() && slots_.front().ready && !writing_) {
+          discarded.push_back(std::move(slots_.front()));
+          slots_.pop_front();
+        }
       } else if (!writing_ && !slots_.empty() && slots_.front().ready) {
         writing_ = true;
         // Deque elements stay put while others are pushed behind them.
@@ -251,6 +279,7 @@ class StreamReactor final
         }
       }
     }
+    for (const Slot& slot : discarded) ReleaseHeld(slot);
     if (write != nullptr) StartWrite(write);
     if (finish) {
       if (service_->observer().on_rpc_handled) {

@@ -185,6 +185,19 @@ class BatchScheduler {
     joined_ = true;
   }
 
+  // Counts `bytes` against max_queue_bytes until Release(bytes): for results a caller
+  // still holds after its callback returned (a stream's answer waiting for a slow
+  // reader), so that they keep new work out instead of growing memory past the budget.
+  // Always succeeds: the bytes exist already.
+  void Hold(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    held_bytes_ += bytes;
+  }
+  void Release(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    held_bytes_ -= bytes;
+  }
+
   BatcherStats stats() const {
     absl::MutexLock lock(&mu_);
     return stats_;

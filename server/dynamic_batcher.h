@@ -117,12 +117,15 @@ class DynamicBatcher {
 
   // See BatchScheduler: Enqueue never blocks on compute and fails with
   // RESOURCE_EXHAUSTED (count or bytes) or UNAVAILABLE (shutting down), `done` then not
-  // being called; Wake re-checks cancellations now; Flush stops waiting for
+  // being called; Wake re-checks cancellations now; Hold/Release count results held
+  // after their callback against max_queue_bytes; Flush stops waiting for
   // max_queue_delay; Shutdown computes what is queued and joins the workers.
   absl::Status Enqueue(std::unique_ptr<AttentionWork> work, WorkCallback done) {
     return scheduler_->Enqueue(std::move(work), std::move(done));
   }
   void Wake() { scheduler_->Wake(); }
+  void Hold(int64_t bytes) { scheduler_->Hold(bytes); }
+  void Release(int64_t bytes) { scheduler_->Release(bytes); }
   void Flush() { scheduler_->Flush(); }
   void Shutdown();
 

@@ -1,5 +1,6 @@
 // Batching, deadlines, cancellation, overload and streaming through a real server.
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -240,6 +241,50 @@ TEST(StreamingTest, DrainAnswersWhatTheStreamHoldsThenEndsUnavailable) {
   EXPECT_EQ(answered, 3);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("reopen the stream"));
+}
+
+// A client that sends on a stream and never reads: its answers wait in the server until
+// written, and they stay counted in the queue budget meanwhile. So they cannot grow the
+// server's memory past it: new work is refused instead (here a unary call from another
+// caller), and the bytes come back when the stream goes away.
+TEST(StreamingTest, SlowReaderHoldsItsAnswersInsideTheQueueBudget) {
+  constexpr int64_t kBudget = int64_t{8} << 20;
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    options.models.batching.max_queue_bytes = kBudget;
+  });
+  // 64 messages (the most a stream reads ahead) of 2 MiB answers each: far more than
+  // loopback socket buffers and HTTP/2 windows absorb, so writes stall.
+  constexpr int kMessages = 64;
+  constexpr int64_t kLength = 1024;
+  grpc::ClientContext context;
+  auto stream = server.client->stub()->AttendStream(&context);
+  for (int i = 0; i < kMessages; ++i) {
+    v1::AttendStreamRequest message;
+    *message.mutable_request() = Request(kLength, i);
+    ASSERT_TRUE(stream->Write(message));
+  }
+  // Every message was either computed or refused (the budget was full).
+  const auto settled = [&] {
+    const BatcherStats stats = server.batcher().stats();
+    return stats.enqueued + stats.rejected_queue_bytes + stats.rejected_queue_full ==
+               kMessages &&
+           stats.computed_requests == stats.enqueued;
+  };
+  for (int i = 0; i < 12000 && !settled(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(settled());
+  EXPECT_GT(server.batcher().stats().rejected_queue_bytes, 0);
+  const int64_t held = server.batcher().held_bytes();
+  EXPECT_GT(held, 0);        // unwritten answers are counted...
+  EXPECT_LE(held, kBudget);  // ...and never beyond the budget
+  const absl::Status refused = server.client->Attend(Request(kLength, 99)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("max_queue_bytes"));
+
+  context.TryCancel();  // the slow reader goes away: its answers are discarded
+  ASSERT_TRUE(Eventually([&] { return server.batcher().held_bytes() == 0; }));
+  EXPECT_TRUE(server.client->Attend(Request(kLength, 100)).ok());
 }
 
 TEST(StreamingTest, ManyStreamsEndingWhileAnswersArriveLeaveNoDanglingReactor) {
