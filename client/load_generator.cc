@@ -265,8 +265,11 @@ absl::StatusOr<StepResult> LoadGenerator::RunClosedLoop(int concurrency) {
       ++in_flight;
       length = options_.lengths.Draw(generator);
     }
+    // Latency counts from the send, as perf_analyzer's does: building the request
+    // (a copy of the tokens) is the caller's own work, not the call's.
+    v1::AttendRequest request = MakeRequest(length);
     const absl::Time start = absl::Now();
-    client_->AttendAsync(MakeRequest(length), options_.timeout,
+    client_->AttendAsync(std::move(request), options_.timeout,
                          [&, start, length](absl::StatusOr<v1::AttendResponse> response) {
                            recorder.Record(start, absl::Now(), response.status(), length);
                            issue();

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <string>
 #include <thread>
@@ -40,20 +41,67 @@ ABSL_FLAG(
     "grpc_client: calls in flight (callback API); above 1 it prints throughput, the "
     "most echoes one server core can answer.");
 ABSL_FLAG(double, seconds, 3, "Client: how long to measure (after 0.5 s of warm-up).");
+ABSL_FLAG(double, work_ms, 0,
+          "grpc_server: answer from a worker thread after this much busy work per call, "
+          "as attnserve answers from its compute thread (0: answer in the handler).");
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// With --work_ms, calls are answered the way attnserve answers them: the handler queues
+// the call, one worker thread takes it, works (spins) for work_ms, copies the bytes and
+// calls Finish from that thread.
 class EchoService final : public attnserve::bench::Echo::CallbackService {
+ public:
+  EchoService() {
+    if (absl::GetFlag(FLAGS_work_ms) > 0) worker_ = std::thread([this] { Work(); });
+  }
+
+ private:
+  struct Call {
+    const attnserve::bench::Blob* request;
+    attnserve::bench::Blob* response;
+    grpc::ServerUnaryReactor* reactor;
+  };
+
   grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
                                  const attnserve::bench::Blob* request,
                                  attnserve::bench::Blob* response) override {
-    *response->mutable_data() = request->data();
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
+    if (!worker_.joinable()) {
+      *response->mutable_data() = request->data();
+      reactor->Finish(grpc::Status::OK);
+      return reactor;
+    }
+    absl::MutexLock lock(&mu_);
+    calls_.push_back(Call{request, response, reactor});
     return reactor;
   }
+
+  void Work() {
+    const auto work =
+        std::chrono::duration<double, std::milli>(absl::GetFlag(FLAGS_work_ms));
+    for (;;) {
+      Call call;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](std::deque<Call>* calls) { return !calls->empty(); }, &calls_));
+        call = calls_.front();
+        calls_.pop_front();
+      }
+      const auto until = Clock::now() + work;
+      while (Clock::now() < until) {
+      }
+      *call.response->mutable_data() = call.request->data();
+      call.reactor->Finish(grpc::Status::OK);
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<Call> calls_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;  // runs until the process exits
 };
 
 int GrpcServer() {
