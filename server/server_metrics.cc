@@ -178,6 +178,13 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                            .Name("attnserve_request_duration_seconds")
                            .Help("Time from receiving a request to answering it.")
                            .Register(*registry_);
+  refusal_duration_ =
+      &prometheus::BuildHistogram()
+           .Name("attnserve_refusal_duration_seconds")
+           .Help(
+               "Time from receiving a request to refusing it with RESOURCE_EXHAUSTED "
+               "(queue full by count or bytes): how fast excess load is shed.")
+           .Register(*registry_);
   queue_duration_ = &prometheus::BuildHistogram()
                          .Name("attnserve_queue_duration_seconds")
                          .Help("Time requests waited in the batcher queue.")
@@ -261,6 +268,11 @@ ServerMetrics::ModelMetrics& ServerMetrics::RequestSide(const std::string& model
   }
   metrics.request_duration =
       &request_duration_->Add({{"model", model}}, DurationBuckets());
+  // Refusals take microseconds: finer buckets than requests.
+  metrics.refusal_duration = &refusal_duration_->Add(
+      {{"model", model}},
+      prometheus::Histogram::BucketBoundaries{0.00001, 0.000025, 0.00005, 0.0001, 0.00025,
+                                              0.0005, 0.001, 0.0025, 0.005, 0.01});
   metrics.inflight = &inflight_->Add({{"model", model}});
   return metrics;
 }
@@ -334,6 +346,9 @@ ServiceObserver ServerMetrics::service_observer() {
     metrics->inflight->Decrement();
     metrics->requests_by_code[CodeIndex(status.code())]->Increment();
     metrics->request_duration->Observe(Seconds(elapsed));
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      metrics->refusal_duration->Observe(Seconds(elapsed));
+    }
   };
   return observer;
 }

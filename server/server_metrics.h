@@ -62,6 +62,7 @@ class ServerMetrics {
   struct ModelMetrics {
     std::array<prometheus::Counter*, 17> requests_by_code{};
     prometheus::Histogram* request_duration = nullptr;
+    prometheus::Histogram* refusal_duration = nullptr;
     prometheus::Histogram* queue_duration = nullptr;
     prometheus::Histogram* compute_duration = nullptr;
     prometheus::Histogram* batch_size = nullptr;
@@ -85,6 +86,7 @@ class ServerMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_total_;
   prometheus::Family<prometheus::Histogram>* request_duration_;
+  prometheus::Family<prometheus::Histogram>* refusal_duration_;
   prometheus::Family<prometheus::Histogram>* queue_duration_;
   prometheus::Family<prometheus::Histogram>* compute_duration_;
   prometheus::Family<prometheus::Histogram>* batch_size_;

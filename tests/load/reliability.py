@@ -19,10 +19,12 @@ usage: reliability.py BUILD_DIR (overload | soak [SECONDS])
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 BUILD = sys.argv[1]
 MODE = sys.argv[2]
@@ -50,12 +52,29 @@ class Server:
     def __init__(self, *flags):
         self.process = subprocess.Popen(
             ["taskset", "-c", "0", ATTNSERVE, "--host=127.0.0.1", "--port=0",
-             "--metrics_port=-1", "--instances=1", "--intra_op_threads=1", *flags],
+             "--metrics_host=127.0.0.1", "--metrics_port=0", "--instances=1",
+             "--intra_op_threads=1", *flags],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
         line = self.process.stdout.readline()
         if "listening on" not in line:
             raise SystemExit(f"attnserve did not start: {line!r}")
         self.target = line.split()[-1]
+        self.metrics_url = (f"http://127.0.0.1:"
+                            f"{self.process.stdout.readline().strip().rsplit(':', 1)[1]}/metrics")
+
+    def refusal_p99_ms(self):
+        """The server's own refusal time, p99: the upper bound of the histogram bucket
+        that holds the 99th percentile of attnserve_refusal_duration_seconds."""
+        text = urllib.request.urlopen(self.metrics_url, timeout=30).read().decode()
+        buckets = sorted(
+            (float(bound), float(value)) for bound, value in re.findall(
+                r'attnserve_refusal_duration_seconds_bucket\{[^}]*le="([^"+]+)"[^}]*\} (\S+)',
+                text))
+        total = next((float(v) for v in re.findall(
+            r"attnserve_refusal_duration_seconds_count\{[^}]*\} (\S+)", text)), 0.0)
+        if total == 0:
+            return 0.0
+        return next(bound for bound, count in buckets if count >= 0.99 * total) * 1e3
 
     def rss_mib(self):
         with open(f"/proc/{self.process.pid}/status") as f:
@@ -110,6 +129,7 @@ def overload():
     try:
         rate, unloaded_p99 = capacity(server)
         step = bench(server.target, f"--rate={2 * rate:.0f}", "--max_duration=20s")
+        server_refusal_p99 = server.refusal_p99_ms()
     finally:
         code = server.stop()
     errors = step["errors"]
@@ -122,6 +142,8 @@ def overload():
               refused > 0),
         check("refusal p99 (client-side)", f"{step['error_latency_ms']['p99']:.3f} ms",
               "< 1 ms", step["error_latency_ms"]["p99"] < 1.0),
+        check("refusal p99 (server-side, bucket bound)", f"<= {server_refusal_p99:.3f} ms",
+              "< 1 ms", server_refusal_p99 < 1.0),
         check("admitted p99 / unloaded p99",
               f"{step['latency_ms']['p99'] / unloaded_p99:.2f}", "<= 3",
               step["latency_ms"]["p99"] <= 3 * unloaded_p99),

@@ -97,6 +97,7 @@ TEST(ServerMetricsTest, CountsEqualWhatWasSentPerCode) {
       Sample(text, "attnserve_requests_total", {model, "code=\"DEADLINE_EXCEEDED\""}), 1);
   EXPECT_EQ(Sample(text, "attnserve_requests_total", {model, "code=\"CANCELLED\""}), 0);
   EXPECT_EQ(Sample(text, "attnserve_request_duration_seconds_count", {model}), 8);
+  EXPECT_EQ(Sample(text, "attnserve_refusal_duration_seconds_count", {model}), 1);
   // Four computed batches of one request each, 3+5+8+4 tokens.
   EXPECT_EQ(Sample(text, "attnserve_batch_size_count", {model}), 4);
   EXPECT_EQ(Sample(text, "attnserve_batch_size_bucket", {model, "le=\"1\""}), 4);
