@@ -17,6 +17,7 @@
 #include "core/device.h"
 #include "server/attention_server.h"
 #include "server/event_log.h"
+#include "server/host_resources.h"
 #include "transport/transport.h"
 
 ABSL_FLAG(
@@ -72,15 +73,6 @@ ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU en
 
 namespace {
 
-// Physical memory, or 4 GiB when it cannot be read. A container's cgroup limit is not
-// consulted: on Kubernetes set --max_queue_bytes and --grpc_memory_bytes explicitly.
-int64_t PhysicalMemoryBytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES);
-  const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return int64_t{4} << 30;
-  return static_cast<int64_t>(pages) * page_size;
-}
-
 // "name=value,name=value" -> integer gRPC channel arguments.
 bool ParseGrpcArguments(const std::string& text,
                         std::vector<std::pair<std::string, int>>& arguments) {
@@ -125,7 +117,9 @@ int Run() {
   options.models.batching.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
   options.models.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
   options.models.batching.instances = absl::GetFlag(FLAGS_instances);
-  const int64_t quarter_of_memory = PhysicalMemoryBytes() / 4;
+  // A container's limit, where one is set (on Kubernetes: the pod's memory limit).
+  const int64_t quarter_of_memory =
+      attnserve::server::DetectHostResources().memory_bytes / 4;
   options.models.batching.max_queue_bytes = absl::GetFlag(FLAGS_max_queue_bytes) != 0
                                                 ? absl::GetFlag(FLAGS_max_queue_bytes)
                                                 : quarter_of_memory;

@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +12,7 @@
 #include "core/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "server/host_resources.h"
 
 namespace attnserve::server {
 
@@ -56,8 +56,9 @@ DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
   intra_op_threads =
       config.intra_op_threads() != 0 ? config.intra_op_threads() : default_threads;
   if (intra_op_threads == 0) {
-    // The cores, shared out between the instances (make bench-grid chose this).
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    // The cores (a container's CPU limit, where one is set), shared out between the
+    // instances (make bench-grid chose this).
+    const int cores = DetectHostResources().cores;
     intra_op_threads = std::max(1, cores / std::max(1, options.instances));
   }
   return options;
