@@ -14,6 +14,7 @@ import array
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -116,6 +117,20 @@ class PrometheusTest(unittest.TestCase):
                  os.path.join(ROOT, "deploy/grafana/attnserve.json"), metrics.name],
                 capture_output=True, text=True, timeout=60)
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
+
+    def test_readme_lists_every_metric(self):
+        """README's Metrics table names exactly the metric families the server exports."""
+        text = http_get(self.metrics_url)
+        exported = set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+        documented = set()
+        for row in section.splitlines():
+            if row.startswith("| `"):
+                documented.update(re.findall(r"`([a-z_]+)`", row.split(" | ")[0]))
+        self.assertEqual(sorted(exported - documented), [], "exported, not in README")
+        self.assertEqual(sorted(documented - exported), [], "in README, not exported")
 
     def test_3_real_prometheus_scrape(self):
         type(self).prometheus_port = free_port()
