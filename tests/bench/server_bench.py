@@ -94,9 +94,10 @@ def line(step):
             f"p99 {lat['p99']:7.2f} ms")
 
 
-def echo(kind, size, tuned=True, work_ms=0):
-    """p50/p99/mean ms of one echo of `size` bytes each way, server on core 0; with
-    work_ms the server answers from a worker thread after that much busy work."""
+def echo(kind, size, tuned=True, work_ms=0, concurrency=1):
+    """One echo of `size` bytes each way, server on core 0: p50/p99/mean ms, or with
+    concurrency > 1 (gRPC) the echoes per second one server core answers. With work_ms
+    the server answers from a worker thread after that much busy work."""
     flags = ([] if tuned else ["--tuned=false"]) + ([f"--work_ms={work_ms}"] if work_ms else [])
     server = subprocess.Popen(["taskset", "-c", SERVER_CORE, ECHO_BENCH,
                                f"--mode={kind}_server", *flags],
@@ -105,26 +106,11 @@ def echo(kind, size, tuned=True, work_ms=0):
     try:
         out = subprocess.run(["taskset", "-c", CLIENT_CORE, ECHO_BENCH,
                               f"--mode={kind}_client", f"--port={port}", f"--bytes={size}",
-                              "--seconds=3", *flags],
+                              "--seconds=3", f"--concurrency={concurrency}", *flags],
                              check=True, capture_output=True, text=True, timeout=120).stdout
     finally:
         stop(server)
     return json.loads(out)
-
-
-def echo_throughput(size, concurrency):
-    """Echoes per second one server core answers with `concurrency` calls in flight."""
-    server = subprocess.Popen(["taskset", "-c", SERVER_CORE, ECHO_BENCH, "--mode=grpc_server"],
-                              stdout=subprocess.PIPE, text=True)
-    port = server.stdout.readline().split()[-1]
-    try:
-        out = subprocess.run(["taskset", "-c", CLIENT_CORE, ECHO_BENCH, "--mode=grpc_client",
-                              f"--port={port}", f"--bytes={size}", "--seconds=3",
-                              f"--concurrency={concurrency}"],
-                             check=True, capture_output=True, text=True, timeout=120).stdout
-    finally:
-        stop(server)
-    return json.loads(out)["per_second"]
 
 
 PYTHON_CLIENT = """
@@ -253,7 +239,7 @@ def main():
     stop(server)
     gain = batched["requests_per_second"] / single["requests_per_second"]
     core_gain = 32 * core_ms(1, 16) / core_ms(32, 16)
-    echo_rps = echo_throughput(16 * 512 * 4, 64)
+    echo_rps = echo("grpc", 16 * 512 * 4, concurrency=64)["per_second"]
     print(f"3. batching gain (L=16, concurrency 64):\n"
           f"   default      {line(batched)}  mean batch {batched['server']['mean_batch_size']:.1f}"
           f"\n   batch size 1 {line(single)}\n   gain x{gain:.2f}; the core alone gains "
