@@ -57,9 +57,14 @@ std::optional<int> CgroupCores(const std::string& root) {
 }
 
 std::optional<int64_t> CgroupMemory(const std::string& root) {
-  // v2 "max" does not parse: no limit. v1 writes a huge number for none.
-  std::optional<int64_t> limit = ReadInt(root + "/memory.max");
-  if (!FirstLine(root + "/memory.max")) {
+  // v2's memory.max holds "max" when there is no limit (it does not parse); v1 writes a
+  // huge number instead.
+  const std::optional<std::string> v2 = FirstLine(root + "/memory.max");
+  std::optional<int64_t> limit;
+  int64_t value = 0;
+  if (v2) {
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(*v2), &value)) limit = value;
+  } else {
     limit = ReadInt(root + "/memory/memory.limit_in_bytes");
   }
   if (!limit || *limit <= 0 || *limit >= (int64_t{1} << 60)) return std::nullopt;

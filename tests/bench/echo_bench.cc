@@ -212,9 +212,11 @@ int GrpcClient() {
   });
 }
 
-bool ReadFull(int fd, char* data, size_t size) {
+// Moves all `size` bytes through `io` (read or write), which may move fewer per call.
+template <typename Io, typename Byte>
+bool Full(Io io, int fd, Byte* data, size_t size) {
   while (size > 0) {
-    const ssize_t n = read(fd, data, size);
+    const ssize_t n = io(fd, data, size);
     if (n <= 0) return false;
     data += n;
     size -= static_cast<size_t>(n);
@@ -222,14 +224,9 @@ bool ReadFull(int fd, char* data, size_t size) {
   return true;
 }
 
+bool ReadFull(int fd, char* data, size_t size) { return Full(read, fd, data, size); }
 bool WriteFull(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    const ssize_t n = write(fd, data, size);
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<size_t>(n);
-  }
-  return true;
+  return Full(write, fd, data, size);
 }
 
 // Raw TCP: each message is an 8-byte length and the payload; the server sends it back.
