@@ -1,6 +1,9 @@
 #include "core/model_spec.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace attnserve::core {
 
@@ -35,12 +38,37 @@ absl::Status ModelSpec::Validate() const {
   if (precision != Precision::kFp32 && precision != Precision::kBf16) {
     return absl::InvalidArgumentError("precision must be fp32 or bf16");
   }
+  for (size_t i = 0; i < pruned_heads.size(); ++i) {
+    const int64_t head = pruned_heads[i];
+    if (head < 0 || head >= num_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pruned_heads[", i, "] must be in [0, ", num_heads, "), got ", head));
+    }
+    if (i > 0 && head <= pruned_heads[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pruned_heads must be ascending without repeats, got ",
+                       absl::StrJoin(pruned_heads, ",")));
+    }
+  }
+  if (static_cast<int64_t>(pruned_heads.size()) >= num_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pruned_heads must leave at least one of the ", num_heads,
+                     " heads, got ", pruned_heads.size(), " pruned"));
+  }
   return absl::OkStatus();
 }
 
+bool ModelSpec::IsPruned(int64_t head) const {
+  return std::binary_search(pruned_heads.begin(), pruned_heads.end(), head);
+}
+
 std::string ModelSpec::DebugString() const {
-  return absl::StrCat("d_model=", d_model, " num_heads=", num_heads,
-                      " precision=", PrecisionName(precision));
+  std::string text = absl::StrCat("d_model=", d_model, " num_heads=", num_heads,
+                                  " precision=", PrecisionName(precision));
+  if (!pruned_heads.empty()) {
+    absl::StrAppend(&text, " pruned_heads=", absl::StrJoin(pruned_heads, ","));
+  }
+  return text;
 }
 
 }  // namespace attnserve::core

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -27,14 +28,21 @@ struct ModelSpec {
   int64_t num_heads = 8;
   // Arithmetic precision.
   Precision precision = Precision::kFp32;
+  // Heads removed from the model, ascending, each in [0, num_heads), at least one head
+  // left. A pruned head is not computed: its weights are dropped at load, its output
+  // counts as zero, and its attention weights read as zeros.
+  std::vector<int64_t> pruned_heads;
 
   // d_model / num_heads. REQUIRES: Validate().ok().
   int64_t head_dim() const { return d_model / num_heads; }
+  // Whether `head` is in pruned_heads.
+  bool IsPruned(int64_t head) const;
 
   // OK, or InvalidArgument naming the bad field and the expected value.
   absl::Status Validate() const;
 
-  // For logs and errors, e.g. "d_model=512 num_heads=8 precision=fp32".
+  // For logs and errors, e.g. "d_model=512 num_heads=8 precision=fp32" (plus
+  // " pruned_heads=1,3" when some are).
   std::string DebugString() const;
 };
 

@@ -21,6 +21,11 @@ constexpr int kMaxThreads = 1024;
 // Fewer query rows per block would starve the matmuls; a longer block may exceed the
 // byte budget for very long keys.
 constexpr int64_t kMinBlockRows = 16;
+// Causal sequences at least this long are split into about kCausalBlocks row blocks so
+// that the masked upper triangle is skipped; shorter ones cost more in primitive calls
+// than the triangle saves.
+constexpr int64_t kCausalBlockedLength = 256;
+constexpr int64_t kCausalBlocks = 8;
 
 absl::Status FromDnnlError(const dnnl::error& e, absl::string_view what) {
   return absl::InternalError(absl::StrCat("oneDNN failed to ", what, ": ", e.what()));
@@ -38,6 +43,11 @@ dnnl::primitive_attr UserScratchpadAttr() {
 // Row-major [rows, cols] tensor.
 memory::desc Plain2d(int64_t rows, int64_t cols) {
   return memory::desc({rows, cols}, memory::data_type::f32, memory::format_tag::ab);
+}
+
+// A projection's weights W, row-major [out, in], read as [in, out] (W^T).
+memory::desc ProjectionWeights(int64_t in, int64_t out) {
+  return memory::desc({in, out}, memory::data_type::f32, memory::format_tag::ba);
 }
 
 // Scores of `heads` heads [heads, rows, L_k], dense.
@@ -108,27 +118,40 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   } catch (const dnnl::error& e) {
     return FromDnnlError(e, "create a stream");
   }
-  const size_t d = static_cast<size_t>(spec.d_model);
-  const auto rows = [&](size_t first_row) {
+  const int64_t d = spec.d_model;
+  const int64_t head_dim = spec.head_dim();
+  const auto rows = [&](int64_t first_row) {
     return std::vector<float>(weights.in_proj_weight.begin() + first_row * d,
                               weights.in_proj_weight.begin() + (first_row + d) * d);
   };
-  attention->query_weight_ = rows(0);
-  attention->key_weight_ = rows(d);
-  attention->value_weight_ = rows(2 * d);
-  attention->query_bias_.assign(weights.in_proj_bias.begin(),
-                                weights.in_proj_bias.begin() + d);
-  attention->key_bias_.assign(weights.in_proj_bias.begin() + d,
-                              weights.in_proj_bias.begin() + 2 * d);
-  attention->value_bias_.assign(weights.in_proj_bias.begin() + 2 * d,
-                                weights.in_proj_bias.end());
-  attention->out_weight_ = weights.out_proj_weight;
-  attention->out_bias_ = weights.out_proj_bias;
+  HeadSet all;
+  all.heads.resize(spec.num_heads);
+  for (int64_t h = 0; h < spec.num_heads; ++h) all.heads[h] = h;
+  all.width = d;
+  all.query_weight = rows(0);
+  all.key_weight = rows(d);
+  all.value_weight = rows(2 * d);
+  all.query_bias.assign(weights.in_proj_bias.begin(), weights.in_proj_bias.begin() + d);
+  all.key_bias.assign(weights.in_proj_bias.begin() + d,
+                      weights.in_proj_bias.begin() + 2 * d);
+  all.value_bias.assign(weights.in_proj_bias.begin() + 2 * d, weights.in_proj_bias.end());
+  all.out_weight = weights.out_proj_weight;
   // softmax(Q K^T / sqrt(head_dim)): scaling the query projection (weights and bias)
   // once here costs nothing per call.
-  const float scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim()));
-  for (float& w : attention->query_weight_) w *= scale;
-  for (float& b : attention->query_bias_) b *= scale;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (float& w : all.query_weight) w *= scale;
+  for (float& b : all.query_bias) b *= scale;
+  if (spec.pruned_heads.empty()) {
+    attention->model_heads_ = std::move(all);
+  } else {
+    std::vector<int64_t> kept;
+    for (int64_t h = 0; h < spec.num_heads; ++h) {
+      if (!spec.IsPruned(h)) kept.push_back(h);
+    }
+    const std::vector<float> ones(kept.size(), 1.0f);
+    attention->model_heads_ = SliceHeads(all, d, head_dim, kept, ones);
+  }
+  attention->out_bias_ = weights.out_proj_bias;
   return attention;
 }
 
@@ -140,15 +163,79 @@ MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine
       options_(options),
       cache_(static_cast<size_t>(options.primitive_cache_capacity)) {}
 
-dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t heads, int64_t rows) const {
-  return memory::desc({heads, rows, spec_.head_dim()}, memory::data_type::f32,
-                      {spec_.head_dim(), spec_.d_model, 1});
+MultiHeadAttention::HeadSet MultiHeadAttention::SliceHeads(
+    const HeadSet& from, int64_t d_model, int64_t head_dim,
+    absl::Span<const int64_t> positions, absl::Span<const float> factors) {
+  HeadSet set;
+  set.width = static_cast<int64_t>(positions.size()) * head_dim;
+  const size_t slice = static_cast<size_t>(head_dim * d_model);
+  for (const int64_t position : positions) {
+    set.heads.push_back(from.heads[position]);
+    // A head's rows of W_q, W_k, W_v are one contiguous [head_dim, d] block.
+    const auto append_rows = [&](const std::vector<float>& source,
+                                 std::vector<float>& target) {
+      target.insert(target.end(), source.begin() + position * slice,
+                    source.begin() + (position + 1) * slice);
+    };
+    append_rows(from.query_weight, set.query_weight);
+    append_rows(from.key_weight, set.key_weight);
+    append_rows(from.value_weight, set.value_weight);
+    const auto append_bias = [&](const std::vector<float>& source,
+                                 std::vector<float>& target) {
+      target.insert(target.end(), source.begin() + position * head_dim,
+                    source.begin() + (position + 1) * head_dim);
+    };
+    append_bias(from.query_bias, set.query_bias);
+    append_bias(from.key_bias, set.key_bias);
+    append_bias(from.value_bias, set.value_bias);
+  }
+  // W_out is [d, from.width]: keep each row's columns of the chosen heads, scaled.
+  set.out_weight.resize(static_cast<size_t>(d_model * set.width));
+  for (int64_t o = 0; o < d_model; ++o) {
+    for (size_t p = 0; p < positions.size(); ++p) {
+      const float* source =
+          from.out_weight.data() + o * from.width + positions[p] * head_dim;
+      float* target = set.out_weight.data() + o * set.width + p * head_dim;
+      for (int64_t c = 0; c < head_dim; ++c) target[c] = factors[p] * source[c];
+    }
+  }
+  return set;
 }
 
-dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t heads,
-                                                       int64_t length) const {
+const MultiHeadAttention::HeadSet& MultiHeadAttention::SelectHeads(
+    absl::Span<const float> head_mask) {
+  if (head_mask.empty()) return model_heads_;
+  std::vector<int64_t> positions;
+  std::vector<float> factors;
+  bool all_ones = true;
+  for (size_t p = 0; p < model_heads_.heads.size(); ++p) {
+    const float factor = head_mask[model_heads_.heads[p]];
+    all_ones &= factor == 1.0f;
+    if (factor > 0.0f) {
+      positions.push_back(static_cast<int64_t>(p));
+      factors.push_back(factor);
+    }
+  }
+  if (all_ones) return model_heads_;
+  std::vector<float> key(head_mask.begin(), head_mask.end());
+  auto it = masked_heads_.find(key);
+  if (it != masked_heads_.end()) return *it->second;
+  if (masked_heads_.size() >= kMaskedHeadSets) masked_heads_.clear();
+  auto set = std::make_unique<HeadSet>(
+      SliceHeads(model_heads_, spec_.d_model, spec_.head_dim(), positions, factors));
+  return *masked_heads_.emplace(std::move(key), std::move(set)).first->second;
+}
+
+dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t heads, int64_t rows,
+                                                    int64_t width) const {
+  return memory::desc({heads, rows, spec_.head_dim()}, memory::data_type::f32,
+                      {spec_.head_dim(), width, 1});
+}
+
+dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t heads, int64_t length,
+                                                       int64_t width) const {
   return memory::desc({heads, spec_.head_dim(), length}, memory::data_type::f32,
-                      {spec_.head_dim(), 1, spec_.d_model});
+                      {spec_.head_dim(), 1, width});
 }
 
 int64_t MultiHeadAttention::AttentionWeightsSize(
@@ -244,7 +331,6 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
                                              absl::Span<float> attention_weights) {
   const int64_t d = spec_.d_model;
   const int64_t heads = spec_.num_heads;
-  const int64_t head_dim = spec_.head_dim();
   const bool cross = !batch.memory_lengths.empty();
   const absl::Span<const int64_t> key_lengths =
       cross ? batch.memory_lengths : batch.query_lengths;
@@ -253,105 +339,114 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
       cross ? static_cast<int64_t>(batch.memory.size()) / d : query_tokens;
   const float* key_source = cross ? batch.memory.data() : batch.query.data();
 
-  // Projections run once over all packed tokens: Q, K and V land in three dense
-  // planes (strided views of one [T, 3d] buffer would leave oneDNN's fast path).
-  float* q = q_.Reserve(query_tokens * d);
-  float* k = k_.Reserve(key_tokens * d);
-  float* v = v_.Reserve(key_tokens * d);
-  float* context = context_.Reserve(query_tokens * d);
-  ATTN_RETURN_IF_ERROR(Project(batch.query.data(), query_tokens, query_weight_.data(),
-                               query_bias_.data(), q));
-  ATTN_RETURN_IF_ERROR(
-      Project(key_source, key_tokens, key_weight_.data(), key_bias_.data(), k));
-  ATTN_RETURN_IF_ERROR(
-      Project(key_source, key_tokens, value_weight_.data(), value_bias_.data(), v));
+  const HeadSet& set = SelectHeads(options.head_mask);
+  const int64_t width = set.width;
+  computed_heads_ = static_cast<int64_t>(set.heads.size());
+  if (!attention_weights.empty() && static_cast<int64_t>(set.heads.size()) < heads) {
+    // Pruned heads' weights read as zeros; the computed ones overwrite theirs.
+    std::fill(attention_weights.begin(), attention_weights.end(), 0.0f);
+  }
+  if (width == 0) {
+    // Every head pruned: nothing reaches W_out, so each row is its bias.
+    for (int64_t t = 0; t < query_tokens; ++t) {
+      std::copy(out_bias_.begin(), out_bias_.end(), output.begin() + t * d);
+    }
+    return absl::OkStatus();
+  }
 
-  // Attention per sequence, all heads in one batched matmul each.
+  // Projections run once over all packed tokens: Q, K and V of the computed heads land
+  // in three dense [tokens, width] planes (strided views of one [T, 3 width] buffer
+  // would leave oneDNN's fast path).
+  float* q = q_.Reserve(query_tokens * width);
+  float* k = k_.Reserve(key_tokens * width);
+  float* v = v_.Reserve(key_tokens * width);
+  float* context = context_.Reserve(query_tokens * width);
+  ATTN_RETURN_IF_ERROR(Project(batch.query.data(), query_tokens, d,
+                               set.query_weight.data(), set.query_bias.data(), width, q));
+  ATTN_RETURN_IF_ERROR(Project(key_source, key_tokens, d, set.key_weight.data(),
+                               set.key_bias.data(), width, k));
+  ATTN_RETURN_IF_ERROR(Project(key_source, key_tokens, d, set.value_weight.data(),
+                               set.value_bias.data(), width, v));
+
   int64_t query_offset = 0;
   int64_t key_offset = 0;
   int64_t weights_offset = 0;
   for (size_t i = 0; i < batch.query_lengths.size(); ++i) {
     const int64_t query_length = batch.query_lengths[i];
     const int64_t key_length = key_lengths[i];
-    const int64_t weights_size = heads * query_length * key_length;
     float* probabilities =
         attention_weights.empty() ? nullptr : attention_weights.data() + weights_offset;
-    ATTN_RETURN_IF_ERROR(AttendSequence(
-        q + query_offset * d, k + key_offset * d, v + key_offset * d, query_length,
-        key_length, options.causal, probabilities, context + query_offset * d));
+    ATTN_RETURN_IF_ERROR(AttendSequence(set, q + query_offset * width,
+                                        k + key_offset * width, v + key_offset * width,
+                                        query_length, key_length, options.causal,
+                                        probabilities, context + query_offset * width));
     query_offset += query_length;
     key_offset += key_length;
-    weights_offset += weights_size;
+    weights_offset += heads * query_length * key_length;
   }
-
-  bool scaled_heads = false;
-  for (float factor : options.head_mask) scaled_heads |= factor != 1.0f;
-  if (scaled_heads) {
-    // Row t of the context plane is [head_0 | head_1 | ...]; scale each head's slice.
-    for (int64_t t = 0; t < query_tokens; ++t) {
-      float* row = context + t * d;
-      for (int64_t h = 0; h < heads; ++h) {
-        const float factor = options.head_mask[h];
-        for (int64_t j = 0; j < head_dim; ++j) row[h * head_dim + j] *= factor;
-      }
-    }
-  }
-  return Project(context, query_tokens, out_weight_.data(), out_bias_.data(),
+  // The heads' factors are folded into the set's W_out columns.
+  return Project(context, query_tokens, width, set.out_weight.data(), out_bias_.data(), d,
                  output.data());
 }
 
-absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(PrimitiveKind kind,
-                                                                  int64_t heads,
-                                                                  int64_t a, int64_t b) {
-  const int64_t d = spec_.d_model;
+absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
+    PrimitiveKind kind, const std::array<int64_t, 4>& dims) {
   const auto create = [&]() -> absl::StatusOr<CachedPrimitive> {
     try {
       const dnnl::primitive_attr attr = UserScratchpadAttr();
       CachedPrimitive created;
+      const auto finish = [&](const auto& pd) {
+        created.scratchpad_bytes = pd.scratchpad_desc().get_size();
+      };
+      if (kind == PrimitiveKind::kProjection) {
+        const auto [rows, in, out, unused] = dims;
+        // [rows, in] x W^T: W is [out, in] row-major, i.e. [in, out] tag ba.
+        const dnnl::matmul::desc desc(Plain2d(rows, in), ProjectionWeights(in, out),
+                                      Plain2d(1, out), Plain2d(rows, out));
+        const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+        created.primitive = dnnl::matmul(pd);
+        finish(pd);
+        return created;
+      }
+      const auto [heads, rows, keys, width] = dims;
       switch (kind) {
-        case PrimitiveKind::kProjection: {
-          // [rows, d] x W^T: W is [d_out, d_in] row-major, i.e. [d_in, d_out] tag ba.
-          const memory::desc weights({d, d}, memory::data_type::f32,
-                                     memory::format_tag::ba);
-          const dnnl::matmul::desc desc(Plain2d(a, d), weights, Plain2d(1, d),
-                                        Plain2d(a, d));
-          const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
-          created.primitive = dnnl::matmul(pd);
-          created.scratchpad_bytes = pd.scratchpad_desc().get_size();
-          break;
-        }
         case PrimitiveKind::kScores: {
-          const dnnl::matmul::desc desc(HeadRowsView(heads, a), HeadColumnsView(heads, b),
-                                        ScoresDesc(heads, a, b));
+          const dnnl::matmul::desc desc(HeadRowsView(heads, rows, width),
+                                        HeadColumnsView(heads, keys, width),
+                                        ScoresDesc(heads, rows, keys));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
-          created.scratchpad_bytes = pd.scratchpad_desc().get_size();
+          finish(pd);
           break;
         }
         case PrimitiveKind::kSoftmax: {
           const dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference,
-                                                 ScoresDesc(heads, a, b), 2);
+                                                 ScoresDesc(heads, rows, keys), 2);
           const dnnl::softmax_forward::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::softmax_forward(pd);
-          created.scratchpad_bytes = pd.scratchpad_desc().get_size();
+          finish(pd);
           break;
         }
         case PrimitiveKind::kContext: {
-          const dnnl::matmul::desc desc(ScoresDesc(heads, a, b), HeadRowsView(heads, b),
-                                        HeadRowsView(heads, a));
+          const dnnl::matmul::desc desc(ScoresDesc(heads, rows, keys),
+                                        HeadRowsView(heads, keys, width),
+                                        HeadRowsView(heads, rows, width));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
-          created.scratchpad_bytes = pd.scratchpad_desc().get_size();
+          finish(pd);
           break;
         }
+        case PrimitiveKind::kProjection:
+          break;
       }
       return created;
     } catch (const dnnl::error& e) {
       return FromDnnlError(
-          e, absl::StrCat("create a primitive for shape (", a, ", ", b, ")"));
+          e, absl::StrCat("create a primitive for shape (", dims[0], ", ", dims[1], ", ",
+                          dims[2], ", ", dims[3], ")"));
     }
   };
-  return cache_.GetOrCreate(PrimitiveKey{kind, {heads, a, b}}, create);
+  return cache_.GetOrCreate(PrimitiveKey{kind, dims}, create);
 }
 
 absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
@@ -382,27 +477,27 @@ absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
   return absl::OkStatus();
 }
 
-absl::Status MultiHeadAttention::Project(const float* in, int64_t rows,
+absl::Status MultiHeadAttention::Project(const float* in, int64_t rows, int64_t in_width,
                                          const float* weight, const float* bias,
-                                         float* out) {
-  const int64_t d = spec_.d_model;
-  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                        GetPrimitive(PrimitiveKind::kProjection, 0, rows, 0));
-  const memory::desc weights_desc({d, d}, memory::data_type::f32, memory::format_tag::ba);
-  return Execute(*primitive, {{DNNL_ARG_SRC, Plain2d(rows, d), in},
-                              {DNNL_ARG_WEIGHTS, weights_desc, weight},
-                              {DNNL_ARG_BIAS, Plain2d(1, d), bias},
-                              {DNNL_ARG_DST, Plain2d(rows, d), out}});
+                                         int64_t out_width, float* out) {
+  ATTN_ASSIGN_OR_RETURN(
+      CachedPrimitive * primitive,
+      GetPrimitive(PrimitiveKind::kProjection, {rows, in_width, out_width, 0}));
+  return Execute(*primitive,
+                 {{DNNL_ARG_SRC, Plain2d(rows, in_width), in},
+                  {DNNL_ARG_WEIGHTS, ProjectionWeights(in_width, out_width), weight},
+                  {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
+                  {DNNL_ARG_DST, Plain2d(rows, out_width), out}});
 }
 
-absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
-                                                const float* v, int64_t query_length,
-                                                int64_t key_length, bool causal,
-                                                float* attention_weights,
+absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const float* q,
+                                                const float* k, const float* v,
+                                                int64_t query_length, int64_t key_length,
+                                                bool causal, float* attention_weights,
                                                 float* context) {
-  const int64_t heads = spec_.num_heads;
+  const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
-  const int64_t d = spec_.d_model;
+  const int64_t width = set.width;
   const int64_t budget = options_.attention_block_bytes;
   const int64_t row_bytes = key_length * static_cast<int64_t>(sizeof(float));
   // Short sequences: all heads in one batched matmul each (fewest primitive calls).
@@ -411,35 +506,48 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
   // (256 MB at L=2048, h=16) through memory.
   const bool all_heads = heads * query_length * row_bytes <= budget;
   const int64_t group = all_heads ? heads : 1;
-  const int64_t block_rows =
+  int64_t block_rows =
       all_heads
           ? query_length
           : std::min(query_length, std::max<int64_t>(kMinBlockRows, budget / row_bytes));
-  float* scratch = attention_weights != nullptr
-                       ? nullptr
-                       : probabilities_.Reserve(group * block_rows * key_length);
+  // Causal: a block of rows needs only the keys up to its last row, so smaller blocks
+  // skip more of the masked upper triangle: with n blocks the work is (n+1)/2n of the
+  // full square.
+  const bool skip_masked = causal && query_length >= kCausalBlockedLength;
+  if (skip_masked) {
+    block_rows = std::min(
+        block_rows,
+        std::max(kMinBlockRows, (query_length + kCausalBlocks - 1) / kCausalBlocks));
+  }
+  // Scores go straight into the caller's [num_heads, L_q, L_k] weights when they have
+  // the same layout there: all heads present, full key rows.
+  const bool in_place =
+      attention_weights != nullptr && heads == spec_.num_heads && !skip_masked;
+  float* scratch =
+      in_place ? nullptr : probabilities_.Reserve(group * block_rows * key_length);
 
   for (int64_t first_head = 0; first_head < heads; first_head += group) {
-    // Head h's vectors are columns [h*head_dim, (h+1)*head_dim) of the [L, d] planes.
+    // Head p's vectors are columns [p*head_dim, (p+1)*head_dim) of the [L, width] planes.
     const int64_t column = first_head * head_dim;
     for (int64_t first_row = 0; first_row < query_length; first_row += block_rows) {
       const int64_t rows = std::min(block_rows, query_length - first_row);
-      // These heads' weights for these rows are contiguous in the caller's
-      // [h, L_q, L_k] output, so they are computed in place there.
+      const int64_t keys =
+          skip_masked ? std::min(key_length, first_row + rows) : key_length;
       float* scores_data =
-          scratch != nullptr
-              ? scratch
-              : attention_weights + (first_head * query_length + first_row) * key_length;
-      const memory::desc scores = ScoresDesc(group, rows, key_length);
+          in_place
+              ? attention_weights + (first_head * query_length + first_row) * key_length
+              : scratch;
+      const memory::desc scores = ScoresDesc(group, rows, keys);
 
       // scores = Q K^T per head (the 1/sqrt(head_dim) is already folded into Q).
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * scores_primitive,
-          GetPrimitive(PrimitiveKind::kScores, group, rows, key_length));
+          GetPrimitive(PrimitiveKind::kScores, {group, rows, keys, width}));
       ATTN_RETURN_IF_ERROR(
           Execute(*scores_primitive,
-                  {{DNNL_ARG_SRC, HeadRowsView(group, rows), q + first_row * d + column},
-                   {DNNL_ARG_WEIGHTS, HeadColumnsView(group, key_length), k + column},
+                  {{DNNL_ARG_SRC, HeadRowsView(group, rows, width),
+                    q + first_row * width + column},
+                   {DNNL_ARG_WEIGHTS, HeadColumnsView(group, keys, width), k + column},
                    {DNNL_ARG_DST, scores, scores_data}}));
 
       if (causal) {
@@ -449,8 +557,8 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
         for (int64_t g = 0; g < group; ++g) {
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = first_row + r;
-            float* row = scores_data + (g * rows + r) * key_length;
-            if (i + 1 < key_length) std::fill(row + i + 1, row + key_length, masked);
+            float* row = scores_data + (g * rows + r) * keys;
+            if (i + 1 < keys) std::fill(row + i + 1, row + keys, masked);
           }
         }
       }
@@ -458,7 +566,7 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
       // probabilities = softmax(scores) over keys, in place.
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * softmax_primitive,
-          GetPrimitive(PrimitiveKind::kSoftmax, group, rows, key_length));
+          GetPrimitive(PrimitiveKind::kSoftmax, {group, rows, keys, 0}));
       ATTN_RETURN_IF_ERROR(Execute(
           *softmax_primitive,
           {{DNNL_ARG_SRC, scores, scores_data}, {DNNL_ARG_DST, scores, scores_data}}));
@@ -466,12 +574,28 @@ absl::Status MultiHeadAttention::AttendSequence(const float* q, const float* k,
       // context = probabilities V per head, into the heads' columns of the context.
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * context_primitive,
-          GetPrimitive(PrimitiveKind::kContext, group, rows, key_length));
-      ATTN_RETURN_IF_ERROR(Execute(
-          *context_primitive,
-          {{DNNL_ARG_SRC, scores, scores_data},
-           {DNNL_ARG_WEIGHTS, HeadRowsView(group, key_length), v + column},
-           {DNNL_ARG_DST, HeadRowsView(group, rows), context + first_row * d + column}}));
+          GetPrimitive(PrimitiveKind::kContext, {group, rows, keys, width}));
+      ATTN_RETURN_IF_ERROR(
+          Execute(*context_primitive,
+                  {{DNNL_ARG_SRC, scores, scores_data},
+                   {DNNL_ARG_WEIGHTS, HeadRowsView(group, keys, width), v + column},
+                   {DNNL_ARG_DST, HeadRowsView(group, rows, width),
+                    context + first_row * width + column}}));
+
+      if (attention_weights != nullptr && !in_place) {
+        // Copy each head's rows to its model index; keys past `keys` stay zero (the
+        // caller's buffer was zeroed, or these rows are causal-masked there).
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t head = set.heads[first_head + g];
+          for (int64_t r = 0; r < rows; ++r) {
+            const float* source = scores_data + (g * rows + r) * keys;
+            float* target =
+                attention_weights + (head * query_length + first_row + r) * key_length;
+            std::copy(source, source + keys, target);
+            std::fill(target + keys, target + key_length, 0.0f);
+          }
+        }
+      }
     }
   }
   return absl::OkStatus();

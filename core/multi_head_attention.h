@@ -3,17 +3,22 @@
 //
 // For each sequence, with d = d_model, h heads of size d/h:
 //   Q = X W_q^T + b_q,  K = M W_k^T + b_k,  V = M W_v^T + b_v   (M = X for
-//   self-attention) head_i = softmax(Q_i K_i^T / sqrt(d/h)) V_i                    (per
-//   head i) out = concat(mask_1 head_1, ..., mask_h head_h) W_out^T + b_out
+//   self-attention)
+//   head_i = softmax(Q_i K_i^T / sqrt(d/h)) V_i   (per head i)
+//   out = concat(mask_1 head_1, ..., mask_h head_h) W_out^T + b_out
+// A head whose factor is 0 (or that the model prunes) is not computed at all: its rows
+// of W_q, W_k, W_v and its columns of W_out are left out of the matrix products.
 #ifndef ATTNSERVE_CORE_MULTI_HEAD_ATTENTION_H_
 #define ATTNSERVE_CORE_MULTI_HEAD_ATTENTION_H_
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/attention_weights.h"
@@ -43,7 +48,8 @@ struct AttentionOptions {
   // Query position i attends to keys 0..i only. Self-attention only.
   bool causal = false;
   // Empty, or one factor in [0, 1] per head, applied to the head's output before
-  // W_out (0 prunes the head). Applies to every sequence of the batch.
+  // W_out. 0 prunes the head: it is not computed, and its attention weights read as
+  // zeros. Applies to every sequence of the batch.
   absl::Span<const float> head_mask;
 };
 
@@ -80,6 +86,10 @@ class MultiHeadAttention {
   MultiHeadAttention(const MultiHeadAttention&) = delete;
   MultiHeadAttention& operator=(const MultiHeadAttention&) = delete;
 
+  // Masks whose sliced weights are kept (each costs 4 d * width floats); a further
+  // mask clears them.
+  static constexpr size_t kMaskedHeadSets = 8;
+
   // Number of floats Forward writes into `attention_weights` for these lengths:
   // sum over sequences of num_heads * L_q * L_k (L_k = L_q for self-attention).
   static int64_t AttentionWeightsSize(int64_t num_heads,
@@ -89,7 +99,7 @@ class MultiHeadAttention {
   // Computes the batch. `output` receives [sum(query_lengths), d_model] and must have
   // exactly that size. `attention_weights` is empty, or receives per sequence, one
   // after another, the softmax weights [num_heads, L_q, L_k] (rows sum to 1) and then
-  // must have exactly AttentionWeightsSize(...) floats.
+  // must have exactly AttentionWeightsSize(...) floats; a pruned head's are zeros.
   // Errors: InvalidArgument naming the field (a length < 1, sizes that do not match the
   // lengths, memory_lengths count != query_lengths count, causal with cross-attention,
   // head_mask size != num_heads or a value outside [0, 1], a wrong output size);
@@ -99,10 +109,30 @@ class MultiHeadAttention {
                        absl::Span<float> attention_weights = {});
 
   const ModelSpec& spec() const { return spec_; }
+  // Heads the last successful Forward computed: the model's heads less those its head
+  // mask zeroed.
+  int64_t computed_heads() const { return computed_heads_; }
   // Primitives created so far (cache misses); a repeated shape adds none.
   int64_t primitive_creations() const { return cache_.creations(); }
 
  private:
+  // The heads one Forward computes, with their weights sliced out of the model's: W_q,
+  // W_k, W_v rows [width, d] (1/sqrt(head_dim) folded into W_q and b_q) and W_out
+  // columns [d, width] with each head's factor folded in.
+  struct HeadSet {
+    std::vector<int64_t> heads;  // model head indexes, ascending
+    int64_t width = 0;           // heads.size() * head_dim
+    std::vector<float> query_weight, key_weight, value_weight, out_weight;
+    std::vector<float> query_bias, key_bias, value_bias;
+  };
+  // `from`'s heads at `positions` (ascending), their output scaled by `factors`.
+  static HeadSet SliceHeads(const HeadSet& from, int64_t d_model, int64_t head_dim,
+                            absl::Span<const int64_t> positions,
+                            absl::Span<const float> factors);
+  // The head set for `head_mask` (validated): all the model's heads when it is empty or
+  // all ones, else a cached slice.
+  const HeadSet& SelectHeads(absl::Span<const float> head_mask);
+
   // A growable scratch buffer that keeps its capacity between calls.
   class Buffer {
    public:
@@ -118,22 +148,26 @@ class MultiHeadAttention {
 
   absl::Status ForwardImpl(const AttentionBatch& batch, const AttentionOptions& options,
                            absl::Span<float> output, absl::Span<float> attention_weights);
-  // out[rows, d] = in[rows, d] W^T + bias, W row-major [d, d].
-  absl::Status Project(const float* in, int64_t rows, const float* weight,
-                       const float* bias, float* out);
-  // One sequence, all heads: context[L_q, d] from q[L_q, d], k/v[L_k, d]. When
-  // `attention_weights` is not null the softmax weights [h, L_q, L_k] are written there.
-  absl::Status AttendSequence(const float* q, const float* k, const float* v,
-                              int64_t query_length, int64_t key_length, bool causal,
-                              float* attention_weights, float* context);
-  // `heads` consecutive heads' [rows, head_dim] slices of an [L, d] plane, as
-  // [heads, rows, head_dim] with strides (head_dim, d, 1): no copy into per-head planes.
-  dnnl::memory::desc HeadRowsView(int64_t heads, int64_t rows) const;
+  // out[rows, out_width] = in[rows, in_width] W^T + bias, W row-major
+  // [out_width, in_width].
+  absl::Status Project(const float* in, int64_t rows, int64_t in_width,
+                       const float* weight, const float* bias, int64_t out_width,
+                       float* out);
+  // One sequence, the heads of `set`: context[L_q, width] from q[L_q, width],
+  // k/v[L_k, width]. When `attention_weights` is not null the softmax weights
+  // [num_heads, L_q, L_k] of the set's heads are written there (others untouched).
+  absl::Status AttendSequence(const HeadSet& set, const float* q, const float* k,
+                              const float* v, int64_t query_length, int64_t key_length,
+                              bool causal, float* attention_weights, float* context);
+  // `heads` consecutive heads' [rows, head_dim] slices of an [L, width] plane, as
+  // [heads, rows, head_dim] with strides (head_dim, width, 1): no copy into per-head
+  // planes.
+  dnnl::memory::desc HeadRowsView(int64_t heads, int64_t rows, int64_t width) const;
   // The same slices read transposed, [heads, head_dim, length] (K^T).
-  dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length) const;
-  // `heads` is 0 for projections; a, b are (rows, 0) or (rows, L_k).
-  absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind, int64_t heads,
-                                                int64_t a, int64_t b);
+  dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length, int64_t width) const;
+  // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width).
+  absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind,
+                                                const std::array<int64_t, 4>& dims);
   // One execution argument: oneDNN's argument id, its layout, and where its data is
   // (read, or written for a DST argument).
   struct ExecArg {
@@ -151,9 +185,11 @@ class MultiHeadAttention {
   Options options_;
   PrimitiveCache cache_;
 
-  // Weights, with 1/sqrt(head_dim) folded into the query projection.
-  std::vector<float> query_weight_, key_weight_, value_weight_, out_weight_;
-  std::vector<float> query_bias_, key_bias_, value_bias_, out_bias_;
+  // The model's heads (all but spec.pruned_heads), and slices of it per head mask.
+  HeadSet model_heads_;
+  absl::flat_hash_map<std::vector<float>, std::unique_ptr<HeadSet>> masked_heads_;
+  std::vector<float> out_bias_;
+  int64_t computed_heads_ = 0;
 
   Buffer q_, k_, v_, context_, probabilities_;
   std::unique_ptr<uint8_t[]> scratchpad_;

@@ -20,7 +20,7 @@ namespace attnserve::core {
 
 // What a primitive computes; part of the key.
 enum class PrimitiveKind : int32_t {
-  kProjection,  // [rows, d] x [d, d] + bias
+  kProjection,  // [rows, in] x [in, out] + bias
   kScores,      // per head group and row block: Q K^T
   kSoftmax,     // per head group and row block: softmax over keys
   kContext,     // per head group and row block: P V
@@ -28,7 +28,7 @@ enum class PrimitiveKind : int32_t {
 
 struct PrimitiveKey {
   PrimitiveKind kind = PrimitiveKind::kProjection;
-  std::array<int64_t, 3> dims = {0, 0, 0};
+  std::array<int64_t, 4> dims = {0, 0, 0, 0};
 
   bool operator==(const PrimitiveKey& other) const {
     return kind == other.kind && dims == other.dims;

@@ -53,6 +53,10 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
   std::vector<double> concat(lq * d, 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   for (int64_t h = 0; h < heads; ++h) {
+    const double factor =
+        spec.IsPruned(h) ? 0.0 : (head_mask.empty() ? 1.0 : head_mask[h]);
+    // A head with factor 0 is pruned: not computed, attention weights all zero.
+    if (factor == 0.0) continue;
     for (int64_t i = 0; i < lq; ++i) {
       double* row = &result.attention[(h * lq + i) * lk];
       double max_score = -std::numeric_limits<double>::infinity();
@@ -71,7 +75,6 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
         sum += row[j];
       }
       for (int64_t j = 0; j < lk; ++j) row[j] /= sum;
-      const double factor = head_mask.empty() ? 1.0 : head_mask[h];
       for (int64_t c = 0; c < head_dim; ++c) {
         double value = 0.0;
         for (int64_t j = 0; j < lk; ++j) value += row[j] * v[j * d + h * head_dim + c];

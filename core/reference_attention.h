@@ -20,8 +20,9 @@ struct ReferenceResult {
 };
 
 // One sequence: `query` [L_q, d]; `memory` [L_k, d] or empty for self-attention;
-// `head_mask` empty or h factors. REQUIRES: consistent sizes (checked by assert-free
-// arithmetic only; callers are tests).
+// `head_mask` empty or h factors. A head with factor 0, or in spec.pruned_heads, is
+// pruned: it adds nothing to the output and its attention weights are zeros. REQUIRES:
+// consistent sizes (checked by assert-free arithmetic only; callers are tests).
 ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
                                    absl::Span<const float> query,
                                    absl::Span<const float> memory, bool causal,

@@ -28,10 +28,12 @@ struct Fixture {
 };
 
 Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
-                    int threads = 0, int64_t block_bytes = 1 << 20) {
+                    int threads = 0, int64_t block_bytes = 1 << 20,
+                    std::vector<int64_t> pruned_heads = {}) {
   Fixture fixture;
   fixture.spec.d_model = d_model;
   fixture.spec.num_heads = num_heads;
+  fixture.spec.pruned_heads = std::move(pruned_heads);
   fixture.weights = GenerateAttentionWeights(fixture.spec, seed);
   absl::StatusOr<dnnl::engine> engine = CreateEngine(DeviceKind::kCpu);
   EXPECT_TRUE(engine.ok()) << engine.status();
@@ -274,6 +276,93 @@ TEST(MultiHeadAttentionTest, ZeroedHeadEqualsRemovingItsOutputColumns) {
   ASSERT_TRUE(
       (*pruned_attention)->Forward({query, lengths}, {}, absl::MakeSpan(removed)).ok());
   EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(masked), absl::MakeConstSpan(removed)), 1e-6);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWithModelPrunedHeads) {
+  // Heads 1 and 3 of 6 are sliced out at load: outputs match the reference with those
+  // heads removed, their attention weights read as zeros, and request masks combine.
+  Fixture fixture = MakeFixture(120, 6, 7, 0, 1 << 20, {1, 3});
+  ExpectMatchesReference(fixture, {1, 7, 40}, {}, false, {}, 30);
+  ExpectMatchesReference(fixture, {5, 3}, {9, 4}, false, {}, 31);
+  ExpectMatchesReference(fixture, {300}, {}, true, {}, 32);
+  ExpectMatchesReference(fixture, {12}, {}, false, {1, 1, 0, 1, 0.5f, 1}, 33);
+  EXPECT_EQ(fixture.attention->computed_heads(), 3);
+}
+
+TEST(MultiHeadAttentionTest, MatchesReferenceWhenCausalBlocksSkipMaskedKeys) {
+  // Sequences of 256+ tokens run causal attention in row blocks that stop at their
+  // last row's key: all heads at once, one head at a time, and with a head mask.
+  Fixture all_heads = MakeFixture(32, 2, 7, 0, int64_t{1} << 30);
+  ExpectMatchesReference(all_heads, {300, 5, 257}, {}, true, {}, 34);
+  Fixture per_head = MakeFixture(64, 4, 7, 0, 4096);
+  ExpectMatchesReference(per_head, {333}, {}, true, {}, 35);
+  ExpectMatchesReference(per_head, {256}, {}, true, {0, 1, 0.5f, 0}, 36);
+}
+
+TEST(MultiHeadAttentionTest, CausalBlocksWithoutWeightsEqualWithWeights) {
+  // Without returned weights the blocks' scores live in scratch; the output must not
+  // depend on where they were kept.
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {400};
+  const std::vector<float> query = RandomTokens(400 * 64, 37);
+  std::vector<float> with(400 * 64), without(400 * 64);
+  std::vector<float> weights(MultiHeadAttention::AttentionWeightsSize(4, lengths, {}));
+  AttentionOptions options;
+  options.causal = true;
+  ASSERT_TRUE(fixture.attention
+                  ->Forward({query, lengths}, options, absl::MakeSpan(with),
+                            absl::MakeSpan(weights))
+                  .ok());
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, options, absl::MakeSpan(without))
+          .ok());
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(with), absl::MakeConstSpan(without)), 1e-6);
+}
+
+TEST(MultiHeadAttentionTest, ZeroHeadsAreLeftOutOfTheComputation) {
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {6};
+  const std::vector<float> query = RandomTokens(6 * 64, 38);
+  std::vector<float> output(6 * 64);
+  const std::vector<float> half = {1, 0, 0.5f, 0};
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {false, half}, absl::MakeSpan(output))
+          .ok());
+  EXPECT_EQ(fixture.attention->computed_heads(), 2);
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  EXPECT_EQ(fixture.attention->computed_heads(), 4);
+}
+
+TEST(MultiHeadAttentionTest, AllHeadsMaskedLeavesTheOutputBias) {
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectMatchesReference(fixture, {3, 8}, {}, false, {0, 0, 0, 0}, 39);
+  const std::vector<int64_t> lengths = {2};
+  const std::vector<float> query = RandomTokens(2 * 64, 40);
+  std::vector<float> output(2 * 64, -1.0f);
+  const std::vector<float> none = {0, 0, 0, 0};
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {false, none}, absl::MakeSpan(output))
+          .ok());
+  EXPECT_EQ(fixture.attention->computed_heads(), 0);
+  for (int64_t t = 0; t < 2; ++t) {
+    for (int64_t o = 0; o < 64; ++o) {
+      EXPECT_EQ(output[t * 64 + o], fixture.weights.out_proj_bias[o]);
+    }
+  }
+}
+
+TEST(MultiHeadAttentionTest, MoreMasksThanItKeepsStayCorrect) {
+  // Cycling through more distinct masks than are cached re-slices the weights each
+  // time; every answer must still match the reference.
+  Fixture fixture = MakeFixture(32, 4);
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < MultiHeadAttention::kMaskedHeadSets + 3; ++i) {
+      const float factor = 0.05f * static_cast<float>(i + 1);
+      ExpectMatchesReference(fixture, {4}, {}, false, {factor, 1, 0, 1},
+                             static_cast<uint32_t>(50 + i));
+    }
+  }
 }
 
 TEST(MultiHeadAttentionTest, ReusesPrimitivesForRepeatedShapes) {

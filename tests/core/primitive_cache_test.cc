@@ -10,7 +10,7 @@ absl::StatusOr<CachedPrimitive> MakeEmpty(int& calls) {
   return CachedPrimitive{};
 }
 
-PrimitiveKey Key(int64_t a) { return PrimitiveKey{PrimitiveKind::kScores, {1, a, a}}; }
+PrimitiveKey Key(int64_t a) { return PrimitiveKey{PrimitiveKind::kScores, {1, a, a, 0}}; }
 
 TEST(PrimitiveCacheTest, CreatesOncePerKey) {
   PrimitiveCache cache(4);
