@@ -125,9 +125,14 @@ int Models(const AttentionClient& client) {
   std::printf("%-24s %8s %6s %9s %8s %10s\n", "MODEL", "D_MODEL", "HEADS", "PRECISION",
               "MAX_LEN", "MAX_BATCH");
   for (const auto& model : *models) {
-    std::printf("%-24s %8lld %6lld %9s %8lld %10d\n", model.name().c_str(),
-                static_cast<long long>(model.d_model()),
-                static_cast<long long>(model.num_heads()),
+    // HEADS reads "6/8" when the model prunes 2 of its 8 heads.
+    const std::string heads =
+        model.pruned_heads().empty()
+            ? absl::StrCat(model.num_heads())
+            : absl::StrCat(model.num_heads() - model.pruned_heads_size(), "/",
+                           model.num_heads());
+    std::printf("%-24s %8lld %6s %9s %8lld %10d\n", model.name().c_str(),
+                static_cast<long long>(model.d_model()), heads.c_str(),
                 model.precision() == attnserve::v1::PRECISION_BF16 ? "bf16" : "fp32",
                 static_cast<long long>(model.max_sequence_length()),
                 model.batching().max_batch_size());

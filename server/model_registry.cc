@@ -36,6 +36,15 @@ core::Precision ToCorePrecision(v1::Precision precision) {
                                          : core::Precision::kFp32;
 }
 
+core::ModelSpec SpecFromConfig(const v1::ModelConfig& config) {
+  core::ModelSpec spec;
+  spec.d_model = config.d_model();
+  spec.num_heads = config.num_heads();
+  spec.precision = ToCorePrecision(config.precision());
+  spec.pruned_heads.assign(config.pruned_heads().begin(), config.pruned_heads().end());
+  return spec;
+}
+
 v1::Precision ToProtoPrecision(core::Precision precision) {
   return precision == core::Precision::kBf16 ? v1::PRECISION_BF16 : v1::PRECISION_FP32;
 }
@@ -91,6 +100,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   info.set_name(name);
   info.set_d_model(spec.d_model);
   info.set_num_heads(spec.num_heads);
+  info.mutable_pruned_heads()->Add(spec.pruned_heads.begin(), spec.pruned_heads.end());
   info.set_precision(ToProtoPrecision(spec.precision));
   info.set_max_sequence_length(max_sequence_length);
   info.add_input_dtypes(v1::DATA_TYPE_FP32);
@@ -138,10 +148,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
                                                              parsed.status().message()));
   }
   const v1::ModelConfig& config = *parsed;
-  core::ModelSpec spec;
-  spec.d_model = config.d_model();
-  spec.num_heads = config.num_heads();
-  spec.precision = ToCorePrecision(config.precision());
+  const core::ModelSpec spec = SpecFromConfig(config);
   const int64_t max_sequence_length = config.max_sequence_length() != 0
                                           ? config.max_sequence_length()
                                           : options.max_sequence_length;
@@ -181,10 +188,7 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
     return absl::InvalidArgumentError(absl::StrCat(
         "name \"", config.name(), "\" must equal the folder name \"", folder_name, "\""));
   }
-  core::ModelSpec spec;
-  spec.d_model = config.d_model();
-  spec.num_heads = config.num_heads();
-  spec.precision = ToCorePrecision(config.precision());
+  const core::ModelSpec spec = SpecFromConfig(config);
   if (absl::Status status = spec.Validate(); !status.ok()) {
     return absl::InvalidArgumentError(status.message());
   }

@@ -24,7 +24,7 @@ def run_core(binary, min_time):
     env = dict(os.environ)
     out = subprocess.run(
         [binary, "--benchmark_format=json", f"--benchmark_min_time={min_time}",
-         "--benchmark_filter=BM_MultiHeadAttention|BM_PeakMatmul"],
+         "--benchmark_filter=BM_MultiHeadAttention|BM_PeakMatmul|BM_Variant"],
         check=True, capture_output=True, text=True, env=env).stdout
     results = {}
     for bench in json.loads(out)["benchmarks"]:
@@ -33,10 +33,62 @@ def run_core(binary, min_time):
         ms = bench["real_time"] if bench["time_unit"] == "ms" else bench["real_time"] / 1e6
         if name.startswith("BM_PeakMatmul"):
             results[("peak", args["threads"])] = bench["GFLOPs"]
+        elif name.startswith("BM_Variant"):
+            results[("variant", args["B"], args["L"], args["d"], args["h"],
+                     args["variant"])] = ms
         else:
             key = (args["B"], args["L"], args["d"], args["h"], args["threads"])
             results[key] = ms
     return results
+
+
+def peak_rss_mib(binary, length):
+    """Peak RSS of a process that runs one forward pass at this length, alone."""
+    process = subprocess.Popen(
+        [binary, f"--benchmark_filter=BM_LongSequence/L:{length}/"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise RuntimeError(f"core_bench at L={length} exited {process.returncode}")
+    return usage.ru_maxrss / 1024.0
+
+
+def onednn_report(binary):
+    """oneDNN's effective ISA and the implementation it picked per primitive kind, from
+    ONEDNN_VERBOSE on one short run of the server's base shape."""
+    env = dict(os.environ, ONEDNN_VERBOSE="1")
+    out = subprocess.run(
+        [binary, "--benchmark_filter=BM_ServerShapes/B:1/L:128/",
+         "--benchmark_min_time=0.01"],
+        check=True, capture_output=True, text=True, env=env).stdout
+    isa, picked = "unknown", {}
+    for line in out.splitlines():
+        fields = line.split(",")
+        if line.startswith("onednn_verbose,info,cpu,isa:"):
+            isa = fields[3][len("isa:"):]
+        elif line.startswith("onednn_verbose,exec,cpu,") and len(fields) > 5:
+            picked.setdefault(fields[3], set()).add(fields[4])
+    kinds = "; ".join(f"{kind}: {', '.join(sorted(impls))}"
+                      for kind, impls in sorted(picked.items()))
+    return isa, kinds
+
+
+def cpu_isa():
+    flags = set()
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    model = "unknown"
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model}; {' '.join(isa) or 'no AVX2'}"
 
 
 def run_torch(min_seconds):
@@ -74,6 +126,10 @@ def main():
     parser.add_argument("--min-time", type=float, default=0.5)
     args = parser.parse_args()
 
+    isa, implementations = onednn_report(args.core_bench)
+    print(f"host: {cpu_isa()}")
+    print(f"oneDNN effective ISA: {isa}")
+    print(f"oneDNN implementations (L=128, d=512): {implementations}")
     core_rounds, torch_rounds, info = [], [], {}
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}/{args.rounds}: core", file=sys.stderr, flush=True)
@@ -96,7 +152,7 @@ def main():
               f"{'vs peak':>7}")
     print(header)
     print("-" * len(header))
-    keys = sorted((k for k in core_rounds[0] if k[0] != "peak"), key=lambda k: (k[4], k[:4]))
+    keys = sorted((k for k in core_rounds[0] if isinstance(k[0], int)), key=lambda k: (k[4], k[:4]))
     for key in keys:
         batch, length, d_model, heads, threads = key
         core_ms = median(core_rounds, key)
@@ -106,10 +162,66 @@ def main():
         print(f"{batch:>3} {length:>5} {d_model:>5} {heads:>3} {threads:>3} | "
               f"{core_ms:>9.2f} {core_gflops:>8.1f} | {torch_ms:>9.2f} {torch_gflops:>8.1f} | "
               f"{torch_ms / core_ms:>7.2f}x {core_gflops / peaks[threads]:>7.2f}")
+    speedups = {}
     for shape in sorted({k[:4] for k in keys}):
         one = median(core_rounds, shape + (1,))
         two = median(core_rounds, shape + (2,))
+        speedups[shape] = one / two
         print(f"2-thread speed-up {shape}: {one / two:.2f}x")
+
+    def variant(shape, kind):
+        return median(core_rounds, ("variant",) + shape + (kind,))
+
+    print("\nremoved work, 1 thread (ms, medians):")
+    names = {1: "half the heads masked per request", 2: "half the heads pruned by the model",
+             3: "causal"}
+    gains = {}
+    for shape in sorted({k[1:5] for k in core_rounds[0] if k[0] == "variant"}):
+        full = variant(shape, 0)
+        for kind, name in names.items():
+            ms = variant(shape, kind)
+            if ms == ms:  # measured for this shape
+                gains[(shape, kind)] = full / ms
+                print(f"  B={shape[0]} L={shape[1]} d={shape[2]} h={shape[3]}: full {full:.2f}, "
+                      f"{name} {ms:.2f} -> {full / ms:.2f}x")
+
+    print("\npeak RSS of one forward pass without returned weights (d=512, h=8, alone):")
+    rss = {length: peak_rss_mib(args.core_bench, length) for length in (2048, 4096, 8192)}
+    for length, mib in rss.items():
+        print(f"  L={length}: {mib:.0f} MiB")
+    # Growth per doubling: linear in L gives 2x the previous step, L^2 gives 4x.
+    growth = (rss[8192] - rss[4096]) / max(rss[4096] - rss[2048], 1e-9)
+    print(f"  growth 4096->8192 over 2048->4096: {growth:.2f} (L d: 2, L^2: 4); "
+          f"the L^2 weights of all heads at L=8192 would be {8 * 8192 * 8192 * 4 / 2**20:.0f} MiB")
+
+    def vs_peak(length_filter):
+        values = [flops(*k[:3]) / median(core_rounds, k) / 1e6 / peaks[1]
+                  for k in keys if k[4] == 1 and length_filter(k[1])]
+        return min(values) if values else float("nan")
+
+    torch_128 = [median(torch_rounds, k) / median(core_rounds, k)
+                 for k in keys if k[4] == 1 and k[1] == 128]
+    pruning = [g for (shape, kind), g in gains.items() if kind in (1, 2)]
+    causal = [g for (shape, kind), g in gains.items() if kind == 3 and shape[1] == 2048]
+    rows = [
+        ("fp32, 1 thread, L <= 512: min fraction of peak", vs_peak(lambda L: L <= 512),
+         0.90),
+        ("fp32, 1 thread, L = 2048: fraction of peak", vs_peak(lambda L: L == 2048), 0.85),
+        ("fp32 vs torch, 1 thread, L=128, B=1..32: min", min(torch_128, default=float("nan")),
+         1.2),
+        ("2 threads vs 1: min over shapes", min(speedups.values(), default=float("nan")), 1.8),
+        ("half the heads pruned vs all: min", min(pruning, default=float("nan")), 1.7),
+        ("causal vs full at L=2048", min(causal, default=float("nan")), 1.6),
+    ]
+    print(f"\ntargets on {cpu_isa()}:")
+    for name, value, target in rows:
+        verdict = "PASS" if value >= target else "FAIL"
+        print(f"  {name:<50} {value:>6.2f}  target >= {target:<5} {verdict}")
+    verdict = "PASS" if growth <= 2.5 else "FAIL"
+    print(f"  {'peak memory at L=8192: growth per doubling':<50} {growth:>6.2f}  "
+          f"target <= 2.5   {verdict}")
+    print(f"  {'bf16 vs fp32':<50} {'-':>6}  target >= 1.7   NOT BUILT (bf16 is refused "
+          f"at start-up)")
 
 
 if __name__ == "__main__":

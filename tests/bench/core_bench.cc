@@ -141,6 +141,90 @@ BENCHMARK(BM_MixedLengths)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0);
 
+// What removed work buys, each beside the same shape in full (variant 0): 1 = half the
+// heads zeroed by the request's head_mask, 2 = half the heads pruned by the model, 3 =
+// causal. make bench-core prints the ratios against their targets.
+void BM_Variant(benchmark::State& state) {
+  const int64_t batch = state.range(0);
+  const int64_t length = state.range(1);
+  const int64_t variant = state.range(4);
+  ModelSpec spec;
+  spec.d_model = state.range(2);
+  spec.num_heads = state.range(3);
+  if (variant == 2) {
+    for (int64_t h = 1; h < spec.num_heads; h += 2) spec.pruned_heads.push_back(h);
+  }
+  MultiHeadAttention::Options options;
+  options.intra_op_threads = 1;
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
+                                              *engine, options);
+  if (!attention.ok()) {
+    state.SkipWithError(attention.status().ToString().c_str());
+    return;
+  }
+  const std::vector<int64_t> lengths(batch, length);
+  std::vector<float> query(batch * length * spec.d_model);
+  for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>(i % 17) / 17.0f;
+  std::vector<float> output(query.size());
+  std::vector<float> mask(spec.num_heads, 1.0f);
+  for (int64_t h = 1; h < spec.num_heads; h += 2) mask[h] = 0.0f;
+  AttentionOptions attention_options;
+  if (variant == 1) attention_options.head_mask = mask;
+  attention_options.causal = variant == 3;
+  AttentionBatch packed;
+  packed.query = query;
+  packed.query_lengths = lengths;
+  for (auto _ : state) {
+    const absl::Status status =
+        (*attention)->Forward(packed, attention_options, absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(output.data());
+  }
+}
+BENCHMARK(BM_Variant)
+    ->ArgNames({"B", "L", "d", "h", "variant"})
+    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2}})
+    ->ArgsProduct({{1}, {2048}, {1024}, {16}, {0, 1, 2, 3}})
+    ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+
+// One long sequence without returned weights, once: make bench-core runs it alone per L
+// and reads the process's peak RSS, which must grow like L d, not L^2.
+void BM_LongSequence(benchmark::State& state) {
+  ModelSpec spec;  // d=512, h=8
+  MultiHeadAttention::Options options;
+  options.intra_op_threads = 1;
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
+                                              *engine, options);
+  const int64_t length = state.range(0);
+  const std::vector<int64_t> lengths = {length};
+  std::vector<float> query(length * spec.d_model, 0.25f), output(query.size());
+  for (auto _ : state) {
+    const absl::Status status =
+        (*attention)
+            ->Forward({query, lengths}, AttentionOptions(), absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return;
+    }
+  }
+}
+BENCHMARK(BM_LongSequence)
+    ->ArgName("L")
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Arg(8192)
+    ->Iterations(1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // The in-situ ceiling: oneDNN's own large square f32 matmul.
 void BM_PeakMatmul(benchmark::State& state) {
   const int64_t n = state.range(0);

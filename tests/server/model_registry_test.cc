@@ -91,6 +91,61 @@ TEST(ModelRegistryTest, GeneratesWeightsFromASeedWhenAsked) {
   (*registry)->Shutdown();
 }
 
+TEST(ModelRegistryTest, PrunedHeadsAnswerLikeAMaskAndCostNoCompute) {
+  // Two models with the same seeded weights: "full" serves all 6 heads, "pruned" drops
+  // heads 1 and 4 at load. A request masking those heads on "full" must get what
+  // "pruned" answers unmasked, and "pruned"'s attention weights for them are zeros.
+  const std::string repository = NewRepository("pruned");
+  WriteFile(repository + "/full/config.pbtxt",
+            "d_model: 96\nnum_heads: 6\ngenerated_weights: true\nseed: 5\n");
+  WriteFile(repository + "/pruned/config.pbtxt",
+            "d_model: 96\nnum_heads: 6\npruned_heads: [1, 4]\n"
+            "generated_weights: true\nseed: 5\n");
+  auto server = StartServer([&](AttentionServer::Options& options) {
+    options.models.model_repository = repository;
+  });
+  ASSERT_NE(server.server, nullptr);
+  auto info = server.client->GetModel("pruned");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_THAT(info->pruned_heads(), ::testing::ElementsAre(1, 4));
+
+  std::vector<float> query(7 * 96);
+  for (size_t i = 0; i < query.size(); ++i) query[i] = 0.01f * static_cast<float>(i % 53);
+  v1::AttendRequest masked;
+  masked.set_model("full");
+  *masked.mutable_query() = Float32Tensor(query, {7, 96});
+  for (float factor : {1, 0, 1, 1, 0, 1}) masked.add_head_mask(factor);
+  v1::AttendRequest plain;
+  plain.set_model("pruned");
+  *plain.mutable_query() = Float32Tensor(query, {7, 96});
+  plain.set_return_attention(true);
+  auto from_mask = server.client->Attend(masked);
+  auto from_pruning = server.client->Attend(plain);
+  ASSERT_TRUE(from_mask.ok()) << from_mask.status();
+  ASSERT_TRUE(from_pruning.ok()) << from_pruning.status();
+  const std::vector<float> a = *Float32Values(from_mask->output());
+  const std::vector<float> b = *Float32Values(from_pruning->output());
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-6) << i;
+  const std::vector<float> weights = *Float32Values(from_pruning->attention());
+  ASSERT_EQ(weights.size(), 6u * 7 * 7);
+  for (int64_t head = 0; head < 6; ++head) {
+    float sum = 0;
+    for (int64_t j = 0; j < 7 * 7; ++j) sum += weights[head * 49 + j];
+    EXPECT_NEAR(sum, (head == 1 || head == 4) ? 0.0f : 7.0f, 1e-4) << "head " << head;
+  }
+}
+
+TEST(ModelRegistryTest, BadPrunedHeadsStopStartUpNamingTheField) {
+  const std::string repository = NewRepository("bad_pruned");
+  WriteFile(repository + "/m/config.pbtxt",
+            "d_model: 64\nnum_heads: 4\npruned_heads: [2, 4]\ngenerated_weights: true\n");
+  const absl::Status status = LoadStatus(repository);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr(repository + "/m/config.pbtxt"));
+  EXPECT_THAT(status.message(), HasSubstr("pruned_heads[1] must be in [0, 4), got 4"));
+}
+
 TEST(ModelRegistryTest, MalformedConfigNamesFileAndLine) {
   const std::string repository = NewRepository("malformed");
   WriteFile(repository + "/m/config.pbtxt", "d_model: 64\nnum_heads: four\n");
