@@ -41,13 +41,38 @@ dnnl::primitive_attr UserScratchpadAttr() {
 }
 
 // Row-major [rows, cols] tensor.
-memory::desc Plain2d(int64_t rows, int64_t cols) {
-  return memory::desc({rows, cols}, memory::data_type::f32, memory::format_tag::ab);
+memory::desc Plain2d(int64_t rows, int64_t cols,
+                     memory::data_type type = memory::data_type::f32) {
+  return memory::desc({rows, cols}, type, memory::format_tag::ab);
 }
 
-// A projection's weights W, row-major [out, in], read as [in, out] (W^T).
+// A projection's weights W, row-major f32 [out, in], read as [in, out] (W^T).
 memory::desc ProjectionWeights(int64_t in, int64_t out) {
   return memory::desc({in, out}, memory::data_type::f32, memory::format_tag::ba);
+}
+
+// oneDNN's name for its effective ISA, for error messages.
+absl::string_view IsaName() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
 }
 
 // Scores of `heads` heads [heads, rows, L_k], dense.
@@ -71,12 +96,19 @@ absl::Status CheckLengths(absl::Span<const int64_t> lengths, absl::string_view f
 
 }  // namespace
 
-float* MultiHeadAttention::Buffer::Reserve(size_t count) {
-  if (count > capacity_) {
-    data_ = std::make_unique<float[]>(count);
-    capacity_ = count;
+void* MultiHeadAttention::Buffer::Reserve(size_t bytes) {
+  if (bytes > capacity_) {
+    // Uninitialised: every use writes before it reads.
+    data_.reset(new uint8_t[bytes]);
+    capacity_ = bytes;
   }
   return data_.get();
+}
+
+bool MultiHeadAttention::SupportsBf16() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
 }
 
 absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
@@ -102,10 +134,11 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "attention_block_bytes must be >= 1024, got ", options.attention_block_bytes));
   }
-  if (spec.precision != Precision::kFp32) {
-    return absl::UnimplementedError(
-        absl::StrCat("precision ", PrecisionName(spec.precision),
-                     " is not implemented by the attention core yet; use fp32"));
+  if (spec.precision == Precision::kBf16 && !SupportsBf16()) {
+    // On plain AVX-512 or AVX2 oneDNN emulates bf16 products, slower than fp32.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "precision bf16 needs a CPU with AVX512_BF16 or AMX; oneDNN's ISA here is ",
+        IsaName(), ": use precision fp32"));
   }
   if (engine.get_kind() != dnnl::engine::kind::cpu) {
     return absl::UnimplementedError(
@@ -128,18 +161,18 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   all.heads.resize(spec.num_heads);
   for (int64_t h = 0; h < spec.num_heads; ++h) all.heads[h] = h;
   all.width = d;
-  all.query_weight = rows(0);
-  all.key_weight = rows(d);
-  all.value_weight = rows(2 * d);
+  all.query_weight.plain = rows(0);
+  all.key_weight.plain = rows(d);
+  all.value_weight.plain = rows(2 * d);
   all.query_bias.assign(weights.in_proj_bias.begin(), weights.in_proj_bias.begin() + d);
   all.key_bias.assign(weights.in_proj_bias.begin() + d,
                       weights.in_proj_bias.begin() + 2 * d);
   all.value_bias.assign(weights.in_proj_bias.begin() + 2 * d, weights.in_proj_bias.end());
-  all.out_weight = weights.out_proj_weight;
+  all.out_weight.plain = weights.out_proj_weight;
   // softmax(Q K^T / sqrt(head_dim)): scaling the query projection (weights and bias)
   // once here costs nothing per call.
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  for (float& w : all.query_weight) w *= scale;
+  for (float& w : all.query_weight.plain) w *= scale;
   for (float& b : all.query_bias) b *= scale;
   if (spec.pruned_heads.empty()) {
     attention->model_heads_ = std::move(all);
@@ -158,6 +191,9 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
 MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine& engine,
                                        const Options& options)
     : spec_(spec),
+      compute_(spec.precision == Precision::kBf16 ? memory::data_type::bf16
+                                                  : memory::data_type::f32),
+      compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4),
       engine_(engine),
       stream_(engine),
       options_(options),
@@ -172,10 +208,9 @@ MultiHeadAttention::HeadSet MultiHeadAttention::SliceHeads(
   for (const int64_t position : positions) {
     set.heads.push_back(from.heads[position]);
     // A head's rows of W_q, W_k, W_v are one contiguous [head_dim, d] block.
-    const auto append_rows = [&](const std::vector<float>& source,
-                                 std::vector<float>& target) {
-      target.insert(target.end(), source.begin() + position * slice,
-                    source.begin() + (position + 1) * slice);
+    const auto append_rows = [&](const Matrix& source, Matrix& target) {
+      target.plain.insert(target.plain.end(), source.plain.begin() + position * slice,
+                          source.plain.begin() + (position + 1) * slice);
     };
     append_rows(from.query_weight, set.query_weight);
     append_rows(from.key_weight, set.key_weight);
@@ -190,19 +225,19 @@ MultiHeadAttention::HeadSet MultiHeadAttention::SliceHeads(
     append_bias(from.value_bias, set.value_bias);
   }
   // W_out is [d, from.width]: keep each row's columns of the chosen heads, scaled.
-  set.out_weight.resize(static_cast<size_t>(d_model * set.width));
+  set.out_weight.plain.resize(static_cast<size_t>(d_model * set.width));
   for (int64_t o = 0; o < d_model; ++o) {
     for (size_t p = 0; p < positions.size(); ++p) {
       const float* source =
-          from.out_weight.data() + o * from.width + positions[p] * head_dim;
-      float* target = set.out_weight.data() + o * set.width + p * head_dim;
+          from.out_weight.plain.data() + o * from.width + positions[p] * head_dim;
+      float* target = set.out_weight.plain.data() + o * set.width + p * head_dim;
       for (int64_t c = 0; c < head_dim; ++c) target[c] = factors[p] * source[c];
     }
   }
   return set;
 }
 
-const MultiHeadAttention::HeadSet& MultiHeadAttention::SelectHeads(
+MultiHeadAttention::HeadSet& MultiHeadAttention::SelectHeads(
     absl::Span<const float> head_mask) {
   if (head_mask.empty()) return model_heads_;
   std::vector<int64_t> positions;
@@ -226,15 +261,28 @@ const MultiHeadAttention::HeadSet& MultiHeadAttention::SelectHeads(
   return *masked_heads_.emplace(std::move(key), std::move(set)).first->second;
 }
 
+const dnnl::memory& MultiHeadAttention::Packed(Matrix& matrix, int64_t in, int64_t out,
+                                               const memory::desc& desc) {
+  for (const auto& [layout, packed] : matrix.packed) {
+    if (layout == desc) return packed;
+  }
+  memory plain(ProjectionWeights(in, out), engine_, matrix.plain.data());
+  memory packed(desc, engine_);
+  dnnl::reorder(plain, packed).execute(stream_, plain, packed);
+  stream_.wait();
+  matrix.packed.emplace_back(desc, std::move(packed));
+  return matrix.packed.back().second;
+}
+
 dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t heads, int64_t rows,
                                                     int64_t width) const {
-  return memory::desc({heads, rows, spec_.head_dim()}, memory::data_type::f32,
+  return memory::desc({heads, rows, spec_.head_dim()}, compute_,
                       {spec_.head_dim(), width, 1});
 }
 
 dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t heads, int64_t length,
                                                        int64_t width) const {
-  return memory::desc({heads, spec_.head_dim(), length}, memory::data_type::f32,
+  return memory::desc({heads, spec_.head_dim(), length}, compute_,
                       {spec_.head_dim(), 1, width});
 }
 
@@ -337,9 +385,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
   const int64_t query_tokens = static_cast<int64_t>(batch.query.size()) / d;
   const int64_t key_tokens =
       cross ? static_cast<int64_t>(batch.memory.size()) / d : query_tokens;
-  const float* key_source = cross ? batch.memory.data() : batch.query.data();
 
-  const HeadSet& set = SelectHeads(options.head_mask);
+  HeadSet& set = SelectHeads(options.head_mask);
   const int64_t width = set.width;
   computed_heads_ = static_cast<int64_t>(set.heads.size());
   if (!attention_weights.empty() && static_cast<int64_t>(set.heads.size()) < heads) {
@@ -354,39 +401,57 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     return absl::OkStatus();
   }
 
+  // The inputs in the compute precision (bf16 models convert them once, here).
+  const void* query = batch.query.data();
+  const void* key_source = cross ? batch.memory.data() : batch.query.data();
+  if (compute_ != memory::data_type::f32) {
+    void* converted = query_input_.Reserve(query_tokens * d * compute_bytes_);
+    ATTN_RETURN_IF_ERROR(Convert(batch.query.data(), query_tokens * d, converted));
+    query = converted;
+    key_source = converted;
+    if (cross) {
+      void* memory_converted = memory_input_.Reserve(key_tokens * d * compute_bytes_);
+      ATTN_RETURN_IF_ERROR(
+          Convert(batch.memory.data(), key_tokens * d, memory_converted));
+      key_source = memory_converted;
+    }
+  }
+
   // Projections run once over all packed tokens: Q, K and V of the computed heads land
   // in three dense [tokens, width] planes (strided views of one [T, 3 width] buffer
   // would leave oneDNN's fast path).
-  float* q = q_.Reserve(query_tokens * width);
-  float* k = k_.Reserve(key_tokens * width);
-  float* v = v_.Reserve(key_tokens * width);
-  float* context = context_.Reserve(query_tokens * width);
-  ATTN_RETURN_IF_ERROR(Project(batch.query.data(), query_tokens, d,
-                               set.query_weight.data(), set.query_bias.data(), width, q));
-  ATTN_RETURN_IF_ERROR(Project(key_source, key_tokens, d, set.key_weight.data(),
-                               set.key_bias.data(), width, k));
-  ATTN_RETURN_IF_ERROR(Project(key_source, key_tokens, d, set.value_weight.data(),
-                               set.value_bias.data(), width, v));
+  auto* q = static_cast<uint8_t*>(q_.Reserve(query_tokens * width * compute_bytes_));
+  auto* k = static_cast<uint8_t*>(k_.Reserve(key_tokens * width * compute_bytes_));
+  auto* v = static_cast<uint8_t*>(v_.Reserve(key_tokens * width * compute_bytes_));
+  auto* context =
+      static_cast<uint8_t*>(context_.Reserve(query_tokens * width * compute_bytes_));
+  ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
+                               set.query_weight, set.query_bias.data(), width, q));
+  ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
+                               set.key_weight, set.key_bias.data(), width, k));
+  ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
+                               set.value_weight, set.value_bias.data(), width, v));
 
   int64_t query_offset = 0;
   int64_t key_offset = 0;
   int64_t weights_offset = 0;
+  const int64_t row_bytes = width * compute_bytes_;
   for (size_t i = 0; i < batch.query_lengths.size(); ++i) {
     const int64_t query_length = batch.query_lengths[i];
     const int64_t key_length = key_lengths[i];
     float* probabilities =
         attention_weights.empty() ? nullptr : attention_weights.data() + weights_offset;
-    ATTN_RETURN_IF_ERROR(AttendSequence(set, q + query_offset * width,
-                                        k + key_offset * width, v + key_offset * width,
-                                        query_length, key_length, options.causal,
-                                        probabilities, context + query_offset * width));
+    ATTN_RETURN_IF_ERROR(AttendSequence(
+        set, q + query_offset * row_bytes, k + key_offset * row_bytes,
+        v + key_offset * row_bytes, query_length, key_length, options.causal,
+        probabilities, context + query_offset * row_bytes));
     query_offset += query_length;
     key_offset += key_length;
     weights_offset += heads * query_length * key_length;
   }
   // The heads' factors are folded into the set's W_out columns.
-  return Project(context, query_tokens, width, set.out_weight.data(), out_bias_.data(), d,
-                 output.data());
+  return Project(PrimitiveKind::kOutProjection, context, query_tokens, width,
+                 set.out_weight, out_bias_.data(), d, output.data());
 }
 
 absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
@@ -398,19 +463,25 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
       const auto finish = [&](const auto& pd) {
         created.scratchpad_bytes = pd.scratchpad_desc().get_size();
       };
-      if (kind == PrimitiveKind::kProjection) {
-        const auto [rows, in, out, unused] = dims;
-        // [rows, in] x W^T: W is [out, in] row-major, i.e. [in, out] tag ba.
-        const dnnl::matmul::desc desc(Plain2d(rows, in), ProjectionWeights(in, out),
-                                      Plain2d(1, out), Plain2d(rows, out));
-        const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
-        created.primitive = dnnl::matmul(pd);
-        finish(pd);
-        return created;
-      }
-      const auto [heads, rows, keys, width] = dims;
       switch (kind) {
+        case PrimitiveKind::kProjection:
+        case PrimitiveKind::kOutProjection: {
+          const auto [rows, in, out, unused] = dims;
+          // [rows, in] x W^T, with W in whatever layout the implementation runs
+          // fastest from (reordered once, see Packed).
+          const memory::desc weights({in, out}, compute_, memory::format_tag::any);
+          const memory::data_type out_type =
+              kind == PrimitiveKind::kProjection ? compute_ : memory::data_type::f32;
+          const dnnl::matmul::desc desc(Plain2d(rows, in, compute_), weights,
+                                        Plain2d(1, out), Plain2d(rows, out, out_type));
+          const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+          created.primitive = dnnl::matmul(pd);
+          created.weights_desc = pd.weights_desc();
+          finish(pd);
+          break;
+        }
         case PrimitiveKind::kScores: {
+          const auto [heads, rows, keys, width] = dims;
           const dnnl::matmul::desc desc(HeadRowsView(heads, rows, width),
                                         HeadColumnsView(heads, keys, width),
                                         ScoresDesc(heads, rows, keys));
@@ -420,24 +491,39 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           break;
         }
         case PrimitiveKind::kSoftmax: {
-          const dnnl::softmax_forward::desc desc(dnnl::prop_kind::forward_inference,
-                                                 ScoresDesc(heads, rows, keys), 2);
-          const dnnl::softmax_forward::primitive_desc pd(desc, attr, engine_);
-          created.primitive = dnnl::softmax_forward(pd);
+          const auto [heads, rows, keys, to_compute] = dims;
+          const memory::desc source = ScoresDesc(heads, rows, keys);
+          const memory::desc target =
+              to_compute != 0
+                  ? memory::desc({heads, rows, keys}, compute_, memory::format_tag::abc)
+                  : source;
+          const dnnl::softmax_v2_forward::desc desc(dnnl::prop_kind::forward_inference,
+                                                    dnnl::algorithm::softmax_accurate,
+                                                    source, target, 2);
+          const dnnl::softmax_v2_forward::primitive_desc pd(desc, attr, engine_);
+          created.primitive = dnnl::softmax_v2_forward(pd);
           finish(pd);
           break;
         }
         case PrimitiveKind::kContext: {
-          const dnnl::matmul::desc desc(ScoresDesc(heads, rows, keys),
-                                        HeadRowsView(heads, keys, width),
-                                        HeadRowsView(heads, rows, width));
+          const auto [heads, rows, keys, width] = dims;
+          const dnnl::matmul::desc desc(
+              memory::desc({heads, rows, keys}, compute_, memory::format_tag::abc),
+              HeadRowsView(heads, keys, width), HeadRowsView(heads, rows, width));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
           finish(pd);
           break;
         }
-        case PrimitiveKind::kProjection:
+        case PrimitiveKind::kConvert: {
+          const memory::desc source({dims[0]}, memory::data_type::f32,
+                                    memory::format_tag::a);
+          const memory::desc target({dims[0]}, compute_, memory::format_tag::a);
+          const dnnl::reorder::primitive_desc pd(engine_, source, engine_, target, attr);
+          created.primitive = dnnl::reorder(pd);
+          finish(pd);
           break;
+        }
       }
       return created;
     } catch (const dnnl::error& e) {
@@ -465,7 +551,7 @@ absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
       it->second.set_data_handle(data);
     }
   };
-  for (const ExecArg& arg : args) bind(arg.id, arg.desc, const_cast<float*>(arg.data));
+  for (const ExecArg& arg : args) bind(arg.id, arg.desc, const_cast<void*>(arg.data));
   if (primitive.scratchpad_bytes > 0) {
     bind(DNNL_ARG_SCRATCHPAD,
          memory::desc({static_cast<int64_t>(primitive.scratchpad_bytes)},
@@ -477,29 +563,45 @@ absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
   return absl::OkStatus();
 }
 
-absl::Status MultiHeadAttention::Project(const float* in, int64_t rows, int64_t in_width,
-                                         const float* weight, const float* bias,
-                                         int64_t out_width, float* out) {
-  ATTN_ASSIGN_OR_RETURN(
-      CachedPrimitive * primitive,
-      GetPrimitive(PrimitiveKind::kProjection, {rows, in_width, out_width, 0}));
+absl::Status MultiHeadAttention::Project(PrimitiveKind kind, const void* in, int64_t rows,
+                                         int64_t in_width, Matrix& weight,
+                                         const float* bias, int64_t out_width,
+                                         void* out) {
+  // In fp32 both kinds are the same primitive.
+  if (compute_ == memory::data_type::f32) kind = PrimitiveKind::kProjection;
+  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                        GetPrimitive(kind, {rows, in_width, out_width, 0}));
+  const memory& packed = Packed(weight, in_width, out_width, primitive->weights_desc);
+  const memory::data_type out_type =
+      kind == PrimitiveKind::kProjection ? compute_ : memory::data_type::f32;
   return Execute(*primitive,
-                 {{DNNL_ARG_SRC, Plain2d(rows, in_width), in},
-                  {DNNL_ARG_WEIGHTS, ProjectionWeights(in_width, out_width), weight},
+                 {{DNNL_ARG_SRC, Plain2d(rows, in_width, compute_), in},
+                  {DNNL_ARG_WEIGHTS, primitive->weights_desc, packed.get_data_handle()},
                   {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
-                  {DNNL_ARG_DST, Plain2d(rows, out_width), out}});
+                  {DNNL_ARG_DST, Plain2d(rows, out_width, out_type), out}});
 }
 
-absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const float* q,
-                                                const float* k, const float* v,
+absl::Status MultiHeadAttention::Convert(const float* in, int64_t count, void* out) {
+  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                        GetPrimitive(PrimitiveKind::kConvert, {count, 0, 0, 0}));
+  return Execute(
+      *primitive,
+      {{DNNL_ARG_FROM,
+        memory::desc({count}, memory::data_type::f32, memory::format_tag::a), in},
+       {DNNL_ARG_TO, memory::desc({count}, compute_, memory::format_tag::a), out}});
+}
+
+absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_t* q,
+                                                const uint8_t* k, const uint8_t* v,
                                                 int64_t query_length, int64_t key_length,
                                                 bool causal, float* attention_weights,
-                                                float* context) {
+                                                uint8_t* context) {
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
   const int64_t budget = options_.attention_block_bytes;
   const int64_t row_bytes = key_length * static_cast<int64_t>(sizeof(float));
+  const bool f32 = compute_ == memory::data_type::f32;
   // Short sequences: all heads in one batched matmul each (fewest primitive calls).
   // Long ones: one head at a time, query rows in blocks whose scores fit the budget,
   // so that QK^T, softmax and PV work in cache instead of streaming h L_q L_k floats
@@ -523,8 +625,18 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const float*
   // the same layout there: all heads present, full key rows.
   const bool in_place =
       attention_weights != nullptr && heads == spec_.num_heads && !skip_masked;
-  float* scratch =
-      in_place ? nullptr : probabilities_.Reserve(group * block_rows * key_length);
+  float* scratch = in_place ? nullptr
+                            : static_cast<float*>(probabilities_.Reserve(
+                                  group * block_rows * key_length * sizeof(float)));
+  // bf16: the softmax writes P in bf16 for the P V product (straight from the f32
+  // scores, or converted from the f32 weights the caller asked for).
+  void* compute_probabilities =
+      f32 ? nullptr
+          : compute_probabilities_.Reserve(group * block_rows * key_length *
+                                           compute_bytes_);
+  const auto at = [&](const uint8_t* plane, int64_t row, int64_t column) {
+    return plane + (row * width + column) * compute_bytes_;
+  };
 
   for (int64_t first_head = 0; first_head < heads; first_head += group) {
     // Head p's vectors are columns [p*head_dim, (p+1)*head_dim) of the [L, width] planes.
@@ -543,12 +655,11 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const float*
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * scores_primitive,
           GetPrimitive(PrimitiveKind::kScores, {group, rows, keys, width}));
-      ATTN_RETURN_IF_ERROR(
-          Execute(*scores_primitive,
-                  {{DNNL_ARG_SRC, HeadRowsView(group, rows, width),
-                    q + first_row * width + column},
-                   {DNNL_ARG_WEIGHTS, HeadColumnsView(group, keys, width), k + column},
-                   {DNNL_ARG_DST, scores, scores_data}}));
+      ATTN_RETURN_IF_ERROR(Execute(
+          *scores_primitive,
+          {{DNNL_ARG_SRC, HeadRowsView(group, rows, width), at(q, first_row, column)},
+           {DNNL_ARG_WEIGHTS, HeadColumnsView(group, keys, width), at(k, 0, column)},
+           {DNNL_ARG_DST, scores, scores_data}}));
 
       if (causal) {
         // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
@@ -563,13 +674,26 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const float*
         }
       }
 
-      // probabilities = softmax(scores) over keys, in place.
+      // probabilities = softmax(scores) over keys: in place in f32 (fp32 models, or
+      // when the caller wants the weights), else straight into bf16.
+      const bool softmax_to_compute = !f32 && attention_weights == nullptr;
+      const void* probabilities =
+          softmax_to_compute ? compute_probabilities : scores_data;
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * softmax_primitive,
-          GetPrimitive(PrimitiveKind::kSoftmax, {group, rows, keys, 0}));
+          GetPrimitive(PrimitiveKind::kSoftmax,
+                       {group, rows, keys, softmax_to_compute ? 1 : 0}));
+      const memory::desc compute_scores({group, rows, keys}, compute_,
+                                        memory::format_tag::abc);
       ATTN_RETURN_IF_ERROR(Execute(
           *softmax_primitive,
-          {{DNNL_ARG_SRC, scores, scores_data}, {DNNL_ARG_DST, scores, scores_data}}));
+          {{DNNL_ARG_SRC, scores, scores_data},
+           {DNNL_ARG_DST, softmax_to_compute ? compute_scores : scores, probabilities}}));
+      if (!f32 && !softmax_to_compute) {
+        ATTN_RETURN_IF_ERROR(
+            Convert(scores_data, group * rows * keys, compute_probabilities));
+        probabilities = compute_probabilities;
+      }
 
       // context = probabilities V per head, into the heads' columns of the context.
       ATTN_ASSIGN_OR_RETURN(
@@ -577,14 +701,14 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const float*
           GetPrimitive(PrimitiveKind::kContext, {group, rows, keys, width}));
       ATTN_RETURN_IF_ERROR(
           Execute(*context_primitive,
-                  {{DNNL_ARG_SRC, scores, scores_data},
-                   {DNNL_ARG_WEIGHTS, HeadRowsView(group, keys, width), v + column},
+                  {{DNNL_ARG_SRC, compute_scores, probabilities},
+                   {DNNL_ARG_WEIGHTS, HeadRowsView(group, keys, width), at(v, 0, column)},
                    {DNNL_ARG_DST, HeadRowsView(group, rows, width),
-                    context + first_row * width + column}}));
+                    at(context, first_row, column)}}));
 
       if (attention_weights != nullptr && !in_place) {
-        // Copy each head's rows to its model index; keys past `keys` stay zero (the
-        // caller's buffer was zeroed, or these rows are causal-masked there).
+        // Copy each head's rows to its model index; keys past `keys` are causal-masked
+        // and read as zero.
         for (int64_t g = 0; g < group; ++g) {
           const int64_t head = set.heads[first_head + g];
           for (int64_t r = 0; r < rows; ++r) {

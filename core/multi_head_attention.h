@@ -73,8 +73,13 @@ class MultiHeadAttention {
   };
 
   // Validates `spec`, `weights` (shapes) and `options` (InvalidArgument naming the
-  // field); Unimplemented for bf16 precision or an engine other than CPU (not yet
-  // supported by this implementation); Internal when oneDNN fails. `engine` is copied
+  // field); FailedPrecondition for bf16 precision on a CPU without AVX512_BF16 or AMX
+  // (the message names oneDNN's ISA there); Unimplemented for an engine other than CPU
+  // (not yet supported by this implementation); Internal when oneDNN fails.
+  // fp32: every product in f32. bf16: weights and activations in bf16, matrix
+  // products accumulate in f32, scores and softmax in f32; inputs and outputs stay f32
+  // at this interface. Weights are reordered once into the layout oneDNN picks for
+  // each projection shape (usually one per matrix). `engine` is copied
   // (a reference-counted handle).
   static absl::StatusOr<std::unique_ptr<MultiHeadAttention>> Create(
       const ModelSpec& spec, const AttentionWeights& weights, const dnnl::engine& engine,
@@ -82,6 +87,10 @@ class MultiHeadAttention {
   // Same, with default Options.
   static absl::StatusOr<std::unique_ptr<MultiHeadAttention>> Create(
       const ModelSpec& spec, const AttentionWeights& weights, const dnnl::engine& engine);
+
+  // Whether this CPU runs bf16 precision (AVX512_BF16 or AMX, as oneDNN sees it:
+  // ONEDNN_MAX_CPU_ISA can lower it).
+  static bool SupportsBf16();
 
   MultiHeadAttention(const MultiHeadAttention&) = delete;
   MultiHeadAttention& operator=(const MultiHeadAttention&) = delete;
@@ -119,10 +128,16 @@ class MultiHeadAttention {
   // The heads one Forward computes, with their weights sliced out of the model's: W_q,
   // W_k, W_v rows [width, d] (1/sqrt(head_dim) folded into W_q and b_q) and W_out
   // columns [d, width] with each head's factor folded in.
+  // A weight matrix, plain f32 row-major [out, in], and its copies reordered into
+  // the layouts oneDNN's primitives asked for (in the compute precision).
+  struct Matrix {
+    std::vector<float> plain;
+    std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;
+  };
   struct HeadSet {
     std::vector<int64_t> heads;  // model head indexes, ascending
     int64_t width = 0;           // heads.size() * head_dim
-    std::vector<float> query_weight, key_weight, value_weight, out_weight;
+    Matrix query_weight, key_weight, value_weight, out_weight;
     std::vector<float> query_bias, key_bias, value_bias;
   };
   // `from`'s heads at `positions` (ascending), their output scaled by `factors`.
@@ -131,15 +146,18 @@ class MultiHeadAttention {
                             absl::Span<const float> factors);
   // The head set for `head_mask` (validated): all the model's heads when it is empty or
   // all ones, else a cached slice.
-  const HeadSet& SelectHeads(absl::Span<const float> head_mask);
+  HeadSet& SelectHeads(absl::Span<const float> head_mask);
+  // `matrix` in the layout `desc`, reordered on first use.
+  const dnnl::memory& Packed(Matrix& matrix, int64_t in, int64_t out,
+                             const dnnl::memory::desc& desc);
 
   // A growable scratch buffer that keeps its capacity between calls.
   class Buffer {
    public:
-    float* Reserve(size_t count);
+    void* Reserve(size_t bytes);
 
    private:
-    std::unique_ptr<float[]> data_;
+    std::unique_ptr<uint8_t[]> data_;
     size_t capacity_ = 0;
   };
 
@@ -148,24 +166,28 @@ class MultiHeadAttention {
 
   absl::Status ForwardImpl(const AttentionBatch& batch, const AttentionOptions& options,
                            absl::Span<float> output, absl::Span<float> attention_weights);
-  // out[rows, out_width] = in[rows, in_width] W^T + bias, W row-major
-  // [out_width, in_width].
-  absl::Status Project(const float* in, int64_t rows, int64_t in_width,
-                       const float* weight, const float* bias, int64_t out_width,
-                       float* out);
+  // out[rows, out_width] = in[rows, in_width] W^T + bias, with `in` in the compute
+  // precision and `out` in it too (kProjection) or f32 (kOutProjection).
+  absl::Status Project(PrimitiveKind kind, const void* in, int64_t rows, int64_t in_width,
+                       Matrix& weight, const float* bias, int64_t out_width, void* out);
+  // `in` (f32, `count` values) into the compute precision at `out`.
+  absl::Status Convert(const float* in, int64_t count, void* out);
   // One sequence, the heads of `set`: context[L_q, width] from q[L_q, width],
-  // k/v[L_k, width]. When `attention_weights` is not null the softmax weights
-  // [num_heads, L_q, L_k] of the set's heads are written there (others untouched).
-  absl::Status AttendSequence(const HeadSet& set, const float* q, const float* k,
-                              const float* v, int64_t query_length, int64_t key_length,
-                              bool causal, float* attention_weights, float* context);
+  // k/v[L_k, width], all in the compute precision. When `attention_weights` is not null
+  // the softmax weights [num_heads, L_q, L_k] of the set's heads are written there
+  // (others untouched).
+  absl::Status AttendSequence(const HeadSet& set, const uint8_t* q, const uint8_t* k,
+                              const uint8_t* v, int64_t query_length, int64_t key_length,
+                              bool causal, float* attention_weights, uint8_t* context);
   // `heads` consecutive heads' [rows, head_dim] slices of an [L, width] plane, as
   // [heads, rows, head_dim] with strides (head_dim, width, 1): no copy into per-head
   // planes.
   dnnl::memory::desc HeadRowsView(int64_t heads, int64_t rows, int64_t width) const;
   // The same slices read transposed, [heads, head_dim, length] (K^T).
   dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length, int64_t width) const;
-  // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width).
+  // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width);
+  // softmax: (heads, rows, L_k, 1 when its output is in the compute precision).
+  // Conversion: (count).
   absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind,
                                                 const std::array<int64_t, 4>& dims);
   // One execution argument: oneDNN's argument id, its layout, and where its data is
@@ -173,13 +195,16 @@ class MultiHeadAttention {
   struct ExecArg {
     int id;
     dnnl::memory::desc desc;
-    const float* data;
+    const void* data;
   };
   // Runs `primitive` on `args` (and the scratchpad); allocates nothing once the
   // primitive has run before.
   absl::Status Execute(CachedPrimitive& primitive, std::initializer_list<ExecArg> args);
 
   ModelSpec spec_;
+  // f32 or bf16, and its size in bytes.
+  dnnl::memory::data_type compute_;
+  int64_t compute_bytes_;
   dnnl::engine engine_;
   dnnl::stream stream_;
   Options options_;
@@ -191,7 +216,8 @@ class MultiHeadAttention {
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 
-  Buffer q_, k_, v_, context_, probabilities_;
+  Buffer q_, k_, v_, context_, probabilities_, compute_probabilities_;
+  Buffer query_input_, memory_input_;
   std::unique_ptr<uint8_t[]> scratchpad_;
   size_t scratchpad_bytes_ = 0;
 };

@@ -20,10 +20,12 @@ namespace attnserve::core {
 
 // What a primitive computes; part of the key.
 enum class PrimitiveKind : int32_t {
-  kProjection,  // [rows, in] x [in, out] + bias
-  kScores,      // per head group and row block: Q K^T
-  kSoftmax,     // per head group and row block: softmax over keys
-  kContext,     // per head group and row block: P V
+  kProjection,     // [rows, in] x [in, out] + bias, out in the compute precision
+  kOutProjection,  // the same, out in f32
+  kScores,         // per head group and row block: Q K^T
+  kSoftmax,        // per head group and row block: softmax over keys
+  kContext,        // per head group and row block: P V
+  kConvert,        // f32 to the compute precision
 };
 
 struct PrimitiveKey {
@@ -45,6 +47,8 @@ struct PrimitiveKey {
 struct CachedPrimitive {
   dnnl::primitive primitive;
   size_t scratchpad_bytes = 0;
+  // Projections: the weights layout the primitive chose (format_tag::any).
+  dnnl::memory::desc weights_desc;
   std::unordered_map<int, dnnl::memory> args;
 };
 
