@@ -81,6 +81,23 @@ memory::desc ScoresDesc(int64_t heads, int64_t rows, int64_t key_length) {
                       memory::format_tag::abc);
 }
 
+// Exactly one of `f32` and `bf16` holds `expected` values.
+absl::Status CheckTokens(absl::Span<const float> f32, absl::Span<const uint16_t> bf16,
+                         absl::string_view field, int64_t expected,
+                         absl::string_view lengths_field) {
+  if (!f32.empty() && !bf16.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " and ", field, "_bf16 must not both be set"));
+  }
+  const int64_t got = static_cast<int64_t>(bf16.empty() ? f32.size() : bf16.size());
+  if (got != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, bf16.empty() ? "" : "_bf16", " must hold sum(", lengths_field,
+                     ") * d_model = ", expected, " values, got ", got));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckLengths(absl::Span<const int64_t> lengths, absl::string_view field,
                           int64_t& total) {
   total = 0;
@@ -308,12 +325,10 @@ absl::Status MultiHeadAttention::Forward(const AttentionBatch& batch,
   }
   int64_t query_tokens = 0;
   ATTN_RETURN_IF_ERROR(CheckLengths(batch.query_lengths, "query_lengths", query_tokens));
-  if (static_cast<int64_t>(batch.query.size()) != query_tokens * d) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("query must hold sum(query_lengths) * d_model = ", query_tokens,
-                     " * ", d, " floats, got ", batch.query.size()));
-  }
-  const bool cross = !batch.memory_lengths.empty() || !batch.memory.empty();
+  ATTN_RETURN_IF_ERROR(CheckTokens(batch.query, batch.query_bf16, "query",
+                                   query_tokens * d, "query_lengths"));
+  const bool cross = !batch.memory_lengths.empty() || !batch.memory.empty() ||
+                     !batch.memory_bf16.empty();
   if (cross) {
     if (batch.memory_lengths.size() != batch.query_lengths.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -323,11 +338,8 @@ absl::Status MultiHeadAttention::Forward(const AttentionBatch& batch,
     int64_t memory_tokens = 0;
     ATTN_RETURN_IF_ERROR(
         CheckLengths(batch.memory_lengths, "memory_lengths", memory_tokens));
-    if (static_cast<int64_t>(batch.memory.size()) != memory_tokens * d) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("memory must hold sum(memory_lengths) * d_model = ", memory_tokens,
-                       " * ", d, " floats, got ", batch.memory.size()));
-    }
+    ATTN_RETURN_IF_ERROR(CheckTokens(batch.memory, batch.memory_bf16, "memory",
+                                     memory_tokens * d, "memory_lengths"));
     if (options.causal) {
       return absl::InvalidArgumentError(
           "causal must be false for cross-attention (memory given): a causal mask is "
@@ -382,9 +394,13 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
   const bool cross = !batch.memory_lengths.empty();
   const absl::Span<const int64_t> key_lengths =
       cross ? batch.memory_lengths : batch.query_lengths;
-  const int64_t query_tokens = static_cast<int64_t>(batch.query.size()) / d;
-  const int64_t key_tokens =
-      cross ? static_cast<int64_t>(batch.memory.size()) / d : query_tokens;
+  int64_t query_tokens = 0;
+  for (int64_t length : batch.query_lengths) query_tokens += length;
+  int64_t key_tokens = query_tokens;
+  if (cross) {
+    key_tokens = 0;
+    for (int64_t length : batch.memory_lengths) key_tokens += length;
+  }
 
   HeadSet& set = SelectHeads(options.head_mask);
   const int64_t width = set.width;
@@ -401,20 +417,13 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     return absl::OkStatus();
   }
 
-  // The inputs in the compute precision (bf16 models convert them once, here).
-  const void* query = batch.query.data();
-  const void* key_source = cross ? batch.memory.data() : batch.query.data();
-  if (compute_ != memory::data_type::f32) {
-    void* converted = query_input_.Reserve(query_tokens * d * compute_bytes_);
-    ATTN_RETURN_IF_ERROR(Convert(batch.query.data(), query_tokens * d, converted));
-    query = converted;
-    key_source = converted;
-    if (cross) {
-      void* memory_converted = memory_input_.Reserve(key_tokens * d * compute_bytes_);
-      ATTN_RETURN_IF_ERROR(
-          Convert(batch.memory.data(), key_tokens * d, memory_converted));
-      key_source = memory_converted;
-    }
+  // The inputs in the compute precision (converted once, here, when they are not).
+  ATTN_ASSIGN_OR_RETURN(const void* query,
+                        InComputePrecision(batch.query, batch.query_bf16, query_input_));
+  const void* key_source = query;
+  if (cross) {
+    ATTN_ASSIGN_OR_RETURN(
+        key_source, InComputePrecision(batch.memory, batch.memory_bf16, memory_input_));
   }
 
   // Projections run once over all packed tokens: Q, K and V of the computed heads land
@@ -516,8 +525,9 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           break;
         }
         case PrimitiveKind::kConvert: {
-          const memory::desc source({dims[0]}, memory::data_type::f32,
-                                    memory::format_tag::a);
+          const memory::desc source(
+              {dims[0]}, dims[1] != 0 ? memory::data_type::bf16 : memory::data_type::f32,
+              memory::format_tag::a);
           const memory::desc target({dims[0]}, compute_, memory::format_tag::a);
           const dnnl::reorder::primitive_desc pd(engine_, source, engine_, target, attr);
           created.primitive = dnnl::reorder(pd);
@@ -581,14 +591,31 @@ absl::Status MultiHeadAttention::Project(PrimitiveKind kind, const void* in, int
                   {DNNL_ARG_DST, Plain2d(rows, out_width, out_type), out}});
 }
 
-absl::Status MultiHeadAttention::Convert(const float* in, int64_t count, void* out) {
-  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                        GetPrimitive(PrimitiveKind::kConvert, {count, 0, 0, 0}));
+absl::Status MultiHeadAttention::Convert(const void* in, bool from_bf16, int64_t count,
+                                         void* out) {
+  ATTN_ASSIGN_OR_RETURN(
+      CachedPrimitive * primitive,
+      GetPrimitive(PrimitiveKind::kConvert, {count, from_bf16 ? 1 : 0, 0, 0}));
+  const memory::data_type from =
+      from_bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   return Execute(
       *primitive,
-      {{DNNL_ARG_FROM,
-        memory::desc({count}, memory::data_type::f32, memory::format_tag::a), in},
+      {{DNNL_ARG_FROM, memory::desc({count}, from, memory::format_tag::a), in},
        {DNNL_ARG_TO, memory::desc({count}, compute_, memory::format_tag::a), out}});
+}
+
+absl::StatusOr<const void*> MultiHeadAttention::InComputePrecision(
+    absl::Span<const float> f32, absl::Span<const uint16_t> bf16, Buffer& buffer) {
+  const bool from_bf16 = f32.empty();
+  if ((compute_ == memory::data_type::bf16) == from_bf16) {
+    return from_bf16 ? static_cast<const void*>(bf16.data()) : f32.data();
+  }
+  const int64_t count = static_cast<int64_t>(from_bf16 ? bf16.size() : f32.size());
+  void* converted = buffer.Reserve(count * compute_bytes_);
+  ATTN_RETURN_IF_ERROR(Convert(from_bf16 ? static_cast<const void*>(bf16.data())
+                                         : static_cast<const void*>(f32.data()),
+                               from_bf16, count, converted));
+  return static_cast<const void*>(converted);
 }
 
 absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_t* q,
@@ -691,7 +718,7 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_
            {DNNL_ARG_DST, softmax_to_compute ? compute_scores : scores, probabilities}}));
       if (!f32 && !softmax_to_compute) {
         ATTN_RETURN_IF_ERROR(
-            Convert(scores_data, group * rows * keys, compute_probabilities));
+            Convert(scores_data, false, group * rows * keys, compute_probabilities));
         probabilities = compute_probabilities;
       }
 

@@ -31,7 +31,7 @@ namespace attnserve::core {
 // A packed batch: the tokens of every sequence, one after another. Views only: the
 // caller owns the memory and keeps it alive during Forward.
 struct AttentionBatch {
-  // [sum(query_lengths), d_model] row-major.
+  // [sum(query_lengths), d_model] row-major, f32.
   absl::Span<const float> query;
   // Length of each sequence, each >= 1.
   absl::Span<const int64_t> query_lengths;
@@ -41,6 +41,10 @@ struct AttentionBatch {
   // Cross-attention only: length of each sequence's memory, one per query sequence,
   // each >= 1. Empty for self-attention.
   absl::Span<const int64_t> memory_lengths;
+  // The same tensors as bf16 bits, instead of `query` / `memory` (set one of each
+  // pair): a bf16 model uses them as they are, an fp32 model widens them once.
+  absl::Span<const uint16_t> query_bf16;
+  absl::Span<const uint16_t> memory_bf16;
 };
 
 // Options of one Forward call.
@@ -109,10 +113,11 @@ class MultiHeadAttention {
   // exactly that size. `attention_weights` is empty, or receives per sequence, one
   // after another, the softmax weights [num_heads, L_q, L_k] (rows sum to 1) and then
   // must have exactly AttentionWeightsSize(...) floats; a pruned head's are zeros.
-  // Errors: InvalidArgument naming the field (a length < 1, sizes that do not match the
-  // lengths, memory_lengths count != query_lengths count, causal with cross-attention,
-  // head_mask size != num_heads or a value outside [0, 1], a wrong output size);
-  // Internal when oneDNN fails. Blocks the calling thread while computing.
+  // Errors: InvalidArgument naming the field (a length < 1, both or neither of query
+  // and query_bf16 set, sizes that do not match the lengths, memory_lengths count !=
+  // query_lengths count, causal with cross-attention, head_mask size != num_heads or a
+  // value outside [0, 1], a wrong output size); Internal when oneDNN fails. Blocks the
+  // calling thread while computing.
   absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
                        absl::Span<float> output,
                        absl::Span<float> attention_weights = {});
@@ -170,8 +175,14 @@ class MultiHeadAttention {
   // precision and `out` in it too (kProjection) or f32 (kOutProjection).
   absl::Status Project(PrimitiveKind kind, const void* in, int64_t rows, int64_t in_width,
                        Matrix& weight, const float* bias, int64_t out_width, void* out);
-  // `in` (f32, `count` values) into the compute precision at `out`.
-  absl::Status Convert(const float* in, int64_t count, void* out);
+  // `count` values at `in` (f32, or bf16 when `from_bf16`) into the compute
+  // precision at `out`.
+  absl::Status Convert(const void* in, bool from_bf16, int64_t count, void* out);
+  // `values` (f32 or bf16) in the compute precision: as they are, or converted into
+  // `buffer`.
+  absl::StatusOr<const void*> InComputePrecision(absl::Span<const float> f32,
+                                                 absl::Span<const uint16_t> bf16,
+                                                 Buffer& buffer);
   // One sequence, the heads of `set`: context[L_q, width] from q[L_q, width],
   // k/v[L_k, width], all in the compute precision. When `attention_weights` is not null
   // the softmax weights [num_heads, L_q, L_k] of the set's heads are written there
@@ -187,7 +198,7 @@ class MultiHeadAttention {
   dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length, int64_t width) const;
   // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width);
   // softmax: (heads, rows, L_k, 1 when its output is in the compute precision).
-  // Conversion: (count).
+  // Conversion: (count, 1 when from bf16).
   absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind,
                                                 const std::array<int64_t, 4>& dims);
   // One execution argument: oneDNN's argument id, its layout, and where its data is

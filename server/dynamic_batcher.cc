@@ -42,6 +42,18 @@ void InputTensor::CopyTo(float* out) const {
   }
 }
 
+void InputTensor::CopyBf16To(uint16_t* out) const {
+  std::memcpy(out, bytes_.data(), bytes_.size());
+}
+
+absl::Span<const uint16_t> InputTensor::InPlaceBf16() const {
+  if (!bf16_ || reinterpret_cast<uintptr_t>(bytes_.data()) % alignof(uint16_t) != 0) {
+    return {};
+  }
+  return absl::MakeConstSpan(reinterpret_cast<const uint16_t*>(bytes_.data()),
+                             static_cast<size_t>(elements()));
+}
+
 absl::Span<const float> InputTensor::InPlace() const {
   if (bf16_ || reinterpret_cast<uintptr_t>(bytes_.data()) % alignof(float) != 0)
     return {};
@@ -105,17 +117,21 @@ absl::Status DynamicBatcher::RunBatch(core::MultiHeadAttention* attention,
   const int64_t heads = attention->spec().num_heads;
   const int64_t d_model = attention->spec().d_model;
 
-  // Each input is read once: a lone float32 request is computed straight from its
-  // message's bytes and into its own result buffers; otherwise the inputs are copied
-  // (or widened from bf16) into one packed buffer, never zero-filled first, and the
-  // packed results are copied once into each request's result buffers.
+  // Each input is read once: a lone request is computed straight from its message's
+  // bytes and into its own result buffers; otherwise the inputs are copied into one
+  // packed buffer, never zero-filled first, and the packed results are copied once
+  // into each request's result buffers. A batch whose inputs are all bf16 stays bf16
+  // (a bf16 model computes on it as it is, an fp32 one widens it inside the core);
+  // a mixed batch is widened to f32 while packing.
   std::vector<int64_t> query_lengths, memory_lengths;
   int64_t tokens = 0, memory_tokens = 0, weights_size = 0;
+  bool all_bf16 = true;
   for (AttentionWork* each : batch) {
     AttentionWork& work = *each;
     work.batch_size = batch_size;
     tokens += work.tokens();
     memory_tokens += work.memory.elements() / d_model;
+    all_bf16 &= work.query.bf16() && (work.memory.empty() || work.memory.bf16());
     work.output.resize(static_cast<size_t>(work.query.elements()) * sizeof(float));
     if (work.return_attention) {
       const int64_t size = core::MultiHeadAttention::AttentionWeightsSize(
@@ -134,39 +150,75 @@ absl::Status DynamicBatcher::RunBatch(core::MultiHeadAttention* attention,
   attention_options.causal = first.causal;
   attention_options.head_mask = first.head_mask;
   absl::Span<float> output_span, weights_span;
-  std::unique_ptr<float[]> query, memory, output, weights;  // packed; not zero-filled
+  // Packed buffers, not zero-filled.
+  std::unique_ptr<float[]> query, memory, output, weights;
+  std::unique_ptr<uint16_t[]> query_bits, memory_bits;
   const auto pack = [](const InputTensor& input, std::unique_ptr<float[]>& buffer) {
     buffer.reset(new float[static_cast<size_t>(input.elements())]);
     input.CopyTo(buffer.get());
     return absl::MakeConstSpan(buffer.get(), static_cast<size_t>(input.elements()));
   };
+  const auto pack_bits = [](const InputTensor& input,
+                            std::unique_ptr<uint16_t[]>& buffer) {
+    buffer.reset(new uint16_t[static_cast<size_t>(input.elements())]);
+    input.CopyBf16To(buffer.get());
+    return absl::MakeConstSpan(buffer.get(), static_cast<size_t>(input.elements()));
+  };
   if (batch_size == 1) {
     AttentionWork& work = *batch.front();
-    packed.query = work.query.InPlace();
-    if (packed.query.empty()) packed.query = pack(work.query, query);
-    packed.memory = work.memory.InPlace();
-    if (packed.memory.empty() && !work.memory.empty()) {
-      packed.memory = pack(work.memory, memory);
+    if (all_bf16) {
+      packed.query_bf16 = work.query.InPlaceBf16();
+      if (packed.query_bf16.empty())
+        packed.query_bf16 = pack_bits(work.query, query_bits);
+      if (!work.memory.empty()) {
+        packed.memory_bf16 = work.memory.InPlaceBf16();
+        if (packed.memory_bf16.empty()) {
+          packed.memory_bf16 = pack_bits(work.memory, memory_bits);
+        }
+      }
+    } else {
+      packed.query = work.query.InPlace();
+      if (packed.query.empty()) packed.query = pack(work.query, query);
+      packed.memory = work.memory.InPlace();
+      if (packed.memory.empty() && !work.memory.empty()) {
+        packed.memory = pack(work.memory, memory);
+      }
     }
     output_span = work.output_values();
     weights_span = work.attention_values();
   } else {
-    query.reset(new float[static_cast<size_t>(tokens * d_model)]);
-    if (memory_tokens > 0) {
-      memory.reset(new float[static_cast<size_t>(memory_tokens * d_model)]);
+    const auto query_count = static_cast<size_t>(tokens * d_model);
+    const auto memory_count = static_cast<size_t>(memory_tokens * d_model);
+    if (all_bf16) {
+      query_bits.reset(new uint16_t[query_count]);
+      if (memory_count > 0) memory_bits.reset(new uint16_t[memory_count]);
+    } else {
+      query.reset(new float[query_count]);
+      if (memory_count > 0) memory.reset(new float[memory_count]);
     }
     int64_t query_offset = 0, memory_offset = 0;
     for (const AttentionWork* each : batch) {
       const AttentionWork& work = *each;
-      work.query.CopyTo(query.get() + query_offset);
+      if (all_bf16) {
+        work.query.CopyBf16To(query_bits.get() + query_offset);
+        if (!work.memory.empty())
+          work.memory.CopyBf16To(memory_bits.get() + memory_offset);
+      } else {
+        work.query.CopyTo(query.get() + query_offset);
+        if (!work.memory.empty()) work.memory.CopyTo(memory.get() + memory_offset);
+      }
       query_offset += work.query.elements();
-      if (!work.memory.empty()) work.memory.CopyTo(memory.get() + memory_offset);
       memory_offset += work.memory.elements();
     }
-    packed.query = absl::MakeConstSpan(query.get(), static_cast<size_t>(query_offset));
-    packed.memory = absl::MakeConstSpan(memory.get(), static_cast<size_t>(memory_offset));
-    output.reset(new float[static_cast<size_t>(query_offset)]);
-    output_span = absl::MakeSpan(output.get(), static_cast<size_t>(query_offset));
+    if (all_bf16) {
+      packed.query_bf16 = absl::MakeConstSpan(query_bits.get(), query_count);
+      packed.memory_bf16 = absl::MakeConstSpan(memory_bits.get(), memory_count);
+    } else {
+      packed.query = absl::MakeConstSpan(query.get(), query_count);
+      packed.memory = absl::MakeConstSpan(memory.get(), memory_count);
+    }
+    output.reset(new float[query_count]);
+    output_span = absl::MakeSpan(output.get(), query_count);
     if (weights_size > 0) {
       weights.reset(new float[static_cast<size_t>(weights_size)]);
       weights_span = absl::MakeSpan(weights.get(), static_cast<size_t>(weights_size));

@@ -41,10 +41,15 @@ class InputTensor {
     return static_cast<int64_t>(bytes_.size()) / (bf16_ ? 2 : 4);
   }
   bool empty() const { return bytes_.empty(); }
+  bool bf16() const { return bf16_; }
   // Writes elements() float32 values to `out`: one copy, or one widening for bf16.
   void CopyTo(float* out) const;
+  // Writes elements() bf16 values to `out`, a copy. REQUIRES: bf16().
+  void CopyBf16To(uint16_t* out) const;
   // The values as float32 without a copy: float32 bytes aligned to 4; else empty.
   absl::Span<const float> InPlace() const;
+  // The values as bf16 bits without a copy: bf16 bytes aligned to 2; else empty.
+  absl::Span<const uint16_t> InPlaceBf16() const;
 
  private:
   absl::string_view bytes_;

@@ -70,6 +70,9 @@ ABSL_FLAG(std::string, grpc_args, "",
           "Extra integer gRPC server channel arguments, name=value,..., e.g. "
           "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
+ABSL_FLAG(std::string, precision, "fp32",
+          "Precision of the built-in model: fp32, or bf16 (needs AVX512_BF16 or AMX; "
+          "repository models set theirs in config.pbtxt).");
 
 namespace {
 
@@ -95,6 +98,13 @@ int Run() {
     server::LogEvent("startup_failed", {{"error", device.status().ToString()}});
     return 2;
   }
+  const std::string precision = absl::GetFlag(FLAGS_precision);
+  if (precision != "fp32" && precision != "bf16") {
+    server::LogEvent("startup_failed",
+                     {{"error", absl::StrCat("--precision must be fp32 or bf16, got \"",
+                                             precision, "\"")}});
+    return 2;
+  }
   server::AttentionServer::Options options;
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
@@ -112,6 +122,9 @@ int Run() {
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.models.device = *device;
+  options.models.builtin_precision = precision == "bf16"
+                                         ? attnserve::core::Precision::kBf16
+                                         : attnserve::core::Precision::kFp32;
   options.models.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.models.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.models.batching.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);

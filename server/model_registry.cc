@@ -229,16 +229,21 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
     }
   }
   if (registry->models_.count(kDefaultModelName) == 0) {
-    core::ModelSpec spec;  // d_model=512, num_heads=8, fp32
+    core::ModelSpec spec;  // d_model=512, num_heads=8
+    spec.precision = options.builtin_precision;
     int intra_op_threads = 0;
-    ATTN_ASSIGN_OR_RETURN(
-        std::unique_ptr<ServedModel> model,
+    absl::StatusOr<std::unique_ptr<ServedModel>> model =
         MakeModel(kDefaultModelName, spec, core::GenerateAttentionWeights(spec, 0),
                   options.max_sequence_length,
                   MergeBatching(v1::BatchingConfig(), options.batching,
                                 options.intra_op_threads, intra_op_threads),
-                  intra_op_threads, options));
-    registry->models_.emplace(kDefaultModelName, std::move(model));
+                  intra_op_threads, options);
+    if (!model.ok()) {
+      return absl::Status(model.status().code(),
+                          absl::StrCat("built-in model \"", kDefaultModelName,
+                                       "\": ", model.status().message()));
+    }
+    registry->models_.emplace(kDefaultModelName, *std::move(model));
   }
   registry->default_model_ = kDefaultModelName;
   return registry;

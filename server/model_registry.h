@@ -64,6 +64,9 @@ class ModelRegistry {
     int64_t max_sequence_length = 8192;
     // Where models compute.
     core::DeviceKind device = core::DeviceKind::kCpu;
+    // Precision of the built-in model (a repository's models set theirs in
+    // config.pbtxt).
+    core::Precision builtin_precision = core::Precision::kFp32;
     // Source of time for every batcher; null = real time. Not owned.
     Clock* clock = nullptr;
     // Builds each model's batcher observer (metrics) from its description; may be
@@ -74,7 +77,7 @@ class ModelRegistry {
   // Loads every model and starts its batcher. Errors name the file and the problem:
   // NotFound (missing repository, config or weights), InvalidArgument (unparsable or
   // invalid config, weights not matching it), Unavailable (no such device),
-  // Unimplemented (a precision the core does not run yet).
+  // FailedPrecondition (bf16 on a CPU without AVX512_BF16 or AMX).
   static absl::StatusOr<std::unique_ptr<ModelRegistry>> Create(const Options& options);
 
   // The model called `name`; the default model when `name` is empty; null if unknown.

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/bfloat16.h"
 #include "core/device.h"
 #include "core/reference_attention.h"
 #include "gmock/gmock.h"
@@ -417,6 +418,64 @@ TEST_F(Bf16Test, OutputWithoutWeightsEqualsOutputWithWeights) {
   EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(with), absl::MakeConstSpan(without)), 1e-3);
 }
 
+// `values` rounded to bf16 bits, and those bits widened back to f32.
+std::vector<uint16_t> ToBf16(const std::vector<float>& values) {
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) bits[i] = FloatToBf16(values[i]);
+  return bits;
+}
+std::vector<float> Widen(const std::vector<uint16_t>& bits) {
+  std::vector<float> values(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) values[i] = Bf16ToFloat(bits[i]);
+  return values;
+}
+
+TEST(MultiHeadAttentionTest, Bf16InputsEqualTheirWidenedValues) {
+  // An fp32 model widens bf16 inputs once: the answer equals that of the same values
+  // given as f32 (self- and cross-attention).
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<int64_t> lengths = {5, 3}, memory_lengths = {4, 6};
+  const std::vector<uint16_t> query = ToBf16(RandomTokens(8 * 64, 70));
+  const std::vector<uint16_t> memory = ToBf16(RandomTokens(10 * 64, 71));
+  std::vector<float> from_bits(8 * 64), from_floats(8 * 64);
+  AttentionBatch bits;
+  bits.query_bf16 = query;
+  bits.query_lengths = lengths;
+  ASSERT_TRUE(fixture.attention->Forward(bits, {}, absl::MakeSpan(from_bits)).ok());
+  const std::vector<float> widened = Widen(query);
+  ASSERT_TRUE(
+      fixture.attention->Forward({widened, lengths}, {}, absl::MakeSpan(from_floats))
+          .ok());
+  EXPECT_EQ(from_bits, from_floats);
+
+  bits.memory_bf16 = memory;
+  bits.memory_lengths = memory_lengths;
+  ASSERT_TRUE(fixture.attention->Forward(bits, {}, absl::MakeSpan(from_bits)).ok());
+  const std::vector<float> widened_memory = Widen(memory);
+  ASSERT_TRUE(fixture.attention
+                  ->Forward({widened, lengths, widened_memory, memory_lengths}, {},
+                            absl::MakeSpan(from_floats))
+                  .ok());
+  EXPECT_EQ(from_bits, from_floats);
+}
+
+TEST_F(Bf16Test, Bf16InputsAreUsedAsTheyAre) {
+  // A bf16 model rounds f32 inputs to bf16 (nearest even) before its first product, so
+  // bits rounded the same way beforehand give the very same answer.
+  Fixture fixture = MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kBf16);
+  const std::vector<int64_t> lengths = {7};
+  const std::vector<float> query = RandomTokens(7 * 64, 72);
+  const std::vector<uint16_t> bits = ToBf16(query);
+  std::vector<float> from_bits(7 * 64), from_floats(7 * 64);
+  AttentionBatch batch;
+  batch.query_bf16 = bits;
+  batch.query_lengths = lengths;
+  ASSERT_TRUE(fixture.attention->Forward(batch, {}, absl::MakeSpan(from_bits)).ok());
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(from_floats)).ok());
+  EXPECT_EQ(from_bits, from_floats);
+}
+
 TEST(MultiHeadAttentionTest, ReusesPrimitivesForRepeatedShapes) {
   Fixture fixture = MakeFixture(64, 4);
   const std::vector<int64_t> lengths = {5, 5};
@@ -518,6 +577,15 @@ TEST_F(ForwardErrorTest, RejectsQuerySizeNotMatchingLengths) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("query must hold"));
   EXPECT_THAT(status.message(), HasSubstr("got 64"));
+}
+
+TEST_F(ForwardErrorTest, RejectsBothQueryAndQueryBf16) {
+  const std::vector<uint16_t> bits(query_.size());
+  AttentionBatch batch{query_, lengths_};
+  batch.query_bf16 = bits;
+  const absl::Status status = Run(batch);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("query and query_bf16 must not both be set"));
 }
 
 TEST_F(ForwardErrorTest, RejectsCausalCrossAttention) {

@@ -20,11 +20,13 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kDModel = 16;
 
-std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()> Factory() {
-  return [] {
+std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()> Factory(
+    core::Precision precision = core::Precision::kFp32) {
+  return [precision] {
     core::ModelSpec spec;
     spec.d_model = kDModel;
     spec.num_heads = 2;
+    spec.precision = precision;
     return core::MultiHeadAttention::Create(spec, core::GenerateAttentionWeights(spec, 1),
                                             *core::CreateEngine(core::DeviceKind::kCpu));
   };
@@ -204,6 +206,67 @@ TEST(DynamicBatcherTest, MixedDtypeCrossAttentionBatchMatchesEachRequestAlone) {
       EXPECT_NEAR(work->attention_values()[j], weights[j], 1e-6);
     }
   }
+}
+
+// A batch whose inputs are all bf16 is packed as bf16 bits (no widening in the
+// server): each result equals the model run alone on the same bits, for an fp32 model
+// (which widens inside the core) and for a bf16 model (which computes on them).
+void ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision precision) {
+  FakeClock clock;
+  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory(precision));
+  ASSERT_TRUE(batcher.ok()) << batcher.status();
+  auto alone = Factory(precision)();
+  ASSERT_TRUE(alone.ok());
+  const std::vector<int64_t> lengths = {3, 6, 2}, memory_lengths = {5, 1, 4};
+  std::map<int64_t, std::vector<uint16_t>> queries, memories;  // bits, by length
+  std::vector<std::string> query_bytes(lengths.size()), memory_bytes(lengths.size());
+  Results results(3);
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    std::vector<uint16_t>& query = queries[lengths[i]];
+    std::vector<uint16_t>& memory = memories[lengths[i]];
+    for (int64_t j = 0; j < lengths[i] * kDModel; ++j) {
+      query.push_back(core::FloatToBf16(0.02f * ((j * (i + 3)) % 17) - 0.1f));
+    }
+    for (int64_t j = 0; j < memory_lengths[i] * kDModel; ++j) {
+      memory.push_back(core::FloatToBf16(0.03f * ((j * (i + 5)) % 11)));
+    }
+    query_bytes[i].assign(reinterpret_cast<const char*>(query.data()), query.size() * 2);
+    memory_bytes[i].assign(reinterpret_cast<const char*>(memory.data()),
+                           memory.size() * 2);
+    auto work = std::make_unique<AttentionWork>();
+    work->query = InputTensor(query_bytes[i], /*bf16=*/true);
+    work->query_lengths = {lengths[i]};
+    work->memory = InputTensor(memory_bytes[i], /*bf16=*/true);
+    work->memory_lengths = {memory_lengths[i]};
+    ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback()).ok());
+  }
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  EXPECT_EQ((*batcher)->stats().batches, 1);
+  for (const auto& work : results.works()) {
+    core::AttentionBatch batch;
+    batch.query_bf16 = queries.at(work->query_lengths.front());
+    batch.query_lengths = work->query_lengths;
+    batch.memory_bf16 = memories.at(work->query_lengths.front());
+    batch.memory_lengths = work->memory_lengths;
+    std::vector<float> output(batch.query_bf16.size());
+    ASSERT_TRUE((*alone)->Forward(batch, {}, absl::MakeSpan(output)).ok());
+    ASSERT_EQ(work->output_values().size(), output.size());
+    for (size_t j = 0; j < output.size(); ++j) {
+      EXPECT_NEAR(work->output_values()[j], output[j], 1e-6);
+    }
+  }
+}
+
+TEST(DynamicBatcherTest, AllBf16BatchStaysBf16ForAnFp32Model) {
+  ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision::kFp32);
+}
+
+TEST(DynamicBatcherTest, AllBf16BatchStaysBf16ForABf16Model) {
+  if (!core::MultiHeadAttention::SupportsBf16()) {
+    GTEST_SKIP() << "no AVX512_BF16 or AMX on this host: bf16 models are refused here";
+  }
+  ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision::kBf16);
 }
 
 TEST(DynamicBatcherTest, RejectsBadOptionsByName) {

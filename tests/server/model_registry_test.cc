@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/multi_head_attention.h"
 #include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -134,6 +135,44 @@ TEST(ModelRegistryTest, PrunedHeadsAnswerLikeAMaskAndCostNoCompute) {
     for (int64_t j = 0; j < 7 * 7; ++j) sum += weights[head * 49 + j];
     EXPECT_NEAR(sum, (head == 1 || head == 4) ? 0.0f : 7.0f, 1e-4) << "head " << head;
   }
+}
+
+TEST(ModelRegistryTest, Bf16ModelAnswersWithinBf16ToleranceOfItsFp32Twin) {
+  if (!core::MultiHeadAttention::SupportsBf16()) {
+    GTEST_SKIP() << "no AVX512_BF16 or AMX on this host: bf16 models are refused here "
+                    "(core's RefusesBf16WithoutNativeIsa)";
+  }
+  const std::string repository = NewRepository("bf16");
+  WriteFile(repository + "/fp32/config.pbtxt",
+            "d_model: 128\nnum_heads: 4\ngenerated_weights: true\nseed: 9\n");
+  WriteFile(repository + "/bf16/config.pbtxt",
+            "d_model: 128\nnum_heads: 4\nprecision: PRECISION_BF16\n"
+            "generated_weights: true\nseed: 9\n");
+  auto server = StartServer([&](AttentionServer::Options& options) {
+    options.models.model_repository = repository;
+  });
+  ASSERT_NE(server.server, nullptr);
+  auto info = server.client->GetModel("bf16");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->precision(), v1::PRECISION_BF16);
+
+  std::vector<float> query(20 * 128);
+  for (size_t i = 0; i < query.size(); ++i) {
+    query[i] = 0.05f * static_cast<float>(static_cast<int>(i % 41) - 20);
+  }
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(query, {20, 128});
+  request.set_model("fp32");
+  auto expected = server.client->Attend(request);
+  request.set_model("bf16");
+  auto got = server.client->Attend(request);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  const std::vector<float> a = *Float32Values(expected->output());
+  const std::vector<float> b = *Float32Values(got->output());
+  ASSERT_EQ(a.size(), b.size());
+  // The core's bf16 bound against fp64 (5e-3) covers the fp32 twin's 1e-5 too.
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 5e-3) << i;
 }
 
 TEST(ModelRegistryTest, BadPrunedHeadsStopStartUpNamingTheField) {
