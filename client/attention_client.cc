@@ -147,6 +147,16 @@ absl::StatusOr<v1::ModelInfo> AttentionClient::GetModel(const std::string& name)
   return response.model();
 }
 
+absl::StatusOr<v1::HeadStatisticsResponse> AttentionClient::HeadStatistics(
+    const v1::HeadStatisticsRequest& request) const {
+  grpc::ClientContext context;
+  SetDeadline(context, options_.timeout);
+  v1::HeadStatisticsResponse response;
+  const grpc::Status status = stub_->HeadStatistics(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 v1::Tensor Float32Tensor(absl::Span<const float> values, std::vector<int64_t> shape) {
   v1::Tensor tensor;
   tensor.set_dtype(v1::DATA_TYPE_FP32);

@@ -1,5 +1,5 @@
 // AttentionClient: a small C++ client for attnserve: Attend (blocking and async),
-// health checks and model listing over one gRPC channel.
+// health checks, model listing and head statistics over one gRPC channel.
 #ifndef ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
 #define ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
 
@@ -62,6 +62,9 @@ class AttentionClient {
 
   absl::StatusOr<std::vector<v1::ModelInfo>> ListModels() const;
   absl::StatusOr<v1::ModelInfo> GetModel(const std::string& name) const;
+  // Per-head figures of a model over the request's inputs, to choose heads to prune.
+  absl::StatusOr<v1::HeadStatisticsResponse> HeadStatistics(
+      const v1::HeadStatisticsRequest& request) const;
 
   // For callers that need the raw stubs (streams, custom metadata).
   v1::AttentionService::Stub* stub() const { return stub_.get(); }

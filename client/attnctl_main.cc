@@ -8,6 +8,7 @@
 //                 [--output=y.npy] [--attention_out=a.npy]
 //
 // Exit codes: 0 ok; 1 the call failed (gRPC code name and message printed); 2 usage.
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -147,12 +148,14 @@ int Model(const AttentionClient& client, const std::string& name) {
   return kOk;
 }
 
-int Infer(const AttentionClient& client) {
-  attnserve::v1::AttendRequest request;
-  request.set_model(absl::GetFlag(FLAGS_model));
+// The query (--input or --random) and, with --memory, the memory tensor for `model`.
+// kOk, or the exit code to return.
+int ReadInputs(const AttentionClient& client, const std::string& model_name,
+               const std::string& command, attnserve::v1::Tensor* query,
+               attnserve::v1::Tensor* memory, bool* has_memory) {
   const std::string input = absl::GetFlag(FLAGS_input);
   if (input.empty() == !absl::GetFlag(FLAGS_random)) {
-    return Usage("infer needs exactly one of --input=FILE.npy and --random");
+    return Usage(command + " needs exactly one of --input=FILE.npy and --random");
   }
   std::vector<int64_t> shape;
   std::vector<float> values;
@@ -164,7 +167,7 @@ int Infer(const AttentionClient& client) {
   } else {
     // The model's width comes from the server.
     absl::StatusOr<attnserve::v1::ModelInfo> model =
-        client.GetModel(request.model().empty() ? "mha-base" : request.model());
+        client.GetModel(model_name.empty() ? "mha-base" : model_name);
     if (!model.ok()) return Failed(model.status());
     const int64_t length = absl::GetFlag(FLAGS_seq_len);
     const int64_t batch = absl::GetFlag(FLAGS_batch);
@@ -177,14 +180,28 @@ int Infer(const AttentionClient& client) {
     std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);
     for (float& value : values) value = distribution(generator);
   }
-  *request.mutable_query() = attnserve::client::Float32Tensor(values, shape);
-  if (const std::string memory = absl::GetFlag(FLAGS_memory); !memory.empty()) {
-    absl::StatusOr<attnserve::client::NpyArray> array =
-        attnserve::client::ReadNpy(memory);
+  *query = attnserve::client::Float32Tensor(values, shape);
+  *has_memory = false;
+  if (const std::string path = absl::GetFlag(FLAGS_memory); !path.empty()) {
+    absl::StatusOr<attnserve::client::NpyArray> array = attnserve::client::ReadNpy(path);
     if (!array.ok()) return Usage(std::string(array.status().message()));
-    *request.mutable_memory() =
-        attnserve::client::Float32Tensor(array->values, array->shape);
+    *memory = attnserve::client::Float32Tensor(array->values, array->shape);
+    *has_memory = true;
   }
+  return kOk;
+}
+
+int Infer(const AttentionClient& client) {
+  attnserve::v1::AttendRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  attnserve::v1::Tensor memory;
+  bool has_memory = false;
+  if (const int code = ReadInputs(client, request.model(), "infer",
+                                  request.mutable_query(), &memory, &has_memory);
+      code != kOk) {
+    return code;
+  }
+  if (has_memory) *request.mutable_memory() = std::move(memory);
   request.set_causal(absl::GetFlag(FLAGS_causal));
   if (const std::string mask = absl::GetFlag(FLAGS_head_mask); !mask.empty()) {
     for (absl::string_view part : absl::StrSplit(mask, ',')) {
@@ -235,6 +252,47 @@ int Infer(const AttentionClient& client) {
   return kOk;
 }
 
+// Prints each head's figures, and the heads whose output term is smallest (the first
+// candidates to prune).
+int Heads(const AttentionClient& client) {
+  attnserve::v1::HeadStatisticsRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  attnserve::v1::Tensor memory;
+  bool has_memory = false;
+  if (const int code = ReadInputs(client, request.model(), "heads",
+                                  request.mutable_query(), &memory, &has_memory);
+      code != kOk) {
+    return code;
+  }
+  if (has_memory) *request.mutable_memory() = std::move(memory);
+  request.set_causal(absl::GetFlag(FLAGS_causal));
+  absl::StatusOr<attnserve::v1::HeadStatisticsResponse> response =
+      client.HeadStatistics(request);
+  if (!response.ok()) return Failed(response.status());
+  std::printf("model=%s tokens=%lld\n", response->model().c_str(),
+              static_cast<long long>(response->tokens()));
+  std::printf("%4s %12s %15s %17s\n", "HEAD", "MEAN_ENTROPY", "MEAN_MAX_WEIGHT",
+              "MEAN_OUTPUT_NORM");
+  std::vector<const attnserve::v1::HeadStatistic*> kept;
+  for (const auto& head : response->heads()) {
+    if (head.pruned()) {
+      std::printf("%4lld %12s %15s %17s\n", static_cast<long long>(head.head()), "pruned",
+                  "-", "-");
+      continue;
+    }
+    std::printf("%4lld %12.4f %15.4f %17.4f\n", static_cast<long long>(head.head()),
+                head.mean_entropy(), head.mean_max_weight(), head.mean_output_norm());
+    kept.push_back(&head);
+  }
+  std::sort(kept.begin(), kept.end(), [](const auto* a, const auto* b) {
+    return a->mean_output_norm() < b->mean_output_norm();
+  });
+  std::vector<int64_t> order;
+  for (const auto* head : kept) order.push_back(head->head());
+  std::printf("smallest output term first: %s\n", absl::StrJoin(order, ", ").c_str());
+  return kOk;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -251,13 +309,15 @@ int main(int argc, char** argv) {
       "  attnctl infer [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])\n"
       "                [--memory=m.npy] [--causal] [--head_mask=1,1,0,...]\n"
       "                [--output=y.npy] [--attention_out=a.npy]\n"
+      "  attnctl heads [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])\n"
+      "                [--memory=m.npy] [--causal]   (per-head figures, to prune by)\n"
       "Exit codes: 0 ok, 1 the call failed, 2 usage.");
   std::string problem;
   if (!CheckFlags(argc, argv, problem)) return Usage(problem);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   if (positional.size() < 2)
-    return Usage("missing command: health, models, model or infer");
+    return Usage("missing command: health, models, model, infer or heads");
   const std::string command = positional[1];
 
   AttentionClient::Options options;
@@ -272,5 +332,6 @@ int main(int argc, char** argv) {
   if (command == "models" && positional.size() == 2) return Models(**client);
   if (command == "model" && positional.size() == 3) return Model(**client, positional[2]);
   if (command == "infer" && positional.size() == 2) return Infer(**client);
+  if (command == "heads" && positional.size() == 2) return Heads(**client);
   return Usage(absl::StrCat("bad command line for '", command, "'"));
 }

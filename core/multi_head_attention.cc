@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
 #include "core/status_macros.h"
 
 namespace attnserve::core {
@@ -383,6 +385,89 @@ absl::Status MultiHeadAttention::Forward(const AttentionBatch& batch,
   } catch (const dnnl::error& e) {
     return FromDnnlError(e, "run attention");
   }
+}
+
+absl::Status MultiHeadAttention::HeadStatistics(const AttentionBatch& batch, bool causal,
+                                                absl::Span<HeadStatistic> statistics) {
+  const int64_t d = spec_.d_model;
+  const int64_t heads = spec_.num_heads;
+  const int64_t head_dim = spec_.head_dim();
+  if (static_cast<int64_t>(statistics.size()) != heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "statistics must have num_heads = ", heads, " entries, got ", statistics.size()));
+  }
+  int64_t tokens = 0;
+  for (int64_t length : batch.query_lengths) tokens += std::max<int64_t>(length, 0);
+  const absl::Span<const int64_t> key_lengths =
+      batch.memory_lengths.empty() ? batch.query_lengths : batch.memory_lengths;
+  std::vector<float> output(static_cast<size_t>(tokens * d));
+  std::vector<float> weights(static_cast<size_t>(
+      AttentionWeightsSize(heads, batch.query_lengths, batch.memory_lengths)));
+  AttentionOptions options;
+  options.causal = causal;
+  ATTN_RETURN_IF_ERROR(
+      Forward(batch, options, absl::MakeSpan(output), absl::MakeSpan(weights)));
+
+  std::fill(statistics.begin(), statistics.end(), HeadStatistic());
+  // Rows: entropy and largest weight, per head, over every sequence's query rows.
+  int64_t offset = 0;
+  for (size_t i = 0; i < batch.query_lengths.size(); ++i) {
+    const int64_t query_length = batch.query_lengths[i];
+    const int64_t key_length = key_lengths[i];
+    for (int64_t head = 0; head < heads; ++head) {
+      for (int64_t row = 0; row < query_length; ++row) {
+        const float* p =
+            weights.data() + offset + (head * query_length + row) * key_length;
+        double entropy = 0.0;
+        float largest = 0.0f;
+        for (int64_t j = 0; j < key_length; ++j) {
+          if (p[j] > 0.0f) entropy -= p[j] * std::log(static_cast<double>(p[j]));
+          largest = std::max(largest, p[j]);
+        }
+        statistics[head].mean_entropy += entropy;
+        statistics[head].mean_max_weight += largest;
+      }
+    }
+    offset += heads * query_length * key_length;
+  }
+  // Output terms: Forward left the context of the model's heads in context_, [tokens,
+  // width] in the compute precision; head p's term is its slice times its W_out columns.
+  const HeadSet& set = model_heads_;
+  const auto* context = static_cast<const uint8_t*>(context_.Reserve(0));
+  std::vector<float> slice(static_cast<size_t>(head_dim));
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (size_t p = 0; p < set.heads.size(); ++p) {
+      const uint8_t* source =
+          context + (t * set.width + static_cast<int64_t>(p) * head_dim) * compute_bytes_;
+      for (int64_t c = 0; c < head_dim; ++c) {
+        if (compute_bytes_ == 4) {
+          std::memcpy(&slice[c], source + 4 * c, 4);
+        } else {
+          uint16_t bits;
+          std::memcpy(&bits, source + 2 * c, 2);
+          slice[c] = Bf16ToFloat(bits);
+        }
+      }
+      double squares = 0.0;
+      for (int64_t o = 0; o < d; ++o) {
+        const float* column = set.out_weight.plain.data() + o * set.width + p * head_dim;
+        float term = 0.0f;
+        for (int64_t c = 0; c < head_dim; ++c) term += slice[c] * column[c];
+        squares += static_cast<double>(term) * term;
+      }
+      statistics[set.heads[p]].mean_output_norm += std::sqrt(squares);
+    }
+  }
+  for (int64_t head = 0; head < heads; ++head) {
+    if (spec_.IsPruned(head)) {
+      statistics[head] = HeadStatistic();
+      continue;
+    }
+    statistics[head].mean_entropy /= static_cast<double>(tokens);
+    statistics[head].mean_max_weight /= static_cast<double>(tokens);
+    statistics[head].mean_output_norm /= static_cast<double>(tokens);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,

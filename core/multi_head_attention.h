@@ -57,6 +57,19 @@ struct AttentionOptions {
   absl::Span<const float> head_mask;
 };
 
+// What one head does over some inputs, to choose heads to prune. Zero for a head the
+// model prunes.
+struct HeadStatistic {
+  // Mean over query rows of the entropy (nats) of the head's attention row: ln(L_k)
+  // for uniform attention, 0 for attention on one key.
+  double mean_entropy = 0.0;
+  // Mean over query rows of the row's largest weight.
+  double mean_max_weight = 0.0;
+  // Mean over query tokens of the L2 norm of the head's term in the output (its
+  // context times its columns of W_out, before the output bias).
+  double mean_output_norm = 0.0;
+};
+
 // Owns its copy of the weights, the oneDNN primitives and its scratch buffers.
 // Thread-compatible: one thread at a time may call Forward (run several objects for
 // parallel workers; they share nothing mutable, scratchpads included).
@@ -121,6 +134,11 @@ class MultiHeadAttention {
   absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
                        absl::Span<float> output,
                        absl::Span<float> attention_weights = {});
+
+  // Statistics of every head (num_heads entries; a pruned head's are zero) over
+  // `batch`, computed with all the model's heads (no head mask). Same errors as Forward.
+  absl::Status HeadStatistics(const AttentionBatch& batch, bool causal,
+                              absl::Span<HeadStatistic> statistics);
 
   const ModelSpec& spec() const { return spec_; }
   // Heads the last successful Forward computed: the model's heads less those its head

@@ -356,10 +356,10 @@ void AttentionService::StartDraining() {
   DrainStreams();
 }
 
-void AttentionService::Submit(
-    const v1::AttendRequest& request, absl::Time deadline,
-    std::shared_ptr<const std::atomic<bool>> cancelled,
-    std::function<void(absl::Status, v1::AttendResponse)> done) {
+void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadline,
+                              std::shared_ptr<const std::atomic<bool>> cancelled,
+                              std::function<void(absl::Status, v1::AttendResponse)> done,
+                              v1::HeadStatisticsResponse* statistics) {
   const absl::Time start = absl::Now();
   ServedModel* model = registry_->Find(request.model());
   const std::string model_name = model != nullptr ? model->name : "";
@@ -396,16 +396,34 @@ void AttentionService::Submit(
   }
   (*work)->deadline = deadline;
   (*work)->cancelled = std::move(cancelled);
+  if (statistics != nullptr) {
+    // Admitted above as a request with its attention weights (what the core holds
+    // while measuring); the weights stay inside the core.
+    (*work)->head_statistics = true;
+    (*work)->return_attention = false;
+  }
   const int64_t tokens = (*work)->tokens();
   auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(request));
   // The batcher calls back exactly once, unless Enqueue fails (then never).
   auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
   const absl::Status enqueued = model->batcher->Enqueue(
       std::move(work).value(),
-      [this, model, format, tokens, shared_finish](
+      [this, model, format, tokens, shared_finish, statistics](
           absl::Status status, std::unique_ptr<AttentionWork> result) {
         v1::AttendResponse response;
-        if (status.ok()) {
+        if (status.ok() && statistics != nullptr) {
+          statistics->set_model(model->name);
+          statistics->set_tokens(tokens);
+          for (size_t head = 0; head < result->statistics.size(); ++head) {
+            const core::HeadStatistic& figures = result->statistics[head];
+            v1::HeadStatistic* entry = statistics->add_heads();
+            entry->set_head(static_cast<int64_t>(head));
+            entry->set_pruned(model->spec.IsPruned(static_cast<int64_t>(head)));
+            entry->set_mean_entropy(figures.mean_entropy);
+            entry->set_mean_max_weight(figures.mean_max_weight);
+            entry->set_mean_output_norm(figures.mean_output_norm);
+          }
+        } else if (status.ok()) {
           FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
           // Admission bounded the size already; this guards the invariant, because gRPC
           // aborts the process on a message it cannot serialize.
@@ -439,6 +457,35 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
         }
         reactor->Finish(ToGrpcStatus(status));
       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
+    grpc::CallbackServerContext* context, const v1::HeadStatisticsRequest* request,
+    v1::HeadStatisticsResponse* response) {
+  const ServedModel* model = registry_->Find(request->model());
+  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
+  const absl::Time start = absl::Now();
+  if (observer_.on_rpc_started) observer_.on_rpc_started("HeadStatistics");
+  // The same inputs as an Attend with return_attention, so that validation and
+  // admission (field names, limits, budgets) are the same. Copied: this is an
+  // analysis call, not the serving path.
+  auto attend = std::make_shared<v1::AttendRequest>();
+  attend->set_model(request->model());
+  *attend->mutable_query() = request->query();
+  if (request->has_memory()) *attend->mutable_memory() = request->memory();
+  attend->set_causal(request->causal());
+  attend->set_return_attention(true);
+  Submit(
+      *attend, DeadlineOf(context), reactor->cancelled(),
+      [this, start, reactor, response, attend](absl::Status status, v1::AttendResponse) {
+        if (!status.ok()) response->Clear();
+        if (observer_.on_rpc_handled) {
+          observer_.on_rpc_handled("HeadStatistics", status.code(), absl::Now() - start);
+        }
+        reactor->Finish(ToGrpcStatus(status));
+      },
+      response);
   return reactor;
 }
 

@@ -73,14 +73,21 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
                                      const v1::GetModelRequest* request,
                                      v1::GetModelResponse* response) override;
+  grpc::ServerUnaryReactor* HeadStatistics(grpc::CallbackServerContext* context,
+                                           const v1::HeadStatisticsRequest* request,
+                                           v1::HeadStatisticsResponse* response) override;
 
   // Validates `request` and enqueues it; `done` gets the status and, when OK, the
   // filled response; it runs on a batcher thread, or inline when the request is
   // rejected before queueing. `cancelled` may be null. `request` must stay alive until
   // `done` has run: the queued work reads its tensor bytes in place.
+  // With `statistics` (kept alive by the caller until `done`), the request measures the
+  // model's heads (AttentionWork::head_statistics) into it instead, and `done` gets an
+  // empty response.
   void Submit(const v1::AttendRequest& request, absl::Time deadline,
               std::shared_ptr<const std::atomic<bool>> cancelled,
-              std::function<void(absl::Status, v1::AttendResponse)> done);
+              std::function<void(absl::Status, v1::AttendResponse)> done,
+              v1::HeadStatisticsResponse* statistics = nullptr);
 
  private:
   friend class StreamReactor;

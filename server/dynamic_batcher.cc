@@ -76,6 +76,7 @@ int64_t AttentionWork::tokens() const {
 }
 
 bool AttentionWork::SharesBatchWith(const AttentionWork& other) const {
+  if (head_statistics || other.head_statistics) return this == &other;
   return memory_lengths.empty() == other.memory_lengths.empty() &&
          causal == other.causal && head_mask == other.head_mask &&
          return_attention == other.return_attention;
@@ -132,7 +133,9 @@ absl::Status DynamicBatcher::RunBatch(core::MultiHeadAttention* attention,
     tokens += work.tokens();
     memory_tokens += work.memory.elements() / d_model;
     all_bf16 &= work.query.bf16() && (work.memory.empty() || work.memory.bf16());
-    work.output.resize(static_cast<size_t>(work.query.elements()) * sizeof(float));
+    if (!work.head_statistics) {
+      work.output.resize(static_cast<size_t>(work.query.elements()) * sizeof(float));
+    }
     if (work.return_attention) {
       const int64_t size = core::MultiHeadAttention::AttentionWeightsSize(
           heads, work.query_lengths, work.memory_lengths);
@@ -225,8 +228,19 @@ absl::Status DynamicBatcher::RunBatch(core::MultiHeadAttention* attention,
     }
   }
   const absl::Time compute_start = absl::Now();
-  const absl::Status status =
-      attention->Forward(packed, attention_options, output_span, weights_span);
+  absl::Status status;
+  if (first.head_statistics) {
+    // Alone in its batch (SharesBatchWith); its inputs are viewed or packed as above,
+    // and the core keeps the weights it needs to itself.
+    AttentionWork& work = *batch.front();
+    work.output.clear();
+    work.attention.clear();
+    work.statistics.assign(static_cast<size_t>(heads), core::HeadStatistic());
+    status =
+        attention->HeadStatistics(packed, first.causal, absl::MakeSpan(work.statistics));
+  } else {
+    status = attention->Forward(packed, attention_options, output_span, weights_span);
+  }
   const absl::Duration compute_time = absl::Now() - compute_start;
   if (status.ok() && options_.observer.on_batch) {
     options_.observer.on_batch(batch_size, tokens, compute_time);

@@ -68,6 +68,9 @@ struct AttentionWork {
   bool causal = false;
   std::vector<float> head_mask;  // empty or num_heads factors
   bool return_attention = false;
+  // Measure the heads (MultiHeadAttention::HeadStatistics) instead of answering:
+  // fills `head_statistics`, leaves `output`/`attention` empty; always runs alone.
+  bool head_statistics = false;
   // The caller's deadline; the request is dropped (DEADLINE_EXCEEDED) if still queued
   // when it passes.
   absl::Time deadline = absl::InfiniteFuture();
@@ -80,15 +83,17 @@ struct AttentionWork {
 
   // Results, filled in before the callback: float32 bytes, so that a float32 answer
   // moves into the response message without another copy.
-  std::string output;     // [sum(query_lengths), d_model]
-  std::string attention;  // per sequence [h, L_q, L_k], when asked
+  std::string output;                           // [sum(query_lengths), d_model]
+  std::string attention;                        // per sequence [h, L_q, L_k], when asked
+  std::vector<core::HeadStatistic> statistics;  // num_heads, when head_statistics
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;
 
   int64_t tokens() const;
   // Requests share a batch only when the core can run them in one call: the same
-  // self/cross kind, causal flag, head mask and return_attention.
+  // self/cross kind, causal flag, head mask and return_attention; a head-statistics
+  // request shares with none.
   bool SharesBatchWith(const AttentionWork& other) const;
   int64_t output_elements() const { return static_cast<int64_t>(output.size()) / 4; }
   // The results as float32 values (views of `output` / `attention`).

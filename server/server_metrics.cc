@@ -243,6 +243,7 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
   AddRpc("AttendStream", "bidi_stream");
   AddRpc("ListModels", "unary");
   AddRpc("GetModel", "unary");
+  AddRpc("HeadStatistics", "unary");
   RequestSide(kUnknownModelLabel);
   process_metrics_ = std::make_shared<ProcessCollector>();
 }

@@ -28,6 +28,8 @@ def run_core(binary, min_time):
         check=True, capture_output=True, text=True, env=env).stdout
     results = {}
     for bench in json.loads(out)["benchmarks"]:
+        if bench.get("error_occurred"):
+            continue  # e.g. bf16 on a CPU without AVX512_BF16: reported as not measured
         name = bench["name"]
         args = dict((k, int(v)) for k, v in re.findall(r"(\w+):(\d+)", name))
         ms = bench["real_time"] if bench["time_unit"] == "ms" else bench["real_time"] / 1e6
@@ -174,7 +176,7 @@ def main():
 
     print("\nremoved work, 1 thread (ms, medians):")
     names = {1: "half the heads masked per request", 2: "half the heads pruned by the model",
-             3: "causal"}
+             3: "causal", 4: "bf16"}
     gains = {}
     for shape in sorted({k[1:5] for k in core_rounds[0] if k[0] == "variant"}):
         full = variant(shape, 0)
@@ -203,6 +205,7 @@ def main():
                  for k in keys if k[4] == 1 and k[1] == 128]
     pruning = [g for (shape, kind), g in gains.items() if kind in (1, 2)]
     causal = [g for (shape, kind), g in gains.items() if kind == 3 and shape[1] == 2048]
+    bf16 = [g for (shape, kind), g in gains.items() if kind == 4]
     rows = [
         ("fp32, 1 thread, L <= 512: min fraction of peak", vs_peak(lambda L: L <= 512),
          0.90),
@@ -220,8 +223,14 @@ def main():
     verdict = "PASS" if growth <= 2.5 else "FAIL"
     print(f"  {'peak memory at L=8192: growth per doubling':<50} {growth:>6.2f}  "
           f"target <= 2.5   {verdict}")
-    print(f"  {'bf16 vs fp32':<50} {'-':>6}  target >= 1.7   NOT BUILT (bf16 is refused "
-          f"at start-up)")
+    if bf16:
+        value = min(bf16)
+        verdict = "PASS" if value >= 1.7 else "FAIL"
+        print(f"  {'bf16 vs fp32, 1 thread: min over shapes':<50} {value:>6.2f}  "
+              f"target >= 1.7   {verdict}")
+    else:
+        print(f"  {'bf16 vs fp32':<50} {'-':>6}  target >= 1.7   NOT MEASURED (no "
+              f"AVX512_BF16 or AMX here: bf16 models are refused)")
 
 
 if __name__ == "__main__":

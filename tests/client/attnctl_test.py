@@ -94,6 +94,30 @@ class AttnctlTest(unittest.TestCase):
                                   f"--memory={self.path('m.npy')}")
         self.assertEqual(result.returncode, 0, result.stderr)
 
+    def test_heads(self):
+        # Identical tokens give identical keys, so every head attends uniformly: entropy
+        # ln(L) and largest weight 1/L, computed here independently of the server.
+        length = 10
+        np.save(self.path("same.npy"), np.tile(np.linspace(-1, 1, 512, dtype="<f4"),
+                                               (length, 1)))
+        result = self.run_attnctl("heads", f"--input={self.path('same.npy')}")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"tokens={length}", result.stdout)
+        rows = [line.split() for line in result.stdout.splitlines()
+                if line.split() and line.split()[0].isdigit()]
+        self.assertEqual([int(row[0]) for row in rows], list(range(8)))
+        for row in rows:
+            self.assertAlmostEqual(float(row[1]), np.log(length), places=3)
+            self.assertAlmostEqual(float(row[2]), 1 / length, places=3)
+            self.assertGreater(float(row[3]), 0)
+        self.assertRegex(result.stdout, r"smallest output term first: (\d+, ){7}\d+")
+        result = self.run_attnctl("heads", "--random", "--seq_len=6", "--causal")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = self.run_attnctl("heads")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("heads needs exactly one of --input=FILE.npy and --random",
+                      result.stderr)
+
     def test_rpc_error_exits_one_with_code_name(self):
         np.save(self.path("narrow.npy"), np.zeros((3, 16), dtype="<f4"))
         result = self.run_attnctl("infer", f"--input={self.path('narrow.npy')}")

@@ -1,5 +1,7 @@
 #include "core/multi_head_attention.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <string>
@@ -474,6 +476,86 @@ TEST_F(Bf16Test, Bf16InputsAreUsedAsTheyAre) {
   ASSERT_TRUE(
       fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(from_floats)).ok());
   EXPECT_EQ(from_bits, from_floats);
+}
+
+// Head statistics against the fp64 reference: entropy and largest weight from its
+// attention rows; each head's output term from running it alone (mask e_i) minus the
+// output bias, which holds because the output is linear in the heads' terms.
+void ExpectHeadStatisticsMatchReference(Fixture& fixture,
+                                        const std::vector<int64_t>& lengths, bool causal,
+                                        uint32_t seed, double tolerance) {
+  const int64_t d = fixture.spec.d_model;
+  const int64_t heads = fixture.spec.num_heads;
+  int64_t tokens = 0;
+  for (int64_t length : lengths) tokens += length;
+  const std::vector<float> query = RandomTokens(tokens * d, seed);
+  std::vector<HeadStatistic> got(heads);
+  ASSERT_TRUE(
+      fixture.attention->HeadStatistics({query, lengths}, causal, absl::MakeSpan(got))
+          .ok());
+  std::vector<double> entropy(heads), largest(heads), norm(heads);
+  int64_t offset = 0;
+  for (int64_t length : lengths) {
+    const auto sequence = absl::MakeConstSpan(query).subspan(offset * d, length * d);
+    const ReferenceResult all =
+        ReferenceAttention(fixture.spec, fixture.weights, sequence, {}, causal, {});
+    for (int64_t head = 0; head < heads; ++head) {
+      if (fixture.spec.IsPruned(head)) continue;
+      for (int64_t row = 0; row < length; ++row) {
+        const double* p = &all.attention[(head * length + row) * length];
+        double h = 0, m = 0;
+        for (int64_t j = 0; j < length; ++j) {
+          if (p[j] > 0) h -= p[j] * std::log(p[j]);
+          m = std::max(m, p[j]);
+        }
+        entropy[head] += h / tokens;
+        largest[head] += m / tokens;
+      }
+      std::vector<float> alone(heads, 0.0f);
+      alone[head] = 1.0f;
+      const ReferenceResult one =
+          ReferenceAttention(fixture.spec, fixture.weights, sequence, {}, causal, alone);
+      for (int64_t t = 0; t < length; ++t) {
+        double squares = 0;
+        for (int64_t o = 0; o < d; ++o) {
+          const double term = one.output[t * d + o] - fixture.weights.out_proj_bias[o];
+          squares += term * term;
+        }
+        norm[head] += std::sqrt(squares) / tokens;
+      }
+    }
+    offset += length;
+  }
+  for (int64_t head = 0; head < heads; ++head) {
+    EXPECT_NEAR(got[head].mean_entropy, entropy[head], tolerance) << "head " << head;
+    EXPECT_NEAR(got[head].mean_max_weight, largest[head], tolerance) << "head " << head;
+    EXPECT_NEAR(got[head].mean_output_norm, norm[head], tolerance) << "head " << head;
+  }
+}
+
+TEST(MultiHeadAttentionTest, HeadStatisticsMatchTheReference) {
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectHeadStatisticsMatchReference(fixture, {9, 20}, false, 80, 1e-4);
+  ExpectHeadStatisticsMatchReference(fixture, {12}, true, 81, 1e-4);
+}
+
+TEST(MultiHeadAttentionTest, HeadStatisticsOfPrunedHeadsAreZero) {
+  Fixture fixture = MakeFixture(96, 6, 7, 0, 1 << 20, {0, 5});
+  ExpectHeadStatisticsMatchReference(fixture, {10}, false, 82, 1e-4);
+  std::vector<HeadStatistic> got(6);
+  const std::vector<int64_t> lengths = {3};
+  const std::vector<float> query = RandomTokens(3 * 96, 83);
+  ASSERT_TRUE(
+      fixture.attention->HeadStatistics({query, lengths}, false, absl::MakeSpan(got))
+          .ok());
+  EXPECT_EQ(got[0].mean_output_norm, 0.0);
+  EXPECT_EQ(got[5].mean_entropy, 0.0);
+  EXPECT_GT(got[1].mean_output_norm, 0.0);
+}
+
+TEST_F(Bf16Test, HeadStatisticsMatchTheReference) {
+  Fixture fixture = MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kBf16);
+  ExpectHeadStatisticsMatchReference(fixture, {16}, false, 84, 1e-2);
 }
 
 TEST(MultiHeadAttentionTest, ReusesPrimitivesForRepeatedShapes) {

@@ -1,5 +1,6 @@
 // AttentionService over a real gRPC server on loopback, called with the client library.
 #include <atomic>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -35,6 +36,15 @@ class DirectModel {
                                spec_, core::GenerateAttentionWeights(spec_, 0),
                                *core::CreateEngine(core::DeviceKind::kCpu)))
                      .value();
+  }
+  std::vector<core::HeadStatistic> Statistics(const std::vector<float>& query,
+                                              const std::vector<int64_t>& lengths,
+                                              bool causal) {
+    std::vector<core::HeadStatistic> statistics(kHeads);
+    EXPECT_TRUE(
+        attention_->HeadStatistics({query, lengths}, causal, absl::MakeSpan(statistics))
+            .ok());
+    return statistics;
   }
   std::vector<float> Run(const std::vector<float>& query,
                          const std::vector<int64_t>& lengths,
@@ -166,6 +176,42 @@ TEST_F(AttentionServiceTest, Bf16QueryGetsBf16OutputCloseToFp32) {
     // One bf16 rounding of the output: relative error <= 2^-8.
     EXPECT_NEAR(core::Bf16ToFloat(bits), expected[i], std::abs(expected[i]) / 256 + 1e-6);
   }
+}
+
+TEST_F(AttentionServiceTest, HeadStatisticsMatchTheCore) {
+  const v1::AttendRequest attend = Request(24, 31);
+  v1::HeadStatisticsRequest request;
+  *request.mutable_query() = attend.query();  // no model: the default one
+  request.set_causal(true);
+  auto response = server_->client->HeadStatistics(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->model(), "mha-base");
+  EXPECT_EQ(response->tokens(), 24);
+  const std::vector<core::HeadStatistic> expected =
+      direct_.Statistics(*Float32Values(attend.query()), {24}, true);
+  ASSERT_EQ(response->heads_size(), kHeads);
+  for (int64_t head = 0; head < kHeads; ++head) {
+    const v1::HeadStatistic& got = response->heads(static_cast<int>(head));
+    EXPECT_EQ(got.head(), head);
+    EXPECT_FALSE(got.pruned());
+    EXPECT_NEAR(got.mean_entropy(), expected[head].mean_entropy, 1e-6);
+    EXPECT_NEAR(got.mean_max_weight(), expected[head].mean_max_weight, 1e-6);
+    EXPECT_NEAR(got.mean_output_norm(), expected[head].mean_output_norm, 1e-6);
+    // Causal rows of a 24-token sequence: between one key and uniform over 24.
+    EXPECT_GT(got.mean_entropy(), 0.0);
+    EXPECT_LT(got.mean_entropy(), std::log(24.0));
+  }
+}
+
+TEST_F(AttentionServiceTest, HeadStatisticsValidateLikeAttend) {
+  v1::HeadStatisticsRequest request;
+  *request.mutable_query() = Float32Tensor(RandomValues(4 * 100, 32), {4, 100});
+  auto response = server_->client->HeadStatistics(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(response.status().message(), HasSubstr("query.shape"));
+  EXPECT_THAT(response.status().message(), HasSubstr("512"));
+  // The server keeps serving.
+  EXPECT_TRUE(server_->client->Attend(Request(3, 33)).ok());
 }
 
 TEST_F(AttentionServiceTest, ConcurrentClientsEachGetTheirOwnAnswer) {
