@@ -78,9 +78,49 @@ AttentionWeights GenerateAttentionWeights(const ModelSpec& spec, uint64_t seed) 
   return weights;
 }
 
+namespace {
+
+// The file must hold exactly nn.MultiheadAttention's four tensors for the options the
+// core computes; anything else is refused by name rather than silently ignored, since
+// each of these options changes the answer.
+absl::Status CheckSupportedModule(const SafetensorsFile& file) {
+  if (file.Find("bias_k") != nullptr || file.Find("bias_v") != nullptr) {
+    return absl::InvalidArgumentError(
+        "add_bias_kv is not supported (the file has bias_k/bias_v): export an "
+        "nn.MultiheadAttention built with add_bias_kv=False");
+  }
+  if (file.Find("q_proj_weight") != nullptr || file.Find("k_proj_weight") != nullptr ||
+      file.Find("v_proj_weight") != nullptr) {
+    return absl::InvalidArgumentError(
+        "kdim/vdim different from embed_dim is not supported (the file has separate "
+        "q_proj_weight/k_proj_weight/v_proj_weight): keys and values must have d_model "
+        "features");
+  }
+  if (file.Find(kInProjWeightName) != nullptr && file.Find(kInProjBiasName) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bias=False is not supported (the file has ", kInProjWeightName,
+                     " but no ", kInProjBiasName,
+                     "): export an nn.MultiheadAttention built with bias=True, or "
+                     "write zero biases"));
+  }
+  for (const std::string& name : file.Names()) {
+    if (name != kInProjWeightName && name != kInProjBiasName &&
+        name != kOutProjWeightName && name != kOutProjBiasName) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unexpected tensor '", name, "': the file must hold exactly ",
+          kInProjWeightName, ", ", kInProjBiasName, ", ", kOutProjWeightName, " and ",
+          kOutProjBiasName, " (an nn.MultiheadAttention state_dict; strip any prefix)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<AttentionWeights> LoadAttentionWeights(const SafetensorsFile& file,
                                                       const ModelSpec& spec) {
   ATTN_RETURN_IF_ERROR(spec.Validate());
+  ATTN_RETURN_IF_ERROR(CheckSupportedModule(file));
   const int64_t d = spec.d_model;
   AttentionWeights weights;
   ATTN_ASSIGN_OR_RETURN(weights.in_proj_weight,

@@ -378,10 +378,15 @@ void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadl
   if (model == nullptr) {
     std::vector<std::string> names;
     for (const ServedModel* served : registry_->models()) names.push_back(served->name);
-    finish(absl::NotFoundError(
-               absl::StrCat("model \"", request.model(),
-                            "\" is not served; models: ", absl::StrJoin(names, ", "))),
-           {}, 0);
+    finish(
+        absl::NotFoundError(
+            request.model().empty()
+                ? absl::StrCat("model must be set: this server has no default model; "
+                               "models: ",
+                               absl::StrJoin(names, ", "))
+                : absl::StrCat("model \"", request.model(),
+                               "\" is not served; models: ", absl::StrJoin(names, ", "))),
+        {}, 0);
     return;
   }
   AdmissionLimits limits;
@@ -391,7 +396,11 @@ void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadl
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
       WorkFromRequest(request, model->spec, limits);
   if (!work.ok()) {
-    finish(work.status(), {}, 0);
+    // The field's limits are the model's: say which model.
+    finish(absl::Status(
+               work.status().code(),
+               absl::StrCat(work.status().message(), " (model \"", model->name, "\")")),
+           {}, 0);
     return;
   }
   (*work)->deadline = deadline;

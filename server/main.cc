@@ -70,6 +70,13 @@ ABSL_FLAG(std::string, grpc_args, "",
           "Extra integer gRPC server channel arguments, name=value,..., e.g. "
           "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
+ABSL_FLAG(
+    bool, builtin_model, true,
+    "Serve the built-in model mha-base (seeded random weights, for trying the server "
+    "and benchmarks); false serves only --model_repository.");
+ABSL_FLAG(std::string, default_model, "",
+          "Model for requests that name none; empty: mha-base when served, else the "
+          "repository's only model, else none (such requests get NOT_FOUND).");
 ABSL_FLAG(std::string, precision, "fp32",
           "Precision of the built-in model: fp32, or bf16 (needs AVX512_BF16 or AMX; "
           "repository models set theirs in config.pbtxt).");
@@ -122,6 +129,8 @@ int Run() {
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.models.device = *device;
+  options.models.builtin_model = absl::GetFlag(FLAGS_builtin_model);
+  options.models.default_model = absl::GetFlag(FLAGS_default_model);
   options.models.builtin_precision = precision == "bf16"
                                          ? attnserve::core::Precision::kBf16
                                          : attnserve::core::Precision::kFp32;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/attention_weights.h"
 #include "core/multi_head_attention.h"
 #include "core/status_macros.h"
@@ -156,8 +157,13 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
   if (config.generated_weights()) {
     weights = core::GenerateAttentionWeights(spec, config.seed());
   } else {
-    ATTN_ASSIGN_OR_RETURN(weights, core::LoadAttentionWeightsFile(
-                                       (folder / "weights.safetensors").string(), spec));
+    absl::StatusOr<core::AttentionWeights> loaded =
+        core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("model \"", name, "\": ", loaded.status().message()));
+    }
+    weights = *std::move(loaded);
   }
   int intra_op_threads = 0;
   const DynamicBatcher::Options batching = MergeBatching(
@@ -228,7 +234,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
       registry->models_.emplace(model->name, std::move(model));
     }
   }
-  if (registry->models_.count(kDefaultModelName) == 0) {
+  if (options.builtin_model && registry->models_.count(kDefaultModelName) == 0) {
     core::ModelSpec spec;  // d_model=512, num_heads=8
     spec.precision = options.builtin_precision;
     int intra_op_threads = 0;
@@ -245,11 +251,30 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
     }
     registry->models_.emplace(kDefaultModelName, *std::move(model));
   }
-  registry->default_model_ = kDefaultModelName;
+  if (registry->models_.empty()) {
+    return absl::InvalidArgumentError(
+        "no models to serve: --builtin_model=false needs a --model_repository with at "
+        "least one model");
+  }
+  if (!options.default_model.empty()) {
+    if (registry->models_.count(options.default_model) == 0) {
+      std::vector<std::string> names;
+      for (const auto& [name, model] : registry->models_) names.push_back(name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("default_model \"", options.default_model,
+                       "\" is not served; models: ", absl::StrJoin(names, ", ")));
+    }
+    registry->default_model_ = options.default_model;
+  } else if (registry->models_.count(kDefaultModelName) != 0) {
+    registry->default_model_ = kDefaultModelName;
+  } else if (registry->models_.size() == 1) {
+    registry->default_model_ = registry->models_.begin()->first;
+  }
   return registry;
 }
 
 ServedModel* ModelRegistry::Find(absl::string_view name) const {
+  if (name.empty() && default_model_.empty()) return nullptr;
   const auto it = models_.find(name.empty() ? absl::string_view(default_model_) : name);
   return it == models_.end() ? nullptr : it->second.get();
 }

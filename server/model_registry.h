@@ -64,6 +64,12 @@ class ModelRegistry {
     int64_t max_sequence_length = 8192;
     // Where models compute.
     core::DeviceKind device = core::DeviceKind::kCpu;
+    // Serve the built-in model (kDefaultModelName, seeded random weights: for trying
+    // the server and for benchmarks) unless the repository has a model of that name.
+    bool builtin_model = true;
+    // The model a request without a model name goes to; empty: the built-in model when
+    // served, else the repository's only model, else none (such requests are refused).
+    std::string default_model;
     // Precision of the built-in model (a repository's models set theirs in
     // config.pbtxt).
     core::Precision builtin_precision = core::Precision::kFp32;
@@ -86,7 +92,7 @@ class ModelRegistry {
   // All models, sorted by name.
   std::vector<const ServedModel*> models() const;
 
-  // The name an empty request model resolves to.
+  // The name an empty request model resolves to; empty when there is none.
   const std::string& default_model() const { return default_model_; }
 
   // Every batcher dispatches without waiting for company from now on (see

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -82,6 +84,51 @@ TEST(AttentionWeightsTest, LoadNamesTheMissingTensor) {
   const auto loaded = LoadAttentionWeights(*file, spec);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(loaded.status().message(), HasSubstr("missing tensor 'out_proj.bias'"));
+}
+
+// nn.MultiheadAttention(16, 2)'s four tensors (zeros), plus `extra`, less `drop`.
+absl::StatusOr<AttentionWeights> LoadWith(std::vector<SafetensorsEntry> extra,
+                                          const std::string& drop = "") {
+  std::vector<SafetensorsEntry> entries;
+  for (SafetensorsEntry entry : std::vector<SafetensorsEntry>{
+           {kInProjWeightName, "F32", {48, 16}, std::string(48 * 16 * 4, '\0')},
+           {kInProjBiasName, "F32", {48}, std::string(48 * 4, '\0')},
+           {kOutProjWeightName, "F32", {16, 16}, std::string(16 * 16 * 4, '\0')},
+           {kOutProjBiasName, "F32", {16}, std::string(16 * 4, '\0')}}) {
+    if (entry.name != drop) entries.push_back(entry);
+  }
+  for (SafetensorsEntry& entry : extra) entries.push_back(std::move(entry));
+  const auto file = SafetensorsFile::Parse(*SerializeSafetensors(entries));
+  EXPECT_TRUE(file.ok()) << file.status();
+  return LoadAttentionWeights(*file, Spec(16, 2));
+}
+
+TEST(AttentionWeightsTest, LoadRefusesUnsupportedModuleOptionsByName) {
+  // What PyTorch's state_dict holds for each option, which would change the answer.
+  const std::string row(16 * 4, '\0');
+  struct Case {
+    std::vector<SafetensorsEntry> extra;
+    std::string drop;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{"bias_k", "F32", {1, 1, 16}, row}, {"bias_v", "F32", {1, 1, 16}, row}},
+       "",
+       "add_bias_kv is not supported"},
+      {{{"q_proj_weight", "F32", {16, 16}, std::string(16 * 16 * 4, '\0')}},
+       kInProjWeightName,
+       "kdim/vdim different from embed_dim is not supported"},
+      {{}, kInProjBiasName, "bias=False is not supported"},
+      {{{"encoder.norm.weight", "F32", {16}, row}},
+       "",
+       "unexpected tensor 'encoder.norm.weight'"},
+  };
+  for (const Case& c : cases) {
+    const auto loaded = LoadWith(c.extra, c.drop);
+    EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(loaded.status().message(), HasSubstr(c.message));
+  }
+  EXPECT_TRUE(LoadWith({}).ok());
 }
 
 TEST(AttentionWeightsTest, LoadRejectsWrongShapeForTheSpec) {

@@ -185,6 +185,79 @@ TEST(ModelRegistryTest, BadPrunedHeadsStopStartUpNamingTheField) {
   EXPECT_THAT(status.message(), HasSubstr("pruned_heads[1] must be in [0, 4), got 4"));
 }
 
+absl::StatusOr<std::unique_ptr<ModelRegistry>> Registry(
+    const std::string& repository, bool builtin_model, const std::string& default_model) {
+  ModelRegistry::Options options;
+  options.model_repository = repository;
+  options.builtin_model = builtin_model;
+  options.default_model = default_model;
+  return ModelRegistry::Create(options);
+}
+
+TEST(ModelRegistryTest, BuiltinModelCanBeTurnedOffAndTheOnlyModelIsTheDefault) {
+  const std::string repository = NewRepository("only");
+  WriteFile(repository + "/enc/config.pbtxt",
+            "d_model: 64\nnum_heads: 4\ngenerated_weights: true\n");
+  auto registry = Registry(repository, /*builtin_model=*/false, "");
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ASSERT_EQ((*registry)->models().size(), 1u);
+  EXPECT_EQ((*registry)->default_model(), "enc");
+  ASSERT_NE((*registry)->Find(""), nullptr);
+  EXPECT_EQ((*registry)->Find("")->name, "enc");
+  EXPECT_EQ((*registry)->Find(kDefaultModelName), nullptr);
+  (*registry)->Shutdown();
+}
+
+TEST(ModelRegistryTest, DefaultModelIsChosenByName) {
+  const std::string repository = NewRepository("two");
+  for (const char* name : {"a", "b"}) {
+    WriteFile(repository + "/" + name + "/config.pbtxt",
+              "d_model: 32\nnum_heads: 2\ngenerated_weights: true\n");
+  }
+  auto registry = Registry(repository, /*builtin_model=*/true, "b");
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  EXPECT_EQ((*registry)->Find("")->name, "b");
+  (*registry)->Shutdown();
+
+  const absl::Status unknown = Registry(repository, true, "c").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(unknown.message(),
+              HasSubstr("default_model \"c\" is not served; models: a, b, mha-base"));
+  const absl::Status none = Registry("", /*builtin_model=*/false, "").status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.message(),
+              HasSubstr("--builtin_model=false needs a --model_repository"));
+}
+
+TEST(ModelRegistryTest, WithoutADefaultARequestMustNameItsModel) {
+  const std::string repository = NewRepository("no_default");
+  for (const char* name : {"a", "b"}) {
+    WriteFile(repository + "/" + name + "/config.pbtxt",
+              "d_model: 32\nnum_heads: 2\ngenerated_weights: true\n");
+  }
+  auto server = StartServer([&](AttentionServer::Options& options) {
+    options.models.model_repository = repository;
+    options.models.builtin_model = false;
+  });
+  ASSERT_NE(server.server, nullptr);
+  v1::AttendRequest request;
+  *request.mutable_query() = Float32Tensor(std::vector<float>(3 * 32, 0.5f), {3, 32});
+  auto response = server.client->Attend(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(
+      response.status().message(),
+      HasSubstr("model must be set: this server has no default model; models: a, b"));
+  // A request that does not fit its model says which model it was checked against.
+  request.set_model("b");
+  *request.mutable_query() = Float32Tensor(std::vector<float>(3 * 48, 0.5f), {3, 48});
+  response = server.client->Attend(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(response.status().message(), HasSubstr("(model \"b\")"));
+  request.set_model("a");
+  *request.mutable_query() = Float32Tensor(std::vector<float>(3 * 32, 0.5f), {3, 32});
+  EXPECT_TRUE(server.client->Attend(request).ok());
+}
+
 TEST(ModelRegistryTest, MalformedConfigNamesFileAndLine) {
   const std::string repository = NewRepository("malformed");
   WriteFile(repository + "/m/config.pbtxt", "d_model: 64\nnum_heads: four\n");

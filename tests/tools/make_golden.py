@@ -4,17 +4,19 @@
 Run with Debian's python3-torch: /usr/bin/python3 tests/tools/make_golden.py tests/data
 For each case it writes <case>.weights.safetensors (the module's state_dict, the file a
 user would hand to attnserve) and <case>.io.safetensors (inputs, outputs, per-head
-attention weights, and the case's settings as metadata). The safetensors format is
-written here by hand (8-byte little-endian header length, JSON header, raw bytes) so
-that no package beyond torch is needed.
+attention weights, and the case's settings as metadata), with the exporter's own
+safetensors writer (client/python/attnserve_export.py), so that no package beyond torch
+is needed.
 """
-import json
 import os
-import struct
 import sys
 import zlib
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "client", "python"))
+from attnserve_export import write_safetensors  # noqa: E402
 
 CASES = [
     # name, d_model, heads, batch, query length, memory length (None: self), causal
@@ -23,31 +25,6 @@ CASES = [
     ("causal_d64_h4", 64, 4, 1, 13, None, True),
     ("self_d120_h6", 120, 6, 3, 5, None, False),
 ]
-
-
-def write_safetensors(path, tensors, metadata=None):
-    header = {}
-    blobs = []
-    offset = 0
-    for name in sorted(tensors):
-        tensor = tensors[name].detach().contiguous().to(torch.float32)
-        data = tensor.numpy().astype("<f4").tobytes()
-        header[name] = {
-            "dtype": "F32",
-            "shape": list(tensor.shape),
-            "data_offsets": [offset, offset + len(data)],
-        }
-        blobs.append(data)
-        offset += len(data)
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(text)))
-        out.write(text)
-        for blob in blobs:
-            out.write(blob)
 
 
 def make_case(directory, name, d_model, heads, batch, length, memory_length, causal):
