@@ -77,10 +77,14 @@ absl::string_view IsaName() {
   }
 }
 
-// Scores of `heads` heads [heads, rows, L_k], dense.
-memory::desc ScoresDesc(int64_t heads, int64_t rows, int64_t key_length) {
-  return memory::desc({heads, rows, key_length}, memory::data_type::f32,
-                      memory::format_tag::abc);
+// Scores of `heads` heads [heads, rows, L_k] (of `count` sequences when count > 1:
+// [count, heads, rows, L_k]), dense, in `type`.
+memory::desc ScoresDesc(int64_t count, int64_t heads, int64_t rows, int64_t key_length,
+                        memory::data_type type = memory::data_type::f32) {
+  if (count > 1) {
+    return memory::desc({count, heads, rows, key_length}, type, memory::format_tag::abcd);
+  }
+  return memory::desc({heads, rows, key_length}, type, memory::format_tag::abc);
 }
 
 // Exactly one of `f32` and `bf16` holds `expected` values.
@@ -293,16 +297,25 @@ const dnnl::memory& MultiHeadAttention::Packed(Matrix& matrix, int64_t in, int64
   return matrix.packed.back().second;
 }
 
-dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t heads, int64_t rows,
-                                                    int64_t width) const {
-  return memory::desc({heads, rows, spec_.head_dim()}, compute_,
-                      {spec_.head_dim(), width, 1});
+dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t count, int64_t heads,
+                                                    int64_t rows, int64_t width) const {
+  const int64_t head_dim = spec_.head_dim();
+  if (count > 1) {
+    return memory::desc({count, heads, rows, head_dim}, compute_,
+                        {rows * width, head_dim, width, 1});
+  }
+  return memory::desc({heads, rows, head_dim}, compute_, {head_dim, width, 1});
 }
 
-dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t heads, int64_t length,
+dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t count, int64_t heads,
+                                                       int64_t length,
                                                        int64_t width) const {
-  return memory::desc({heads, spec_.head_dim(), length}, compute_,
-                      {spec_.head_dim(), 1, width});
+  const int64_t head_dim = spec_.head_dim();
+  if (count > 1) {
+    return memory::desc({count, heads, head_dim, length}, compute_,
+                        {length * width, head_dim, 1, width});
+  }
+  return memory::desc({heads, head_dim, length}, compute_, {head_dim, 1, width});
 }
 
 int64_t MultiHeadAttention::AttentionWeightsSize(
@@ -530,26 +543,55 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
   int64_t key_offset = 0;
   int64_t weights_offset = 0;
   const int64_t row_bytes = width * compute_bytes_;
-  for (size_t i = 0; i < batch.query_lengths.size(); ++i) {
+  for (size_t i = 0; i < batch.query_lengths.size();) {
     const int64_t query_length = batch.query_lengths[i];
     const int64_t key_length = key_lengths[i];
+    // Sequences of equal lengths run together: one call per primitive for the run.
+    const int64_t count =
+        RunLength(set, batch.query_lengths, key_lengths, i, options.causal);
     float* probabilities =
         attention_weights.empty() ? nullptr : attention_weights.data() + weights_offset;
-    ATTN_RETURN_IF_ERROR(AttendSequence(
-        set, q + query_offset * row_bytes, k + key_offset * row_bytes,
+    ATTN_RETURN_IF_ERROR(AttendSequences(
+        set, count, q + query_offset * row_bytes, k + key_offset * row_bytes,
         v + key_offset * row_bytes, query_length, key_length, options.causal,
         probabilities, context + query_offset * row_bytes));
-    query_offset += query_length;
-    key_offset += key_length;
-    weights_offset += heads * query_length * key_length;
+    query_offset += count * query_length;
+    key_offset += count * key_length;
+    weights_offset += count * heads * query_length * key_length;
+    i += static_cast<size_t>(count);
   }
   // The heads' factors are folded into the set's W_out columns.
   return Project(PrimitiveKind::kOutProjection, context, query_tokens, width,
                  set.out_weight, out_bias_.data(), d, output.data());
 }
 
+int64_t MultiHeadAttention::RunLength(const HeadSet& set,
+                                      absl::Span<const int64_t> query_lengths,
+                                      absl::Span<const int64_t> key_lengths, size_t index,
+                                      bool causal) const {
+  const int64_t query_length = query_lengths[index];
+  const int64_t key_length = key_lengths[index];
+  // Only sequences whose heads all run in one block (AttendSequences' short path), and
+  // as many as keep the run's scores within the block budget.
+  const int64_t scores_bytes = static_cast<int64_t>(set.heads.size()) * query_length *
+                               key_length * static_cast<int64_t>(sizeof(float));
+  if (scores_bytes > options_.attention_block_bytes ||
+      (causal && query_length >= kCausalBlockedLength)) {
+    return 1;
+  }
+  const int64_t most =
+      std::max<int64_t>(1, options_.attention_block_bytes / scores_bytes);
+  int64_t count = 1;
+  while (index + count < query_lengths.size() && count < most &&
+         query_lengths[index + count] == query_length &&
+         key_lengths[index + count] == key_length) {
+    ++count;
+  }
+  return count;
+}
+
 absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
-    PrimitiveKind kind, const std::array<int64_t, 4>& dims) {
+    PrimitiveKind kind, const std::array<int64_t, 5>& dims) {
   const auto create = [&]() -> absl::StatusOr<CachedPrimitive> {
     try {
       const dnnl::primitive_attr attr = UserScratchpadAttr();
@@ -560,7 +602,7 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
       switch (kind) {
         case PrimitiveKind::kProjection:
         case PrimitiveKind::kOutProjection: {
-          const auto [rows, in, out, unused] = dims;
+          const auto [rows, in, out, unused, unused_count] = dims;
           // [rows, in] x W^T, with W in whatever layout the implementation runs
           // fastest from (reordered once, see Packed).
           const memory::desc weights({in, out}, compute_, memory::format_tag::any);
@@ -575,35 +617,33 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           break;
         }
         case PrimitiveKind::kScores: {
-          const auto [heads, rows, keys, width] = dims;
-          const dnnl::matmul::desc desc(HeadRowsView(heads, rows, width),
-                                        HeadColumnsView(heads, keys, width),
-                                        ScoresDesc(heads, rows, keys));
+          const auto [heads, rows, keys, width, count] = dims;
+          const dnnl::matmul::desc desc(HeadRowsView(count, heads, rows, width),
+                                        HeadColumnsView(count, heads, keys, width),
+                                        ScoresDesc(count, heads, rows, keys));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
           finish(pd);
           break;
         }
         case PrimitiveKind::kSoftmax: {
-          const auto [heads, rows, keys, to_compute] = dims;
-          const memory::desc source = ScoresDesc(heads, rows, keys);
+          const auto [heads, rows, keys, to_compute, count] = dims;
+          const memory::desc source = ScoresDesc(count, heads, rows, keys);
           const memory::desc target =
-              to_compute != 0
-                  ? memory::desc({heads, rows, keys}, compute_, memory::format_tag::abc)
-                  : source;
+              to_compute != 0 ? ScoresDesc(count, heads, rows, keys, compute_) : source;
           const dnnl::softmax_v2_forward::desc desc(dnnl::prop_kind::forward_inference,
                                                     dnnl::algorithm::softmax_accurate,
-                                                    source, target, 2);
+                                                    source, target, count > 1 ? 3 : 2);
           const dnnl::softmax_v2_forward::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::softmax_v2_forward(pd);
           finish(pd);
           break;
         }
         case PrimitiveKind::kContext: {
-          const auto [heads, rows, keys, width] = dims;
-          const dnnl::matmul::desc desc(
-              memory::desc({heads, rows, keys}, compute_, memory::format_tag::abc),
-              HeadRowsView(heads, keys, width), HeadRowsView(heads, rows, width));
+          const auto [heads, rows, keys, width, count] = dims;
+          const dnnl::matmul::desc desc(ScoresDesc(count, heads, rows, keys, compute_),
+                                        HeadRowsView(count, heads, keys, width),
+                                        HeadRowsView(count, heads, rows, width));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
           finish(pd);
@@ -703,21 +743,23 @@ absl::StatusOr<const void*> MultiHeadAttention::InComputePrecision(
   return static_cast<const void*>(converted);
 }
 
-absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_t* q,
-                                                const uint8_t* k, const uint8_t* v,
-                                                int64_t query_length, int64_t key_length,
-                                                bool causal, float* attention_weights,
-                                                uint8_t* context) {
+absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t count,
+                                                 const uint8_t* q, const uint8_t* k,
+                                                 const uint8_t* v, int64_t query_length,
+                                                 int64_t key_length, bool causal,
+                                                 float* attention_weights,
+                                                 uint8_t* context) {
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
   const int64_t budget = options_.attention_block_bytes;
   const int64_t row_bytes = key_length * static_cast<int64_t>(sizeof(float));
   const bool f32 = compute_ == memory::data_type::f32;
-  // Short sequences: all heads in one batched matmul each (fewest primitive calls).
-  // Long ones: one head at a time, query rows in blocks whose scores fit the budget,
-  // so that QK^T, softmax and PV work in cache instead of streaming h L_q L_k floats
-  // (256 MB at L=2048, h=16) through memory.
+  // Short sequences: all heads in one batched matmul each (fewest primitive calls),
+  // and a run of equal sequences in one call. Long ones: one head at a time, query
+  // rows in blocks whose scores fit the budget, so that QK^T, softmax and PV work in
+  // cache instead of streaming h L_q L_k floats (256 MB at L=2048, h=16) through
+  // memory.
   const bool all_heads = heads * query_length * row_bytes <= budget;
   const int64_t group = all_heads ? heads : 1;
   int64_t block_rows =
@@ -733,19 +775,18 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_
         block_rows,
         std::max(kMinBlockRows, (query_length + kCausalBlocks - 1) / kCausalBlocks));
   }
-  // Scores go straight into the caller's [num_heads, L_q, L_k] weights when they have
-  // the same layout there: all heads present, full key rows.
+  // Scores go straight into the caller's [count, num_heads, L_q, L_k] weights when they
+  // have the same layout there: all heads present, full key rows.
   const bool in_place =
       attention_weights != nullptr && heads == spec_.num_heads && !skip_masked;
+  const int64_t scores_count = count * group * block_rows * key_length;
   float* scratch = in_place ? nullptr
                             : static_cast<float*>(probabilities_.Reserve(
-                                  group * block_rows * key_length * sizeof(float)));
+                                  scores_count * static_cast<int64_t>(sizeof(float))));
   // bf16: the softmax writes P in bf16 for the P V product (straight from the f32
   // scores, or converted from the f32 weights the caller asked for).
   void* compute_probabilities =
-      f32 ? nullptr
-          : compute_probabilities_.Reserve(group * block_rows * key_length *
-                                           compute_bytes_);
+      f32 ? nullptr : compute_probabilities_.Reserve(scores_count * compute_bytes_);
   const auto at = [&](const uint8_t* plane, int64_t row, int64_t column) {
     return plane + (row * width + column) * compute_bytes_;
   };
@@ -761,26 +802,28 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_
           in_place
               ? attention_weights + (first_head * query_length + first_row) * key_length
               : scratch;
-      const memory::desc scores = ScoresDesc(group, rows, keys);
+      const memory::desc scores = ScoresDesc(count, group, rows, keys);
 
       // scores = Q K^T per head (the 1/sqrt(head_dim) is already folded into Q).
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * scores_primitive,
-          GetPrimitive(PrimitiveKind::kScores, {group, rows, keys, width}));
-      ATTN_RETURN_IF_ERROR(Execute(
-          *scores_primitive,
-          {{DNNL_ARG_SRC, HeadRowsView(group, rows, width), at(q, first_row, column)},
-           {DNNL_ARG_WEIGHTS, HeadColumnsView(group, keys, width), at(k, 0, column)},
-           {DNNL_ARG_DST, scores, scores_data}}));
+          GetPrimitive(PrimitiveKind::kScores, {group, rows, keys, width, count}));
+      ATTN_RETURN_IF_ERROR(
+          Execute(*scores_primitive,
+                  {{DNNL_ARG_SRC, HeadRowsView(count, group, rows, width),
+                    at(q, first_row, column)},
+                   {DNNL_ARG_WEIGHTS, HeadColumnsView(count, group, keys, width),
+                    at(k, 0, column)},
+                   {DNNL_ARG_DST, scores, scores_data}}));
 
       if (causal) {
         // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
         // post-op on oneDNN 2.6, and the diagonal keeps every row non-empty.
         const float masked = -std::numeric_limits<float>::infinity();
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t plane = 0; plane < count * group; ++plane) {
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t i = first_row + r;
-            float* row = scores_data + (g * rows + r) * keys;
+            float* row = scores_data + (plane * rows + r) * keys;
             if (i + 1 < keys) std::fill(row + i + 1, row + keys, masked);
           }
         }
@@ -794,41 +837,45 @@ absl::Status MultiHeadAttention::AttendSequence(const HeadSet& set, const uint8_
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * softmax_primitive,
           GetPrimitive(PrimitiveKind::kSoftmax,
-                       {group, rows, keys, softmax_to_compute ? 1 : 0}));
-      const memory::desc compute_scores({group, rows, keys}, compute_,
-                                        memory::format_tag::abc);
+                       {group, rows, keys, softmax_to_compute ? 1 : 0, count}));
+      const memory::desc compute_scores = ScoresDesc(count, group, rows, keys, compute_);
       ATTN_RETURN_IF_ERROR(Execute(
           *softmax_primitive,
           {{DNNL_ARG_SRC, scores, scores_data},
            {DNNL_ARG_DST, softmax_to_compute ? compute_scores : scores, probabilities}}));
       if (!f32 && !softmax_to_compute) {
-        ATTN_RETURN_IF_ERROR(
-            Convert(scores_data, false, group * rows * keys, compute_probabilities));
+        ATTN_RETURN_IF_ERROR(Convert(scores_data, false, count * group * rows * keys,
+                                     compute_probabilities));
         probabilities = compute_probabilities;
       }
 
       // context = probabilities V per head, into the heads' columns of the context.
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * context_primitive,
-          GetPrimitive(PrimitiveKind::kContext, {group, rows, keys, width}));
-      ATTN_RETURN_IF_ERROR(
-          Execute(*context_primitive,
-                  {{DNNL_ARG_SRC, compute_scores, probabilities},
-                   {DNNL_ARG_WEIGHTS, HeadRowsView(group, keys, width), at(v, 0, column)},
-                   {DNNL_ARG_DST, HeadRowsView(group, rows, width),
-                    at(context, first_row, column)}}));
+          GetPrimitive(PrimitiveKind::kContext, {group, rows, keys, width, count}));
+      ATTN_RETURN_IF_ERROR(Execute(
+          *context_primitive,
+          {{DNNL_ARG_SRC, compute_scores, probabilities},
+           {DNNL_ARG_WEIGHTS, HeadRowsView(count, group, keys, width), at(v, 0, column)},
+           {DNNL_ARG_DST, HeadRowsView(count, group, rows, width),
+            at(context, first_row, column)}}));
 
       if (attention_weights != nullptr && !in_place) {
         // Copy each head's rows to its model index; keys past `keys` are causal-masked
         // and read as zero.
-        for (int64_t g = 0; g < group; ++g) {
-          const int64_t head = set.heads[first_head + g];
-          for (int64_t r = 0; r < rows; ++r) {
-            const float* source = scores_data + (g * rows + r) * keys;
-            float* target =
-                attention_weights + (head * query_length + first_row + r) * key_length;
-            std::copy(source, source + keys, target);
-            std::fill(target + keys, target + key_length, 0.0f);
+        for (int64_t sequence = 0; sequence < count; ++sequence) {
+          float* weights =
+              attention_weights + sequence * spec_.num_heads * query_length * key_length;
+          for (int64_t g = 0; g < group; ++g) {
+            const int64_t head = set.heads[first_head + g];
+            for (int64_t r = 0; r < rows; ++r) {
+              const float* source =
+                  scores_data + ((sequence * group + g) * rows + r) * keys;
+              float* target =
+                  weights + (head * query_length + first_row + r) * key_length;
+              std::copy(source, source + keys, target);
+              std::fill(target + keys, target + key_length, 0.0f);
+            }
           }
         }
       }

@@ -201,24 +201,36 @@ class MultiHeadAttention {
   absl::StatusOr<const void*> InComputePrecision(absl::Span<const float> f32,
                                                  absl::Span<const uint16_t> bf16,
                                                  Buffer& buffer);
-  // One sequence, the heads of `set`: context[L_q, width] from q[L_q, width],
-  // k/v[L_k, width], all in the compute precision. When `attention_weights` is not null
-  // the softmax weights [num_heads, L_q, L_k] of the set's heads are written there
-  // (others untouched).
-  absl::Status AttendSequence(const HeadSet& set, const uint8_t* q, const uint8_t* k,
-                              const uint8_t* v, int64_t query_length, int64_t key_length,
-                              bool causal, float* attention_weights, uint8_t* context);
+  // `count` consecutive sequences of equal lengths (count > 1 only when all heads of
+  // one sequence fit the block budget and no causal blocks are needed: see
+  // RunLength), the heads of `set`: context[count L_q, width] from q[count L_q, width],
+  // k/v[count L_k, width], all in the compute precision. When `attention_weights` is
+  // not null the softmax weights [count, num_heads, L_q, L_k] of the set's heads are
+  // written there (others untouched).
+  absl::Status AttendSequences(const HeadSet& set, int64_t count, const uint8_t* q,
+                               const uint8_t* k, const uint8_t* v, int64_t query_length,
+                               int64_t key_length, bool causal, float* attention_weights,
+                               uint8_t* context);
+  // How many sequences from `index` on have the same lengths and may run in one
+  // AttendSequences call.
+  int64_t RunLength(const HeadSet& set, absl::Span<const int64_t> query_lengths,
+                    absl::Span<const int64_t> key_lengths, size_t index,
+                    bool causal) const;
   // `heads` consecutive heads' [rows, head_dim] slices of an [L, width] plane, as
   // [heads, rows, head_dim] with strides (head_dim, width, 1): no copy into per-head
-  // planes.
-  dnnl::memory::desc HeadRowsView(int64_t heads, int64_t rows, int64_t width) const;
-  // The same slices read transposed, [heads, head_dim, length] (K^T).
-  dnnl::memory::desc HeadColumnsView(int64_t heads, int64_t length, int64_t width) const;
-  // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width);
-  // softmax: (heads, rows, L_k, 1 when its output is in the compute precision).
+  // planes. With count > 1, of `count` such planes one after another:
+  // [count, heads, rows, head_dim].
+  dnnl::memory::desc HeadRowsView(int64_t count, int64_t heads, int64_t rows,
+                                  int64_t width) const;
+  // The same slices read transposed, [(count,) heads, head_dim, length] (K^T).
+  dnnl::memory::desc HeadColumnsView(int64_t count, int64_t heads, int64_t length,
+                                     int64_t width) const;
+  // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width,
+  // sequences); softmax: (heads, rows, L_k, 1 when its output is in the compute
+  // precision, sequences).
   // Conversion: (count, 1 when from bf16).
   absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind,
-                                                const std::array<int64_t, 4>& dims);
+                                                const std::array<int64_t, 5>& dims);
   // One execution argument: oneDNN's argument id, its layout, and where its data is
   // (read, or written for a DST argument).
   struct ExecArg {

@@ -30,7 +30,7 @@ enum class PrimitiveKind : int32_t {
 
 struct PrimitiveKey {
   PrimitiveKind kind = PrimitiveKind::kProjection;
-  std::array<int64_t, 4> dims = {0, 0, 0, 0};
+  std::array<int64_t, 5> dims = {0, 0, 0, 0, 0};
 
   bool operator==(const PrimitiveKey& other) const {
     return kind == other.kind && dims == other.dims;

@@ -160,8 +160,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
     absl::StatusOr<core::AttentionWeights> loaded =
         core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec);
     if (!loaded.ok()) {
-      return absl::Status(loaded.status().code(),
-                          absl::StrCat("model \"", name, "\": ", loaded.status().message()));
+      return absl::Status(
+          loaded.status().code(),
+          absl::StrCat("model \"", name, "\": ", loaded.status().message()));
     }
     weights = *std::move(loaded);
   }

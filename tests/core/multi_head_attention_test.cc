@@ -243,6 +243,45 @@ TEST(MultiHeadAttentionTest, PackedBatchEqualsEachSequenceAlone) {
   }
 }
 
+TEST(MultiHeadAttentionTest, RunsOfEqualLengthsMatchTheReference) {
+  // Consecutive sequences of equal lengths run in one call per primitive ([n, h, L, .]
+  // views); runs break where a length (query or memory) changes.
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectMatchesReference(fixture, {5, 5, 5, 9, 9, 5}, {}, false, {}, 90);
+  ExpectMatchesReference(fixture, {6, 6, 6}, {}, true, {}, 91);
+  ExpectMatchesReference(fixture, {4, 4, 4, 4}, {3, 3, 6, 6}, false, {}, 92);
+  ExpectMatchesReference(fixture, {7, 7, 7}, {}, false, {1, 0, 0.5f, 0}, 93);
+}
+
+TEST(MultiHeadAttentionTest, RunsLimitedByTheBlockBudgetStayCorrect) {
+  // A 2 KiB budget holds two sequences' scores (4 heads x 8 x 8 floats = 1 KiB each),
+  // so five equal sequences run as 2 + 2 + 1.
+  Fixture fixture = MakeFixture(64, 4, 7, 0, 2048);
+  ExpectMatchesReference(fixture, {8, 8, 8, 8, 8}, {}, false, {}, 94);
+}
+
+TEST(MultiHeadAttentionTest, RunOutputWithoutWeightsEqualsEachSequenceAlone) {
+  Fixture fixture = MakeFixture(128, 8);
+  const std::vector<int64_t> lengths(16, 12);
+  const std::vector<float> query = RandomTokens(16 * 12 * 128, 95);
+  std::vector<float> packed(query.size());
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(packed)).ok());
+  for (int64_t i = 0; i < 16; ++i) {
+    std::vector<float> alone(12 * 128);
+    const std::vector<int64_t> one = {12};
+    ASSERT_TRUE(
+        fixture.attention
+            ->Forward({absl::MakeConstSpan(query).subspan(i * 12 * 128, 12 * 128), one},
+                      {}, absl::MakeSpan(alone))
+            .ok());
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(packed).subspan(i * 12 * 128, 12 * 128),
+                         absl::MakeConstSpan(alone)),
+              1e-6)
+        << "sequence " << i;
+  }
+}
+
 TEST(MultiHeadAttentionTest, AllOnesHeadMaskEqualsNoMask) {
   Fixture fixture = MakeFixture(64, 4);
   const std::vector<int64_t> lengths = {9};
@@ -394,6 +433,12 @@ TEST_F(Bf16Test, MatchesReferenceWithinBf16Tolerance) {
   ExpectMatchesReference(fixture, {300, 20}, {}, true, {}, 63, kBf16Tolerance);
   ExpectMatchesReference(fixture, {33}, {}, false, {1, 0, 0.5f, 1, 1, 0, 1, 1}, 64,
                          kBf16Tolerance);
+}
+
+TEST_F(Bf16Test, RunsOfEqualLengthsMatchTheReference) {
+  Fixture fixture = MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kBf16);
+  ExpectMatchesReference(fixture, {5, 5, 5, 9}, {}, false, {}, 96, kBf16Tolerance);
+  ExpectMatchesReference(fixture, {6, 6}, {}, true, {0, 1, 1, 0}, 97, kBf16Tolerance);
 }
 
 TEST_F(Bf16Test, MatchesReferenceInBlocksAndWithPrunedHeads) {
