@@ -41,7 +41,9 @@ COPY --from=build /src/build/server/attnserve /src/build/client/attnctl /src/bui
 USER 10001
 EXPOSE 50051 8080
 # The start period covers start-up and warm-up; failures then count toward --retries.
+# The check dials the port the server actually bound (--port_file, written after
+# binding), so `docker run IMAGE --port=N` stays healthy for any N.
 HEALTHCHECK --start-period=30s --interval=10s --timeout=5s --retries=3 \
-    CMD ["attnctl", "--target=127.0.0.1:50051", "--timeout=3s", "health"]
-ENTRYPOINT ["attnserve"]
+    CMD ["sh", "-c", "exec attnctl --target=127.0.0.1:$(cat /tmp/attnserve.port) --timeout=3s health"]
+ENTRYPOINT ["attnserve", "--port_file=/tmp/attnserve.port"]
 CMD ["--port=50051", "--metrics_port=8080"]

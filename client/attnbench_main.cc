@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/help.h"
 #include "client/attention_client.h"
 #include "client/bench_report.h"
 #include "client/load_generator.h"
@@ -221,6 +222,7 @@ int main(int argc, char** argv) {
       "  attnbench --concurrency=1,4,16,64 [--seq_len=128] [--metrics_url=URL]\n"
       "  attnbench --rate=100,200,400 [--seq_len=16:512] [--json=F] [--csv=F] "
       "[--plot=F.svg]");
+  if (attnserve::cli::PrintHelpIfAsked(argc, argv, "client/attnbench_main.cc")) return 0;
   absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   return Run();

@@ -26,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "cli/help.h"
 #include "client/attention_client.h"
 #include "client/npy.h"
 #include "transport/transport.h"
@@ -313,6 +314,7 @@ int main(int argc, char** argv) {
       "                [--memory=m.npy] [--causal]   (per-head figures, to prune by)\n"
       "Exit codes: 0 ok, 1 the call failed, 2 usage.");
   std::string problem;
+  if (attnserve::cli::PrintHelpIfAsked(argc, argv, "client/attnctl_main.cc")) return 0;
   if (!CheckFlags(argc, argv, problem)) return Usage(problem);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();

@@ -506,27 +506,37 @@ AttentionService::AttendStream(grpc::CallbackServerContext* context) {
 grpc::ServerUnaryReactor* AttentionService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest* /*request*/,
     v1::ListModelsResponse* response) {
+  const absl::Time start = absl::Now();
+  if (observer_.on_rpc_started) observer_.on_rpc_started("ListModels");
   for (const ServedModel* model : registry_->models())
     *response->add_models() = model->info;
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return FinishNow(context, "ListModels", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext* context,
                                                      const v1::GetModelRequest* request,
                                                      v1::GetModelResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  if (observer_.on_rpc_started) observer_.on_rpc_started("GetModel");
   const ServedModel* model =
       request->name().empty() ? nullptr : registry_->Find(request->name());
   if (model == nullptr) {
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::NOT_FOUND,
-                     absl::StrCat("model \"", request->name(), "\" is not served")));
-    return reactor;
+    return FinishNow(context, "GetModel", start,
+                     absl::NotFoundError(
+                         absl::StrCat("model \"", request->name(), "\" is not served")));
   }
   *response->mutable_model() = model->info;
-  reactor->Finish(grpc::Status::OK);
+  return FinishNow(context, "GetModel", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionService::FinishNow(
+    grpc::CallbackServerContext* context, absl::string_view method, absl::Time start,
+    const absl::Status& status) {
+  if (observer_.on_rpc_handled) {
+    observer_.on_rpc_handled(method, status.code(), absl::Now() - start);
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 

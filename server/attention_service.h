@@ -91,6 +91,10 @@ class AttentionService final : public v1::AttentionService::CallbackService {
 
  private:
   friend class StreamReactor;
+  // Counts a call answered at once (no queueing) and finishes it with `status`.
+  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                      absl::string_view method, absl::Time start,
+                                      const absl::Status& status);
   // Open streams register while gRPC holds them (until their OnDone).
   // Returns false when streams are draining: the stream must end at once.
   bool RegisterStream(StreamReactor* stream);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "cli/help.h"
 #include "core/device.h"
 #include "server/attention_server.h"
 #include "server/event_log.h"
@@ -70,6 +71,10 @@ ABSL_FLAG(std::string, grpc_args, "",
           "Extra integer gRPC server channel arguments, name=value,..., e.g. "
           "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
+ABSL_FLAG(
+    std::string, port_file, "",
+    "After binding, write the gRPC port to this file (for health checks and scripts, "
+    "e.g. with --port=0).");
 ABSL_FLAG(
     bool, builtin_model, true,
     "Serve the built-in model mha-base (seeded random weights, for trying the server "
@@ -167,6 +172,19 @@ int Run() {
   server::LogEvent("serving", {{"host", options.host},
                                {"port", absl::StrCat((*attention_server)->port())},
                                {"device", absl::GetFlag(FLAGS_device)}});
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    // Written whole then renamed, so a reader never sees a partial number.
+    const std::string partial = path + ".partial";
+    std::FILE* file = std::fopen(partial.c_str(), "w");
+    const bool written =
+        file != nullptr && std::fprintf(file, "%d\n", (*attention_server)->port()) > 0 &&
+        std::fclose(file) == 0 && std::rename(partial.c_str(), path.c_str()) == 0;
+    if (!written) {
+      server::LogEvent("startup_failed",
+                       {{"error", absl::StrCat("cannot write --port_file=", path)}});
+      return 1;
+    }
+  }
   std::printf("attnserve listening on %s:%d\n", options.host.c_str(),
               (*attention_server)->port());
   if ((*attention_server)->metrics_port() >= 0) {
@@ -195,6 +213,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "multi-head attention inference over gRPC.\n"
       "Usage: attnserve [--port=50051] [--model_repository=DIR] [batcher flags]");
+  if (attnserve::cli::PrintHelpIfAsked(argc, argv, "server/main.cc")) return 0;
   absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   return Run();

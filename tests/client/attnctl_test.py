@@ -94,6 +94,18 @@ class AttnctlTest(unittest.TestCase):
                                   f"--memory={self.path('m.npy')}")
         self.assertEqual(result.returncode, 0, result.stderr)
 
+    def test_help_exits_zero_and_lists_own_flags_without_build_paths(self):
+        for binary, flags in ((ATTNCTL, ("--target", "--seq_len", "--head_mask")),
+                              (SERVER, ("--port", "--builtin_model", "--precision"))):
+            for spelling in ("--help", "-h"):
+                result = subprocess.run([binary, spelling], capture_output=True,
+                                        text=True, timeout=30)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                for flag in flags:
+                    self.assertIn(flag, result.stdout)
+                self.assertNotIn(".cc", result.stdout)
+                self.assertNotIn("--flagfile", result.stdout)  # Abseil's own flags
+
     def test_heads(self):
         # Identical tokens give identical keys, so every head attends uniformly: entropy
         # ln(L) and largest weight 1/L, computed here independently of the server.

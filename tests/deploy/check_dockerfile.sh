@@ -24,7 +24,7 @@ expect '^ +&& /tmp/deploy/install-deps.sh --runtime' "runtime stage installs dep
 expect '^HEALTHCHECK --start-period=' "a HEALTHCHECK with a start period"
 expect '^USER [0-9]+$' "a numeric non-root USER"
 expect '^EXPOSE 50051 8080$' "EXPOSE 50051 8080"
-expect '^ENTRYPOINT \["attnserve"\]$' "ENTRYPOINT attnserve"
+expect '^ENTRYPOINT \["attnserve", "--port_file=/tmp/attnserve.port"\]$' "ENTRYPOINT attnserve writing the port file the HEALTHCHECK reads"
 # No RUN step may install packages by name outside the script.
 if grep -E '^RUN .*apt-get[[:space:]]+install' "${dockerfile}"; then
   echo "check_dockerfile: install packages through deploy/install-deps.sh only" >&2

@@ -10,6 +10,7 @@ can start, it exits 77 (CTest SKIP_RETURN_CODE) with the reason.
 
 usage: docker_test.py REPO_ROOT BUILD_DIR ATTNSERVE_BINARY ATTNCTL_BINARY
 """
+import json
 import os
 import re
 import subprocess
@@ -91,6 +92,13 @@ class DockerImageTest(unittest.TestCase):
         health = subprocess.run([ATTNCTL, f"--target={target}", "health"],
                                 capture_output=True, text=True, timeout=60)
         self.assertEqual(health.stdout.strip(), "SERVING", health.stderr)
+        # The image's own HEALTHCHECK, run now inside the container: it must dial the
+        # port the server bound (here a free one picked by --port=0, not 50051).
+        check = json.loads(docker("inspect", "-f", "{{json .Config.Healthcheck.Test}}",
+                                  container))
+        self.assertEqual(check[0], "CMD", check)
+        result = docker("exec", container, *check[1:], check=False)
+        self.assertIn("SERVING", result, check)
 
         self.check_infer_equals_host(target)
 

@@ -122,6 +122,33 @@ TEST(ServerMetricsTest, CountsEqualWhatWasSentPerCode) {
   EXPECT_GT(Sample(text, "process_open_fds"), 3);
 }
 
+TEST(ServerMetricsTest, EveryMethodIsCounted) {
+  // ListModels, GetModel and HeadStatistics answer without the batcher queue (or, for
+  // HeadStatistics, through it); each call is counted under its own method.
+  TestServer server = StartServer();
+  ASSERT_TRUE(server.client->ListModels().ok());
+  ASSERT_TRUE(server.client->GetModel("mha-base").ok());
+  EXPECT_EQ(server.client->GetModel("nope").status().code(), absl::StatusCode::kNotFound);
+  v1::HeadStatisticsRequest statistics;
+  *statistics.mutable_query() = Request(3).query();
+  ASSERT_TRUE(server.client->HeadStatistics(statistics).ok());
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(server.server->metrics().Render(), "grpc_server_handled_total",
+                  {"grpc_method=\"HeadStatistics\"", "grpc_code=\"OK\""}) == 1;
+  }));
+  const std::string text = server.server->metrics().Render();
+  EXPECT_EQ(Sample(text, "grpc_server_started_total", {"grpc_method=\"ListModels\""}), 1);
+  EXPECT_EQ(Sample(text, "grpc_server_handled_total",
+                   {"grpc_method=\"ListModels\"", "grpc_code=\"OK\""}),
+            1);
+  EXPECT_EQ(Sample(text, "grpc_server_started_total", {"grpc_method=\"GetModel\""}), 2);
+  EXPECT_EQ(Sample(text, "grpc_server_handled_total",
+                   {"grpc_method=\"GetModel\"", "grpc_code=\"NotFound\""}),
+            1);
+  EXPECT_EQ(Sample(text, "grpc_server_started_total", {"grpc_method=\"HeadStatistics\""}),
+            1);
+}
+
 TEST(ServerMetricsTest, UnknownModelIsCountedUnderOneLabel) {
   TestServer server = StartServer();
   v1::AttendRequest request = Request(2);
