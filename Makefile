@@ -8,7 +8,7 @@ SANITIZE_DIR := $(BUILD_DIR)/asan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps deps-build configure build test test-asan asan-build fuzz overload soak image run bench-core bench-server bench-grid format clean
+.PHONY: all deps deps-build configure build install test test-asan asan-build fuzz overload soak image run bench-core bench-server bench-grid format clean
 
 all: build
 
@@ -66,9 +66,18 @@ image: deps
 	DOCKER_BUILDKIT=0 /usr/bin/docker build --network host -t attnserve:0.1.0 .
 
 # Serves the built-in model (mha-base) on :50051 in the foreground; Ctrl-C drains and
-# exits. Extra flags: make run ARGS="--port=50052 --max_queue_delay=5ms".
-run: build
+# exits. Extra flags: make run ARGS="--port=50052 --max_queue_delay=5ms". Builds only
+# the server, and configures only a build folder that has never been configured.
+run:
+	@test -f $(BUILD_DIR)/CMakeCache.txt || $(MAKE) configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnserve
 	$(BUILD_DIR)/server/attnserve $(ARGS)
+
+# attnserve, attnctl, attnbench and the C++ client (headers, static libraries, CMake
+# package: find_package(attnserve) -> attnserve::client) under PREFIX.
+PREFIX ?= /usr/local
+install: build
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
 # Core speed: Google Benchmark over the (B, L, d, h) grid, interleaved with PyTorch's
 # nn.MultiheadAttention, printed as one table. Not part of `make test`.

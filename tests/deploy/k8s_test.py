@@ -25,8 +25,13 @@ KUBECTL = os.path.join(os.path.dirname(sys.executable), "kubectl")
 
 
 def build(overlay):
-    text = subprocess.run([KUBECTL, "kustomize", os.path.join(K8S, "overlays", overlay)],
-                          check=True, capture_output=True, text=True, timeout=120).stdout
+    return build_folder(os.path.join(K8S, "overlays", overlay))
+
+
+def build_folder(folder):
+    text = subprocess.run([KUBECTL, "kustomize", "--load-restrictor", "LoadRestrictionsNone",
+                           folder], check=True, capture_output=True, text=True,
+                          timeout=120).stdout
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
@@ -70,7 +75,7 @@ class KustomizeTest(unittest.TestCase):
         deployment["spec"]["replica"] = 2
         with self.assertRaises(kubernetes_validate.ValidationError):
             kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
-        monitor = json.loads(json.dumps(find(self.overlays["dev"], "ServiceMonitor")[0]))
+        monitor = json.loads(json.dumps(find(self.overlays["prod"], "ServiceMonitor")[0]))
         monitor["spec"]["endpoints"][0]["intervall"] = "15s"
         with self.assertRaises(jsonschema.ValidationError):
             jsonschema.validate(monitor, self.monitor_schema)
@@ -112,8 +117,50 @@ class KustomizeTest(unittest.TestCase):
                 services = {s["metadata"]["name"]: s for s in find(objects, "Service")}
                 self.assertEqual(services["attnserve-headless"]["spec"]["clusterIP"], "None")
                 self.assertEqual(services["attnserve"]["spec"]["type"], "ClusterIP")
-                monitor = find(objects, "ServiceMonitor")[0]
-                self.assertEqual(monitor["spec"]["endpoints"][0]["port"], "metrics")
+                # Every object lives in the overlay's own Namespace, which is applied too.
+                namespaces = find(objects, "Namespace")
+                self.assertEqual(len(namespaces), 1)
+                for obj in objects:
+                    if obj["kind"] != "Namespace":
+                        self.assertEqual(obj["metadata"]["namespace"],
+                                         namespaces[0]["metadata"]["name"], obj["kind"])
+
+    def test_servicemonitor_is_an_optional_component(self):
+        # dev applies on any cluster; prod includes the component (prometheus-operator).
+        self.assertEqual(find(self.overlays["dev"], "ServiceMonitor"), [])
+        monitor = find(self.overlays["prod"], "ServiceMonitor")[0]
+        self.assertEqual(monitor["spec"]["endpoints"][0]["port"], "metrics")
+        service = [s for s in find(self.overlays["prod"], "Service")
+                   if s["metadata"]["name"] == "attnserve"][0]
+        for key, value in monitor["spec"]["selector"]["matchLabels"].items():
+            self.assertEqual(service["metadata"]["labels"].get(key), value)
+
+    def test_model_repository_component_mounts_models_read_only(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as folder:
+            with open(os.path.join(folder, "kustomization.yaml"), "w") as f:
+                yaml.safe_dump({
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    # kustomize takes relative roots only.
+                    "resources": [os.path.relpath(os.path.join(K8S, "overlays", "dev"),
+                                                  folder)],
+                    "components": [os.path.relpath(
+                        os.path.join(K8S, "components", "model-repository"), folder)],
+                }, f)
+            objects = build_folder(folder)
+        for obj in objects:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        pod = find(objects, "Deployment")[0]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        self.assertEqual(flag(container["args"], "model_repository"), "/models")
+        self.assertEqual(flag(container["args"], "builtin_model"), "false")
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        self.assertTrue(mounts["models"]["readOnly"])
+        self.assertEqual(mounts["models"]["mountPath"], "/models")
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        self.assertEqual(volumes["models"]["persistentVolumeClaim"]["claimName"],
+                         "attnserve-models")
 
     def test_overlays_differ_as_intended(self):
         dev, prod = self.overlays["dev"], self.overlays["prod"]
