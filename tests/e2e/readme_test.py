@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Runs the README's snippets against real processes: every fenced block preceded by a
+`<!-- readme_test -->` line, in order, in one scratch folder, against one attnserve on
+127.0.0.1 (free ports). A block fails the test if any of its commands fails.
+
+What is changed before running, and nothing else:
+- `make run` lines are skipped: this test starts the binary `make run` runs;
+- `localhost:50051` / `localhost:8080` (and the Kubernetes DNS target) become the
+  server's real addresses, and `attnctl` gets `--target` when a line has none;
+- `attnctl` and `build/...` resolve to this build; `proto`, `client` and `build` in the
+  scratch folder link to the repository's, so the paths read as from a checkout.
+The inputs the snippets name (x.npy, mha.pt, encoder.pt) are made first.
+
+usage: readme_test.py REPO_ROOT BUILD_DIR
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT, BUILD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import stubs  # noqa: E402
+
+MARKER = "<!-- readme_test -->"
+
+
+def tested_blocks(text):
+    """(language, code) of each block right after a marker line."""
+    blocks = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() != MARKER:
+            continue
+        fence = lines[i + 1]
+        match = re.fullmatch(r"```(\w+)", fence.strip())
+        if not match:
+            raise AssertionError(f"README line {i + 2}: a marker must precede a fenced block")
+        end = next(j for j in range(i + 2, len(lines)) if lines[j].strip() == "```")
+        blocks.append((match.group(1), "\n".join(lines[i + 2:end]), i + 2))
+    return blocks
+
+
+class ReadmeTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cwd = cls.dir.name
+        for name, target in (("proto", os.path.join(ROOT, "proto")),
+                             ("client", os.path.join(ROOT, "client")), ("build", BUILD)):
+            os.symlink(target, os.path.join(cwd, name))
+        cls.make_inputs(cwd)
+        cls.server = stubs.Attnserve(os.path.join(BUILD, "server", "attnserve"),
+                                     metrics=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.server.stop()
+        cls.dir.cleanup()
+        assert code == 0, f"attnserve exited with {code}"
+
+    @staticmethod
+    def make_inputs(cwd):
+        script = """
+import numpy as np, torch
+np.save("x.npy", np.random.default_rng(0).uniform(-1, 1, (3, 512)).astype("<f4"))
+torch.save(torch.nn.MultiheadAttention(64, 4), "mha.pt")
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(64, 8), num_layers=4)
+torch.save(Model().state_dict(), "encoder.pt")
+"""
+        subprocess.run(["/usr/bin/python3", "-c", script], cwd=cwd, check=True, timeout=120)
+
+    def rewrite(self, line):
+        target = self.server.target
+        metrics = f"127.0.0.1:{self.server.metrics_port}"
+        line = line.replace("dns:///attnserve-headless:50051", target)
+        line = line.replace("localhost:50051", target).replace("localhost:8080", metrics)
+        match = re.match(r"(\s*)(build/client/attnctl|attnctl)(\s)", line)
+        if match:
+            binary = os.path.join(BUILD, "client", "attnctl")
+            extra = "" if "--target=" in line else f" --target={target}"
+            line = match.group(1) + binary + extra + line[match.end(2):]
+        return line
+
+    def run_sh(self, code, where):
+        script = []
+        for line in code.replace("\\\n", " ").splitlines():
+            if re.match(r"\s*make run\b", line):
+                continue
+            script.append(self.rewrite(line))
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(script)],
+                                cwd=self.dir.name, capture_output=True, text=True,
+                                timeout=300)
+        self.assertEqual(result.returncode, 0,
+                         f"README line {where}:\n{chr(10).join(script)}\n{result.stderr}")
+        return result.stdout
+
+    def run_python(self, code, where):
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir.name, "stubs"))
+        result = subprocess.run([sys.executable, "-c", self.rewrite(code)],
+                                cwd=self.dir.name, capture_output=True, text=True,
+                                timeout=300, env=env)
+        self.assertEqual(result.returncode, 0, f"README line {where}:\n{result.stderr}")
+        return result.stdout
+
+    def test_snippets(self):
+        with open(os.path.join(ROOT, "README.md")) as readme:
+            blocks = tested_blocks(readme.read())
+        self.assertGreaterEqual(len(blocks), 5, "the marked blocks went missing")
+        outputs = []
+        for language, code, where in blocks:
+            with self.subTest(line=where):
+                print(f"README line {where}: {language}", flush=True)
+                if language == "sh":
+                    outputs.append(self.run_sh(code, where))
+                elif language == "python":
+                    outputs.append(self.run_python(code, where))
+                else:
+                    self.fail(f"README line {where}: no runner for {language}")
+        text = "\n".join(outputs)
+        # What the quick start promises to show.
+        self.assertIn("SERVING", text)
+        self.assertRegex(text, r"attnserve_requests_total\{[^}]*code=\"OK\"")
+        self.assertIn("output_shape=[16, 512]", text)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
