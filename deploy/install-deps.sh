@@ -158,4 +158,10 @@ if [[ ${with_test} -eq 1 ]]; then
       --require-virtualenv -r "${requirements}"
     cp "${requirements}" "${stamp}"
   fi
+  # attnserve's own Python client (client/python: stubs generated from proto/ at build),
+  # rebuilt from the checkout every time; offline (--no-index, --no-build-isolation:
+  # setuptools and grpcio-tools come from Debian through --system-site-packages).
+  "${venv}/bin/python" -m pip install -q --disable-pip-version-check --require-virtualenv \
+    --no-build-isolation --no-deps --no-index --upgrade "${here}/../client/python"
+  echo "install-deps: attnserve Python client installed into ${venv}"
 fi

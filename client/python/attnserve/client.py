@@ -1,0 +1,107 @@
+"""A small client over the generated stubs: numpy arrays in and out.
+
+bf16 travels as its bits: numpy has no bfloat16, so a bf16 tensor is a uint16 array of
+bfloat16 bit patterns (float32_to_bf16 rounds to nearest even, bf16_to_float32 widens
+exactly)."""
+import numpy as np
+
+import grpc
+from attnserve.v1 import attention_pb2, attention_pb2_grpc, tensor_pb2
+
+# attnserve's transport settings (see the README): a whole tensor per socket read.
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.experimental.tcp_read_chunk_size", 1 << 20),
+    ("grpc.experimental.tcp_min_read_chunk_size", 256 << 10),
+    ("grpc.experimental.tcp_max_read_chunk_size", 4 << 20),
+]
+
+
+def float32_to_bf16(values):
+    """float32 array -> uint16 bf16 bits, rounded to nearest even (NaN stays NaN)."""
+    bits = np.ascontiguousarray(values, dtype="<f4").view("<u4")
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = np.isnan(np.asarray(values, dtype=np.float32))
+    rounded = np.where(nan, (bits >> 16) | 0x40, rounded)
+    return rounded.astype("<u2")
+
+
+def bf16_to_float32(bits):
+    """uint16 bf16 bits -> float32 (exact)."""
+    return (np.asarray(bits, dtype="<u2").astype("<u4") << 16).view("<f4")
+
+
+def to_tensor(array, dtype="fp32"):
+    """A Tensor message from a float array ([L, d] or [n, L, d]); dtype "fp32", or
+    "bf16" (float values are rounded; a uint16 array is taken as bf16 bits)."""
+    array = np.asarray(array)
+    if dtype == "fp32":
+        raw = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        kind = tensor_pb2.DATA_TYPE_FP32
+    elif dtype == "bf16":
+        bits = array if array.dtype == np.uint16 else float32_to_bf16(array)
+        raw = np.ascontiguousarray(bits, dtype="<u2").tobytes()
+        kind = tensor_pb2.DATA_TYPE_BF16
+    else:
+        raise ValueError(f"dtype must be 'fp32' or 'bf16', got {dtype!r}")
+    return tensor_pb2.Tensor(dtype=kind, shape=list(array.shape), raw=raw)
+
+
+def from_tensor(tensor):
+    """The float32 array of a Tensor message (bf16 widened exactly)."""
+    shape = tuple(tensor.shape)
+    if tensor.dtype == tensor_pb2.DATA_TYPE_FP32:
+        return np.frombuffer(tensor.raw, dtype="<f4").reshape(shape).copy()
+    if tensor.dtype == tensor_pb2.DATA_TYPE_BF16:
+        return bf16_to_float32(np.frombuffer(tensor.raw, dtype="<u2")).reshape(shape)
+    raise ValueError(f"unsupported tensor dtype {tensor.dtype}")
+
+
+class Client:
+    """One channel to attnserve. Thread-safe (as gRPC channels are)."""
+
+    def __init__(self, target="localhost:50051", timeout=30.0, options=()):
+        self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS + list(options))
+        self.stub = attention_pb2_grpc.AttentionServiceStub(self.channel)
+        self.timeout = timeout
+
+    def close(self):
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def attend(self, query, memory=None, model="", causal=False, head_mask=None,
+               return_attention=False, dtype="fp32"):
+        """Output (float32, the query's shape) and, when asked, the attention weights
+        [h, L, L_k] (or [n, h, L, L_k]). Raises grpc.RpcError with the server's status."""
+        request = attention_pb2.AttendRequest(
+            model=model, query=to_tensor(query, dtype), causal=causal,
+            return_attention=return_attention, head_mask=list(head_mask or []))
+        if memory is not None:
+            request.memory.CopyFrom(to_tensor(memory, dtype))
+        reply = self.stub.Attend(request, timeout=self.timeout)
+        output = from_tensor(reply.output)
+        if return_attention:
+            return output, from_tensor(reply.attention)
+        return output
+
+    def head_statistics(self, query, memory=None, model="", causal=False):
+        """[{head, pruned, mean_entropy, mean_max_weight, mean_output_norm}, ...]."""
+        request = attention_pb2.HeadStatisticsRequest(model=model, query=to_tensor(query),
+                                                      causal=causal)
+        if memory is not None:
+            request.memory.CopyFrom(to_tensor(memory))
+        reply = self.stub.HeadStatistics(request, timeout=self.timeout)
+        return [{"head": h.head, "pruned": h.pruned, "mean_entropy": h.mean_entropy,
+                 "mean_max_weight": h.mean_max_weight,
+                 "mean_output_norm": h.mean_output_norm} for h in reply.heads]
+
+    def models(self):
+        """The served models' descriptions (ModelInfo messages)."""
+        reply = self.stub.ListModels(attention_pb2.ListModelsRequest(), timeout=self.timeout)
+        return list(reply.models)
