@@ -17,9 +17,8 @@ std::string HelpText(absl::string_view own_file) {
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (absl::EndsWith(flag->Filename(), own_file)) flags.push_back(flag);
   }
-  std::sort(flags.begin(), flags.end(), [](const auto* a, const auto* b) {
-    return a->Name() < b->Name();
-  });
+  std::sort(flags.begin(), flags.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
   std::string text = absl::StrCat(absl::ProgramUsageMessage(), "\n\nFlags:\n");
   for (const absl::CommandLineFlag* flag : flags) {
     absl::StrAppend(&text, "  --", flag->Name(), "  ", flag->Help(), " (default: \"",

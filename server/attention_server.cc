@@ -62,6 +62,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   service_options.max_response_bytes = options.max_message_bytes;
   server->service_ = std::make_unique<AttentionService>(
       server->registry_.get(), service_options, metrics->service_observer());
+  server->kserve_ =
+      std::make_unique<KServeService>(server->registry_.get(), server->service_.get());
   if (options.metrics_port >= 0) {
     absl::StatusOr<int> metrics_port =
         metrics->StartExposer(options.metrics_host, options.metrics_port);
@@ -82,6 +84,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->kserve_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   grpc::ResourceQuota quota("attnserve");
@@ -133,6 +136,7 @@ void AttentionServer::Shutdown() {
            {{"grace_period", absl::FormatDuration(options_.grace_period)}});
   // Sets every service NOT_SERVING and ignores later updates.
   server_->GetHealthCheckService()->Shutdown();
+  kserve_->StartDraining();
   // Open streams stop reading now, answer what they hold and end with UNAVAILABLE, so
   // their clients reopen elsewhere instead of being cancelled at the grace period's end.
   service_->DrainStreams();

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "server/attention_service.h"
+#include "server/kserve_service.h"
 #include "server/model_registry.h"
 #include "server/server_metrics.h"
 
@@ -80,6 +81,7 @@ class AttentionServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -20,14 +20,6 @@ namespace {
 // that one fast client cannot fill the batcher queue alone.
 constexpr size_t kMaxStreamInFlight = 64;
 
-absl::Time DeadlineOf(const grpc::CallbackServerContext* context) {
-  const auto deadline = context->deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) {
-    return absl::InfiniteFuture();
-  }
-  return absl::FromChrono(deadline);
-}
-
 absl::Status Unavailable() {
   return absl::UnavailableError("the server is shutting down; retry on another replica");
 }
@@ -142,7 +134,7 @@ class StreamReactor final
       }
       Complete(sequence, std::move(message), batcher, held);
     };
-    service_->Submit(*request, DeadlineOf(context_), cancelled_, std::move(answer));
+    service_->Submit(*request, CallDeadline(context_), cancelled_, std::move(answer));
   }
 
   void OnWriteDone(bool ok) override {
@@ -312,6 +304,14 @@ class StreamReactor final
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
 AttentionService::AttentionService(ModelRegistry* registry, const Options& options,
                                    ServiceObserver observer)
     : registry_(registry), options_(options), observer_(std::move(observer)) {}
@@ -458,7 +458,7 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
   const absl::Time start = absl::Now();
   if (observer_.on_rpc_started) observer_.on_rpc_started("Attend");
   Submit(
-      *request, DeadlineOf(context), reactor->cancelled(),
+      *request, CallDeadline(context), reactor->cancelled(),
       [this, start, reactor, response](absl::Status status, v1::AttendResponse result) {
         if (status.ok()) response->Swap(&result);
         if (observer_.on_rpc_handled) {
@@ -486,7 +486,7 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
   attend->set_causal(request->causal());
   attend->set_return_attention(true);
   Submit(
-      *attend, DeadlineOf(context), reactor->cancelled(),
+      *attend, CallDeadline(context), reactor->cancelled(),
       [this, start, reactor, response, attend](absl::Status status, v1::AttendResponse) {
         if (!status.ok()) response->Clear();
         if (observer_.on_rpc_handled) {

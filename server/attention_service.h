@@ -37,6 +37,9 @@ struct ServiceObserver {
 
 class StreamReactor;
 
+// The call's deadline (InfiniteFuture when it has none).
+absl::Time CallDeadline(const grpc::CallbackServerContext* context);
+
 // Thread-safe. Does not own the registry, which must outlive every call.
 class AttentionService final : public v1::AttentionService::CallbackService {
  public:

@@ -244,6 +244,11 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
   AddRpc("ListModels", "unary");
   AddRpc("GetModel", "unary");
   AddRpc("HeadStatistics", "unary");
+  // KServe v2 / Open Inference Protocol (inference.GRPCInferenceService).
+  for (const char* method : {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
+                             "ModelMetadata", "ModelInfer"}) {
+    AddRpc(method, "unary");
+  }
   RequestSide(kUnknownModelLabel);
   process_metrics_ = std::make_shared<ProcessCollector>();
 }

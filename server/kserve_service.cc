@@ -1,0 +1,299 @@
+#include "server/kserve_service.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/status_macros.h"
+#include "server/proto_convert.h"
+
+namespace attnserve::server {
+
+namespace {
+
+constexpr char kQuery[] = "query";
+constexpr char kMemory[] = "memory";
+constexpr char kOutput[] = "output";
+constexpr char kAttention[] = "attention";
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+// One input as attnserve's Tensor (shape, dtype, little-endian bytes).
+absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
+                          v1::Tensor* tensor) {
+  const inference::ModelInferRequest::InferInputTensor& input = infer.inputs(index);
+  const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
+  if (input.datatype() == "FP32") {
+    tensor->set_dtype(v1::DATA_TYPE_FP32);
+  } else if (input.datatype() == "BF16") {
+    tensor->set_dtype(v1::DATA_TYPE_BF16);
+  } else {
+    return Invalid(absl::StrCat(field, ".datatype must be FP32 or BF16, got \"",
+                                input.datatype(), "\""));
+  }
+  tensor->mutable_shape()->Add(input.shape().begin(), input.shape().end());
+  if (!infer.raw_input_contents().empty()) {
+    if (input.has_contents()) {
+      return Invalid(absl::StrCat(field,
+                                  ".contents must be empty when raw_input_contents ",
+                                  "is used (the protocol allows one or the other)"));
+    }
+    tensor->set_raw(infer.raw_input_contents(index));
+    return absl::OkStatus();
+  }
+  if (tensor->dtype() != v1::DATA_TYPE_FP32) {
+    return Invalid(absl::StrCat(field, ": BF16 values must come as raw_input_contents ",
+                                "(the protocol has no typed BF16 contents)"));
+  }
+  const auto& values = input.contents().fp32_contents();
+  std::string raw(static_cast<size_t>(values.size()) * sizeof(float), '\0');
+  if (!raw.empty()) std::memcpy(raw.data(), values.data(), raw.size());
+  tensor->set_raw(std::move(raw));
+  return absl::OkStatus();
+}
+
+absl::Status ApplyParameter(const std::string& name,
+                            const inference::InferParameter& value,
+                            v1::AttendRequest* attend) {
+  const std::string field = absl::StrCat("parameters[\"", name, "\"]");
+  if (name == "causal" || name == "return_attention") {
+    if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+      return Invalid(absl::StrCat(field, " must be a bool_param"));
+    }
+    if (name == "causal") {
+      attend->set_causal(value.bool_param());
+    } else {
+      attend->set_return_attention(value.bool_param());
+    }
+    return absl::OkStatus();
+  }
+  if (name == "head_mask") {
+    if (value.parameter_choice_case() != inference::InferParameter::kStringParam) {
+      return Invalid(absl::StrCat(field, " must be a string_param like \"1,0,0.5\""));
+    }
+    for (absl::string_view part : absl::StrSplit(value.string_param(), ',')) {
+      float factor = 0;
+      if (!absl::SimpleAtof(part, &factor)) {
+        return Invalid(absl::StrCat(field, ": \"", part, "\" is not a number"));
+      }
+      attend->add_head_mask(factor);
+    }
+    return absl::OkStatus();
+  }
+  return Invalid(
+      absl::StrCat(field,
+                   " is not a parameter of attnserve's models (causal, return_attention, "
+                   "head_mask)"));
+}
+
+// The datatype name of an attnserve tensor.
+const char* DatatypeName(const v1::Tensor& tensor) {
+  return tensor.dtype() == v1::DATA_TYPE_BF16 ? "BF16" : "FP32";
+}
+
+}  // namespace
+
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(
+    const inference::ModelInferRequest& infer) {
+  v1::AttendRequest attend;
+  attend.set_model(infer.model_name());
+  if (!infer.model_version().empty() && infer.model_version() != kModelVersion) {
+    return absl::NotFoundError(absl::StrCat(
+        "model \"", infer.model_name(), "\" version \"", infer.model_version(),
+        "\" is not served (versions: ", kModelVersion, ")"));
+  }
+  attend.set_request_id(infer.id());
+  if (!infer.raw_input_contents().empty() &&
+      infer.raw_input_contents_size() != infer.inputs_size()) {
+    return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
+                                infer.inputs_size(), "), got ",
+                                infer.raw_input_contents_size()));
+  }
+  bool has_query = false;
+  for (int i = 0; i < infer.inputs_size(); ++i) {
+    const std::string& name = infer.inputs(i).name();
+    v1::Tensor* tensor = nullptr;
+    if (name == kQuery && !has_query) {
+      tensor = attend.mutable_query();
+      has_query = true;
+    } else if (name == kMemory && !attend.has_memory()) {
+      tensor = attend.mutable_memory();
+    } else {
+      return Invalid(absl::StrCat("inputs[", i, "].name must be \"query\" or \"memory\" ",
+                                  "(each once), got \"", name, "\""));
+    }
+    ATTN_RETURN_IF_ERROR(ConvertInput(infer, i, tensor));
+  }
+  if (!has_query) return Invalid("inputs must include \"query\"");
+  for (const auto& [name, value] : infer.parameters()) {
+    ATTN_RETURN_IF_ERROR(ApplyParameter(name, value, &attend));
+  }
+  for (int i = 0; i < infer.outputs_size(); ++i) {
+    const std::string& name = infer.outputs(i).name();
+    if (name == kAttention) {
+      attend.set_return_attention(true);
+    } else if (name != kOutput) {
+      return Invalid(absl::StrCat("outputs[", i, "].name must be \"output\" or ",
+                                  "\"attention\", got \"", name, "\""));
+    }
+  }
+  return attend;
+}
+
+void InferResponseFromAttend(const inference::ModelInferRequest& infer,
+                             v1::AttendResponse& attend,
+                             inference::ModelInferResponse* response) {
+  response->set_model_name(attend.model());
+  response->set_model_version(kModelVersion);
+  response->set_id(infer.id());
+  bool want_output = infer.outputs().empty();
+  bool want_attention = infer.outputs().empty();
+  for (const auto& requested : infer.outputs()) {
+    want_output |= requested.name() == kOutput;
+    want_attention |= requested.name() == kAttention;
+  }
+  const auto add = [&](const char* name, v1::Tensor* tensor) {
+    inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
+    output->set_name(name);
+    output->set_datatype(DatatypeName(*tensor));
+    output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
+    // The bytes move: no copy of the result.
+    response->add_raw_output_contents()->swap(*tensor->mutable_raw());
+  };
+  if (want_output) add(kOutput, attend.mutable_output());
+  if (want_attention && attend.has_attention())
+    add(kAttention, attend.mutable_attention());
+}
+
+KServeService::KServeService(ModelRegistry* registry, AttentionService* attention)
+    : registry_(registry), attention_(attention) {}
+
+grpc::ServerUnaryReactor* KServeService::Answer(grpc::CallbackServerContext* context,
+                                                absl::string_view method,
+                                                absl::Time start,
+                                                const absl::Status& status) {
+  const ServiceObserver& observer = attention_->observer();
+  if (observer.on_rpc_handled)
+    observer.on_rpc_handled(method, status.code(), absl::Now() - start);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerLive(
+    grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
+    inference::ServerLiveResponse* response) {
+  const absl::Time start = absl::Now();
+  if (attention_->observer().on_rpc_started)
+    attention_->observer().on_rpc_started("ServerLive");
+  response->set_live(true);
+  return Answer(context, "ServerLive", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerReady(
+    grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
+    inference::ServerReadyResponse* response) {
+  const absl::Time start = absl::Now();
+  if (attention_->observer().on_rpc_started) {
+    attention_->observer().on_rpc_started("ServerReady");
+  }
+  response->set_ready(!draining_.load(std::memory_order_acquire) &&
+                      !registry_->models().empty());
+  return Answer(context, "ServerReady", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelReady(
+    grpc::CallbackServerContext* context, const inference::ModelReadyRequest* request,
+    inference::ModelReadyResponse* response) {
+  const absl::Time start = absl::Now();
+  if (attention_->observer().on_rpc_started)
+    attention_->observer().on_rpc_started("ModelReady");
+  const bool known = !request->name().empty() &&
+                     registry_->Find(request->name()) != nullptr &&
+                     (request->version().empty() || request->version() == kModelVersion);
+  response->set_ready(known && !draining_.load(std::memory_order_acquire));
+  return Answer(context, "ModelReady", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerMetadata(
+    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
+  const absl::Time start = absl::Now();
+  if (attention_->observer().on_rpc_started) {
+    attention_->observer().on_rpc_started("ServerMetadata");
+  }
+  response->set_name("attnserve");
+  response->set_version(kServerVersion);
+  return Answer(context, "ServerMetadata", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
+  const absl::Time start = absl::Now();
+  if (attention_->observer().on_rpc_started) {
+    attention_->observer().on_rpc_started("ModelMetadata");
+  }
+  const ServedModel* model =
+      request->name().empty() ? nullptr : registry_->Find(request->name());
+  if (model == nullptr ||
+      (!request->version().empty() && request->version() != kModelVersion)) {
+    return Answer(
+        context, "ModelMetadata", start,
+        absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
+                                         request->version(), "\" is not served")));
+  }
+  const int64_t d = model->spec.d_model;
+  response->set_name(model->name);
+  response->add_versions(kModelVersion);
+  response->set_platform("attnserve_mha");
+  const auto tensor = [](auto* list, const char* name, const char* datatype,
+                         std::vector<int64_t> shape) {
+    auto* entry = list->Add();
+    entry->set_name(name);
+    entry->set_datatype(datatype);
+    entry->mutable_shape()->Add(shape.begin(), shape.end());
+  };
+  // One sequence [L, d] (a leading n for equal-length batches is accepted too).
+  tensor(response->mutable_inputs(), kQuery, "FP32", {-1, d});
+  tensor(response->mutable_inputs(), kMemory, "FP32", {-1, d});
+  tensor(response->mutable_outputs(), kOutput, "FP32", {-1, d});
+  tensor(response->mutable_outputs(), kAttention, "FP32",
+         {model->spec.num_heads, -1, -1});
+  return Answer(context, "ModelMetadata", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelInfer(
+    grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
+    inference::ModelInferResponse* response) {
+  const absl::Time start = absl::Now();
+  if (attention_->observer().on_rpc_started)
+    attention_->observer().on_rpc_started("ModelInfer");
+  absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(*request);
+  if (!attend.ok()) return Answer(context, "ModelInfer", start, attend.status());
+  // The converted request lives until its answer (the queued work views its bytes).
+  auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  attention_->Submit(*shared, CallDeadline(context), nullptr,
+                     [this, start, shared, request, response, reactor](
+                         absl::Status status, v1::AttendResponse result) {
+                       if (status.ok())
+                         InferResponseFromAttend(*request, result, response);
+                       const ServiceObserver& observer = attention_->observer();
+                       if (observer.on_rpc_handled) {
+                         observer.on_rpc_handled("ModelInfer", status.code(),
+                                                 absl::Now() - start);
+                       }
+                       reactor->Finish(ToGrpcStatus(status));
+                     });
+  return reactor;
+}
+
+}  // namespace attnserve::server

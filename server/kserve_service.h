@@ -1,0 +1,81 @@
+// KServeService: the KServe v2 / Open Inference Protocol's gRPC service
+// (inference.GRPCInferenceService) on attnserve's port, over the same models and
+// batchers as attnserve's own API: ModelInfer becomes an AttendRequest and goes through
+// AttentionService::Submit (same validation, admission, batching and metrics).
+#ifndef ATTNSERVE_SERVER_KSERVE_SERVICE_H_
+#define ATTNSERVE_SERVER_KSERVE_SERVICE_H_
+
+#include <atomic>
+
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention.pb.h"
+#include "inference/grpc_service.grpc.pb.h"
+#include "server/attention_service.h"
+#include "server/model_registry.h"
+
+namespace attnserve::server {
+
+// The version attnserve reports (ServerMetadata; the image's label says the same).
+inline constexpr char kServerVersion[] = "0.1.0";
+// The one version each model is served as.
+inline constexpr char kModelVersion[] = "1";
+
+// A ModelInferRequest as attnserve's AttendRequest: inputs "query" (and "memory"),
+// FP32 or BF16, raw or typed (FP32) contents; parameters "causal", "return_attention"
+// (bool) and "head_mask" (string "1,0,0.5,..."); requesting output "attention" asks for
+// the weights. InvalidArgument naming the field for anything else; NotFound for a
+// model version other than kModelVersion.
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(
+    const inference::ModelInferRequest& infer);
+
+// The answer as a ModelInferResponse: "output" (and "attention" when computed), in the
+// requested subset when the request listed outputs, as raw_output_contents. Moves the
+// tensors' bytes out of `attend`.
+void InferResponseFromAttend(const inference::ModelInferRequest& infer,
+                             v1::AttendResponse& attend,
+                             inference::ModelInferResponse* response);
+
+// Thread-safe. Does not own the registry or the attention service, which must outlive
+// every call.
+class KServeService final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  KServeService(ModelRegistry* registry, AttentionService* attention);
+
+  // ServerReady and ModelReady answer false from now on. Idempotent.
+  void StartDraining() { draining_.store(true, std::memory_order_release); }
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest* request,
+                                       inference::ServerLiveResponse* response) override;
+  grpc::ServerUnaryReactor* ServerReady(
+      grpc::CallbackServerContext* context, const inference::ServerReadyRequest* request,
+      inference::ServerReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override;
+  grpc::ServerUnaryReactor* ServerMetadata(
+      grpc::CallbackServerContext* context,
+      const inference::ServerMetadataRequest* request,
+      inference::ServerMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelMetadata(
+      grpc::CallbackServerContext* context,
+      const inference::ModelMetadataRequest* request,
+      inference::ModelMetadataResponse* response) override;
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const inference::ModelInferRequest* request,
+                                       inference::ModelInferResponse* response) override;
+
+ private:
+  // Counts the call (grpc_server_* metrics) and finishes it now with `status`.
+  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
+                                   absl::string_view method, absl::Time start,
+                                   const absl::Status& status);
+
+  ModelRegistry* const registry_;
+  AttentionService* const attention_;
+  std::atomic<bool> draining_{false};
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_KSERVE_SERVICE_H_

@@ -1,0 +1,256 @@
+// inference.GRPCInferenceService (KServe v2 / Open Inference Protocol) over a real gRPC
+// server on loopback, called with stubs generated from proto/inference: the same
+// answers as attnserve's own Attend, and errors naming the protocol's fields.
+#include "server/kserve_service.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/bfloat16.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/server/test_server.h"
+
+namespace attnserve::server {
+namespace {
+
+using ::attnserve::client::Float32Tensor;
+using ::attnserve::client::Float32Values;
+using ::attnserve::server::testing::RandomValues;
+using ::attnserve::server::testing::StartServer;
+using ::attnserve::server::testing::TestServer;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr int64_t kD = 512;
+
+std::string FloatBytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+}
+
+std::vector<float> BytesToFloats(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / 4);
+  std::memcpy(values.data(), bytes.data(), bytes.size());
+  return values;
+}
+
+class KServeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = new TestServer(StartServer());
+    channel_ = new std::shared_ptr<grpc::Channel>(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->server->port()),
+                            grpc::InsecureChannelCredentials()));
+  }
+  static void TearDownTestSuite() {
+    delete channel_;
+    delete server_;
+  }
+
+  std::unique_ptr<inference::GRPCInferenceService::Stub> Stub() {
+    return inference::GRPCInferenceService::NewStub(*channel_);
+  }
+
+  // `query` [L, 512] fp32 through ModelInfer as raw contents.
+  inference::ModelInferRequest Infer(const std::vector<float>& query, int64_t length) {
+    inference::ModelInferRequest request;
+    request.set_model_name("mha-base");
+    request.set_id("kserve-1");
+    auto* input = request.add_inputs();
+    input->set_name("query");
+    input->set_datatype("FP32");
+    input->add_shape(length);
+    input->add_shape(kD);
+    request.add_raw_input_contents(FloatBytes(query));
+    return request;
+  }
+
+  grpc::Status Call(const inference::ModelInferRequest& request,
+                    inference::ModelInferResponse* response) {
+    grpc::ClientContext context;
+    return Stub()->ModelInfer(&context, request, response);
+  }
+
+  static TestServer* server_;
+  static std::shared_ptr<grpc::Channel>* channel_;
+};
+TestServer* KServeTest::server_ = nullptr;
+std::shared_ptr<grpc::Channel>* KServeTest::channel_ = nullptr;
+
+TEST_F(KServeTest, HealthAndMetadata) {
+  auto stub = Stub();
+  {
+    grpc::ClientContext context;
+    inference::ServerLiveResponse live;
+    ASSERT_TRUE(stub->ServerLive(&context, {}, &live).ok());
+    EXPECT_TRUE(live.live());
+  }
+  {
+    grpc::ClientContext context;
+    inference::ServerReadyResponse ready;
+    ASSERT_TRUE(stub->ServerReady(&context, {}, &ready).ok());
+    EXPECT_TRUE(ready.ready());
+  }
+  for (const auto& [name, version, expected] :
+       std::vector<std::tuple<std::string, std::string, bool>>{{"mha-base", "", true},
+                                                               {"mha-base", "1", true},
+                                                               {"mha-base", "2", false},
+                                                               {"nope", "", false}}) {
+    grpc::ClientContext context;
+    inference::ModelReadyRequest request;
+    request.set_name(name);
+    request.set_version(version);
+    inference::ModelReadyResponse ready;
+    ASSERT_TRUE(stub->ModelReady(&context, request, &ready).ok());
+    EXPECT_EQ(ready.ready(), expected) << name << " " << version;
+  }
+  {
+    grpc::ClientContext context;
+    inference::ServerMetadataResponse metadata;
+    ASSERT_TRUE(stub->ServerMetadata(&context, {}, &metadata).ok());
+    EXPECT_EQ(metadata.name(), "attnserve");
+    EXPECT_EQ(metadata.version(), kServerVersion);
+  }
+  {
+    grpc::ClientContext context;
+    inference::ModelMetadataRequest request;
+    request.set_name("mha-base");
+    inference::ModelMetadataResponse metadata;
+    ASSERT_TRUE(stub->ModelMetadata(&context, request, &metadata).ok());
+    EXPECT_THAT(metadata.versions(), ElementsAre("1"));
+    ASSERT_EQ(metadata.inputs_size(), 2);
+    EXPECT_EQ(metadata.inputs(0).name(), "query");
+    EXPECT_THAT(metadata.inputs(0).shape(), ElementsAre(-1, kD));
+    EXPECT_EQ(metadata.outputs(1).name(), "attention");
+    EXPECT_THAT(metadata.outputs(1).shape(), ElementsAre(8, -1, -1));
+  }
+  {
+    grpc::ClientContext context;
+    inference::ModelMetadataRequest request;
+    request.set_name("nope");
+    inference::ModelMetadataResponse metadata;
+    EXPECT_EQ(stub->ModelMetadata(&context, request, &metadata).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST_F(KServeTest, InferEqualsAttendRawTypedAndWithWeights) {
+  const std::vector<float> query = RandomValues(9 * kD, 41);
+  v1::AttendRequest attend;
+  attend.set_model("mha-base");
+  *attend.mutable_query() = Float32Tensor(query, {9, kD});
+  attend.set_causal(true);
+  attend.set_return_attention(true);
+  auto expected = server_->client->Attend(attend);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  inference::ModelInferRequest raw = Infer(query, 9);
+  (*raw.mutable_parameters())["causal"].set_bool_param(true);
+  raw.add_outputs()->set_name("output");
+  raw.add_outputs()->set_name("attention");  // asks for the weights
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Call(raw, &response).ok());
+  EXPECT_EQ(response.model_name(), "mha-base");
+  EXPECT_EQ(response.model_version(), "1");
+  EXPECT_EQ(response.id(), "kserve-1");
+  ASSERT_EQ(response.outputs_size(), 2);
+  ASSERT_EQ(response.raw_output_contents_size(), 2);
+  EXPECT_EQ(response.outputs(0).name(), "output");
+  EXPECT_EQ(response.outputs(0).datatype(), "FP32");
+  EXPECT_THAT(response.outputs(0).shape(), ElementsAre(9, kD));
+  EXPECT_EQ(BytesToFloats(response.raw_output_contents(0)),
+            *Float32Values(expected->output()));
+  EXPECT_THAT(response.outputs(1).shape(), ElementsAre(8, 9, 9));
+  EXPECT_EQ(BytesToFloats(response.raw_output_contents(1)),
+            *Float32Values(expected->attention()));
+
+  // Typed contents give the same answer; only "output" comes back when only it is asked.
+  inference::ModelInferRequest typed = Infer(query, 9);
+  typed.clear_raw_input_contents();
+  typed.mutable_inputs(0)->mutable_contents()->mutable_fp32_contents()->Add(query.begin(),
+                                                                            query.end());
+  (*typed.mutable_parameters())["causal"].set_bool_param(true);
+  typed.add_outputs()->set_name("output");
+  inference::ModelInferResponse typed_response;
+  ASSERT_TRUE(Call(typed, &typed_response).ok());
+  ASSERT_EQ(typed_response.outputs_size(), 1);
+  EXPECT_EQ(typed_response.raw_output_contents(0), response.raw_output_contents(0));
+}
+
+TEST_F(KServeTest, Bf16InBf16OutAndHeadMask) {
+  const std::vector<float> values = RandomValues(5 * kD, 42);
+  std::string bits;
+  std::vector<float> rounded;
+  for (float value : values) {
+    const uint16_t b = core::FloatToBf16(value);
+    bits.append(reinterpret_cast<const char*>(&b), 2);
+    rounded.push_back(core::Bf16ToFloat(b));
+  }
+  inference::ModelInferRequest request = Infer({}, 5);
+  request.mutable_inputs(0)->set_datatype("BF16");
+  request.set_raw_input_contents(0, bits);
+  (*request.mutable_parameters())["head_mask"].set_string_param("1,1,0,1,1,0.5,1,1");
+  inference::ModelInferResponse response;
+  ASSERT_TRUE(Call(request, &response).ok());
+  EXPECT_EQ(response.outputs(0).datatype(), "BF16");
+  ASSERT_EQ(response.raw_output_contents(0).size(), 5u * kD * 2);
+
+  v1::AttendRequest attend;
+  *attend.mutable_query() = Float32Tensor(rounded, {5, kD});
+  for (float factor : {1.f, 1.f, 0.f, 1.f, 1.f, 0.5f, 1.f, 1.f})
+    attend.add_head_mask(factor);
+  auto expected = server_->client->Attend(attend);
+  ASSERT_TRUE(expected.ok());
+  const std::vector<float> want = *Float32Values(expected->output());
+  for (size_t i = 0; i < want.size(); ++i) {
+    uint16_t b;
+    std::memcpy(&b, response.raw_output_contents(0).data() + 2 * i, 2);
+    EXPECT_NEAR(core::Bf16ToFloat(b), want[i], std::abs(want[i]) / 256 + 1e-6);
+  }
+}
+
+TEST_F(KServeTest, BadRequestsNameTheProtocolField) {
+  const std::vector<float> query = RandomValues(2 * kD, 43);
+  struct Case {
+    std::function<void(inference::ModelInferRequest&)> change;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.mutable_inputs(0)->set_name("x"); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "inputs[0].name must be \"query\" or \"memory\""},
+      {[](auto& r) { r.mutable_inputs(0)->set_datatype("INT8"); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "inputs[0] (\"query\").datatype must be FP32 or BF16"},
+      {[](auto& r) { r.add_raw_input_contents("extra"); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "raw_input_contents must have one entry per input (1), got 2"},
+      {[](auto& r) { (*r.mutable_parameters())["priority"].set_int64_param(1); },
+       grpc::StatusCode::INVALID_ARGUMENT, "parameters[\"priority\"] is not a parameter"},
+      {[](auto& r) { (*r.mutable_parameters())["causal"].set_string_param("yes"); },
+       grpc::StatusCode::INVALID_ARGUMENT, "parameters[\"causal\"] must be a bool_param"},
+      {[](auto& r) { r.add_outputs()->set_name("logits"); },
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "outputs[0].name must be \"output\" or \"attention\""},
+      {[](auto& r) { r.set_model_version("7"); }, grpc::StatusCode::NOT_FOUND,
+       "version \"7\" is not served"},
+      {[](auto& r) { r.mutable_inputs(0)->set_shape(1, 100); },
+       grpc::StatusCode::INVALID_ARGUMENT, "query.shape"},
+  };
+  for (const Case& c : cases) {
+    inference::ModelInferRequest request = Infer(query, 2);
+    c.change(request);
+    inference::ModelInferResponse response;
+    const grpc::Status status = Call(request, &response);
+    EXPECT_EQ(status.error_code(), c.code) << c.message;
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message));
+  }
+  inference::ModelInferResponse response;
+  EXPECT_TRUE(Call(Infer(query, 2), &response).ok());  // still serving
+}
+
+}  // namespace
+}  // namespace attnserve::server
