@@ -39,7 +39,7 @@ LABEL org.opencontainers.image.title="attnserve" \
       org.opencontainers.image.base.name="debian:bookworm-slim"
 COPY --from=build /src/build/server/attnserve /src/build/client/attnctl /src/build/client/attnbench /usr/local/bin/
 USER 10001
-EXPOSE 50051 8080
+EXPOSE 50051 8000 8080
 # The start period covers start-up and warm-up; failures then count toward --retries.
 # The check dials the port the server actually bound (--port_file, written after
 # binding), so `docker run IMAGE --port=N` stays healthy for any N.

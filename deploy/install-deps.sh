@@ -57,6 +57,7 @@ build_packages=(
   opencl-c-headers
   libabsl-dev
   prometheus-cpp-dev
+  libcivetweb-dev
   nlohmann-json3-dev
   libgtest-dev
   libgmock-dev

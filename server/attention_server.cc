@@ -111,6 +111,21 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     server->registry_->Shutdown();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
+  if (options.http_port >= 0) {
+    KServeHttp::Options http_options;
+    http_options.host = options.host;
+    http_options.port = options.http_port;
+    // JSON text of a tensor is several times its bytes; binary requests are smaller.
+    http_options.max_body_bytes = 4 * static_cast<int64_t>(options.max_message_bytes);
+    absl::StatusOr<std::unique_ptr<KServeHttp>> http =
+        KServeHttp::Start(http_options, server->registry_.get(), server->service_.get());
+    if (!http.ok()) {
+      server->server_->Shutdown();
+      server->registry_->Shutdown();
+      return http.status();
+    }
+    server->http_ = *std::move(http);
+  }
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
   health->SetServingStatus(v1::AttentionService::service_full_name(), true);
@@ -137,6 +152,7 @@ void AttentionServer::Shutdown() {
   // Sets every service NOT_SERVING and ignores later updates.
   server_->GetHealthCheckService()->Shutdown();
   kserve_->StartDraining();
+  if (http_ != nullptr) http_->StartDraining();
   // Open streams stop reading now, answer what they hold and end with UNAVAILABLE, so
   // their clients reopen elsewhere instead of being cancelled at the grace period's end.
   service_->DrainStreams();
@@ -152,6 +168,9 @@ void AttentionServer::Shutdown() {
   server_->Shutdown(absl::ToChronoTime(start + options_.grace_period));
   // Nothing new can arrive now; anything that still reaches a handler is refused.
   service_->StartDraining();
+  // HTTP requests in flight finish (new ones are refused UNAVAILABLE) before the
+  // batchers stop.
+  if (http_ != nullptr) http_->Stop();
   registry_->Shutdown();
   server_->Wait();
   LogEvent("shutdown_finished", {{"elapsed", absl::FormatDuration(absl::Now() - start)}});

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "server/attention_service.h"
+#include "server/kserve_http.h"
 #include "server/kserve_service.h"
 #include "server/model_registry.h"
 #include "server/server_metrics.h"
@@ -46,6 +47,9 @@ class AttentionServer {
     // (see metrics_port()); -1 serves none (the metrics are still recorded).
     std::string metrics_host = "0.0.0.0";
     int metrics_port = -1;
+    // KServe v2 HTTP/REST endpoints (KServeHttp) on this port; 0 picks a free one (see
+    // http_port()); -1 serves none. They listen on `host`.
+    int http_port = -1;
     // Extra integer gRPC channel arguments for the server (name -> value), e.g.
     // {"grpc.http2.max_frame_size", 16777215}; applied after the ones above.
     std::vector<std::pair<std::string, int>> grpc_arguments;
@@ -64,6 +68,8 @@ class AttentionServer {
   const ModelRegistry& registry() const { return *registry_; }
   // The bound /metrics port, or -1 when not served.
   int metrics_port() const { return metrics_port_; }
+  // The bound KServe HTTP port, or -1 when not served.
+  int http_port() const { return http_ != nullptr ? http_->port() : -1; }
   ServerMetrics& metrics() { return *metrics_; }
 
   // Drains: health turns NOT_SERVING, new calls get UNAVAILABLE, queued and running
@@ -82,6 +88,7 @@ class AttentionServer {
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<KServeService> kserve_;
+  std::unique_ptr<KServeHttp> http_;
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -72,6 +72,10 @@ ABSL_FLAG(std::string, grpc_args, "",
           "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
 ABSL_FLAG(
+    int, http_port, 8000,
+    "KServe v2 HTTP/REST port (/v2/...); 0 picks a free port (printed at start-up), "
+    "-1 serves none.");
+ABSL_FLAG(
     std::string, port_file, "",
     "After binding, write the gRPC port to this file (for health checks and scripts, "
     "e.g. with --port=0).");
@@ -124,6 +128,7 @@ int Run() {
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.http_port = absl::GetFlag(FLAGS_http_port);
   if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args), options.grpc_arguments)) {
     server::LogEvent("startup_failed",
                      {{"error", "--grpc_args must be name=integer,name=integer,..."}});
@@ -190,6 +195,10 @@ int Run() {
   if ((*attention_server)->metrics_port() >= 0) {
     std::printf("attnserve metrics on %s:%d\n", options.metrics_host.c_str(),
                 (*attention_server)->metrics_port());
+  }
+  if ((*attention_server)->http_port() >= 0) {
+    std::printf("attnserve http on %s:%d\n", options.host.c_str(),
+                (*attention_server)->http_port());
   }
   std::fflush(stdout);
 

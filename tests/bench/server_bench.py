@@ -55,7 +55,7 @@ def start(command, env=None, metrics=False):
 def attnserve(*flags):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return start([ATTNSERVE, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
-                  "--metrics_port=0", "--instances=1", "--intra_op_threads=1", *flags], env=env, metrics=True)
+                  "--metrics_port=0", "--http_port=-1", "--instances=1", "--intra_op_threads=1", *flags], env=env, metrics=True)
 
 
 def stop(process):
@@ -345,7 +345,7 @@ def grid():
             env.pop("OMP_NUM_THREADS", None)
             server = subprocess.Popen(
                 [ATTNSERVE, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
-                 "--metrics_port=0", f"--instances={instances}",
+                 "--metrics_port=0", "--http_port=-1", f"--instances={instances}",
                  f"--intra_op_threads={threads}"],
                 env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             target = server.stdout.readline().strip().rsplit(" ", 1)[1]

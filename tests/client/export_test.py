@@ -30,7 +30,7 @@ def run_export(*args):
 
 def start_failure(repository):
     """attnserve's exit code and stderr when it is started on `repository`."""
-    result = subprocess.run([SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+    result = subprocess.run([SERVER, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--http_port=-1",
                              f"--model_repository={repository}"],
                             capture_output=True, text=True, timeout=60)
     return result.returncode, result.stderr

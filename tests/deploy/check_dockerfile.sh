@@ -23,7 +23,7 @@ expect '^RUN make build ' "build stage builds with the Makefile CI uses"
 expect '^ +&& /tmp/deploy/install-deps.sh --runtime' "runtime stage installs deploy/install-deps.sh --runtime"
 expect '^HEALTHCHECK --start-period=' "a HEALTHCHECK with a start period"
 expect '^USER [0-9]+$' "a numeric non-root USER"
-expect '^EXPOSE 50051 8080$' "EXPOSE 50051 8080"
+expect '^EXPOSE 50051 8000 8080$' "EXPOSE 50051 8000 8080 (gRPC, KServe HTTP, metrics)"
 expect '^ENTRYPOINT \["attnserve", "--port_file=/tmp/attnserve.port"\]$' "ENTRYPOINT attnserve writing the port file the HEALTHCHECK reads"
 # No RUN step may install packages by name outside the script.
 if grep -E '^RUN .*apt-get[[:space:]]+install' "${dockerfile}"; then

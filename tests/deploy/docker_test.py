@@ -82,7 +82,7 @@ class DockerImageTest(unittest.TestCase):
         self.report_size()
         # Port 0 on loopback: the server picks free ports and prints them.
         container = docker("run", "-d", "--network", "host", IMAGE, "--host=127.0.0.1",
-                           "--port=0", "--metrics_host=127.0.0.1", "--metrics_port=0",
+                           "--port=0", "--metrics_host=127.0.0.1", "--metrics_port=0", "--http_port=-1",
                            f"--grace_period={GRACE_SECONDS // 2}s")
         type(self).container = container
         target = wait_for_log_line(container, r"listening on (\S+)$").group(1)

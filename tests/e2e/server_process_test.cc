@@ -78,9 +78,9 @@ v1::AttendRequest Request(int64_t length) {
 TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
   ServerProcess server(
       ATTNSERVE_BINARY,
-      {"--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--instances=1",
-       "--max_batch_size=4", "--max_queue_delay=1ms", "--grace_period=60s",
-       "--metrics_host=127.0.0.1", "--metrics_port=0"},
+      {"--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--http_port=-1",
+       "--instances=1", "--max_batch_size=4", "--max_queue_delay=1ms",
+       "--grace_period=60s", "--metrics_host=127.0.0.1", "--metrics_port=0"},
       StderrPath("drain"));
   const int port = server.ReadPort();
   ASSERT_GT(port, 0) << server.Stderr();
@@ -146,7 +146,8 @@ TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
 // a new process listens on the port again.
 TEST(ServerProcessTest, SigkillFailsInFlightCallsAndTheClientRecoversAfterRestart) {
   const std::vector<std::string> flags = {"--host=127.0.0.1", "--metrics_port=-1",
-                                          "--instances=1", "--max_batch_size=4"};
+                                          "--http_port=-1", "--instances=1",
+                                          "--max_batch_size=4"};
   std::vector<std::string> first_flags = flags;
   first_flags.push_back("--port=0");
   auto first = std::make_unique<ServerProcess>(ATTNSERVE_BINARY, first_flags,
@@ -215,7 +216,7 @@ TEST(ServerProcessTest, BadModelRepositoryFailsStartupNamingTheFile) {
   }
   ServerProcess server(ATTNSERVE_BINARY,
                        {"--host=127.0.0.1", "--port=0", "--metrics_port=-1",
-                        "--model_repository=" + repository},
+                        "--http_port=-1", "--model_repository=" + repository},
                        StderrPath("bad_repository"));
   EXPECT_EQ(server.ReadPort(), -1);
   EXPECT_NE(server.Wait(), 0);

@@ -31,9 +31,10 @@ class Attnserve:
     """attnserve on 127.0.0.1 with free ports; `target` and `metrics_port` are read from
     the lines it prints at start-up."""
 
-    def __init__(self, binary, *flags, metrics=False):
+    def __init__(self, binary, *flags, metrics=False, http=False):
         args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
-                f"--metrics_port={0 if metrics else -1}", *flags]
+                f"--metrics_port={0 if metrics else -1}",
+                f"--http_port={0 if http else -1}", *flags]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, text=True)
         line = self.process.stdout.readline()
@@ -44,6 +45,9 @@ class Attnserve:
         self.metrics_port = None
         if metrics:
             self.metrics_port = int(self.process.stdout.readline().strip().rsplit(":", 1)[1])
+        self.http_port = None
+        if http:
+            self.http_port = int(self.process.stdout.readline().strip().rsplit(":", 1)[1])
 
     def stop(self):
         """SIGTERM, then the exit code."""

@@ -4,14 +4,22 @@ deploy/requirements-test.txt) against a real attnserve on 127.0.0.1:0, through t
 KServe v2 / Open Inference Protocol gRPC service on attnserve's port: health, metadata,
 and inference whose answers equal attnserve's own API.
 
+Then the same over HTTP/REST (--http_port) with tritonclient.http, JSON and binary
+tensors, and the protocol's error bodies.
+
 usage: tritonclient_test.py ATTNSERVE REPO_ROOT
 """
 import os
 import sys
 import unittest
 
+import json
+import urllib.error
+import urllib.request
+
 import numpy as np
 import tritonclient.grpc as triton
+import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 SERVER, ROOT = sys.argv[1], sys.argv[2]
@@ -84,6 +92,75 @@ class TritonClientTest(unittest.TestCase):
         self.assertIn("INVALID_ARGUMENT", error.exception.status())
         self.assertIn("512", error.exception.message())
         self.assertTrue(self.triton.is_server_live())
+
+
+class TritonHttpClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", http=True)
+        cls.url = f"127.0.0.1:{cls.server.http_port}"
+        cls.triton = triton_http.InferenceServerClient(url=cls.url)
+        cls.own = attnserve.Client(cls.server.target)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.triton.close()
+        cls.own.close()
+        assert cls.server.stop() == 0
+
+    def test_health_and_metadata(self):
+        self.assertTrue(self.triton.is_server_live())
+        self.assertTrue(self.triton.is_server_ready())
+        self.assertTrue(self.triton.is_model_ready("mha-base"))
+        self.assertFalse(self.triton.is_model_ready("nope"))
+        self.assertEqual(self.triton.get_server_metadata()["name"], "attnserve")
+        model = self.triton.get_model_metadata("mha-base")
+        self.assertEqual(model["inputs"][0], {"name": "query", "datatype": "FP32",
+                                              "shape": [-1, 512]})
+
+    def test_infer_binary_and_json_equal_attnserves_own_api(self):
+        query = np.random.default_rng(5).uniform(-1, 1, (2, 6, 512)).astype(np.float32)
+        expected, weights = self.own.attend(query, causal=True, return_attention=True)
+        for binary in (True, False):
+            with self.subTest(binary=binary):
+                inputs = [triton_http.InferInput("query", list(query.shape), "FP32")]
+                inputs[0].set_data_from_numpy(query, binary_data=binary)
+                outputs = [triton_http.InferRequestedOutput("output", binary_data=binary),
+                           triton_http.InferRequestedOutput("attention", binary_data=binary)]
+                result = self.triton.infer("mha-base", inputs, outputs=outputs,
+                                           parameters={"causal": True}, request_id="h-1")
+                np.testing.assert_array_equal(result.as_numpy("output"), expected)
+                np.testing.assert_array_equal(result.as_numpy("attention"), weights)
+                self.assertEqual(result.get_response()["id"], "h-1")
+
+    def test_errors_are_json_with_the_http_status(self):
+        def post(path, body):
+            request = urllib.request.Request(f"http://{self.url}{path}", method="POST",
+                                             data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as reply:
+                    return reply.status, json.loads(reply.read())
+            except urllib.error.HTTPError as error:
+                return error.code, json.loads(error.read())
+        narrow = {"inputs": [{"name": "query", "shape": [2, 3], "datatype": "FP32",
+                              "data": [[1, 2, 3], [4, 5, 6]]}]}
+        status, body = post("/v2/models/mha-base/infer", narrow)
+        self.assertEqual(status, 400)
+        self.assertIn("512", body["error"])
+        status, body = post("/v2/models/nope/infer", narrow)
+        self.assertEqual(status, 404)
+        self.assertIn("nope", body["error"])
+        status, body = post("/v2/models/mha-base/infer", {"inputs": "x"})
+        self.assertEqual(status, 400)
+        self.assertIn("inputs must be an array", body["error"])
+        # Nested JSON data works, and the server keeps serving.
+        ok = {"inputs": [{"name": "query", "shape": [1, 512], "datatype": "FP32",
+                          "data": [[0.5] * 512]}]}
+        status, body = post("/v2/models/mha-base/infer", ok)
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["outputs"][0]["shape"], [1, 512])
+        self.assertEqual(len(body["outputs"][0]["data"]), 512)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ cmake -S "${source}/tests/install/consumer" -B "${work}/consumer" \
 cmake --build "${work}/consumer" -j "$(nproc)" > "${work}/build.log"
 
 # The installed server, told to write its port once bound; the wait is bounded.
-"${work}/prefix/bin/attnserve" --host=127.0.0.1 --port=0 --metrics_port=-1 \
+"${work}/prefix/bin/attnserve" --host=127.0.0.1 --port=0 --metrics_port=-1 --http_port=-1 \
   --port_file="${work}/port" > "${work}/server.log" 2>&1 &
 server_pid=$!
 for _ in $(seq 1200); do

@@ -52,7 +52,7 @@ class Server:
     def __init__(self, *flags):
         self.process = subprocess.Popen(
             ["taskset", "-c", "0", ATTNSERVE, "--host=127.0.0.1", "--port=0",
-             "--metrics_host=127.0.0.1", "--metrics_port=0", "--instances=1",
+             "--metrics_host=127.0.0.1", "--metrics_port=0", "--http_port=-1", "--instances=1",
              "--intra_op_threads=1", *flags],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
         line = self.process.stdout.readline()
