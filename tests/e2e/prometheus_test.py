@@ -177,6 +177,20 @@ class PrometheusTest(unittest.TestCase):
         self.assertIsNotNone(p99)
         self.assertTrue(math.isfinite(p99) and p99 > 0, p99)
 
+    def test_4_readme_promql_examples_answer(self):
+        """Each PromQL line in the README's Metrics section returns a finite value here
+        (after test_3's traffic)."""
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        block = readme.split("<!-- promql_test -->\n```\n", 1)[1].split("```", 1)[0]
+        queries = [line for line in block.splitlines()
+                   if line.strip() and not line.startswith("#")]
+        self.assertGreaterEqual(len(queries), 5)
+        for promql in queries:
+            with self.subTest(query=promql):
+                value = self.wait_for(promql, math.isfinite)
+                print(f"README PromQL: {promql} = {value}")
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]], verbosity=2)
