@@ -12,10 +12,12 @@
 
 namespace attnserve::cli {
 
-std::string HelpText(absl::string_view own_file) {
+std::string HelpText(std::initializer_list<absl::string_view> own_files) {
   std::vector<const absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::EndsWith(flag->Filename(), own_file)) flags.push_back(flag);
+    for (absl::string_view file : own_files) {
+      if (absl::EndsWith(flag->Filename(), file)) flags.push_back(flag);
+    }
   }
   std::sort(flags.begin(), flags.end(),
             [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
@@ -27,13 +29,14 @@ std::string HelpText(absl::string_view own_file) {
   return text;
 }
 
-bool PrintHelpIfAsked(int argc, char** argv, absl::string_view own_file) {
+bool PrintHelpIfAsked(int argc, char** argv,
+                      std::initializer_list<absl::string_view> own_files) {
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--") break;
     if (arg == "--help" || arg == "-help" || arg == "--helpfull" || arg == "-h" ||
         arg == "--helpshort") {
-      const std::string text = HelpText(own_file);
+      const std::string text = HelpText(own_files);
       std::fwrite(text.data(), 1, text.size(), stdout);
       return true;
     }

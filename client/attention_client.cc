@@ -1,6 +1,8 @@
 #include "client/attention_client.h"
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +15,28 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
 }
+
+namespace {
+
+// The whole file, or InvalidArgument naming the option.
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view option) {
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) {
+    return absl::InvalidArgumentError(absl::StrCat(option, "=", path, ": cannot read"));
+  }
+  std::stringstream text;
+  text << stream.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+#define ATTN_CLIENT_ASSIGN_OR_RETURN(lhs, expression) \
+  do {                                                \
+    auto value_or = (expression);                     \
+    if (!value_or.ok()) return value_or.status();     \
+    lhs = *std::move(value_or);                       \
+  } while (false)
 
 absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
     const Options& options) {
@@ -53,8 +77,24 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
   for (const auto& [name, value] : options.grpc_arguments) arguments.SetInt(name, value);
   std::unique_ptr<AttentionClient> client(new AttentionClient());
   client->options_ = options;
-  client->channel_ = grpc::CreateCustomChannel(
-      options.target, grpc::InsecureChannelCredentials(), arguments);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!options.tls_ca.empty() || !options.tls_cert.empty() || !options.tls_key.empty()) {
+    if (options.tls_ca.empty() || options.tls_cert.empty() != options.tls_key.empty()) {
+      return absl::InvalidArgumentError(
+          "TLS needs tls_ca, and tls_cert and tls_key go together");
+    }
+    grpc::SslCredentialsOptions ssl;
+    ATTN_CLIENT_ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadFile(options.tls_ca, "tls_ca"));
+    if (!options.tls_cert.empty()) {
+      ATTN_CLIENT_ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                                   ReadFile(options.tls_cert, "tls_cert"));
+      ATTN_CLIENT_ASSIGN_OR_RETURN(ssl.pem_private_key,
+                                   ReadFile(options.tls_key, "tls_key"));
+    }
+    credentials = grpc::SslCredentials(ssl);
+  }
+  client->channel_ = grpc::CreateCustomChannel(options.target, credentials, arguments);
   client->stub_ = v1::AttentionService::NewStub(client->channel_);
   client->health_ = grpc::health::v1::Health::NewStub(client->channel_);
   return client;
@@ -62,8 +102,16 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
 
 void AttentionClient::SetDeadline(grpc::ClientContext& context,
                                   absl::Duration timeout) const {
+  PrepareContext(context, timeout);
+}
+
+void AttentionClient::PrepareContext(grpc::ClientContext& context,
+                                     absl::Duration timeout) const {
   if (timeout < absl::InfiniteDuration()) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+  if (!options_.token.empty()) {
+    context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
   }
 }
 

@@ -37,10 +37,15 @@ class AttentionClient {
     int max_attempts = 1;
     // Extra integer gRPC channel arguments (name -> value).
     std::vector<std::pair<std::string, int>> grpc_arguments;
+    // TLS: a PEM CA bundle to verify the server with (setting it turns TLS on), and
+    // for mTLS this client's PEM certificate chain and private key (both or neither).
+    std::string tls_ca, tls_cert, tls_key;
+    // Sent as "authorization: Bearer <token>" with every call; empty sends none.
+    std::string token;
   };
 
   // Creates the channel (connects lazily). InvalidArgument for an unknown
-  // load_balancing policy or an empty target.
+  // load_balancing policy, an empty target, or a TLS file that cannot be read.
   static absl::StatusOr<std::unique_ptr<AttentionClient>> Create(const Options& options);
 
   // Blocking Attend. The server's status (code and message) on failure.
@@ -65,6 +70,10 @@ class AttentionClient {
   // Per-head figures of a model over the request's inputs, to choose heads to prune.
   absl::StatusOr<v1::HeadStatisticsResponse> HeadStatistics(
       const v1::HeadStatisticsRequest& request) const;
+
+  // Sets `timeout` as the deadline and adds the token: what every call of this client
+  // does; for calls made through stub().
+  void PrepareContext(grpc::ClientContext& context, absl::Duration timeout) const;
 
   // For callers that need the raw stubs (streams, custom metadata).
   v1::AttentionService::Stub* stub() const { return stub_.get(); }

@@ -24,6 +24,7 @@
 #include "client/attention_client.h"
 #include "client/bench_report.h"
 #include "client/load_generator.h"
+#include "client/security_flags.h"
 #include "transport/transport.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "gRPC target of the server.");
@@ -122,6 +123,11 @@ int Run() {
   client_options.load_balancing = absl::GetFlag(FLAGS_lb);
   client_options.timeout = absl::GetFlag(FLAGS_timeout);
   client_options.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (absl::Status status = attnserve::client::ApplySecurityFlags(client_options);
+      !status.ok()) {
+    std::fprintf(stderr, "attnbench: %s\n", std::string(status.message()).c_str());
+    return 2;
+  }
   if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args),
                           client_options.grpc_arguments)) {
     std::fprintf(stderr, "attnbench: --grpc_args must be name=integer,...\n");
@@ -222,7 +228,10 @@ int main(int argc, char** argv) {
       "  attnbench --concurrency=1,4,16,64 [--seq_len=128] [--metrics_url=URL]\n"
       "  attnbench --rate=100,200,400 [--seq_len=16:512] [--json=F] [--csv=F] "
       "[--plot=F.svg]");
-  if (attnserve::cli::PrintHelpIfAsked(argc, argv, "client/attnbench_main.cc")) return 0;
+  if (attnserve::cli::PrintHelpIfAsked(
+          argc, argv,
+          {"client/attnbench_main.cc", attnserve::client::kSecurityFlagsFile}))
+    return 0;
   absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   return Run();

@@ -29,6 +29,7 @@
 #include "cli/help.h"
 #include "client/attention_client.h"
 #include "client/npy.h"
+#include "client/security_flags.h"
 #include "transport/transport.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
@@ -314,7 +315,9 @@ int main(int argc, char** argv) {
       "                [--memory=m.npy] [--causal]   (per-head figures, to prune by)\n"
       "Exit codes: 0 ok, 1 the call failed, 2 usage.");
   std::string problem;
-  if (attnserve::cli::PrintHelpIfAsked(argc, argv, "client/attnctl_main.cc")) return 0;
+  if (attnserve::cli::PrintHelpIfAsked(
+          argc, argv, {"client/attnctl_main.cc", attnserve::client::kSecurityFlagsFile}))
+    return 0;
   if (!CheckFlags(argc, argv, problem)) return Usage(problem);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
@@ -324,6 +327,10 @@ int main(int argc, char** argv) {
 
   AttentionClient::Options options;
   options.target = absl::GetFlag(FLAGS_target);
+  if (absl::Status status = attnserve::client::ApplySecurityFlags(options);
+      !status.ok()) {
+    return Usage(std::string(status.message()));
+  }
   options.timeout = absl::GetFlag(FLAGS_timeout);
   options.load_balancing = absl::GetFlag(FLAGS_lb);
   absl::StatusOr<std::unique_ptr<AttentionClient>> client =

@@ -292,6 +292,7 @@ void LoadGenerator::RunStreams(int slots, Recorder& recorder) {
     threads.emplace_back([this, slot, &recorder] {
       std::mt19937_64 generator(options_.seed + slot);
       grpc::ClientContext context;
+      client_->PrepareContext(context, absl::InfiniteDuration());
       auto stream = client_->stub()->AttendStream(&context);
       while (!recorder.stopping()) {
         const int64_t length = options_.lengths.Draw(generator);

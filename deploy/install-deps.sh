@@ -66,8 +66,9 @@ build_packages=(
 
 # Running the tests: the foreign Python client, a real Prometheus (promtool), the Docker
 # engine and the tools that make its base image, clang-format, clang (-Wthread-safety,
-# the sanitizer build) with its sanitizer and libFuzzer runtimes, and python3-venv for
-# the project virtualenv.
+# the sanitizer build) with its sanitizer and libFuzzer runtimes, python3-venv for
+# the project virtualenv, PyTorch (the exporter's and README's tests, bf16 rounding
+# checks) and openssl (certificates for the TLS tests).
 test_packages=(
   git
   clang
@@ -83,6 +84,8 @@ test_packages=(
   prometheus
   docker.io
   debootstrap
+  python3-torch
+  openssl
 )
 
 bench_packages=(

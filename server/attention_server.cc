@@ -1,17 +1,68 @@
 #include "server/attention_server.h"
 
+#include <fstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "server/event_log.h"
 #include "transport/transport.h"
 
 namespace attnserve::server {
+
+namespace {
+
+// Readable and not empty, or InvalidArgument naming the flag.
+absl::Status CheckPemFile(absl::string_view flag, const std::string& path) {
+  std::ifstream stream(path);
+  std::string first_line;
+  if (!stream || !std::getline(stream, first_line) || first_line.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", path, ": cannot read a PEM file there"));
+  }
+  return absl::OkStatus();
+}
+
+// Insecure, TLS or mTLS credentials for the gRPC port; the files are watched by
+// gRPC's own FileWatcherCertificateProvider (no crypto of ours).
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const AttentionServer::Options& options) {
+  if (options.tls_cert.empty() && options.tls_key.empty()) {
+    if (!options.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_cert.empty() || options.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  ATTN_RETURN_IF_ERROR(CheckPemFile("tls_cert", options.tls_cert));
+  ATTN_RETURN_IF_ERROR(CheckPemFile("tls_key", options.tls_key));
+  if (!options.tls_client_ca.empty()) {
+    ATTN_RETURN_IF_ERROR(CheckPemFile("tls_client_ca", options.tls_client_ca));
+  }
+  const auto refresh = static_cast<unsigned int>(
+      std::max<int64_t>(1, absl::ToInt64Seconds(options.tls_refresh)));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      options.tls_key, options.tls_cert, options.tls_client_ca, refresh);
+  grpc::experimental::TlsServerCredentialsOptions tls(provider);
+  tls.watch_identity_key_cert_pairs();
+  if (!options.tls_client_ca.empty()) {
+    tls.watch_root_certs();
+    tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(tls);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     const Options& options) {
@@ -58,7 +109,23 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
               {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
               {"batching", model->info.batching().ShortDebugString()}});
   }
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
+        TokenAuthenticator::Load(options.auth_token_file);
+    if (!auth.ok()) {
+      server->registry_->Shutdown();
+      return auth.status();
+    }
+    server->auth_ = *std::move(auth);
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFor(options);
+  if (!credentials.ok()) {
+    server->registry_->Shutdown();
+    return credentials.status();
+  }
   AttentionService::Options service_options;
+  service_options.auth = server->auth_.get();
   service_options.max_response_bytes = options.max_message_bytes;
   server->service_ = std::make_unique<AttentionService>(
       server->registry_.get(), service_options, metrics->service_observer());
@@ -82,7 +149,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(address, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->kserve_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -115,6 +182,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     KServeHttp::Options http_options;
     http_options.host = options.host;
     http_options.port = options.http_port;
+    http_options.auth = server->auth_.get();
     // JSON text of a tensor is several times its bytes; binary requests are smaller.
     http_options.max_body_bytes = 4 * static_cast<int64_t>(options.max_message_bytes);
     absl::StatusOr<std::unique_ptr<KServeHttp>> http =

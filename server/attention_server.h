@@ -28,6 +28,14 @@ class AttentionServer {
     std::string host = "0.0.0.0";
     // TCP port; 0 picks a free one (see port()). Range [0, 65535].
     int port = 50051;
+    // TLS on the gRPC port: PEM certificate chain and private key files (both or
+    // neither). With tls_client_ca, clients must present a certificate signed by it
+    // (mTLS). The files are re-read every tls_refresh, so certificates rotate without
+    // dropping connections (replace them atomically, e.g. by rename).
+    std::string tls_cert, tls_key, tls_client_ca;
+    absl::Duration tls_refresh = absl::Seconds(5);
+    // Bearer tokens, one per line (see TokenAuthenticator); empty: no authentication.
+    std::string auth_token_file;
     // Largest request or response message, bytes, both directions. Range >= 1024.
     int max_message_bytes = 64 << 20;
     // Connections are closed (with GOAWAY) after this age so that clients re-resolve
@@ -86,6 +94,7 @@ class AttentionServer {
   // Declared before what reports into it, so it is destroyed after them.
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<TokenAuthenticator> auth_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<KServeHttp> http_;

@@ -43,6 +43,14 @@ class AttendReactor final : public grpc::ServerUnaryReactor {
   std::shared_ptr<std::atomic<bool>> cancelled_;
 };
 
+// A stream refused before it starts (no valid token): finished at once.
+class RefusedStream final
+    : public grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 // AttendStream: reads messages continuously, submits each, and writes the answers in
@@ -453,10 +461,13 @@ void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadl
 grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
                                                    const v1::AttendRequest* request,
                                                    v1::AttendResponse* response) {
-  const ServedModel* model = registry_->Find(request->model());
-  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
   const absl::Time start = absl::Now();
   if (observer_.on_rpc_started) observer_.on_rpc_started("Attend");
+  if (absl::Status allowed = Authorize(context); !allowed.ok()) {
+    return FinishNow(context, "Attend", start, allowed);
+  }
+  const ServedModel* model = registry_->Find(request->model());
+  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
   Submit(
       *request, CallDeadline(context), reactor->cancelled(),
       [this, start, reactor, response](absl::Status status, v1::AttendResponse result) {
@@ -472,10 +483,13 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
     grpc::CallbackServerContext* context, const v1::HeadStatisticsRequest* request,
     v1::HeadStatisticsResponse* response) {
-  const ServedModel* model = registry_->Find(request->model());
-  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
   const absl::Time start = absl::Now();
   if (observer_.on_rpc_started) observer_.on_rpc_started("HeadStatistics");
+  if (absl::Status allowed = Authorize(context); !allowed.ok()) {
+    return FinishNow(context, "HeadStatistics", start, allowed);
+  }
+  const ServedModel* model = registry_->Find(request->model());
+  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
   // The same inputs as an Attend with return_attention, so that validation and
   // admission (field names, limits, budgets) are the same. Copied: this is an
   // analysis call, not the serving path.
@@ -500,7 +514,24 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
 
 grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse>*
 AttentionService::AttendStream(grpc::CallbackServerContext* context) {
+  if (absl::Status allowed = Authorize(context); !allowed.ok()) {
+    if (observer_.on_rpc_started) observer_.on_rpc_started("AttendStream");
+    if (observer_.on_rpc_handled) {
+      observer_.on_rpc_handled("AttendStream", allowed.code(), absl::ZeroDuration());
+    }
+    return new RefusedStream(ToGrpcStatus(allowed));
+  }
   return new StreamReactor(this, context);
+}
+
+absl::Status AttentionService::Authorize(
+    const grpc::CallbackServerContext* context) const {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find("authorization");
+  return options_.auth->Check(
+      it == metadata.end() ? absl::string_view()
+                           : absl::string_view(it->second.data(), it->second.size()));
 }
 
 grpc::ServerUnaryReactor* AttentionService::ListModels(
@@ -508,6 +539,9 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(
     v1::ListModelsResponse* response) {
   const absl::Time start = absl::Now();
   if (observer_.on_rpc_started) observer_.on_rpc_started("ListModels");
+  if (absl::Status allowed = Authorize(context); !allowed.ok()) {
+    return FinishNow(context, "ListModels", start, allowed);
+  }
   for (const ServedModel* model : registry_->models())
     *response->add_models() = model->info;
   return FinishNow(context, "ListModels", start, absl::OkStatus());
@@ -518,6 +552,9 @@ grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext
                                                      v1::GetModelResponse* response) {
   const absl::Time start = absl::Now();
   if (observer_.on_rpc_started) observer_.on_rpc_started("GetModel");
+  if (absl::Status allowed = Authorize(context); !allowed.ok()) {
+    return FinishNow(context, "GetModel", start, allowed);
+  }
   const ServedModel* model =
       request->name().empty() ? nullptr : registry_->Find(request->name());
   if (model == nullptr) {

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "server/auth.h"
 #include "server/model_registry.h"
 
 namespace attnserve::server {
@@ -48,6 +49,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
     // response could be larger is refused with INVALID_ARGUMENT before any work.
     // Range [1024, 2^31 - 1].
     int64_t max_response_bytes = 64 << 20;
+    // When set, every call but health checks needs "authorization: Bearer <token>"
+    // metadata with a valid token (else UNAUTHENTICATED). Not owned.
+    TokenAuthenticator* auth = nullptr;
   };
 
   AttentionService(ModelRegistry* registry, const Options& options,
@@ -64,6 +68,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   void StartDraining();
 
   const ServiceObserver& observer() const { return observer_; }
+  // OK when the call carries a valid token (or no tokens are configured).
+  absl::Status Authorize(const grpc::CallbackServerContext* context) const;
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,

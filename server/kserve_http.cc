@@ -33,6 +33,8 @@ int HttpStatus(absl::StatusCode code) {
       return 400;
     case absl::StatusCode::kNotFound:
       return 404;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
     case absl::StatusCode::kResourceExhausted:
       return 429;
     case absl::StatusCode::kUnavailable:
@@ -50,6 +52,8 @@ const char* Reason(int status) {
       return "OK";
     case 400:
       return "Bad Request";
+    case 401:
+      return "Unauthorized";
     case 404:
       return "Not Found";
     case 405:
@@ -325,6 +329,15 @@ int KServeHttp::Handle(mg_connection* connection) {
   if (next + (action.empty() ? 0 : 1) != parts.size()) {
     SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
     return 1;
+  }
+  if (options_.auth != nullptr && action != "ready") {
+    const char* authorization = mg_get_header(connection, "Authorization");
+    if (absl::Status allowed =
+            options_.auth->Check(authorization != nullptr ? authorization : "");
+        !allowed.ok()) {
+      SendError(connection, 401, allowed.message());
+      return 1;
+    }
   }
   const ServedModel* model = registry_->Find(model_name);
   const bool known = model != nullptr && (version.empty() || version == kModelVersion);

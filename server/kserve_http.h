@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/attention_service.h"
+#include "server/auth.h"
 #include "server/model_registry.h"
 
 struct mg_connection;
@@ -37,6 +38,9 @@ class KServeHttp {
     int64_t max_body_bytes = 256 << 20;
     // Requests served at once (each waits for its answer on its own thread).
     int threads = 16;
+    // When set, /v2/models/{m} and .../infer need "Authorization: Bearer <token>" (401
+    // otherwise); /v2 and the health and readiness endpoints stay open. Not owned.
+    TokenAuthenticator* auth = nullptr;
   };
 
   // Listens and serves until Stop. Unavailable when the port cannot be bound.

@@ -241,6 +241,9 @@ grpc::ServerUnaryReactor* KServeService::ModelMetadata(
   if (attention_->observer().on_rpc_started) {
     attention_->observer().on_rpc_started("ModelMetadata");
   }
+  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
+    return Answer(context, "ModelMetadata", start, allowed);
+  }
   const ServedModel* model =
       request->name().empty() ? nullptr : registry_->Find(request->name());
   if (model == nullptr ||
@@ -274,8 +277,12 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
   const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started)
+  if (attention_->observer().on_rpc_started) {
     attention_->observer().on_rpc_started("ModelInfer");
+  }
+  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
+    return Answer(context, "ModelInfer", start, allowed);
+  }
   absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(*request);
   if (!attend.ok()) return Answer(context, "ModelInfer", start, attend.status());
   // The converted request lives until its answer (the queued work views its bytes).

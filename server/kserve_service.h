@@ -36,7 +36,8 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
                              inference::ModelInferResponse* response);
 
 // Thread-safe. Does not own the registry or the attention service, which must outlive
-// every call.
+// every call. With tokens configured (AttentionService::Options::auth), ModelMetadata
+// and ModelInfer need one; the health and readiness RPCs stay open for probes.
 class KServeService final : public inference::GRPCInferenceService::CallbackService {
  public:
   KServeService(ModelRegistry* registry, AttentionService* attention);

@@ -71,6 +71,15 @@ ABSL_FLAG(std::string, grpc_args, "",
           "Extra integer gRPC server channel arguments, name=value,..., e.g. "
           "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain for TLS on the gRPC port (with --tls_key); re-read when "
+          "the file changes.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: clients must present a certificate it signed (mTLS).");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "Bearer tokens, one per line: every call but health checks needs "
+          "\"authorization: Bearer <token>\"; re-read when the file changes.");
 ABSL_FLAG(
     int, http_port, 8000,
     "KServe v2 HTTP/REST port (/v2/...); 0 picks a free port (printed at start-up), "
@@ -129,6 +138,10 @@ int Run() {
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args), options.grpc_arguments)) {
     server::LogEvent("startup_failed",
                      {{"error", "--grpc_args must be name=integer,name=integer,..."}});
@@ -222,7 +235,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "multi-head attention inference over gRPC.\n"
       "Usage: attnserve [--port=50051] [--model_repository=DIR] [batcher flags]");
-  if (attnserve::cli::PrintHelpIfAsked(argc, argv, "server/main.cc")) return 0;
+  if (attnserve::cli::PrintHelpIfAsked(argc, argv, {"server/main.cc"})) return 0;
   absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   return Run();

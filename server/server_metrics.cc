@@ -19,7 +19,6 @@ namespace attnserve::server {
 namespace {
 
 constexpr int kCodes = 17;
-constexpr char kServiceName[] = "attnserve.v1.AttentionService";
 
 // attnserve_requests_total{code}: gRPC's own upper-case code names.
 constexpr std::array<const char*, kCodes> kCodeNames = {"OK",
@@ -247,15 +246,16 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
   // KServe v2 / Open Inference Protocol (inference.GRPCInferenceService).
   for (const char* method : {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
                              "ModelMetadata", "ModelInfer"}) {
-    AddRpc(method, "unary");
+    AddRpc(method, "unary", "inference.GRPCInferenceService");
   }
   RequestSide(kUnknownModelLabel);
   process_metrics_ = std::make_shared<ProcessCollector>();
 }
 
-void ServerMetrics::AddRpc(const std::string& method, const std::string& type) {
+void ServerMetrics::AddRpc(const std::string& method, const std::string& type,
+                           const std::string& service) {
   const prometheus::Labels labels = {
-      {"grpc_service", kServiceName}, {"grpc_method", method}, {"grpc_type", type}};
+      {"grpc_service", service}, {"grpc_method", method}, {"grpc_type", type}};
   RpcMetrics& rpc = rpcs_[method];
   rpc.started = &rpc_started_->Add(labels);
   for (int code = 0; code < kCodes; ++code) {

@@ -81,7 +81,8 @@ class ServerMetrics {
   ModelMetrics& RequestSide(const std::string& model);
   ModelMetrics* FindModel(const std::string& model);
   RpcMetrics* FindRpc(absl::string_view method);
-  void AddRpc(const std::string& method, const std::string& type);
+  void AddRpc(const std::string& method, const std::string& type,
+              const std::string& service = "attnserve.v1.AttentionService");
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_total_;
