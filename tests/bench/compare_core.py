@@ -15,6 +15,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_info  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -77,20 +80,7 @@ def onednn_report(binary):
 
 
 def cpu_isa():
-    flags = set()
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    model = "unknown"
-    with open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{model}; {' '.join(isa) or 'no AVX2'}"
+    return host_info.cpu_description()
 
 
 def run_torch(min_seconds):

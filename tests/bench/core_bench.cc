@@ -22,6 +22,37 @@ double AttentionFlops(int64_t batch, int64_t length, int64_t d_model) {
          4.0 * batch * length * length * d_model;
 }
 
+// Times Forward on `batch` sequences of `length` tokens (the same pseudo-random values
+// every run) for the model `spec`; false (and the benchmark marked skipped) on an error.
+bool TimeForward(benchmark::State& state, const ModelSpec& spec,
+                 const MultiHeadAttention::Options& options, int64_t batch,
+                 int64_t length, const AttentionOptions& attention_options = {}) {
+  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
+                                              *engine, options);
+  if (!attention.ok()) {
+    state.SkipWithError(attention.status().ToString().c_str());
+    return false;
+  }
+  const std::vector<int64_t> lengths(batch, length);
+  std::vector<float> query(batch * length * spec.d_model);
+  for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>(i % 17) / 17.0f;
+  std::vector<float> output(query.size());
+  AttentionBatch packed;
+  packed.query = query;
+  packed.query_lengths = lengths;
+  for (auto _ : state) {
+    const absl::Status status =
+        (*attention)->Forward(packed, attention_options, absl::MakeSpan(output));
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
+      return false;
+    }
+    benchmark::DoNotOptimize(output.data());
+  }
+  return true;
+}
+
 void BM_MultiHeadAttention(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int64_t length = state.range(1);
@@ -34,29 +65,7 @@ void BM_MultiHeadAttention(benchmark::State& state) {
   if (const char* block = std::getenv("ATTNSERVE_BENCH_BLOCK_BYTES")) {
     options.attention_block_bytes = std::atoll(block);
   }
-  auto engine = CreateEngine(DeviceKind::kCpu);
-  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
-                                              *engine, options);
-  if (!attention.ok()) {
-    state.SkipWithError(attention.status().ToString().c_str());
-    return;
-  }
-  const std::vector<int64_t> lengths(batch, length);
-  std::vector<float> query(batch * length * spec.d_model);
-  for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>(i % 17) / 17.0f;
-  std::vector<float> output(query.size());
-  AttentionBatch packed;
-  packed.query = query;
-  packed.query_lengths = lengths;
-  for (auto _ : state) {
-    const absl::Status status =
-        (*attention)->Forward(packed, AttentionOptions(), absl::MakeSpan(output));
-    if (!status.ok()) {
-      state.SkipWithError(status.ToString().c_str());
-      return;
-    }
-    benchmark::DoNotOptimize(output.data());
-  }
+  if (!TimeForward(state, spec, options, batch, length)) return;
   state.counters["GFLOPs"] =
       benchmark::Counter(AttentionFlops(batch, length, spec.d_model) / 1e9,
                          benchmark::Counter::kIsIterationInvariantRate);
@@ -157,34 +166,12 @@ void BM_Variant(benchmark::State& state) {
   if (variant == 4) spec.precision = Precision::kBf16;
   MultiHeadAttention::Options options;
   options.intra_op_threads = 1;
-  auto engine = CreateEngine(DeviceKind::kCpu);
-  auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
-                                              *engine, options);
-  if (!attention.ok()) {
-    state.SkipWithError(attention.status().ToString().c_str());
-    return;
-  }
-  const std::vector<int64_t> lengths(batch, length);
-  std::vector<float> query(batch * length * spec.d_model);
-  for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>(i % 17) / 17.0f;
-  std::vector<float> output(query.size());
   std::vector<float> mask(spec.num_heads, 1.0f);
   for (int64_t h = 1; h < spec.num_heads; h += 2) mask[h] = 0.0f;
   AttentionOptions attention_options;
   if (variant == 1) attention_options.head_mask = mask;
   attention_options.causal = variant == 3;
-  AttentionBatch packed;
-  packed.query = query;
-  packed.query_lengths = lengths;
-  for (auto _ : state) {
-    const absl::Status status =
-        (*attention)->Forward(packed, attention_options, absl::MakeSpan(output));
-    if (!status.ok()) {
-      state.SkipWithError(status.ToString().c_str());
-      return;
-    }
-    benchmark::DoNotOptimize(output.data());
-  }
+  TimeForward(state, spec, options, batch, length, attention_options);
 }
 BENCHMARK(BM_Variant)
     ->ArgNames({"B", "L", "d", "h", "variant"})

@@ -28,6 +28,8 @@ KEPT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "
                "MALLOC_TOP_PAD_": "16777216"}  # what transport::KeepAllocatorMemory sets
 SERVER_CORE, CLIENT_CORE = "0", "1"
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import host_info  # noqa: E402
 import stubs  # noqa: E402
 
 TMP = tempfile.TemporaryDirectory()
@@ -155,16 +157,7 @@ def rss_mib(process):
 
 
 def isa():
-    flags = set()
-    with open("/proc/cpuinfo") as f:
-        for entry in f:
-            if entry.startswith("flags"):
-                flags = set(entry.split(":", 1)[1].split())
-                break
-    model = next((entry.split(":", 1)[1].strip() for entry in open("/proc/cpuinfo")
-                  if entry.startswith("model name")), "?")
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
-    return f"{model}; " + " ".join(f for f in wanted if f in flags)
+    return host_info.cpu_description()
 
 
 def main():
