@@ -4,10 +4,12 @@
 Run with Debian's python3-torch: /usr/bin/python3 tests/tools/make_golden.py tests/data
 For each case it writes <case>.weights.safetensors (the module's state_dict, the file a
 user would hand to attnserve) and <case>.io.safetensors (inputs, outputs, per-head
-attention weights, and the case's settings as metadata), with the exporter's own
+attention weights, and the case's settings as metadata), <case>.bf16.safetensors (the
+same module and inputs computed by PyTorch in bfloat16), with the exporter's own
 safetensors writer (client/python/attnserve_export.py), so that no package beyond torch
 is needed.
 """
+import copy
 import os
 import sys
 import zlib
@@ -55,6 +57,17 @@ def make_case(directory, name, d_model, heads, batch, length, memory_length, cau
         os.path.join(directory, name + ".io.safetensors"), io,
         {"d_model": d_model, "num_heads": heads, "causal": int(causal),
          "torch": torch.__version__})
+    # The same module and inputs in bf16 (weights and activations rounded, as the core's
+    # bf16 precision does): PyTorch's own bf16 answer, stored as float32.
+    bf16 = copy.deepcopy(module).to(torch.bfloat16)
+    with torch.inference_mode():
+        output16, attention16 = bf16(
+            query.bfloat16(), memory.bfloat16(), memory.bfloat16(), attn_mask=mask,
+            need_weights=True, average_attn_weights=False)
+    write_safetensors(
+        os.path.join(directory, name + ".bf16.safetensors"),
+        {"output": output16.float(), "attention": attention16.float()},
+        {"torch": torch.__version__})
 
 
 def main():
