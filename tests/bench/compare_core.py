@@ -27,7 +27,8 @@ def run_core(binary, min_time):
     env = dict(os.environ)
     out = subprocess.run(
         [binary, "--benchmark_format=json", f"--benchmark_min_time={min_time}",
-         "--benchmark_filter=BM_MultiHeadAttention|BM_PeakMatmul|BM_Variant"],
+         "--benchmark_filter=BM_MultiHeadAttention|BM_PeakMatmul|BM_Variant|"
+         "BM_ProjectionChoice"],
         check=True, capture_output=True, text=True, env=env).stdout
     results = {}
     for bench in json.loads(out)["benchmarks"]:
@@ -38,6 +39,8 @@ def run_core(binary, min_time):
         ms = bench["real_time"] if bench["time_unit"] == "ms" else bench["real_time"] / 1e6
         if name.startswith("BM_PeakMatmul"):
             results[("peak", args["threads"])] = bench["GFLOPs"]
+        elif name.startswith("BM_ProjectionChoice"):
+            results[("projection", args["M"], args["variant"])] = ms
         elif name.startswith("BM_Variant"):
             results[("variant", args["B"], args["L"], args["d"], args["h"],
                      args["variant"])] = ms
@@ -176,6 +179,16 @@ def main():
                 gains[(shape, kind)] = full / ms
                 print(f"  B={shape[0]} L={shape[1]} d={shape[2]} h={shape[3]}: full {full:.2f}, "
                       f"{name} {ms:.2f} -> {full / ms:.2f}x")
+
+    print("\nprojection design choices (d=512, 1 thread; >1 means faster than what the "
+          "core does):")
+    for rows in sorted({k[1] for k in core_rounds[0] if k[0] == "projection"}):
+        separate = median(core_rounds, ("projection", rows, 0))
+        fused = median(core_rounds, ("projection", rows, 1))
+        runtime = median(core_rounds, ("projection", rows, 2))
+        print(f"  M={rows}: Q, K, V as three products {separate:.3f} ms; fused into one "
+              f"{fused:.3f} ms (x{separate / fused:.2f}); runtime M {runtime:.3f} ms "
+              f"(x{separate / runtime:.2f})")
 
     print("\npeak RSS of one forward pass without returned weights (d=512, h=8, alone):")
     rss = {length: peak_rss_mib(args.core_bench, length) for length in (2048, 4096, 8192)}

@@ -3,6 +3,7 @@
 // Run through `make bench-core`, which also runs PyTorch and prints the comparison.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <vector>
@@ -213,6 +214,55 @@ BENCHMARK(BM_LongSequence)
     ->Iterations(1)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// Two design choices, measured rather than assumed (d=512, 1 thread, f32): the Q, K and
+// V projections as three [M, d] x [d, d] products (variant 0, what the core does) or
+// one fused [M, d] x [d, 3d] (variant 1); and primitives made per token count M
+// (variant 0) or once with oneDNN's runtime M (variant 2). make bench-core prints the
+// ratios.
+void BM_ProjectionChoice(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  const int64_t variant = state.range(1);
+  const int64_t d = 512;
+  omp_set_num_threads(1);
+  using dnnl::memory;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const int64_t out = variant == 1 ? 3 * d : d;
+  const int64_t described_rows = variant == 2 ? DNNL_RUNTIME_DIM_VAL : rows;
+  const memory::desc src({described_rows, d}, memory::data_type::f32,
+                         memory::format_tag::ab);
+  const memory::desc dst({described_rows, out}, memory::data_type::f32,
+                         memory::format_tag::ab);
+  // Runtime dimensions need a fixed weights layout; prepacked (any) otherwise.
+  const memory::desc weights(
+      {d, out}, memory::data_type::f32,
+      variant == 2 ? memory::format_tag::ba : memory::format_tag::any);
+  const memory::desc bias({1, out}, memory::data_type::f32, memory::format_tag::ab);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, bias, dst),
+                                        engine);
+  const dnnl::matmul matmul(pd);
+  memory a({{rows, d}, memory::data_type::f32, memory::format_tag::ab}, engine);
+  memory c({{rows, out}, memory::data_type::f32, memory::format_tag::ab}, engine);
+  memory w(pd.weights_desc(), engine), b(bias, engine);
+  std::fill_n(static_cast<float*>(a.get_data_handle()), rows * d, 0.25f);
+  const int calls = variant == 1 ? 1 : 3;
+  for (auto _ : state) {
+    for (int i = 0; i < calls; ++i) {
+      matmul.execute(stream, {{DNNL_ARG_SRC, a},
+                              {DNNL_ARG_WEIGHTS, w},
+                              {DNNL_ARG_BIAS, b},
+                              {DNNL_ARG_DST, c}});
+      stream.wait();
+    }
+  }
+}
+BENCHMARK(BM_ProjectionChoice)
+    ->ArgNames({"M", "variant"})
+    ->ArgsProduct({{16, 128, 1024}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.3);
 
 // The in-situ ceiling: oneDNN's own large square f32 matmul.
 void BM_PeakMatmul(benchmark::State& state) {
