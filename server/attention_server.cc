@@ -1,5 +1,6 @@
 #include "server/attention_server.h"
 
+#include <algorithm>
 #include <fstream>
 #include <utility>
 
@@ -9,6 +10,8 @@
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -19,6 +22,20 @@
 namespace attnserve::server {
 
 namespace {
+
+// Drops gRPC's reflection plugin from one server's builder.
+class WithoutReflection final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(
+      std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const auto& plugin) {
+                                    return plugin->name() == "proto_server_reflection";
+                                  }),
+                   plugins->end());
+  }
+};
 
 // Readable and not empty, or InvalidArgument naming the flag.
 absl::Status CheckPemFile(absl::string_view flag, const std::string& path) {
@@ -146,10 +163,13 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   // grpc.health.v1.Health without being able to describe it (buf curl and grpcurl then
   // fail). Touching the descriptor links health.proto's and registers it in the pool.
   grpc::health::v1::HealthCheckRequest::descriptor();
+  // Linking grpc++_reflection registers its plugin for every server of the process;
+  // a server without reflection removes it from its own builder.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, *credentials, &server->port_);
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   builder.RegisterService(server->service_.get());
   builder.RegisterService(server->kserve_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
@@ -204,6 +224,10 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
 }
 
 AttentionServer::~AttentionServer() { Shutdown(); }
+
+absl::Status AttentionServer::ReloadCredentials() {
+  return auth_ != nullptr ? auth_->Reload() : absl::OkStatus();
+}
 
 void AttentionServer::Shutdown() {
   absl::MutexLock lock(&shutdown_mu_);

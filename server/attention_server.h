@@ -36,6 +36,8 @@ class AttentionServer {
     absl::Duration tls_refresh = absl::Seconds(5);
     // Bearer tokens, one per line (see TokenAuthenticator); empty: no authentication.
     std::string auth_token_file;
+    // Serve gRPC server reflection.
+    bool reflection = true;
     // Largest request or response message, bytes, both directions. Range >= 1024.
     int max_message_bytes = 64 << 20;
     // Connections are closed (with GOAWAY) after this age so that clients re-resolve
@@ -79,6 +81,9 @@ class AttentionServer {
   // The bound KServe HTTP port, or -1 when not served.
   int http_port() const { return http_ != nullptr ? http_->port() : -1; }
   ServerMetrics& metrics() { return *metrics_; }
+
+  // Re-reads the token file now (SIGHUP); OK when there is none. Thread-safe.
+  absl::Status ReloadCredentials();
 
   // Drains: health turns NOT_SERVING, new calls get UNAVAILABLE, queued and running
   // calls finish (up to grace_period, then they are cancelled), batchers stop. Blocks

@@ -77,6 +77,14 @@ void TokenAuthenticator::MaybeReload() {
   file_size_ = info.st_size;
 }
 
+absl::Status TokenAuthenticator::Reload() {
+  absl::StatusOr<std::vector<std::string>> tokens = ReadTokens(path_);
+  if (!tokens.ok()) return tokens.status();
+  absl::MutexLock lock(&mu_);
+  tokens_ = *std::move(tokens);
+  return absl::OkStatus();
+}
+
 absl::Status TokenAuthenticator::Check(absl::string_view authorization) {
   if (!absl::StartsWith(authorization, kBearer)) {
     return absl::UnauthenticatedError(

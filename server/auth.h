@@ -29,6 +29,9 @@ class TokenAuthenticator {
   // once a second); a file that became unreadable or empty keeps the old tokens.
   absl::Status Check(absl::string_view authorization);
 
+  // Re-reads the file now. On an error the old tokens stay.
+  absl::Status Reload();
+
  private:
   explicit TokenAuthenticator(std::string path) : path_(std::move(path)) {}
   // Re-reads the file if its modification time or size changed.

@@ -71,6 +71,10 @@ ABSL_FLAG(std::string, grpc_args, "",
           "Extra integer gRPC server channel arguments, name=value,..., e.g. "
           "grpc.http2.max_frame_size=16777215.");
 ABSL_FLAG(std::string, device, "cpu", "Compute device: cpu or gpu (oneDNN GPU engine).");
+ABSL_FLAG(
+    bool, reflection, true,
+    "Serve gRPC server reflection (grpcurl, buf curl); turn off where the API should "
+    "not be discoverable.");
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain for TLS on the gRPC port (with --tls_key); re-read when "
           "the file changes.");
@@ -138,6 +142,7 @@ int Run() {
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.reflection = absl::GetFlag(FLAGS_reflection);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
@@ -179,6 +184,7 @@ int Run() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<server::AttentionServer>> attention_server =
@@ -216,7 +222,15 @@ int Run() {
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  // SIGHUP re-reads the token file now (it is also re-read when it changes); the
+  // TLS files are watched by gRPC every 5 s.
+  while (sigwait(&signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    const absl::Status reloaded = (*attention_server)->ReloadCredentials();
+    server::LogEvent(
+        "signal",
+        {{"signal", "SIGHUP"},
+         {"tokens", reloaded.ok() ? "reloaded" : std::string(reloaded.message())}});
+  }
   server::LogEvent("signal",
                    {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"}});
   (*attention_server)->Shutdown();

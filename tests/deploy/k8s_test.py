@@ -125,6 +125,24 @@ class KustomizeTest(unittest.TestCase):
                         self.assertEqual(obj["metadata"]["namespace"],
                                          namespaces[0]["metadata"]["name"], obj["kind"])
 
+    def test_prod_limits_the_metrics_port_to_the_monitoring_namespace(self):
+        policy = find(self.overlays["prod"], "NetworkPolicy")[0]
+        pod_labels = find(self.overlays["prod"], "Deployment")[0]["spec"]["template"][
+            "metadata"]["labels"]
+        for key, value in policy["spec"]["podSelector"]["matchLabels"].items():
+            self.assertEqual(pod_labels.get(key), value)
+        rules = policy["spec"]["ingress"]
+        metrics_rules = [r for r in rules if any(p["port"] == 8080 for p in r["ports"])]
+        self.assertEqual(len(metrics_rules), 1)
+        self.assertEqual(metrics_rules[0]["from"][0]["namespaceSelector"]["matchLabels"],
+                         {"kubernetes.io/metadata.name": "monitoring"})
+        open_rules = [r for r in rules if "from" not in r]
+        self.assertEqual({p["port"] for r in open_rules for p in r["ports"]}, {50051, 8000})
+        self.assertEqual(find(self.overlays["dev"], "NetworkPolicy"), [])
+        args = find(self.overlays["prod"], "Deployment")[0]["spec"]["template"]["spec"][
+            "containers"][0]["args"]
+        self.assertEqual(flag(args, "reflection"), "false")
+
     def test_servicemonitor_is_an_optional_component(self):
         # dev applies on any cluster; prod includes the component (prometheus-operator).
         self.assertEqual(find(self.overlays["dev"], "ServiceMonitor"), [])

@@ -97,6 +97,21 @@ class PythonClientTest(unittest.TestCase):
         self.assertIn("grpc.health.v1.Health", names)
         self.assertTrue(responses[1].file_descriptor_response.file_descriptor_proto)
 
+    def test_reflection_can_be_turned_off(self):
+        import grpc
+        import reflection_pb2
+        import reflection_pb2_grpc
+        server = stubs.Attnserve(BINARY, "--reflection=false")
+        try:
+            with grpc.insecure_channel(server.target) as channel:
+                stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+                request = reflection_pb2.ServerReflectionRequest(list_services="")
+                with self.assertRaises(grpc.RpcError) as error:
+                    list(stub.ServerReflectionInfo(iter([request]), timeout=30))
+                self.assertEqual(error.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_buf_curl_calls_through_reflection(self):
         # A client that has no .proto files at all: buf curl learns the schema from the
         # server's reflection service, then calls ListModels with a JSON body.

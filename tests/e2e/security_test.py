@@ -9,6 +9,7 @@ usage: security_test.py ATTNSERVE ATTNCTL REPO_ROOT
 """
 import json
 import os
+import signal
 import ssl
 import subprocess
 import sys
@@ -212,6 +213,22 @@ class SecurityTest(unittest.TestCase):
             old = attnctl(server.target, f"--token_file={self.path('good')}", "models")
             self.assertIn("UNAUTHENTICATED", old.stderr)
 
+            # SIGHUP re-reads the file even when its time and size look unchanged.
+            before = os.stat(self.path("tokens"))
+            with open(self.path("tokens"), "w") as f:
+                f.write("fourth-secret-tokn\n")  # as long as the third
+            os.utime(self.path("tokens"), ns=(before.st_atime_ns, before.st_mtime_ns))
+            with open(self.path("fourth"), "w") as f:
+                f.write("fourth-secret-tokn\n")
+            unchanged = attnctl(server.target, f"--token_file={self.path('fourth')}", "models")
+            self.assertIn("UNAUTHENTICATED", unchanged.stderr)
+            server.process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 30
+            while attnctl(server.target, f"--token_file={self.path('fourth')}",
+                          "models").returncode != 0:
+                self.assertLess(time.monotonic(), deadline, "SIGHUP did not reload the tokens")
+                time.sleep(0.2)
+
             with urllib.request.urlopen(f"http://{server.metrics}/metrics",
                                         timeout=30) as reply:
                 metrics = reply.read().decode()
@@ -223,7 +240,7 @@ class SecurityTest(unittest.TestCase):
             self.assertEqual(server.stop(), 0)
         log = server.stderr()
         for token in ("first-secret-token", "second-secret-token", "third-secret-token",
-                      "not-a-token"):
+                      "fourth-secret-tokn", "not-a-token"):
             self.assertNotIn(token, log)
 
     def test_certificate_rotation_under_load_fails_no_call(self):
