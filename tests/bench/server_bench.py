@@ -77,6 +77,23 @@ def bench(target, *flags, metrics_port=None, model=""):
     return json.load(open(out))["steps"]
 
 
+def make_certificates():
+    """A CA and a server certificate for 127.0.0.1 in TMP; returns (ca, cert, key)."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=TMP.name, check=True, capture_output=True,
+                       timeout=60)
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=bench-ca")
+    openssl("req", *curve, "-keyout", "server.key", "-out", "server.csr", "-subj",
+            "/CN=127.0.0.1")
+    with open(os.path.join(TMP.name, "san.ext"), "w") as ext:
+        ext.write("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
+    return tuple(os.path.join(TMP.name, name) for name in ("ca.pem", "server.pem", "server.key"))
+
+
 def core_ms(batch, length=128):
     out = subprocess.run(
         ["taskset", "-c", SERVER_CORE, CORE_BENCH, "--benchmark_format=json",
@@ -282,6 +299,19 @@ def main():
         bf16_ratio = a["requests_per_second"] / b["requests_per_second"]
         rows.append(("bf16 vs Python peer (fp32) at c16", f"x{bf16_ratio:.2f}", ">= 3x (issue 14)",
                      bf16_ratio >= 3))
+
+    # 4b. TLS against plaintext: the same server and load over TLS (certificates made
+    # here with openssl), p50 at c1 and throughput at c16.
+    ca, cert, key = make_certificates()
+    server, target, metrics = attnserve(f"--tls_cert={cert}", f"--tls_key={key}")
+    secure = bench(target, "--concurrency=1,16", "--seq_len=128", f"--tls_ca={ca}")
+    stop(server)
+    print("4b. TLS (gRPC's own credentials, ECDSA P-256) vs plaintext, L=128:")
+    for plain, tls in zip(ours, secure):
+        print(f"   concurrency {plain['level']:>4.0f}: plaintext {line(plain)} | TLS {line(tls)}"
+              f" | p50 +{tls['latency_ms']['p50'] - plain['latency_ms']['p50']:.2f} ms, "
+              f"throughput x{tls['requests_per_second'] / plain['requests_per_second']:.2f}",
+              flush=True)
 
     # 5. Large messages: d=1024, L=2048 (8 MiB each way). Transport time = client mean
     # minus the server's own request time; the echo shows the floor for the same bytes.
