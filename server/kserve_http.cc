@@ -385,10 +385,12 @@ int KServeHttp::Handle(mg_connection* connection) {
   std::string body;
   body.reserve(request->content_length > 0 ? static_cast<size_t>(request->content_length)
                                            : 0);
-  char chunk[65536];
+  // civetweb's worker threads have small stacks (fixed at its build; Debian's cannot
+  // be changed at run time): nothing large lives on them.
+  std::vector<char> chunk(65536);
   int read = 0;
-  while ((read = mg_read(connection, chunk, sizeof(chunk))) > 0) {
-    body.append(chunk, static_cast<size_t>(read));
+  while ((read = mg_read(connection, chunk.data(), chunk.size())) > 0) {
+    body.append(chunk.data(), static_cast<size_t>(read));
     if (static_cast<int64_t>(body.size()) > options_.max_body_bytes) {
       SendError(connection, 413,
                 absl::StrCat("the body is over the limit of ", options_.max_body_bytes,

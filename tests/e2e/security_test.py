@@ -135,6 +135,29 @@ class SecurityTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_readme_python_tls_and_token_example(self):
+        # The README's block, run as written against a TLS + token server: only the
+        # target changes (the example's host name resolves nowhere).
+        with open(os.path.join(ROOT, "README.md")) as f:
+            readme = f.read()
+        code = readme.split("<!-- security_test -->\n```python\n", 1)[1].split("```", 1)[0]
+        with open(self.path("tokens"), "w") as f:
+            f.write("readme-secret-token\n")
+        with open(self.path("my.token"), "w") as f:
+            f.write("readme-secret-token\n")
+        server = Server(self.dir.name, f"--tls_cert={self.path('server.pem')}",
+                        f"--tls_key={self.path('server.key')}",
+                        f"--auth_token_file={self.path('tokens')}")
+        try:
+            code = code.replace("attnserve.example:50051", server.target)
+            result = subprocess.run([sys.executable, "-c", code + "\nprint(output.shape)"],
+                                    cwd=self.dir.name, capture_output=True, text=True,
+                                    timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("(16, 512)", result.stdout)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
     def test_mtls_refuses_clients_without_a_certificate(self):
         server = Server(self.dir.name, f"--tls_cert={self.path('server.pem')}",
                         f"--tls_key={self.path('server.key')}",
