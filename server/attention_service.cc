@@ -461,8 +461,7 @@ void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadl
 grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
                                                    const v1::AttendRequest* request,
                                                    v1::AttendResponse* response) {
-  const absl::Time start = absl::Now();
-  if (observer_.on_rpc_started) observer_.on_rpc_started("Attend");
+  const absl::Time start = StartRpc("Attend");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
     return FinishNow(context, "Attend", start, allowed);
   }
@@ -472,9 +471,7 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
       *request, CallDeadline(context), reactor->cancelled(),
       [this, start, reactor, response](absl::Status status, v1::AttendResponse result) {
         if (status.ok()) response->Swap(&result);
-        if (observer_.on_rpc_handled) {
-          observer_.on_rpc_handled("Attend", status.code(), absl::Now() - start);
-        }
+        EndRpc("Attend", status.code(), start);
         reactor->Finish(ToGrpcStatus(status));
       });
   return reactor;
@@ -483,8 +480,7 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
     grpc::CallbackServerContext* context, const v1::HeadStatisticsRequest* request,
     v1::HeadStatisticsResponse* response) {
-  const absl::Time start = absl::Now();
-  if (observer_.on_rpc_started) observer_.on_rpc_started("HeadStatistics");
+  const absl::Time start = StartRpc("HeadStatistics");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
     return FinishNow(context, "HeadStatistics", start, allowed);
   }
@@ -503,9 +499,7 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
       *attend, CallDeadline(context), reactor->cancelled(),
       [this, start, reactor, response, attend](absl::Status status, v1::AttendResponse) {
         if (!status.ok()) response->Clear();
-        if (observer_.on_rpc_handled) {
-          observer_.on_rpc_handled("HeadStatistics", status.code(), absl::Now() - start);
-        }
+        EndRpc("HeadStatistics", status.code(), start);
         reactor->Finish(ToGrpcStatus(status));
       },
       response);
@@ -515,10 +509,7 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
 grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse>*
 AttentionService::AttendStream(grpc::CallbackServerContext* context) {
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
-    if (observer_.on_rpc_started) observer_.on_rpc_started("AttendStream");
-    if (observer_.on_rpc_handled) {
-      observer_.on_rpc_handled("AttendStream", allowed.code(), absl::ZeroDuration());
-    }
+    EndRpc("AttendStream", allowed.code(), StartRpc("AttendStream"));
     return new RefusedStream(ToGrpcStatus(allowed));
   }
   return new StreamReactor(this, context);
@@ -537,8 +528,7 @@ absl::Status AttentionService::Authorize(
 grpc::ServerUnaryReactor* AttentionService::ListModels(
     grpc::CallbackServerContext* context, const v1::ListModelsRequest* /*request*/,
     v1::ListModelsResponse* response) {
-  const absl::Time start = absl::Now();
-  if (observer_.on_rpc_started) observer_.on_rpc_started("ListModels");
+  const absl::Time start = StartRpc("ListModels");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
     return FinishNow(context, "ListModels", start, allowed);
   }
@@ -550,8 +540,7 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(
 grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext* context,
                                                      const v1::GetModelRequest* request,
                                                      v1::GetModelResponse* response) {
-  const absl::Time start = absl::Now();
-  if (observer_.on_rpc_started) observer_.on_rpc_started("GetModel");
+  const absl::Time start = StartRpc("GetModel");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
     return FinishNow(context, "GetModel", start, allowed);
   }
@@ -566,12 +555,21 @@ grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext
   return FinishNow(context, "GetModel", start, absl::OkStatus());
 }
 
+absl::Time AttentionService::StartRpc(absl::string_view method) const {
+  if (observer_.on_rpc_started) observer_.on_rpc_started(method);
+  return absl::Now();
+}
+
+void AttentionService::EndRpc(absl::string_view method, absl::StatusCode code,
+                              absl::Time start) const {
+  if (observer_.on_rpc_handled)
+    observer_.on_rpc_handled(method, code, absl::Now() - start);
+}
+
 grpc::ServerUnaryReactor* AttentionService::FinishNow(
     grpc::CallbackServerContext* context, absl::string_view method, absl::Time start,
-    const absl::Status& status) {
-  if (observer_.on_rpc_handled) {
-    observer_.on_rpc_handled(method, status.code(), absl::Now() - start);
-  }
+    const absl::Status& status) const {
+  EndRpc(method, status.code(), start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;

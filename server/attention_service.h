@@ -98,12 +98,17 @@ class AttentionService final : public v1::AttentionService::CallbackService {
               std::function<void(absl::Status, v1::AttendResponse)> done,
               v1::HeadStatisticsResponse* statistics = nullptr);
 
- private:
-  friend class StreamReactor;
-  // Counts a call answered at once (no queueing) and finishes it with `status`.
+  // The grpc_server_* bookkeeping every unary method of this server does (the KServe
+  // service's too): StartRpc counts the call and returns its start time; EndRpc
+  // counts its outcome; FinishNow does EndRpc and finishes a call answered at once.
+  absl::Time StartRpc(absl::string_view method) const;
+  void EndRpc(absl::string_view method, absl::StatusCode code, absl::Time start) const;
   grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
                                       absl::string_view method, absl::Time start,
-                                      const absl::Status& status);
+                                      const absl::Status& status) const;
+
+ private:
+  friend class StreamReactor;
   // Open streams register while gRPC holds them (until their OnDone).
   // Returns false when streams are draining: the stream must end at once.
   bool RegisterStream(StreamReactor* stream);

@@ -351,18 +351,25 @@ int KServeHttp::Handle(mg_connection* connection) {
                 absl::StrCat("model \"", model_name, "\" version \"", version,
                              "\" is not served"));
     } else {
-      const int64_t d = model->spec.d_model;
-      const auto tensor = [](const char* name, std::vector<int64_t> shape) {
-        return Json{{"name", name}, {"datatype", "FP32"}, {"shape", shape}};
+      inference::ModelMetadataResponse metadata;
+      FillModelMetadata(*model, &metadata);
+      const auto tensors = [](const auto& list) {
+        Json json = Json::array();
+        for (const auto& tensor : list) {
+          json.push_back({{"name", tensor.name()},
+                          {"datatype", tensor.datatype()},
+                          {"shape", std::vector<int64_t>(tensor.shape().begin(),
+                                                         tensor.shape().end())}});
+        }
+        return json;
       };
       Send(connection, 200,
-           Json{{"name", model->name},
-                {"versions", {kModelVersion}},
-                {"platform", "attnserve_mha"},
-                {"inputs", {tensor("query", {-1, d}), tensor("memory", {-1, d})}},
-                {"outputs",
-                 {tensor("output", {-1, d}),
-                  tensor("attention", {model->spec.num_heads, -1, -1})}}}
+           Json{{"name", metadata.name()},
+                {"versions", std::vector<std::string>(metadata.versions().begin(),
+                                                      metadata.versions().end())},
+                {"platform", metadata.platform()},
+                {"inputs", tensors(metadata.inputs())},
+                {"outputs", tensors(metadata.outputs())}}
                .dump());
     }
     return 1;

@@ -172,119 +172,95 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
     add(kAttention, attend.mutable_attention());
 }
 
+void FillModelMetadata(const ServedModel& model,
+                       inference::ModelMetadataResponse* response) {
+  const int64_t d = model.spec.d_model;
+  response->set_name(model.name);
+  response->add_versions(kModelVersion);
+  response->set_platform("attnserve_mha");
+  const auto tensor = [](auto* list, const char* name, std::vector<int64_t> shape) {
+    auto* entry = list->Add();
+    entry->set_name(name);
+    entry->set_datatype("FP32");
+    entry->mutable_shape()->Add(shape.begin(), shape.end());
+  };
+  // One sequence [L, d] (a leading n for equal-length batches is accepted too).
+  tensor(response->mutable_inputs(), kQuery, {-1, d});
+  tensor(response->mutable_inputs(), kMemory, {-1, d});
+  tensor(response->mutable_outputs(), kOutput, {-1, d});
+  tensor(response->mutable_outputs(), kAttention, {model.spec.num_heads, -1, -1});
+}
+
 KServeService::KServeService(ModelRegistry* registry, AttentionService* attention)
     : registry_(registry), attention_(attention) {}
-
-grpc::ServerUnaryReactor* KServeService::Answer(grpc::CallbackServerContext* context,
-                                                absl::string_view method,
-                                                absl::Time start,
-                                                const absl::Status& status) {
-  const ServiceObserver& observer = attention_->observer();
-  if (observer.on_rpc_handled)
-    observer.on_rpc_handled(method, status.code(), absl::Now() - start);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 grpc::ServerUnaryReactor* KServeService::ServerLive(
     grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
     inference::ServerLiveResponse* response) {
-  const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started)
-    attention_->observer().on_rpc_started("ServerLive");
+  const absl::Time start = attention_->StartRpc("ServerLive");
   response->set_live(true);
-  return Answer(context, "ServerLive", start, absl::OkStatus());
+  return attention_->FinishNow(context, "ServerLive", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerReady(
     grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
     inference::ServerReadyResponse* response) {
-  const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started) {
-    attention_->observer().on_rpc_started("ServerReady");
-  }
+  const absl::Time start = attention_->StartRpc("ServerReady");
   response->set_ready(!draining_.load(std::memory_order_acquire) &&
                       !registry_->models().empty());
-  return Answer(context, "ServerReady", start, absl::OkStatus());
+  return attention_->FinishNow(context, "ServerReady", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelReady(
     grpc::CallbackServerContext* context, const inference::ModelReadyRequest* request,
     inference::ModelReadyResponse* response) {
-  const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started)
-    attention_->observer().on_rpc_started("ModelReady");
+  const absl::Time start = attention_->StartRpc("ModelReady");
   const bool known = !request->name().empty() &&
                      registry_->Find(request->name()) != nullptr &&
                      (request->version().empty() || request->version() == kModelVersion);
   response->set_ready(known && !draining_.load(std::memory_order_acquire));
-  return Answer(context, "ModelReady", start, absl::OkStatus());
+  return attention_->FinishNow(context, "ModelReady", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerMetadata(
     grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
-  const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started) {
-    attention_->observer().on_rpc_started("ServerMetadata");
-  }
+  const absl::Time start = attention_->StartRpc("ServerMetadata");
   response->set_name("attnserve");
   response->set_version(kServerVersion);
-  return Answer(context, "ServerMetadata", start, absl::OkStatus());
+  return attention_->FinishNow(context, "ServerMetadata", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started) {
-    attention_->observer().on_rpc_started("ModelMetadata");
-  }
+  const absl::Time start = attention_->StartRpc("ModelMetadata");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return Answer(context, "ModelMetadata", start, allowed);
+    return attention_->FinishNow(context, "ModelMetadata", start, allowed);
   }
   const ServedModel* model =
       request->name().empty() ? nullptr : registry_->Find(request->name());
   if (model == nullptr ||
       (!request->version().empty() && request->version() != kModelVersion)) {
-    return Answer(
+    return attention_->FinishNow(
         context, "ModelMetadata", start,
         absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
                                          request->version(), "\" is not served")));
   }
-  const int64_t d = model->spec.d_model;
-  response->set_name(model->name);
-  response->add_versions(kModelVersion);
-  response->set_platform("attnserve_mha");
-  const auto tensor = [](auto* list, const char* name, const char* datatype,
-                         std::vector<int64_t> shape) {
-    auto* entry = list->Add();
-    entry->set_name(name);
-    entry->set_datatype(datatype);
-    entry->mutable_shape()->Add(shape.begin(), shape.end());
-  };
-  // One sequence [L, d] (a leading n for equal-length batches is accepted too).
-  tensor(response->mutable_inputs(), kQuery, "FP32", {-1, d});
-  tensor(response->mutable_inputs(), kMemory, "FP32", {-1, d});
-  tensor(response->mutable_outputs(), kOutput, "FP32", {-1, d});
-  tensor(response->mutable_outputs(), kAttention, "FP32",
-         {model->spec.num_heads, -1, -1});
-  return Answer(context, "ModelMetadata", start, absl::OkStatus());
+  FillModelMetadata(*model, response);
+  return attention_->FinishNow(context, "ModelMetadata", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
-  const absl::Time start = absl::Now();
-  if (attention_->observer().on_rpc_started) {
-    attention_->observer().on_rpc_started("ModelInfer");
-  }
+  const absl::Time start = attention_->StartRpc("ModelInfer");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return Answer(context, "ModelInfer", start, allowed);
+    return attention_->FinishNow(context, "ModelInfer", start, allowed);
   }
   absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(*request);
-  if (!attend.ok()) return Answer(context, "ModelInfer", start, attend.status());
+  if (!attend.ok())
+    return attention_->FinishNow(context, "ModelInfer", start, attend.status());
   // The converted request lives until its answer (the queued work views its bytes).
   auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -293,11 +269,7 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
                          absl::Status status, v1::AttendResponse result) {
                        if (status.ok())
                          InferResponseFromAttend(*request, result, response);
-                       const ServiceObserver& observer = attention_->observer();
-                       if (observer.on_rpc_handled) {
-                         observer.on_rpc_handled("ModelInfer", status.code(),
-                                                 absl::Now() - start);
-                       }
+                       attention_->EndRpc("ModelInfer", status.code(), start);
                        reactor->Finish(ToGrpcStatus(status));
                      });
   return reactor;

@@ -35,6 +35,11 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
                              v1::AttendResponse& attend,
                              inference::ModelInferResponse* response);
 
+// The model's metadata as the protocol states it (ModelMetadata, and HTTP GET
+// /v2/models/{m}): inputs query and memory, outputs output and attention.
+void FillModelMetadata(const ServedModel& model,
+                       inference::ModelMetadataResponse* response);
+
 // Thread-safe. Does not own the registry or the attention service, which must outlive
 // every call. With tokens configured (AttentionService::Options::auth), ModelMetadata
 // and ModelInfer need one; the health and readiness RPCs stay open for probes.
@@ -67,11 +72,6 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
                                        inference::ModelInferResponse* response) override;
 
  private:
-  // Counts the call (grpc_server_* metrics) and finishes it now with `status`.
-  grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
-                                   absl::string_view method, absl::Time start,
-                                   const absl::Status& status);
-
   ModelRegistry* const registry_;
   AttentionService* const attention_;
   std::atomic<bool> draining_{false};
