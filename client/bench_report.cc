@@ -104,7 +104,8 @@ std::string FormatJson(const BenchRun& run) {
       absl::StrAppend(&out, ", \"server\": {\"requests\": ", server->requests,
                       ", \"mean_queue_ms\": ", server->mean_queue_ms,
                       ", \"mean_compute_ms\": ", server->mean_compute_ms,
-                      ", \"mean_batch_size\": ", server->mean_batch_size, "}");
+                      ", \"mean_batch_size\": ", server->mean_batch_size,
+                      ", \"completed_during_scrapes\": ", c.completed_during_hooks, "}");
     }
     out += "}";
   }

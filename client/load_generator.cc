@@ -101,10 +101,13 @@ class LoadGenerator::Recorder {
     stopped_ = true;
   }
   bool stopping() const { return stop_.load(std::memory_order_acquire); }
+  // Every call that finished so far, measured or not.
+  int64_t completed() const { return completed_.load(std::memory_order_relaxed); }
   void RequestStop() { stop_.store(true, std::memory_order_release); }
 
   void Record(absl::Time start, absl::Time done, const absl::Status& status,
               int64_t tokens) {
+    completed_.fetch_add(1, std::memory_order_relaxed);
     absl::MutexLock lock(&mu_);
     if (!measuring_ || done < measure_start_) return;
     if (status.ok()) {
@@ -158,6 +161,7 @@ class LoadGenerator::Recorder {
  private:
   const absl::Duration window_;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> completed_{0};
   mutable absl::Mutex mu_;
   bool measuring_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
@@ -205,7 +209,12 @@ v1::AttendRequest LoadGenerator::MakeRequest(int64_t length) const {
 StepResult LoadGenerator::Measure(Recorder& recorder, const std::string& mode,
                                   double level) {
   absl::SleepFor(options_.warmup);
-  if (options_.on_measure_start) options_.on_measure_start();
+  int64_t during_hooks = 0;
+  if (options_.on_measure_start) {
+    const int64_t before = recorder.completed();
+    options_.on_measure_start();
+    during_hooks += recorder.completed() - before;
+  }
   const absl::Time start = absl::Now();
   recorder.StartMeasuring(start);
   StepResult result;
@@ -233,9 +242,14 @@ StepResult LoadGenerator::Measure(Recorder& recorder, const std::string& mode,
     }
   }
   recorder.StopMeasuring(start + options_.window * windows);
-  if (options_.on_measure_end) options_.on_measure_end();
+  if (options_.on_measure_end) {
+    const int64_t before = recorder.completed();
+    options_.on_measure_end();
+    during_hooks += recorder.completed() - before;
+  }
   recorder.RequestStop();
   result.windows = windows;
+  result.completed_during_hooks = during_hooks;
   return result;
 }
 

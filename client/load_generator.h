@@ -48,6 +48,10 @@ struct StepResult {
   double error_p50 = 0, error_p99 = 0;
   int windows = 0;
   bool stable = false;  // three consecutive windows agreed within 10%
+  // Calls that finished while on_measure_start/on_measure_end ran (e.g. scraping the
+  // server's /metrics): a server-side count taken inside those hooks may or may not
+  // include them.
+  int64_t completed_during_hooks = 0;
   double requests_per_second() const { return seconds > 0 ? requests / seconds : 0; }
   double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0; }
 };

@@ -55,9 +55,12 @@ class AttnbenchTest(unittest.TestCase):
             self.assertGreater(step["requests"], 0)
             self.assertEqual(step["errors"], {})
             # The server counted the same calls between the two scrapes that bracket the
-            # measurement, give or take the calls in flight at each edge.
+            # measurement, give or take the calls in flight at each edge and the calls
+            # that finished while a scrape was being read (the server's snapshot falls
+            # somewhere inside it; under a sanitizer a scrape takes several calls' time).
             self.assertLessEqual(abs(step["server"]["requests"] - step["requests"]),
-                                 2 * step["level"], step)
+                                 2 * step["level"]
+                                 + step["server"]["completed_during_scrapes"], step)
             self.assertGreaterEqual(step["server"]["mean_batch_size"], 1.0)
         rows = list(csv.DictReader(open(self.path("r.csv"))))
         self.assertEqual([float(r["level"]) for r in rows], [1.0, 4.0])
