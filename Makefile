@@ -45,7 +45,7 @@ test-asan: asan-build
 asan-build: deps
 	CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DATTNSERVE_VENV=$(VENV) -DATTNSERVE_SANITIZE=address,undefined,fuzzer-no-link \
-	  -DATTNSERVE_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	  -DATTNSERVE_FUZZ_SECONDS=$(FUZZ_SECONDS) -DATTNSERVE_CUDA=off
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
 
 # The fuzzers alone, longer: make fuzz FUZZ_SECONDS=3600

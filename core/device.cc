@@ -1,39 +1,35 @@
 #include "core/device.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace attnserve::core {
 
-absl::string_view DeviceKindName(DeviceKind kind) {
-  return kind == DeviceKind::kCpu ? "cpu" : "gpu";
+std::string DeviceName(const Device& device) {
+  if (device.kind == DeviceKind::kCpu) return "cpu";
+  return absl::StrCat("cuda:", device.index);
 }
 
-absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
-  if (name == "cpu") return DeviceKind::kCpu;
-  if (name == "gpu") return DeviceKind::kGpu;
-  return absl::InvalidArgumentError(
-      absl::StrCat("device must be 'cpu' or 'gpu', got '", name, "'"));
-}
-
-absl::StatusOr<dnnl::engine> CreateEngine(DeviceKind kind, int index) {
-  const dnnl::engine::kind engine_kind =
-      kind == DeviceKind::kCpu ? dnnl::engine::kind::cpu : dnnl::engine::kind::gpu;
-  try {
-    const size_t count = dnnl::engine::get_count(engine_kind);
-    if (index < 0 || static_cast<size_t>(index) >= count) {
-      return absl::UnavailableError(absl::StrCat(
-          "device ", DeviceKindName(kind), ":", index, " is not available: oneDNN found ",
-          count, " ", DeviceKindName(kind), " device(s)",
-          kind == DeviceKind::kGpu
-              ? " (this oneDNN build drives Intel GPUs through OpenCL)"
-              : ""));
-    }
-    return dnnl::engine(engine_kind, static_cast<size_t>(index));
-  } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("oneDNN could not create the ",
-                                            DeviceKindName(kind), " engine: ", e.what()));
+absl::StatusOr<Device> ParseDevice(absl::string_view name) {
+  if (name == "cpu") return Device{DeviceKind::kCpu, 0};
+  if (name == "cuda") return Device{DeviceKind::kCuda, 0};
+  int index = -1;
+  if (absl::StartsWith(name, "cuda:") && absl::SimpleAtoi(name.substr(5), &index) &&
+      index >= 0 && index <= 1023) {
+    return Device{DeviceKind::kCuda, index};
   }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "device must be 'cpu' or 'cuda:N' (N in [0, 1023]), got '", name, "'"));
+}
+
+bool BuiltWithCuda() {
+#ifdef ATTNSERVE_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace attnserve::core

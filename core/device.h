@@ -1,28 +1,36 @@
-// Choosing the oneDNN engine attention runs on.
+// Naming the device attention runs on: "cpu", or "cuda:N" for the N-th CUDA GPU.
 #ifndef ATTNSERVE_CORE_DEVICE_H_
 #define ATTNSERVE_CORE_DEVICE_H_
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "dnnl.hpp"
 
 namespace attnserve::core {
 
 enum class DeviceKind {
   kCpu,
-  // A oneDNN GPU engine. Debian's oneDNN 2.6 drives Intel GPUs through OpenCL.
-  kGpu,
+  // An NVIDIA GPU through CUDA (core/cuda/), in builds made with nvcc.
+  kCuda,
 };
 
-// "cpu" / "gpu".
-absl::string_view DeviceKindName(DeviceKind kind);
+struct Device {
+  DeviceKind kind = DeviceKind::kCpu;
+  // Which GPU, as CUDA numbers them (CUDA_VISIBLE_DEVICES applies); 0 for the CPU.
+  int index = 0;
+};
 
-// Parses "cpu" or "gpu"; InvalidArgument otherwise.
-absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
+// "cpu" or "cuda:N".
+std::string DeviceName(const Device& device);
 
-// The oneDNN engine for device `index` of `kind`. Unavailable, naming the device and
-// how many oneDNN found, when there is no such device; Internal when oneDNN fails.
-absl::StatusOr<dnnl::engine> CreateEngine(DeviceKind kind, int index = 0);
+// Parses "cpu", "cuda" (= "cuda:0") or "cuda:N" with N in [0, 1023]; InvalidArgument
+// naming what was given otherwise.
+absl::StatusOr<Device> ParseDevice(absl::string_view name);
+
+// Whether this build has the CUDA backend (made where nvcc was found, ATTNSERVE_CUDA
+// not off).
+bool BuiltWithCuda();
 
 }  // namespace attnserve::core
 

@@ -87,36 +87,6 @@ memory::desc ScoresDesc(int64_t count, int64_t heads, int64_t rows, int64_t key_
   return memory::desc({heads, rows, key_length}, type, memory::format_tag::abc);
 }
 
-// Exactly one of `f32` and `bf16` holds `expected` values.
-absl::Status CheckTokens(absl::Span<const float> f32, absl::Span<const uint16_t> bf16,
-                         absl::string_view field, int64_t expected,
-                         absl::string_view lengths_field) {
-  if (!f32.empty() && !bf16.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " and ", field, "_bf16 must not both be set"));
-  }
-  const int64_t got = static_cast<int64_t>(bf16.empty() ? f32.size() : bf16.size());
-  if (got != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, bf16.empty() ? "" : "_bf16", " must hold sum(", lengths_field,
-                     ") * d_model = ", expected, " values, got ", got));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckLengths(absl::Span<const int64_t> lengths, absl::string_view field,
-                          int64_t& total) {
-  total = 0;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    if (lengths[i] < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", i, "] must be >= 1, got ", lengths[i]));
-    }
-    total += lengths[i];
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 void* MultiHeadAttention::Buffer::Reserve(size_t bytes) {
@@ -126,6 +96,14 @@ void* MultiHeadAttention::Buffer::Reserve(size_t bytes) {
     capacity_ = bytes;
   }
   return data_.get();
+}
+
+absl::StatusOr<dnnl::engine> CreateCpuEngine() {
+  try {
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  } catch (const dnnl::error& e) {
+    return FromDnnlError(e, "create the CPU engine");
+  }
 }
 
 bool MultiHeadAttention::SupportsBf16() {
@@ -318,76 +296,12 @@ dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t count, int64_t he
   return memory::desc({heads, head_dim, length}, compute_, {head_dim, 1, width});
 }
 
-int64_t MultiHeadAttention::AttentionWeightsSize(
-    int64_t num_heads, absl::Span<const int64_t> query_lengths,
-    absl::Span<const int64_t> memory_lengths) {
-  int64_t total = 0;
-  for (size_t i = 0; i < query_lengths.size(); ++i) {
-    const int64_t key_length =
-        memory_lengths.empty() ? query_lengths[i] : memory_lengths[i];
-    total += num_heads * query_lengths[i] * key_length;
-  }
-  return total;
-}
-
 absl::Status MultiHeadAttention::Forward(const AttentionBatch& batch,
                                          const AttentionOptions& options,
                                          absl::Span<float> output,
                                          absl::Span<float> attention_weights) {
-  const int64_t d = spec_.d_model;
-  if (batch.query_lengths.empty()) {
-    return absl::InvalidArgumentError("query_lengths must hold at least one sequence");
-  }
-  int64_t query_tokens = 0;
-  ATTN_RETURN_IF_ERROR(CheckLengths(batch.query_lengths, "query_lengths", query_tokens));
-  ATTN_RETURN_IF_ERROR(CheckTokens(batch.query, batch.query_bf16, "query",
-                                   query_tokens * d, "query_lengths"));
-  const bool cross = !batch.memory_lengths.empty() || !batch.memory.empty() ||
-                     !batch.memory_bf16.empty();
-  if (cross) {
-    if (batch.memory_lengths.size() != batch.query_lengths.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "memory_lengths must have one entry per query sequence (",
-          batch.query_lengths.size(), "), got ", batch.memory_lengths.size()));
-    }
-    int64_t memory_tokens = 0;
-    ATTN_RETURN_IF_ERROR(
-        CheckLengths(batch.memory_lengths, "memory_lengths", memory_tokens));
-    ATTN_RETURN_IF_ERROR(CheckTokens(batch.memory, batch.memory_bf16, "memory",
-                                     memory_tokens * d, "memory_lengths"));
-    if (options.causal) {
-      return absl::InvalidArgumentError(
-          "causal must be false for cross-attention (memory given): a causal mask is "
-          "defined for self-attention only");
-    }
-  }
-  if (!options.head_mask.empty()) {
-    if (static_cast<int64_t>(options.head_mask.size()) != spec_.num_heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("head_mask must have num_heads = ", spec_.num_heads,
-                       " values, got ", options.head_mask.size()));
-    }
-    for (size_t i = 0; i < options.head_mask.size(); ++i) {
-      const float value = options.head_mask[i];
-      if (!(value >= 0.0f && value <= 1.0f)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("head_mask[", i, "] must be in [0, 1], got ", value));
-      }
-    }
-  }
-  if (static_cast<int64_t>(output.size()) != query_tokens * d) {
-    return absl::InvalidArgumentError(absl::StrCat("output must hold ", query_tokens * d,
-                                                   " floats, got ", output.size()));
-  }
-  if (!attention_weights.empty()) {
-    const int64_t expected =
-        AttentionWeightsSize(spec_.num_heads, batch.query_lengths, batch.memory_lengths);
-    if (static_cast<int64_t>(attention_weights.size()) != expected) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("attention_weights must be empty or hold ", expected,
-                       " floats, got ", attention_weights.size()));
-    }
-  }
+  ATTN_RETURN_IF_ERROR(
+      CheckForwardArguments(spec_, batch, options, output, attention_weights));
   if (options_.intra_op_threads > 0) {
     // Per-thread OpenMP setting: it governs the parallel regions oneDNN opens from
     // this thread only, so objects on other threads keep their own counts.

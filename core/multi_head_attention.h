@@ -15,12 +15,14 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/attention_backend.h"
 #include "core/attention_weights.h"
 #include "core/model_spec.h"
 #include "core/primitive_cache.h"
@@ -28,52 +30,14 @@
 
 namespace attnserve::core {
 
-// A packed batch: the tokens of every sequence, one after another. Views only: the
-// caller owns the memory and keeps it alive during Forward.
-struct AttentionBatch {
-  // [sum(query_lengths), d_model] row-major, f32.
-  absl::Span<const float> query;
-  // Length of each sequence, each >= 1.
-  absl::Span<const int64_t> query_lengths;
-  // Cross-attention: keys and values come from these tokens,
-  // [sum(memory_lengths), d_model]. Empty for self-attention.
-  absl::Span<const float> memory;
-  // Cross-attention only: length of each sequence's memory, one per query sequence,
-  // each >= 1. Empty for self-attention.
-  absl::Span<const int64_t> memory_lengths;
-  // The same tensors as bf16 bits, instead of `query` / `memory` (set one of each
-  // pair): a bf16 model uses them as they are, an fp32 model widens them once.
-  absl::Span<const uint16_t> query_bf16;
-  absl::Span<const uint16_t> memory_bf16;
-};
+// The CPU engine for this backend. Internal when oneDNN cannot create it.
+absl::StatusOr<dnnl::engine> CreateCpuEngine();
 
-// Options of one Forward call.
-struct AttentionOptions {
-  // Query position i attends to keys 0..i only. Self-attention only.
-  bool causal = false;
-  // Empty, or one factor in [0, 1] per head, applied to the head's output before
-  // W_out. 0 prunes the head: it is not computed, and its attention weights read as
-  // zeros. Applies to every sequence of the batch.
-  absl::Span<const float> head_mask;
-};
-
-// What one head does over some inputs, to choose heads to prune. Zero for a head the
-// model prunes.
-struct HeadStatistic {
-  // Mean over query rows of the entropy (nats) of the head's attention row: ln(L_k)
-  // for uniform attention, 0 for attention on one key.
-  double mean_entropy = 0.0;
-  // Mean over query rows of the row's largest weight.
-  double mean_max_weight = 0.0;
-  // Mean over query tokens of the L2 norm of the head's term in the output (its
-  // context times its columns of W_out, before the output bias).
-  double mean_output_norm = 0.0;
-};
-
-// Owns its copy of the weights, the oneDNN primitives and its scratch buffers.
+// The CPU backend. Owns its copy of the weights, the oneDNN primitives and its scratch
+// buffers.
 // Thread-compatible: one thread at a time may call Forward (run several objects for
 // parallel workers; they share nothing mutable, scratchpads included).
-class MultiHeadAttention {
+class MultiHeadAttention : public AttentionBackend {
  public:
   struct Options {
     // OpenMP threads oneDNN uses inside Forward; 0 keeps OpenMP's default (one per
@@ -116,12 +80,6 @@ class MultiHeadAttention {
   // mask clears them.
   static constexpr size_t kMaskedHeadSets = 8;
 
-  // Number of floats Forward writes into `attention_weights` for these lengths:
-  // sum over sequences of num_heads * L_q * L_k (L_k = L_q for self-attention).
-  static int64_t AttentionWeightsSize(int64_t num_heads,
-                                      absl::Span<const int64_t> query_lengths,
-                                      absl::Span<const int64_t> memory_lengths);
-
   // Computes the batch. `output` receives [sum(query_lengths), d_model] and must have
   // exactly that size. `attention_weights` is empty, or receives per sequence, one
   // after another, the softmax weights [num_heads, L_q, L_k] (rows sum to 1) and then
@@ -133,17 +91,20 @@ class MultiHeadAttention {
   // calling thread while computing.
   absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
                        absl::Span<float> output,
-                       absl::Span<float> attention_weights = {});
+                       absl::Span<float> attention_weights) override;
+  using AttentionBackend::Forward;
 
   // Statistics of every head (num_heads entries; a pruned head's are zero) over
   // `batch`, computed with all the model's heads (no head mask). Same errors as Forward.
   absl::Status HeadStatistics(const AttentionBatch& batch, bool causal,
-                              absl::Span<HeadStatistic> statistics);
+                              absl::Span<HeadStatistic> statistics) override;
 
-  const ModelSpec& spec() const { return spec_; }
+  const ModelSpec& spec() const override { return spec_; }
   // Heads the last successful Forward computed: the model's heads less those its head
   // mask zeroed.
-  int64_t computed_heads() const { return computed_heads_; }
+  int64_t computed_heads() const override { return computed_heads_; }
+  std::string device_name() const override { return "cpu"; }
+  int64_t device_memory_bytes() const override { return 0; }
   // Primitives created so far (cache misses); a repeated shape adds none.
   int64_t primitive_creations() const { return cache_.creations(); }
 

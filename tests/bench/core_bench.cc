@@ -28,7 +28,7 @@ double AttentionFlops(int64_t batch, int64_t length, int64_t d_model) {
 bool TimeForward(benchmark::State& state, const ModelSpec& spec,
                  const MultiHeadAttention::Options& options, int64_t batch,
                  int64_t length, const AttentionOptions& attention_options = {}) {
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
                                               *engine, options);
   if (!attention.ok()) {
@@ -111,7 +111,7 @@ void BM_MixedLengths(benchmark::State& state) {
   ModelSpec spec;
   MultiHeadAttention::Options options;
   options.intra_op_threads = 1;
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
                                               *engine, options);
   std::vector<float> query(4 * 512 * spec.d_model, 0.1f), output(query.size());
@@ -190,7 +190,7 @@ void BM_LongSequence(benchmark::State& state) {
   ModelSpec spec;  // d=512, h=8
   MultiHeadAttention::Options options;
   options.intra_op_threads = 1;
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
                                               *engine, options);
   const int64_t length = state.range(0);

@@ -98,8 +98,7 @@ void BM_CoreForward(benchmark::State& state) {
   core::MultiHeadAttention::Options options;
   options.intra_op_threads = 1;
   auto attention = core::MultiHeadAttention::Create(
-      spec, core::GenerateAttentionWeights(spec, 1),
-      *core::CreateEngine(core::DeviceKind::kCpu), options);
+      spec, core::GenerateAttentionWeights(spec, 1), *core::CreateCpuEngine(), options);
   if (!attention.ok()) {
     state.SkipWithError(std::string(attention.status().message()).c_str());
     return;

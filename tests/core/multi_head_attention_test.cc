@@ -41,7 +41,7 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
   fixture.spec.precision = precision;
   fixture.spec.pruned_heads = std::move(pruned_heads);
   fixture.weights = GenerateAttentionWeights(fixture.spec, seed);
-  absl::StatusOr<dnnl::engine> engine = CreateEngine(DeviceKind::kCpu);
+  absl::StatusOr<dnnl::engine> engine = CreateCpuEngine();
   EXPECT_TRUE(engine.ok()) << engine.status();
   MultiHeadAttention::Options options;
   options.intra_op_threads = threads;
@@ -68,8 +68,7 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
   const std::vector<float> query = RandomTokens(query_tokens * d, seed);
   const std::vector<float> memory = RandomTokens(memory_tokens * d, seed + 1);
   std::vector<float> output(query_tokens * d);
-  std::vector<float> weights(
-      MultiHeadAttention::AttentionWeightsSize(h, query_lengths, memory_lengths));
+  std::vector<float> weights(AttentionWeightsSize(h, query_lengths, memory_lengths));
 
   AttentionBatch batch{query, query_lengths, memory, memory_lengths};
   AttentionOptions options{causal, head_mask};
@@ -174,7 +173,7 @@ TEST(MultiHeadAttentionTest, AttentionRowsSumToOne) {
   const std::vector<int64_t> lengths = {3, 50};
   const std::vector<float> query = RandomTokens(53 * 64, 10, 3.0f);
   std::vector<float> output(53 * 64);
-  std::vector<float> weights(MultiHeadAttention::AttentionWeightsSize(4, lengths, {}));
+  std::vector<float> weights(AttentionWeightsSize(4, lengths, {}));
   ASSERT_TRUE(
       fixture.attention
           ->Forward({query, lengths}, {}, absl::MakeSpan(output), absl::MakeSpan(weights))
@@ -307,7 +306,7 @@ TEST(MultiHeadAttentionTest, ZeroedHeadEqualsRemovingItsOutputColumns) {
       pruned.out_proj_weight[row * 64 + c] = 0.0f;
     }
   }
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   ASSERT_TRUE(engine.ok());
   auto pruned_attention = MultiHeadAttention::Create(fixture.spec, pruned, *engine);
   ASSERT_TRUE(pruned_attention.ok());
@@ -352,7 +351,7 @@ TEST(MultiHeadAttentionTest, CausalBlocksWithoutWeightsEqualWithWeights) {
   const std::vector<int64_t> lengths = {400};
   const std::vector<float> query = RandomTokens(400 * 64, 37);
   std::vector<float> with(400 * 64), without(400 * 64);
-  std::vector<float> weights(MultiHeadAttention::AttentionWeightsSize(4, lengths, {}));
+  std::vector<float> weights(AttentionWeightsSize(4, lengths, {}));
   AttentionOptions options;
   options.causal = true;
   ASSERT_TRUE(fixture.attention
@@ -455,7 +454,7 @@ TEST_F(Bf16Test, OutputWithoutWeightsEqualsOutputWithWeights) {
   const std::vector<int64_t> lengths = {40, 9};
   const std::vector<float> query = RandomTokens(49 * 64, 67);
   std::vector<float> with(49 * 64), without(49 * 64);
-  std::vector<float> weights(MultiHeadAttention::AttentionWeightsSize(4, lengths, {}));
+  std::vector<float> weights(AttentionWeightsSize(4, lengths, {}));
   ASSERT_TRUE(
       fixture.attention
           ->Forward({query, lengths}, {}, absl::MakeSpan(with), absl::MakeSpan(weights))
@@ -622,7 +621,7 @@ TEST(MultiHeadAttentionTest, EvictsLeastRecentlyUsedPrimitivesWhenFull) {
   ModelSpec spec;
   spec.d_model = 32;
   spec.num_heads = 2;
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   ASSERT_TRUE(engine.ok());
   MultiHeadAttention::Options options;
   options.primitive_cache_capacity = 4;
@@ -779,7 +778,7 @@ TEST(MultiHeadAttentionCreateTest, RejectsMismatchedWeights) {
   spec.num_heads = 2;
   AttentionWeights weights = GenerateAttentionWeights(spec, 1);
   weights.out_proj_bias.pop_back();
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   ASSERT_TRUE(engine.ok());
   auto attention = MultiHeadAttention::Create(spec, weights, *engine);
   EXPECT_EQ(attention.status().code(), absl::StatusCode::kInvalidArgument);
@@ -788,7 +787,7 @@ TEST(MultiHeadAttentionCreateTest, RejectsMismatchedWeights) {
 
 TEST(MultiHeadAttentionCreateTest, RejectsNegativeThreadCount) {
   ModelSpec spec;
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   ASSERT_TRUE(engine.ok());
   MultiHeadAttention::Options options;
   options.intra_op_threads = -1;
@@ -808,7 +807,7 @@ TEST(MultiHeadAttentionCreateTest, RefusesBf16WithoutNativeIsa) {
   }
   ModelSpec spec;
   spec.precision = Precision::kBf16;
-  auto engine = CreateEngine(DeviceKind::kCpu);
+  auto engine = CreateCpuEngine();
   ASSERT_TRUE(engine.ok());
   auto attention =
       MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0), *engine);

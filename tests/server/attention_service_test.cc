@@ -34,7 +34,7 @@ class DirectModel {
   DirectModel() {
     attention_ = std::move(core::MultiHeadAttention::Create(
                                spec_, core::GenerateAttentionWeights(spec_, 0),
-                               *core::CreateEngine(core::DeviceKind::kCpu)))
+                               *core::CreateCpuEngine()))
                      .value();
   }
   std::vector<core::HeadStatistic> Statistics(const std::vector<float>& query,
@@ -54,8 +54,7 @@ class DirectModel {
                          std::vector<float>* weights = nullptr) {
     std::vector<float> output(query.size());
     if (weights != nullptr) {
-      weights->resize(core::MultiHeadAttention::AttentionWeightsSize(kHeads, lengths,
-                                                                     memory_lengths));
+      weights->resize(core::AttentionWeightsSize(kHeads, lengths, memory_lengths));
     }
     EXPECT_TRUE(attention_
                     ->Forward({query, lengths, memory, memory_lengths}, {causal, mask},

@@ -9,6 +9,7 @@
 #include "core/attention_weights.h"
 #include "core/bfloat16.h"
 #include "core/device.h"
+#include "core/multi_head_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/fake_clock.h"
@@ -20,15 +21,15 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kDModel = 16;
 
-std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()> Factory(
+std::function<absl::StatusOr<std::unique_ptr<core::AttentionBackend>>()> Factory(
     core::Precision precision = core::Precision::kFp32) {
   return [precision] {
     core::ModelSpec spec;
     spec.d_model = kDModel;
     spec.num_heads = 2;
     spec.precision = precision;
-    return core::MultiHeadAttention::Create(spec, core::GenerateAttentionWeights(spec, 1),
-                                            *core::CreateEngine(core::DeviceKind::kCpu));
+    return core::CreateBackend(spec, core::GenerateAttentionWeights(spec, 1),
+                               core::Device{}, {});
   };
 }
 
@@ -191,7 +192,7 @@ TEST(DynamicBatcherTest, MixedDtypeCrossAttentionBatchMatchesEachRequestAlone) {
     const std::vector<float>& query = queries.at(work->query_lengths.front());
     const std::vector<float>& memory = memories.at(work->query_lengths.front());
     std::vector<float> output(query.size());
-    std::vector<float> weights(core::MultiHeadAttention::AttentionWeightsSize(
+    std::vector<float> weights(core::AttentionWeightsSize(
         (*alone)->spec().num_heads, work->query_lengths, work->memory_lengths));
     ASSERT_TRUE((*alone)
                     ->Forward({query, work->query_lengths, memory, work->memory_lengths},

@@ -1,0 +1,149 @@
+// The one interface the server sees of the attention math: a batch of packed sequences
+// in, the multi-head attention output (and optionally the attention weights) out, on
+// whichever device computes it. The oneDNN CPU backend (core/multi_head_attention.h)
+// and the CUDA backend (core/cuda/) implement it; this header includes neither oneDNN
+// nor CUDA headers.
+#ifndef ATTNSERVE_CORE_ATTENTION_BACKEND_H_
+#define ATTNSERVE_CORE_ATTENTION_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/attention_weights.h"
+#include "core/device.h"
+#include "core/model_spec.h"
+
+namespace attnserve::core {
+
+// A packed batch: the tokens of every sequence, one after another. Views only: the
+// caller owns the memory and keeps it alive during Forward.
+struct AttentionBatch {
+  // [sum(query_lengths), d_model] row-major, f32.
+  absl::Span<const float> query;
+  // Length of each sequence, each >= 1.
+  absl::Span<const int64_t> query_lengths;
+  // Cross-attention: keys and values come from these tokens,
+  // [sum(memory_lengths), d_model]. Empty for self-attention.
+  absl::Span<const float> memory;
+  // Cross-attention only: length of each sequence's memory, one per query sequence,
+  // each >= 1. Empty for self-attention.
+  absl::Span<const int64_t> memory_lengths;
+  // The same tensors as bf16 bits, instead of `query` / `memory` (set one of each
+  // pair): a bf16 model uses them as they are, an fp32 model widens them once.
+  absl::Span<const uint16_t> query_bf16;
+  absl::Span<const uint16_t> memory_bf16;
+};
+
+// Options of one Forward call.
+struct AttentionOptions {
+  // Query position i attends to keys 0..i only. Self-attention only.
+  bool causal = false;
+  // Empty, or one factor in [0, 1] per head, applied to the head's output before
+  // W_out. 0 prunes the head: it is not computed, and its attention weights read as
+  // zeros. Applies to every sequence of the batch.
+  absl::Span<const float> head_mask;
+};
+
+// What one head does over some inputs, to choose heads to prune. Zero for a head the
+// model prunes.
+struct HeadStatistic {
+  // Mean over query rows of the entropy (nats) of the head's attention row: ln(L_k)
+  // for uniform attention, 0 for attention on one key.
+  double mean_entropy = 0.0;
+  // Mean over query rows of the row's largest weight.
+  double mean_max_weight = 0.0;
+  // Mean over query tokens of the L2 norm of the head's term in the output (its
+  // context times its columns of W_out, before the output bias).
+  double mean_output_norm = 0.0;
+};
+
+// Number of floats Forward writes into `attention_weights` for these lengths: sum over
+// sequences of num_heads * L_q * L_k (L_k = L_q for self-attention).
+int64_t AttentionWeightsSize(int64_t num_heads, absl::Span<const int64_t> query_lengths,
+                             absl::Span<const int64_t> memory_lengths);
+
+// The checks every backend's Forward makes before any work: OK, or InvalidArgument
+// naming the field (a length < 1, both or neither of query and query_bf16 set, sizes
+// that do not match the lengths, memory_lengths count != query_lengths count, causal
+// with cross-attention, head_mask size != num_heads or a value outside [0, 1], a wrong
+// output or attention_weights size).
+absl::Status CheckForwardArguments(const ModelSpec& spec, const AttentionBatch& batch,
+                                   const AttentionOptions& options,
+                                   absl::Span<const float> output,
+                                   absl::Span<const float> attention_weights);
+
+// One model's weights on one device. Thread-compatible: one thread at a time may call
+// Forward or HeadStatistics (the server runs one object per instance).
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+
+  // Computes the batch. `output` receives [sum(query_lengths), d_model] and must have
+  // exactly that size. `attention_weights` is empty, or receives per sequence, one
+  // after another, the softmax weights [num_heads, L_q, L_k] (rows sum to 1) and then
+  // must have exactly AttentionWeightsSize(...) floats; a pruned head's are zeros.
+  // Errors: those of CheckForwardArguments; ResourceExhausted when the device cannot
+  // hold the batch; Internal when the device library fails. Blocks the calling thread
+  // until the results are in `output` and `attention_weights`.
+  virtual absl::Status Forward(const AttentionBatch& batch,
+                               const AttentionOptions& options, absl::Span<float> output,
+                               absl::Span<float> attention_weights) = 0;
+  // The same without attention weights.
+  absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
+                       absl::Span<float> output) {
+    return Forward(batch, options, output, {});
+  }
+
+  // Statistics of every head (num_heads entries; a pruned head's are zero) over
+  // `batch`, computed with all the model's heads (no head mask). Same errors as
+  // Forward, and InvalidArgument when `statistics` does not have num_heads entries.
+  virtual absl::Status HeadStatistics(const AttentionBatch& batch, bool causal,
+                                      absl::Span<HeadStatistic> statistics) = 0;
+
+  virtual const ModelSpec& spec() const = 0;
+  // Heads the last successful Forward computed: the model's heads less those its head
+  // mask zeroed.
+  virtual int64_t computed_heads() const = 0;
+  // Where it runs, as --device names it: "cpu" or "cuda:0".
+  virtual std::string device_name() const = 0;
+  // Device memory this object holds (weights and scratch), in bytes; 0 on the CPU,
+  // whose memory the process's RSS already counts.
+  virtual int64_t device_memory_bytes() const = 0;
+};
+
+struct BackendOptions {
+  // CPU: OpenMP threads oneDNN uses inside Forward; 0 keeps OpenMP's default. Range
+  // [0, 1024]. Ignored on CUDA.
+  int intra_op_threads = 0;
+  // CUDA, fp32 models: let cuBLAS run the projections on TF32 tensor cores (about 1e-3
+  // relative error instead of 1e-6). Off by default. Ignored on the CPU and for bf16.
+  bool allow_tf32 = false;
+};
+
+// The backend for `device`, holding its own copy of `weights` (uploaded once on a
+// GPU). Errors: InvalidArgument for a bad `spec`, `weights` shapes or option, naming
+// the field; Unavailable when the device does not exist or this build has no backend
+// for it (the message names the device and what was found); FailedPrecondition for a
+// precision the device cannot run (bf16 on a CPU without AVX512_BF16/AMX);
+// ResourceExhausted when device memory runs out; Internal when the device library
+// fails.
+absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
+    const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
+    const BackendOptions& options);
+
+// Head statistics through Forward alone, for backends without a faster way: one
+// Forward with every head for the attention rows, then one per head with only that
+// head unmasked (its output less `out_bias`, the model's b_out, is its term). Same
+// contract as AttentionBackend::HeadStatistics.
+absl::Status HeadStatisticsByForward(AttentionBackend& backend,
+                                     absl::Span<const float> out_bias,
+                                     const AttentionBatch& batch, bool causal,
+                                     absl::Span<HeadStatistic> statistics);
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_ATTENTION_BACKEND_H_

@@ -1,0 +1,642 @@
+#include "core/cuda/cuda_attention.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/bfloat16.h"
+#include "core/cuda/kernels.h"
+#include "core/cuda/staging.h"
+#include "core/status_macros.h"
+
+namespace attnserve::core::cuda {
+namespace {
+
+absl::Status CudaError(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  if (error == cudaErrorMemoryAllocation) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("CUDA could not ", what, ": out of device memory"));
+  }
+  return absl::InternalError(absl::StrCat("CUDA failed to ", what, ": ",
+                                          cudaGetErrorName(error), " (",
+                                          cudaGetErrorString(error), ")"));
+}
+
+#define ATTN_CUDA(expr, what) ATTN_RETURN_IF_ERROR(CudaError((expr), (what)))
+#define ATTN_CUBLAS(expr, what) ATTN_RETURN_IF_ERROR(CublasError((expr), (what)))
+
+// cuBLAS, opened at run time rather than linked: libcublasLt's static thread-local
+// storage (about 95 KiB) would otherwise be added to every thread of the process,
+// and libraries that start threads with small fixed stacks (Debian's civetweb, behind
+// /metrics) then fail pthread_create with EINVAL. Opened with dlopen its TLS is
+// allocated only in threads that use it, and a server on the CPU never loads it.
+struct Cublas {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                         int, const void*, const void*, cudaDataType, int, const void*,
+                         cudaDataType, int, const void*, void*, cudaDataType, int,
+                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t,
+                                         cublasOperation_t, int, int, int, const void*,
+                                         const void*, cudaDataType, int, long long int,
+                                         const void*, cudaDataType, int, long long int,
+                                         const void*, void*, cudaDataType, int,
+                                         long long int, int, cublasComputeType_t,
+                                         cublasGemmAlgo_t) = nullptr;
+  decltype(&cublasGetStatusString) status_string = nullptr;
+  std::string error;  // why it could not be opened; empty when it was
+};
+
+const Cublas& GetCublas() {
+  static const Cublas* const cublas = [] {
+    auto* loaded = new Cublas;
+    void* library = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      loaded->error =
+          absl::StrCat("cannot open libcublas.so.13 (cuBLAS of CUDA 13): ", dlerror());
+      return loaded;
+    }
+    const auto find = [&](auto& function, const char* name) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(
+          dlsym(library, name));
+      if (function == nullptr && loaded->error.empty()) {
+        loaded->error = absl::StrCat("libcublas.so.13 has no ", name);
+      }
+    };
+    find(loaded->create, "cublasCreate_v2");
+    find(loaded->destroy, "cublasDestroy_v2");
+    find(loaded->set_stream, "cublasSetStream_v2");
+    find(loaded->gemm, "cublasGemmEx");
+    find(loaded->gemm_strided_batched, "cublasGemmStridedBatchedEx");
+    find(loaded->status_string, "cublasGetStatusString");
+    return loaded;
+  }();
+  return *cublas;
+}
+
+absl::Status CublasError(cublasStatus_t status, absl::string_view what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("cuBLAS failed to ", what, ": ", GetCublas().status_string(status)));
+}
+
+// Device memory that grows to the largest size asked for and keeps it.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  absl::StatusOr<uint8_t*> Reserve(size_t bytes) {
+    if (bytes <= capacity_) return data_;
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+    void* data = nullptr;
+    ATTN_CUDA(cudaMalloc(&data, bytes), absl::StrCat("allocate ", bytes, " bytes"));
+    data_ = static_cast<uint8_t*>(data);
+    capacity_ = bytes;
+    return data_;
+  }
+  uint8_t* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Page-locked host memory, so that copies run at full speed and asynchronously.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  absl::StatusOr<uint8_t*> Reserve(size_t bytes) {
+    if (bytes <= capacity_) return data_;
+    if (data_ != nullptr) cudaFreeHost(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+    void* data = nullptr;
+    ATTN_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault),
+              absl::StrCat("allocate ", bytes, " bytes of pinned host memory"));
+    data_ = static_cast<uint8_t*>(data);
+    capacity_ = bytes;
+    return data_;
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+class CudaAttentionImpl final : public CudaAttention {
+ public:
+  CudaAttentionImpl(const ModelSpec& spec, int device,
+                    const CudaAttentionOptions& options)
+      : spec_(spec),
+        device_(device),
+        options_(options),
+        compute_(spec.precision == Precision::kBf16 ? ElementType::kBf16
+                                                    : ElementType::kF32),
+        compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4) {}
+
+  ~CudaAttentionImpl() override {
+    cudaSetDevice(device_);
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (cudaEvent_t event : events_) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
+    if (cublas_ != nullptr) GetCublas().destroy(cublas_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Init(const AttentionWeights& weights);
+
+  absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
+                       absl::Span<float> output,
+                       absl::Span<float> attention_weights) override;
+  absl::Status HeadStatistics(const AttentionBatch& batch, bool causal,
+                              absl::Span<HeadStatistic> statistics) override {
+    return HeadStatisticsByForward(*this, out_bias_, batch, causal, statistics);
+  }
+  const ModelSpec& spec() const override { return spec_; }
+  int64_t computed_heads() const override { return computed_heads_; }
+  std::string device_name() const override { return absl::StrCat("cuda:", device_); }
+  int64_t device_memory_bytes() const override {
+    size_t total = weights_.capacity() + model_head_.capacity();
+    for (const DeviceBuffer* buffer :
+         {&input_, &query_, &memory_, &projected_, &key_value_, &context_, &results_,
+          &scores_, &probabilities_}) {
+      total += buffer->capacity();
+    }
+    return static_cast<int64_t>(total);
+  }
+  CudaTimings last_timings() const override { return timings_; }
+
+ private:
+  cudaDataType_t DataType() const {
+    return compute_ == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+  }
+  cublasComputeType_t ComputeType() const {
+    return compute_ == ElementType::kF32 && options_.allow_tf32
+               ? CUBLAS_COMPUTE_32F_FAST_TF32
+               : CUBLAS_COMPUTE_32F;
+  }
+  // out[rows, out_width] (row stride ld_out, type out_type) = bias + in[rows, in_width]
+  // W^T, W row-major [out_width, in_width] (row stride ld_weight), in the compute
+  // precision, in with row stride ld_in.
+  absl::Status Project(const void* in, int64_t ld_in, int64_t rows, int64_t in_width,
+                       const void* weight, int64_t ld_weight, const float* bias,
+                       int64_t out_width, void* out, ElementType out_type,
+                       int64_t ld_out);
+  absl::Status Materialized(const AttentionBatch& batch, const uint8_t* q, int64_t ldq,
+                            const uint8_t* k, int64_t ldk, const uint8_t* v, int64_t ldv,
+                            const float* factors, bool causal, float* weights);
+
+  ModelSpec spec_;
+  int device_;
+  CudaAttentionOptions options_;
+  ElementType compute_;
+  int64_t compute_bytes_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  // Before and after the upload, the attention step, the rest, the download.
+  cudaEvent_t events_[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+
+  // The model's heads less its pruned ones, and their weights in one device block:
+  // W_qkv [3 width, d] (1/sqrt(head_dim) folded into the query rows) and W_out
+  // [d, width] in the compute precision, then b_qkv [3 width] and b_out [d] in f32.
+  std::vector<int64_t> heads_;
+  int64_t width_ = 0;
+  DeviceBuffer weights_, model_head_;
+  size_t qkv_weight_ = 0, out_weight_ = 0, qkv_bias_ = 0, out_bias_offset_ = 0;
+  std::vector<float> out_bias_;
+
+  PinnedBuffer host_input_, host_results_;
+  DeviceBuffer input_, query_, memory_, projected_, key_value_, context_, results_,
+      scores_, probabilities_;
+  std::vector<float> factors_;
+  int64_t computed_heads_ = 0;
+  CudaTimings timings_;
+};
+
+absl::Status CudaAttentionImpl::Init(const AttentionWeights& weights) {
+  ATTN_CUDA(cudaSetDevice(device_), absl::StrCat("select device cuda:", device_));
+  ATTN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+            "create a stream");
+  for (cudaEvent_t& event : events_) {
+    ATTN_CUDA(cudaEventCreate(&event), "create an event");
+  }
+  ATTN_CUBLAS(GetCublas().create(&cublas_), "create a handle");
+  ATTN_CUBLAS(GetCublas().set_stream(cublas_, stream_), "set its stream");
+
+  const int64_t d = spec_.d_model;
+  const int64_t head_dim = spec_.head_dim();
+  for (int64_t h = 0; h < spec_.num_heads; ++h) {
+    if (!spec_.IsPruned(h)) heads_.push_back(h);
+  }
+  width_ = static_cast<int64_t>(heads_.size()) * head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  // Rows of the kept heads' Q, K and V projections, then W_out's kept columns.
+  std::vector<float> qkv(static_cast<size_t>(3 * width_ * d)), qkv_bias(3 * width_);
+  for (int64_t part = 0; part < 3; ++part) {
+    for (size_t p = 0; p < heads_.size(); ++p) {
+      for (int64_t r = 0; r < head_dim; ++r) {
+        const int64_t from = part * d + heads_[p] * head_dim + r;
+        const int64_t to = part * width_ + static_cast<int64_t>(p) * head_dim + r;
+        const float factor = part == 0 ? scale : 1.0f;
+        for (int64_t c = 0; c < d; ++c) {
+          qkv[to * d + c] = weights.in_proj_weight[from * d + c] * factor;
+        }
+        qkv_bias[to] = weights.in_proj_bias[from] * factor;
+      }
+    }
+  }
+  std::vector<float> out(static_cast<size_t>(d * width_));
+  for (int64_t o = 0; o < d; ++o) {
+    for (size_t p = 0; p < heads_.size(); ++p) {
+      for (int64_t c = 0; c < head_dim; ++c) {
+        out[o * width_ + p * head_dim + c] =
+            weights.out_proj_weight[o * d + heads_[p] * head_dim + c];
+      }
+    }
+  }
+  out_bias_ = weights.out_proj_bias;
+  qkv_weight_ = 0;
+  out_weight_ = Align(qkv.size() * compute_bytes_);
+  qkv_bias_ = out_weight_ + Align(out.size() * compute_bytes_);
+  out_bias_offset_ = qkv_bias_ + Align(qkv_bias.size() * sizeof(float));
+  const size_t total = out_bias_offset_ + Align(out_bias_.size() * sizeof(float));
+  std::vector<uint8_t> host(total, 0);
+  const auto put = [&](const std::vector<float>& values, size_t offset, bool narrow) {
+    if (!narrow) {
+      std::memcpy(host.data() + offset, values.data(), values.size() * sizeof(float));
+      return;
+    }
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t bits = FloatToBf16(values[i]);
+      std::memcpy(host.data() + offset + 2 * i, &bits, 2);
+    }
+  };
+  const bool narrow = compute_ == ElementType::kBf16;
+  put(qkv, qkv_weight_, narrow);
+  put(out, out_weight_, narrow);
+  put(qkv_bias, qkv_bias_, false);
+  put(out_bias_, out_bias_offset_, false);
+  ATTN_ASSIGN_OR_RETURN(uint8_t * device_weights, weights_.Reserve(total));
+  ATTN_CUDA(cudaMemcpy(device_weights, host.data(), total, cudaMemcpyHostToDevice),
+            "upload the weights");
+  std::vector<int32_t> model_head(heads_.begin(), heads_.end());
+  ATTN_ASSIGN_OR_RETURN(uint8_t * device_heads,
+                        model_head_.Reserve(model_head.size() * sizeof(int32_t)));
+  ATTN_CUDA(cudaMemcpy(device_heads, model_head.data(),
+                       model_head.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+            "upload the head map");
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttentionImpl::Project(const void* in, int64_t ld_in, int64_t rows,
+                                        int64_t in_width, const void* weight,
+                                        int64_t ld_weight, const float* bias,
+                                        int64_t out_width, void* out,
+                                        ElementType out_type, int64_t ld_out) {
+  ATTN_CUDA(LaunchFillRows(out, out_type, rows, out_width, ld_out, bias, stream_),
+            "broadcast a bias");
+  // Column-major view: out^T [out_width, rows] = W [out_width, in_width] in^T, with
+  // row-major W read as its transpose.
+  const float alpha = 1.0f, beta = 1.0f;
+  ATTN_CUBLAS(
+      GetCublas().gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_width),
+                       static_cast<int>(rows), static_cast<int>(in_width), &alpha, weight,
+                       DataType(), static_cast<int>(ld_weight), in, DataType(),
+                       static_cast<int>(ld_in), &beta, out,
+                       out_type == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_32F,
+                       static_cast<int>(ld_out), ComputeType(), CUBLAS_GEMM_DEFAULT),
+      "run a projection");
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttentionImpl::Materialized(const AttentionBatch& batch,
+                                             const uint8_t* q, int64_t ldq,
+                                             const uint8_t* k, int64_t ldk,
+                                             const uint8_t* v, int64_t ldv,
+                                             const float* factors, bool causal,
+                                             float* weights) {
+  const int64_t head_dim = spec_.head_dim();
+  const int64_t heads = static_cast<int64_t>(heads_.size());
+  const absl::Span<const int64_t> key_lengths =
+      batch.memory_lengths.empty() ? batch.query_lengths : batch.memory_lengths;
+  int64_t largest = 0;
+  for (size_t s = 0; s < batch.query_lengths.size(); ++s) {
+    largest = std::max(largest, batch.query_lengths[s] * key_lengths[s]);
+  }
+  ATTN_ASSIGN_OR_RETURN(uint8_t * scores_data,
+                        scores_.Reserve(static_cast<size_t>(heads * largest) * 4));
+  float* scores = reinterpret_cast<float*>(scores_data);
+  // fp32 multiplies V by the scaled probabilities in `scores` itself; bf16 by a bf16
+  // copy.
+  uint8_t* probabilities = nullptr;
+  if (compute_ == ElementType::kBf16) {
+    ATTN_ASSIGN_OR_RETURN(
+        probabilities, probabilities_.Reserve(static_cast<size_t>(heads * largest) * 2));
+  }
+  const void* probability_matrix =
+      compute_ == ElementType::kBf16 ? static_cast<const void*>(probabilities) : scores;
+  const float alpha = 1.0f, beta = 0.0f;
+  int64_t query_row = 0, key_row = 0, weights_offset = 0;
+  uint8_t* context = context_.data();
+  for (size_t s = 0; s < batch.query_lengths.size(); ++s) {
+    const int64_t query_length = batch.query_lengths[s];
+    const int64_t key_length = key_lengths[s];
+    const uint8_t* q_s = q + query_row * ldq * compute_bytes_;
+    const uint8_t* k_s = k + key_row * ldk * compute_bytes_;
+    const uint8_t* v_s = v + key_row * ldv * compute_bytes_;
+    // scores_p = Q_p K_p^T per head p, [L_q, L_k] row-major: column-major
+    // scores^T [L_k, L_q] = K_p Q_p^T.
+    ATTN_CUBLAS(GetCublas().gemm_strided_batched(
+                    cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(key_length),
+                    static_cast<int>(query_length), static_cast<int>(head_dim), &alpha,
+                    k_s, DataType(), static_cast<int>(ldk), head_dim, q_s, DataType(),
+                    static_cast<int>(ldq), head_dim, &beta, scores, CUDA_R_32F,
+                    static_cast<int>(key_length), query_length * key_length,
+                    static_cast<int>(heads), ComputeType(), CUBLAS_GEMM_DEFAULT),
+                "compute attention scores");
+    SoftmaxArgs softmax{scores,
+                        compute_,
+                        probabilities,
+                        weights == nullptr ? nullptr : weights + weights_offset,
+                        factors,
+                        reinterpret_cast<const int32_t*>(model_head_.data()),
+                        static_cast<int>(heads),
+                        query_length,
+                        key_length,
+                        causal};
+    ATTN_CUDA(LaunchSoftmax(softmax, stream_), "run the softmax");
+    // context_p [L_q, head_dim] = P_p V_p: column-major context^T = V_p^T P_p^T.
+    ATTN_CUBLAS(GetCublas().gemm_strided_batched(
+                    cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(head_dim),
+                    static_cast<int>(query_length), static_cast<int>(key_length), &alpha,
+                    v_s, DataType(), static_cast<int>(ldv), head_dim, probability_matrix,
+                    DataType(), static_cast<int>(key_length), query_length * key_length,
+                    &beta, context + query_row * width_ * compute_bytes_, DataType(),
+                    static_cast<int>(width_), head_dim, static_cast<int>(heads),
+                    ComputeType(), CUBLAS_GEMM_DEFAULT),
+                "compute attention context");
+    query_row += query_length;
+    key_row += key_length;
+    weights_offset += spec_.num_heads * query_length * key_length;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
+                                        const AttentionOptions& options,
+                                        absl::Span<float> output,
+                                        absl::Span<float> attention_weights) {
+  ATTN_RETURN_IF_ERROR(
+      CheckForwardArguments(spec_, batch, options, output, attention_weights));
+  ATTN_CUDA(cudaSetDevice(device_), absl::StrCat("select device cuda:", device_));
+  const int64_t d = spec_.d_model;
+  const int64_t head_dim = spec_.head_dim();
+  const int64_t heads = static_cast<int64_t>(heads_.size());
+  factors_.assign(heads_.size(), 1.0f);
+  int64_t computed = heads;
+  if (!options.head_mask.empty()) {
+    computed = 0;
+    for (size_t p = 0; p < heads_.size(); ++p) {
+      factors_[p] = options.head_mask[heads_[p]];
+      if (factors_[p] != 0.0f) ++computed;
+    }
+  }
+  ATTN_ASSIGN_OR_RETURN(const StagingLayout layout, PlanStaging(batch, d, heads));
+  const int64_t query_tokens = layout.query_tokens;
+  const int64_t key_tokens = layout.key_tokens;
+  const bool cross = layout.memory_bytes > 0;
+
+  // Inputs: one host-to-device copy of the packed staging buffer.
+  ATTN_ASSIGN_OR_RETURN(uint8_t * staging, host_input_.Reserve(layout.total_bytes));
+  PackStaging(batch, layout, factors_, staging);
+  ATTN_ASSIGN_OR_RETURN(uint8_t * input, input_.Reserve(layout.total_bytes));
+  ATTN_CUDA(cudaEventRecord(events_[0], stream_), "record an event");
+  ATTN_CUDA(cudaMemcpyAsync(input, staging, layout.total_bytes, cudaMemcpyHostToDevice,
+                            stream_),
+            "upload the batch");
+  ATTN_CUDA(cudaEventRecord(events_[1], stream_), "record an event");
+  const auto* factors = reinterpret_cast<const float*>(input + layout.factors);
+
+  // Tokens in the compute precision: as they came, or converted on the device.
+  const auto in_compute = [&](size_t offset, bool is_bf16, int64_t tokens,
+                              DeviceBuffer& buffer) -> absl::StatusOr<const uint8_t*> {
+    const ElementType given = is_bf16 ? ElementType::kBf16 : ElementType::kF32;
+    if (given == compute_) return input + offset;
+    ATTN_ASSIGN_OR_RETURN(
+        uint8_t * converted,
+        buffer.Reserve(static_cast<size_t>(tokens * d) * compute_bytes_));
+    ATTN_CUDA(
+        LaunchConvert(input + offset, given, converted, compute_, tokens * d, stream_),
+        "convert the tokens");
+    return converted;
+  };
+  ATTN_ASSIGN_OR_RETURN(const uint8_t* x, in_compute(layout.query, layout.query_bf16,
+                                                     query_tokens, query_));
+  const uint8_t* w = weights_.data();
+  const auto* qkv_bias = reinterpret_cast<const float*>(w + qkv_bias_);
+  const uint8_t *q, *k, *v;
+  int64_t ldq, ldk, ldv;
+  if (!cross) {
+    // [Q K V] = x W_qkv^T + b_qkv in one product.
+    ATTN_ASSIGN_OR_RETURN(
+        uint8_t * projected,
+        projected_.Reserve(static_cast<size_t>(query_tokens * 3 * width_) *
+                           compute_bytes_));
+    ATTN_RETURN_IF_ERROR(Project(x, d, query_tokens, d, w + qkv_weight_, d, qkv_bias,
+                                 3 * width_, projected, compute_, 3 * width_));
+    q = projected;
+    k = projected + width_ * compute_bytes_;
+    v = projected + 2 * width_ * compute_bytes_;
+    ldq = ldk = ldv = 3 * width_;
+  } else {
+    ATTN_ASSIGN_OR_RETURN(const uint8_t* m, in_compute(layout.memory, layout.memory_bf16,
+                                                       key_tokens, memory_));
+    ATTN_ASSIGN_OR_RETURN(
+        uint8_t * projected,
+        projected_.Reserve(static_cast<size_t>(query_tokens * width_) * compute_bytes_));
+    ATTN_ASSIGN_OR_RETURN(
+        uint8_t * key_value,
+        key_value_.Reserve(static_cast<size_t>(key_tokens * 2 * width_) *
+                           compute_bytes_));
+    ATTN_RETURN_IF_ERROR(Project(x, d, query_tokens, d, w + qkv_weight_, d, qkv_bias,
+                                 width_, projected, compute_, width_));
+    ATTN_RETURN_IF_ERROR(
+        Project(m, d, key_tokens, d, w + qkv_weight_ + width_ * d * compute_bytes_, d,
+                qkv_bias + width_, 2 * width_, key_value, compute_, 2 * width_));
+    q = projected;
+    k = key_value;
+    v = key_value + width_ * compute_bytes_;
+    ldq = width_;
+    ldk = ldv = 2 * width_;
+  }
+
+  // Results: output [tokens, d] then the attention weights, f32, one download.
+  const size_t output_bytes = static_cast<size_t>(query_tokens * d) * sizeof(float);
+  const size_t results_bytes = output_bytes + attention_weights.size() * sizeof(float);
+  ATTN_ASSIGN_OR_RETURN(uint8_t * results, results_.Reserve(results_bytes));
+  float* weights_out = attention_weights.empty()
+                           ? nullptr
+                           : reinterpret_cast<float*>(results + output_bytes);
+  if (weights_out != nullptr && heads < spec_.num_heads) {
+    // The pruned heads' rows stay zero; the softmax writes every other one.
+    ATTN_CUDA(cudaMemsetAsync(weights_out, 0, attention_weights.size() * sizeof(float),
+                              stream_),
+              "clear the attention weights");
+  }
+  ATTN_RETURN_IF_ERROR(
+      context_.Reserve(static_cast<size_t>(query_tokens * width_) * compute_bytes_)
+          .status());
+  FusedAttentionArgs args{compute_,
+                          q,
+                          ldq,
+                          k,
+                          ldk,
+                          v,
+                          ldv,
+                          context_.data(),
+                          width_,
+                          reinterpret_cast<const int32_t*>(input + layout.cu_query),
+                          reinterpret_cast<const int32_t*>(input + layout.cu_key),
+                          factors,
+                          layout.sequences,
+                          static_cast<int>(heads),
+                          static_cast<int>(head_dim),
+                          static_cast<int>(layout.max_query_length),
+                          options.causal};
+  using Path = CudaAttentionOptions::AttentionPath;
+  const bool long_sequences =
+      layout.max_query_length * layout.max_key_length >= options_.materialize_min_scores;
+  Path path = options_.path;
+  if (path == Path::kTensorCore && !TensorCoreAttentionFits(args)) path = Path::kAuto;
+  if (path == Path::kAuto) {
+    // Measured on an H200 (tests/gpu/device_check.sh): below about 256 x 256 scores per
+    // head the fused kernels win (tensor cores for bf16); above, cuBLAS over
+    // materialized scores does.
+    path = long_sequences                  ? Path::kMaterialized
+           : TensorCoreAttentionFits(args) ? Path::kTensorCore
+                                           : Path::kFused;
+  }
+  // Attention weights need the scores; the fused kernel takes heads up to 256 wide.
+  if (weights_out != nullptr || (path == Path::kFused && head_dim > kFusedMaxHeadDim)) {
+    path = Path::kMaterialized;
+  }
+  ATTN_CUDA(cudaEventRecord(events_[2], stream_), "record an event");
+  if (path == Path::kTensorCore) {
+    ATTN_CUDA(LaunchTensorCoreAttention(args, stream_), "run tensor-core attention");
+  } else if (path == Path::kFused) {
+    ATTN_CUDA(LaunchFusedAttention(args, stream_), "run fused attention");
+  } else {
+    ATTN_RETURN_IF_ERROR(Materialized(batch, q, ldq, k, ldk, v, ldv, factors,
+                                      options.causal, weights_out));
+  }
+  ATTN_CUDA(cudaEventRecord(events_[3], stream_), "record an event");
+  // out = context W_out^T + b_out, in f32.
+  ATTN_RETURN_IF_ERROR(Project(context_.data(), width_, query_tokens, width_,
+                               w + out_weight_, width_,
+                               reinterpret_cast<const float*>(w + out_bias_offset_), d,
+                               results, ElementType::kF32, d));
+  ATTN_CUDA(cudaEventRecord(events_[4], stream_), "record an event");
+  ATTN_ASSIGN_OR_RETURN(uint8_t * host_results, host_results_.Reserve(results_bytes));
+  ATTN_CUDA(cudaMemcpyAsync(host_results, results, results_bytes, cudaMemcpyDeviceToHost,
+                            stream_),
+            "download the results");
+  ATTN_CUDA(cudaEventRecord(events_[5], stream_), "record an event");
+  ATTN_CUDA(cudaStreamSynchronize(stream_), "run the batch");
+  std::memcpy(output.data(), host_results, output_bytes);
+  if (!attention_weights.empty()) {
+    std::memcpy(attention_weights.data(), host_results + output_bytes,
+                attention_weights.size() * sizeof(float));
+  }
+  const auto elapsed = [&](int from, int to) -> absl::StatusOr<double> {
+    float milliseconds = 0.0f;
+    ATTN_CUDA(cudaEventElapsedTime(&milliseconds, events_[from], events_[to]),
+              "read an event");
+    return milliseconds;
+  };
+  ATTN_ASSIGN_OR_RETURN(timings_.upload_ms, elapsed(0, 1));
+  ATTN_ASSIGN_OR_RETURN(timings_.compute_ms, elapsed(1, 4));
+  ATTN_ASSIGN_OR_RETURN(timings_.attention_ms, elapsed(2, 3));
+  ATTN_ASSIGN_OR_RETURN(timings_.download_ms, elapsed(4, 5));
+  computed_heads_ = computed;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the error for later calls
+    return 0;
+  }
+  return count;
+}
+
+std::string CudaDeviceDescription(int index) {
+  cudaDeviceProp properties;
+  const cudaError_t error = cudaGetDeviceProperties(&properties, index);
+  if (error != cudaSuccess) {
+    cudaGetLastError();
+    return absl::StrCat("cuda:", index, ": ", cudaGetErrorString(error));
+  }
+  return absl::StrFormat("%s, compute capability %d.%d, %d MiB, %d multiprocessors",
+                         properties.name, properties.major, properties.minor,
+                         static_cast<int>(properties.totalGlobalMem >> 20),
+                         properties.multiProcessorCount);
+}
+
+absl::StatusOr<std::unique_ptr<CudaAttention>> CreateCudaAttention(
+    const ModelSpec& spec, const AttentionWeights& weights, int device_index,
+    const CudaAttentionOptions& options) {
+  ATTN_RETURN_IF_ERROR(spec.Validate());
+  ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
+  if (options.materialize_min_scores < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "materialize_min_scores must be >= 1, got ", options.materialize_min_scores));
+  }
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) cudaGetLastError();
+  if (device_index < 0 || device_index >= count) {
+    return absl::UnavailableError(absl::StrCat(
+        "device cuda:", device_index, " is not available: CUDA found ", count,
+        " device(s)",
+        error != cudaSuccess ? absl::StrCat(" (", cudaGetErrorString(error), ")") : ""));
+  }
+  if (const std::string& error = GetCublas().error; !error.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("device cuda:", device_index, " is not available: ", error));
+  }
+  auto attention = std::make_unique<CudaAttentionImpl>(spec, device_index, options);
+  ATTN_RETURN_IF_ERROR(attention->Init(weights));
+  return std::unique_ptr<CudaAttention>(std::move(attention));
+}
+
+}  // namespace attnserve::core::cuda
