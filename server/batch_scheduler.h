@@ -51,6 +51,9 @@ struct BatcherObserver {
   // that reports arrive in the order the depth changed (a gauge set after the lock was
   // released could be left stale): it must only record, never call the scheduler.
   std::function<void(int64_t depth)> on_queue_depth;
+  // Device memory (bytes) that instance `instance`'s backend holds: once when it is
+  // created, then after each of its batches, on that instance's thread. 0 on the CPU.
+  std::function<void(int instance, int64_t bytes)> on_device_memory;
 };
 
 struct BatchingOptions {

@@ -84,21 +84,30 @@ bool AttentionWork::SharesBatchWith(const AttentionWork& other) const {
 
 absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
     const Options& options,
-    const std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()>&
+    const std::function<absl::StatusOr<std::unique_ptr<core::AttentionBackend>>()>&
         make_attention) {
   if (absl::Status status = CheckBatchingOptions(options); !status.ok()) return status;
   std::unique_ptr<DynamicBatcher> batcher(new DynamicBatcher(options));
   for (int i = 0; i < options.instances; ++i) {
-    absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>> attention =
-        make_attention();
+    absl::StatusOr<std::unique_ptr<core::AttentionBackend>> attention = make_attention();
     if (!attention.ok()) return attention.status();
     batcher->attention_.push_back(std::move(attention).value());
+    if (options.observer.on_device_memory) {
+      options.observer.on_device_memory(
+          i, batcher->attention_.back()->device_memory_bytes());
+    }
   }
   DynamicBatcher* self = batcher.get();
   absl::StatusOr<std::unique_ptr<BatchScheduler<AttentionWork>>> scheduler =
       BatchScheduler<AttentionWork>::Create(
           options, [self](int instance, absl::Span<AttentionWork* const> batch) {
-            return self->RunBatch(self->attention_[instance].get(), batch);
+            core::AttentionBackend* attention = self->attention_[instance].get();
+            const absl::Status status = self->RunBatch(attention, batch);
+            if (self->options_.observer.on_device_memory) {
+              self->options_.observer.on_device_memory(instance,
+                                                       attention->device_memory_bytes());
+            }
+            return status;
           });
   if (!scheduler.ok()) return scheduler.status();
   batcher->scheduler_ = std::move(scheduler).value();
@@ -111,7 +120,7 @@ void DynamicBatcher::Shutdown() {
   if (scheduler_ != nullptr) scheduler_->Shutdown();
 }
 
-absl::Status DynamicBatcher::RunBatch(core::MultiHeadAttention* attention,
+absl::Status DynamicBatcher::RunBatch(core::AttentionBackend* attention,
                                       absl::Span<AttentionWork* const> batch) {
   const int batch_size = static_cast<int>(batch.size());
   const AttentionWork& first = *batch.front();
@@ -137,8 +146,8 @@ absl::Status DynamicBatcher::RunBatch(core::MultiHeadAttention* attention,
       work.output.resize(static_cast<size_t>(work.query.elements()) * sizeof(float));
     }
     if (work.return_attention) {
-      const int64_t size = core::MultiHeadAttention::AttentionWeightsSize(
-          heads, work.query_lengths, work.memory_lengths);
+      const int64_t size =
+          core::AttentionWeightsSize(heads, work.query_lengths, work.memory_lengths);
       work.attention.resize(static_cast<size_t>(size) * sizeof(float));
       weights_size += size;
     }

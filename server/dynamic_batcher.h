@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/multi_head_attention.h"
+#include "core/attention_backend.h"
 #include "server/batch_scheduler.h"
 
 namespace attnserve::server {
@@ -68,7 +68,7 @@ struct AttentionWork {
   bool causal = false;
   std::vector<float> head_mask;  // empty or num_heads factors
   bool return_attention = false;
-  // Measure the heads (MultiHeadAttention::HeadStatistics) instead of answering:
+  // Measure the heads (AttentionBackend::HeadStatistics) instead of answering:
   // fills `head_statistics`, leaves `output`/`attention` empty; always runs alone.
   bool head_statistics = false;
   // The caller's deadline; the request is dropped (DEADLINE_EXCEEDED) if still queued
@@ -108,7 +108,7 @@ using WorkCallback = BatchScheduler<AttentionWork>::Callback;
 
 // Batches attention requests for one model: a BatchScheduler<AttentionWork> (queue,
 // budgets, policy, workers) whose executor packs each batch and runs it on that worker's
-// own MultiHeadAttention. Thread-safe.
+// own AttentionBackend. Thread-safe.
 class DynamicBatcher {
  public:
   using Options = BatchingOptions;
@@ -117,7 +117,7 @@ class DynamicBatcher {
   // workers. InvalidArgument naming a bad option; the factory's error otherwise.
   static absl::StatusOr<std::unique_ptr<DynamicBatcher>> Create(
       const Options& options,
-      const std::function<absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>>()>&
+      const std::function<absl::StatusOr<std::unique_ptr<core::AttentionBackend>>()>&
           make_attention);
 
   DynamicBatcher(const DynamicBatcher&) = delete;
@@ -147,12 +147,12 @@ class DynamicBatcher {
  private:
   explicit DynamicBatcher(const Options& options) : options_(options) {}
   // The executor: packs `batch` and runs it on `attention`.
-  absl::Status RunBatch(core::MultiHeadAttention* attention,
+  absl::Status RunBatch(core::AttentionBackend* attention,
                         absl::Span<AttentionWork* const> batch);
 
   const Options options_;
   // Declared before scheduler_, so the workers are joined before these are destroyed.
-  std::vector<std::unique_ptr<core::MultiHeadAttention>> attention_;
+  std::vector<std::unique_ptr<core::AttentionBackend>> attention_;
   std::unique_ptr<BatchScheduler<AttentionWork>> scheduler_;
 };
 

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/attention_backend.h"
 #include "core/attention_weights.h"
-#include "core/multi_head_attention.h"
 #include "core/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -74,13 +74,14 @@ DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
   return options;
 }
 
-absl::Status WarmUp(core::MultiHeadAttention& attention, int64_t max_sequence_length) {
+absl::Status WarmUp(core::AttentionBackend& attention, int64_t max_sequence_length) {
   const int64_t d = attention.spec().d_model;
   for (int64_t length : {int64_t{1}, int64_t{128}}) {
     if (length > max_sequence_length) break;
     const std::vector<int64_t> lengths = {length};
     std::vector<float> query(length * d, 0.0f), output(length * d);
-    ATTN_RETURN_IF_ERROR(attention.Forward({query, lengths}, {}, absl::MakeSpan(output)));
+    ATTN_RETURN_IF_ERROR(
+        attention.Forward({query, lengths}, {}, absl::MakeSpan(output), {}));
   }
   return absl::OkStatus();
 }
@@ -90,7 +91,6 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
     const core::AttentionWeights& weights, int64_t max_sequence_length,
     DynamicBatcher::Options batching, int intra_op_threads,
     const ModelRegistry::Options& options) {
-  ATTN_ASSIGN_OR_RETURN(const dnnl::engine engine, core::CreateEngine(options.device));
   auto model = std::make_unique<ServedModel>();
   model->name = name;
   model->spec = spec;
@@ -106,7 +106,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   info.set_max_sequence_length(max_sequence_length);
   info.add_input_dtypes(v1::DATA_TYPE_FP32);
   info.add_input_dtypes(v1::DATA_TYPE_BF16);
-  info.set_device(std::string(core::DeviceKindName(options.device)));
+  info.set_device(core::DeviceName(options.device));
   v1::BatchingConfig* info_batching = info.mutable_batching();
   info_batching->set_max_batch_size(batching.max_batch_size);
   info_batching->set_max_batch_tokens(batching.max_batch_tokens);
@@ -118,13 +118,16 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
 
   batching.clock = options.clock;
   if (options.make_observer) batching.observer = options.make_observer(info);
-  core::MultiHeadAttention::Options attention_options;
-  attention_options.intra_op_threads = intra_op_threads;
+  core::BackendOptions backend_options;
+  backend_options.intra_op_threads = intra_op_threads;
+  backend_options.allow_tf32 = options.allow_tf32;
   const auto make_attention =
-      [&]() -> absl::StatusOr<std::unique_ptr<core::MultiHeadAttention>> {
-    ATTN_ASSIGN_OR_RETURN(auto attention, core::MultiHeadAttention::Create(
-                                              spec, weights, engine, attention_options));
-    // The first forward pays oneDNN's one-time set-up (~60 ms measured here); a
+      [&]() -> absl::StatusOr<std::unique_ptr<core::AttentionBackend>> {
+    ATTN_ASSIGN_OR_RETURN(
+        auto attention,
+        core::CreateBackend(spec, weights, options.device, backend_options));
+    // The first forward pays oneDNN's one-time set-up (~60 ms measured here; on a GPU,
+    // cuBLAS's and the kernels' loading); a
     // warm-up keeps that off the first client's latency.
     ATTN_RETURN_IF_ERROR(WarmUp(*attention, max_sequence_length));
     return attention;

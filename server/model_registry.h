@@ -62,8 +62,11 @@ class ModelRegistry {
     // Longest sequence accepted unless a config says otherwise. Range
     // [1, kMaxSequenceLengthCeiling] (a config's value too).
     int64_t max_sequence_length = 8192;
-    // Where models compute.
-    core::DeviceKind device = core::DeviceKind::kCpu;
+    // Where models compute: the CPU, or a CUDA GPU (each instance of each model holds
+    // its own copy of the weights there).
+    core::Device device;
+    // CUDA, fp32 models: allow TF32 tensor cores in cuBLAS products.
+    bool allow_tf32 = false;
     // Serve the built-in model (kDefaultModelName, seeded random weights: for trying
     // the server and for benchmarks) unless the repository has a model of that name.
     bool builtin_model = true;

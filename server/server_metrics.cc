@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -208,6 +209,12 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                       .Name("attnserve_queue_depth")
                       .Help("Requests waiting in the batcher queue now.")
                       .Register(*registry_);
+  device_memory_ = &prometheus::BuildGauge()
+                        .Name("attnserve_device_memory_bytes")
+                        .Help(
+                            "GPU memory each model instance holds (weights and "
+                            "scratch); 0 on the CPU.")
+                        .Register(*registry_);
   queue_capacity_ = &prometheus::BuildGauge()
                          .Name("attnserve_queue_capacity")
                          .Help(
@@ -303,6 +310,14 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
              {"device", info.device()}})
       .Set(1);
 
+  metrics.device_memory.clear();
+  for (int i = 0; i < std::max(1, info.batching().instances()); ++i) {
+    metrics.device_memory.push_back(
+        &device_memory_->Add({{"model", info.name()},
+                              {"device", info.device()},
+                              {"instance", absl::StrCat(i)}}));
+  }
+
   ModelMetrics* model = &metrics;
   BatcherObserver observer;
   observer.on_batch = [model](int batch_size, int64_t tokens, absl::Duration compute) {
@@ -316,6 +331,11 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   };
   observer.on_queue_depth = [model](int64_t depth) {
     model->queue_depth->Set(static_cast<double>(depth));
+  };
+  observer.on_device_memory = [model](int instance, int64_t bytes) {
+    if (instance >= 0 && static_cast<size_t>(instance) < model->device_memory.size()) {
+      model->device_memory[instance]->Set(static_cast<double>(bytes));
+    }
   };
   return observer;
 }

@@ -70,6 +70,7 @@ class ServerMetrics {
     prometheus::Counter* tokens = nullptr;
     prometheus::Gauge* queue_depth = nullptr;
     prometheus::Gauge* inflight = nullptr;
+    std::vector<prometheus::Gauge*> device_memory;  // per instance
   };
 
   struct RpcMetrics {
@@ -94,6 +95,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* batch_tokens_;
   prometheus::Family<prometheus::Counter>* tokens_total_;
   prometheus::Family<prometheus::Gauge>* queue_depth_;
+  prometheus::Family<prometheus::Gauge>* device_memory_;
   prometheus::Family<prometheus::Gauge>* queue_capacity_;
   prometheus::Family<prometheus::Gauge>* inflight_;
   prometheus::Family<prometheus::Gauge>* model_info_;

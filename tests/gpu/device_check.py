@@ -103,7 +103,7 @@ def speed():
     theirs = torch_figures()
     peak = theirs["bf16_peak_tflops"]
     log(f"  torch {theirs['torch']}; measured bf16 matmul peak (8192^3): {peak:.0f} TFLOP/s")
-    log("  shape (B,L,d,h) prec path          ours dev ms (TF/s)  ours wall ms   torch MHA ms  "
+    log("  shape (B,L,d,h) prec path          ours dev ms (TF/s) [attention ms]  ours wall ms   torch MHA ms  "
         "ours/MHA (target >= 1.0)  SDPA-only ms  %peak (target >= 50% at L>=512, bf16)")
     for row in ours:
         if "batch" not in row:
@@ -114,7 +114,8 @@ def speed():
         ratio = torch_row["mha_ms"] / row["device_ms"]
         fraction = row["device_tflops"] / peak
         log(f"  ({B},{L},{d},{h}) {row['precision']} {row['path']:12s} "
-            f"{row['device_ms']:8.3f} ({row['device_tflops']:6.1f})  {row['wall_ms']:8.3f}   "
+            f"{row['device_ms']:8.3f} ({row['device_tflops']:6.1f}) [{row['attention_ms']:7.3f}]  "
+            f"{row['wall_ms']:8.3f}   "
             f"{torch_row['mha_ms']:8.3f}      x{ratio:5.2f} {'PASS' if ratio >= 1 else 'FAIL'}"
             f"          {torch_row['sdpa_ms']:8.3f}     {100 * fraction:5.1f}%")
         row.update(torch_mha_ms=torch_row["mha_ms"], torch_sdpa_ms=torch_row["sdpa_ms"],
@@ -141,8 +142,8 @@ def server(precision):
     port_file = tempfile.mktemp()
     server = subprocess.Popen(
         [os.path.join(BIN, "attnserve"), "--device=cuda:0", f"--precision={precision}",
-         "--host=127.0.0.1", "--port=0", f"--port_file={port_file}", "--metrics_port=-1",
-         "--http_port=-1", "--instances=2",
+         "--host=127.0.0.1", "--port=0", f"--port_file={port_file}", "--metrics_port=18080",
+         "--metrics_host=127.0.0.1", "--http_port=-1", "--instances=2",
          "--max_batch_size=64"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -195,6 +196,15 @@ def server(precision):
                       "server_cpu_cores": cpu})
     else:
         results["steps"][f"server_{precision}"] = 0
+    try:
+        import urllib.request
+        metrics = urllib.request.urlopen("http://127.0.0.1:18080/metrics", timeout=10).read()
+        for line in metrics.decode().splitlines():
+            if line.startswith(("attnserve_device_memory_bytes", "attnserve_model_info")):
+                log("  ", line)
+    except OSError as error:
+        log("  /metrics:", error)
+        results["steps"][f"metrics_{precision}"] = 1
     server.terminate()
     server.wait(timeout=60)
     results[f"server_{precision}"] = steps
@@ -217,8 +227,12 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     log("== device:", smi("--query-gpu=name,memory.total,driver_version",
                           "--format=csv,noheader") or "nvidia-smi: none")
-    for step in (correctness, speed, lambda: server("bf16"), lambda: server("fp32"),
-                 memcheck):
+    steps = {"correctness": correctness, "speed": speed,
+             "server_bf16": lambda: server("bf16"), "server_fp32": lambda: server("fp32"),
+             "memcheck": memcheck}
+    # DEVICE_CHECK_STEPS=speed,memcheck runs some of them (a rerun inside a short lease).
+    chosen = os.environ.get("DEVICE_CHECK_STEPS", ",".join(steps)).split(",")
+    for step in (steps[name] for name in chosen):
         try:
             step()
         except Exception as error:  # keep going: every step's figures are wanted

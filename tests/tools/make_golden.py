@@ -2,6 +2,8 @@
 """Writes golden outputs of PyTorch's nn.MultiheadAttention for tests/core/golden_test.
 
 Run with Debian's python3-torch: /usr/bin/python3 tests/tools/make_golden.py tests/data
+The device check (tests/gpu/device_check.sh) runs it with --device cuda into a scratch
+folder, so that the CUDA backend is compared with PyTorch on the same GPU (TF32 off).
 For each case it writes <case>.weights.safetensors (the module's state_dict, the file a
 user would hand to attnserve) and <case>.io.safetensors (inputs, outputs, per-head
 attention weights, and the case's settings as metadata), <case>.bf16.safetensors (the
@@ -29,7 +31,8 @@ CASES = [
 ]
 
 
-def make_case(directory, name, d_model, heads, batch, length, memory_length, causal):
+def make_case(directory, name, d_model, heads, batch, length, memory_length, causal,
+              device="cpu"):
     torch.manual_seed(zlib.crc32(name.encode()))
     module = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
     with torch.no_grad():
@@ -41,11 +44,16 @@ def make_case(directory, name, d_model, heads, batch, length, memory_length, cau
     mask = None
     if causal:
         mask = torch.triu(torch.ones(length, length, dtype=torch.bool), diagonal=1)
+    module = module.to(device)
+    query, memory = query.to(device), memory.to(device)
+    if mask is not None:
+        mask = mask.to(device)
     with torch.inference_mode():
         output, attention = module(
             query, memory, memory, attn_mask=mask, need_weights=True,
             average_attn_weights=False)
-    state = module.state_dict()
+    state = {key: value.cpu() for key, value in module.state_dict().items()}
+    query, memory, output, attention = (t.cpu() for t in (query, memory, output, attention))
     write_safetensors(
         os.path.join(directory, name + ".weights.safetensors"),
         {key: state[key] for key in
@@ -60,10 +68,11 @@ def make_case(directory, name, d_model, heads, batch, length, memory_length, cau
     # The same module and inputs in bf16 (weights and activations rounded, as the core's
     # bf16 precision does): PyTorch's own bf16 answer, stored as float32.
     bf16 = copy.deepcopy(module).to(torch.bfloat16)
+    q16, m16 = query.to(device).bfloat16(), memory.to(device).bfloat16()
     with torch.inference_mode():
         output16, attention16 = bf16(
-            query.bfloat16(), memory.bfloat16(), memory.bfloat16(), attn_mask=mask,
-            need_weights=True, average_attn_weights=False)
+            q16, m16, m16, attn_mask=mask, need_weights=True, average_attn_weights=False)
+    output16, attention16 = output16.cpu(), attention16.cpu()
     write_safetensors(
         os.path.join(directory, name + ".bf16.safetensors"),
         {"output": output16.float(), "attention": attention16.float()},
@@ -71,11 +80,18 @@ def make_case(directory, name, d_model, heads, batch, length, memory_length, cau
 
 
 def main():
-    directory = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
+    args = [arg for arg in sys.argv[1:] if not arg.startswith("--device=")]
+    device = next((arg.split("=", 1)[1] for arg in sys.argv[1:]
+                   if arg.startswith("--device=")), "cpu")
+    if device != "cpu":
+        # fp32 goldens in true fp32: no TF32 tensor cores.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    directory = args[0] if args else "tests/data"
     os.makedirs(directory, exist_ok=True)
     for case in CASES:
-        make_case(directory, *case)
-        print("wrote", case[0])
+        make_case(directory, *case, device=device)
+        print("wrote", case[0], "on", device)
 
 
 if __name__ == "__main__":
