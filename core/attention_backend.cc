@@ -148,12 +148,10 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
 #endif
 }
 
-absl::Status HeadStatisticsByForward(AttentionBackend& backend,
-                                     absl::Span<const float> out_bias,
-                                     const AttentionBatch& batch, bool causal,
-                                     absl::Span<HeadStatistic> statistics) {
+absl::StatusOr<int64_t> RowStatisticsByForward(AttentionBackend& backend,
+                                               const AttentionBatch& batch, bool causal,
+                                               absl::Span<HeadStatistic> statistics) {
   const ModelSpec& spec = backend.spec();
-  const int64_t d = spec.d_model;
   const int64_t heads = spec.num_heads;
   if (static_cast<int64_t>(statistics.size()) != heads) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -163,7 +161,7 @@ absl::Status HeadStatisticsByForward(AttentionBackend& backend,
   for (int64_t length : batch.query_lengths) tokens += std::max<int64_t>(length, 0);
   const absl::Span<const int64_t> key_lengths =
       batch.memory_lengths.empty() ? batch.query_lengths : batch.memory_lengths;
-  std::vector<float> output(static_cast<size_t>(tokens * d));
+  std::vector<float> output(static_cast<size_t>(tokens * spec.d_model));
   std::vector<float> weights(static_cast<size_t>(
       AttentionWeightsSize(heads, batch.query_lengths, batch.memory_lengths)));
   AttentionOptions options;
@@ -191,8 +189,31 @@ absl::Status HeadStatisticsByForward(AttentionBackend& backend,
     }
     offset += heads * query_length * key_length;
   }
+  for (int64_t head = 0; head < heads; ++head) {
+    if (spec.IsPruned(head)) {
+      statistics[head] = HeadStatistic();
+      continue;
+    }
+    statistics[head].mean_entropy /= static_cast<double>(tokens);
+    statistics[head].mean_max_weight /= static_cast<double>(tokens);
+  }
+  return tokens;
+}
+
+absl::Status HeadStatisticsByForward(AttentionBackend& backend,
+                                     absl::Span<const float> out_bias,
+                                     const AttentionBatch& batch, bool causal,
+                                     absl::Span<HeadStatistic> statistics) {
+  ATTN_ASSIGN_OR_RETURN(const int64_t tokens,
+                        RowStatisticsByForward(backend, batch, causal, statistics));
+  const ModelSpec& spec = backend.spec();
+  const int64_t d = spec.d_model;
+  const int64_t heads = spec.num_heads;
   // A head's term in the output: the output with that head alone, less b_out.
-  std::vector<float> alone(output.size()), mask(static_cast<size_t>(heads));
+  std::vector<float> alone(static_cast<size_t>(tokens * d));
+  std::vector<float> mask(static_cast<size_t>(heads));
+  AttentionOptions options;
+  options.causal = causal;
   for (int64_t head = 0; head < heads; ++head) {
     if (spec.IsPruned(head)) continue;
     std::fill(mask.begin(), mask.end(), 0.0f);
@@ -210,14 +231,6 @@ absl::Status HeadStatisticsByForward(AttentionBackend& backend,
       norms += std::sqrt(squares);
     }
     statistics[head].mean_output_norm = norms / static_cast<double>(tokens);
-  }
-  for (int64_t head = 0; head < heads; ++head) {
-    if (spec.IsPruned(head)) {
-      statistics[head] = HeadStatistic();
-      continue;
-    }
-    statistics[head].mean_entropy /= static_cast<double>(tokens);
-    statistics[head].mean_max_weight /= static_cast<double>(tokens);
   }
   return absl::OkStatus();
 }

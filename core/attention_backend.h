@@ -135,6 +135,15 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options);
 
+// The attention-row half of head statistics, for any backend: checks that
+// `statistics` has num_heads entries (InvalidArgument), runs Forward with every head
+// and the attention weights, and sets each head's mean_entropy and mean_max_weight
+// (zero for pruned heads; mean_output_norm is left 0). Returns the number of query
+// tokens. Same errors as Forward.
+absl::StatusOr<int64_t> RowStatisticsByForward(AttentionBackend& backend,
+                                               const AttentionBatch& batch, bool causal,
+                                               absl::Span<HeadStatistic> statistics);
+
 // Head statistics through Forward alone, for backends without a faster way: one
 // Forward with every head for the attention rows, then one per head with only that
 // head unmasked (its output less `out_bias`, the model's b_out, is its term). Same

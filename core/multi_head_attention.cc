@@ -317,46 +317,9 @@ absl::Status MultiHeadAttention::Forward(const AttentionBatch& batch,
 absl::Status MultiHeadAttention::HeadStatistics(const AttentionBatch& batch, bool causal,
                                                 absl::Span<HeadStatistic> statistics) {
   const int64_t d = spec_.d_model;
-  const int64_t heads = spec_.num_heads;
   const int64_t head_dim = spec_.head_dim();
-  if (static_cast<int64_t>(statistics.size()) != heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "statistics must have num_heads = ", heads, " entries, got ", statistics.size()));
-  }
-  int64_t tokens = 0;
-  for (int64_t length : batch.query_lengths) tokens += std::max<int64_t>(length, 0);
-  const absl::Span<const int64_t> key_lengths =
-      batch.memory_lengths.empty() ? batch.query_lengths : batch.memory_lengths;
-  std::vector<float> output(static_cast<size_t>(tokens * d));
-  std::vector<float> weights(static_cast<size_t>(
-      AttentionWeightsSize(heads, batch.query_lengths, batch.memory_lengths)));
-  AttentionOptions options;
-  options.causal = causal;
-  ATTN_RETURN_IF_ERROR(
-      Forward(batch, options, absl::MakeSpan(output), absl::MakeSpan(weights)));
-
-  std::fill(statistics.begin(), statistics.end(), HeadStatistic());
-  // Rows: entropy and largest weight, per head, over every sequence's query rows.
-  int64_t offset = 0;
-  for (size_t i = 0; i < batch.query_lengths.size(); ++i) {
-    const int64_t query_length = batch.query_lengths[i];
-    const int64_t key_length = key_lengths[i];
-    for (int64_t head = 0; head < heads; ++head) {
-      for (int64_t row = 0; row < query_length; ++row) {
-        const float* p =
-            weights.data() + offset + (head * query_length + row) * key_length;
-        double entropy = 0.0;
-        float largest = 0.0f;
-        for (int64_t j = 0; j < key_length; ++j) {
-          if (p[j] > 0.0f) entropy -= p[j] * std::log(static_cast<double>(p[j]));
-          largest = std::max(largest, p[j]);
-        }
-        statistics[head].mean_entropy += entropy;
-        statistics[head].mean_max_weight += largest;
-      }
-    }
-    offset += heads * query_length * key_length;
-  }
+  ATTN_ASSIGN_OR_RETURN(const int64_t tokens,
+                        RowStatisticsByForward(*this, batch, causal, statistics));
   // Output terms: Forward left the context of the model's heads in context_, [tokens,
   // width] in the compute precision; head p's term is its slice times its W_out columns.
   const HeadSet& set = model_heads_;
@@ -385,13 +348,7 @@ absl::Status MultiHeadAttention::HeadStatistics(const AttentionBatch& batch, boo
       statistics[set.heads[p]].mean_output_norm += std::sqrt(squares);
     }
   }
-  for (int64_t head = 0; head < heads; ++head) {
-    if (spec_.IsPruned(head)) {
-      statistics[head] = HeadStatistic();
-      continue;
-    }
-    statistics[head].mean_entropy /= static_cast<double>(tokens);
-    statistics[head].mean_max_weight /= static_cast<double>(tokens);
+  for (const int64_t head : set.heads) {
     statistics[head].mean_output_norm /= static_cast<double>(tokens);
   }
   return absl::OkStatus();

@@ -536,12 +536,12 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
   Path path = options_.path;
   if (path == Path::kTensorCore && !TensorCoreAttentionFits(args)) path = Path::kAuto;
   if (path == Path::kAuto) {
-    // Measured on an H200 (tests/gpu/device_check.sh): below about 256 x 256 scores per
-    // head the fused kernels win (tensor cores for bf16); above, cuBLAS over
-    // materialized scores does.
-    path = long_sequences                  ? Path::kMaterialized
-           : TensorCoreAttentionFits(args) ? Path::kTensorCore
-                                           : Path::kFused;
+    // Measured on an H200 (tests/gpu/device_check.sh): the tensor-core kernel beats
+    // the other paths at every length; in f32, the fused kernel wins below about
+    // 256 x 256 scores per head and cuBLAS over materialized scores above.
+    path = TensorCoreAttentionFits(args) ? Path::kTensorCore
+           : long_sequences              ? Path::kMaterialized
+                                         : Path::kFused;
   }
   // Attention weights need the scores; the fused kernel takes heads up to 256 wide.
   if (weights_out != nullptr || (path == Path::kFused && head_dim > kFusedMaxHeadDim)) {
@@ -549,7 +549,14 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
   }
   ATTN_CUDA(cudaEventRecord(events_[2], stream_), "record an event");
   if (path == Path::kTensorCore) {
-    ATTN_CUDA(LaunchTensorCoreAttention(args, stream_), "run tensor-core attention");
+    using Kernel = CudaAttentionOptions::TensorCoreKernel;
+    const TensorCoreVariant variant =
+        options_.tensor_core_kernel == Kernel::kLdmatrixV ? TensorCoreVariant::kLdmatrixV
+        : options_.tensor_core_kernel == Kernel::kLdmatrixV8Warps
+            ? TensorCoreVariant::kLdmatrixV8Warps
+            : TensorCoreVariant::kTransposedV;
+    ATTN_CUDA(LaunchTensorCoreAttention(args, stream_, variant),
+              "run tensor-core attention");
   } else if (path == Path::kFused) {
     ATTN_CUDA(LaunchFusedAttention(args, stream_), "run fused attention");
   } else {

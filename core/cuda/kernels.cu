@@ -1,5 +1,4 @@
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <cfloat>
 #include <cmath>
@@ -59,6 +58,40 @@ __global__ void FillRowsKernel(T* out, int64_t rows, int64_t cols, int64_t ld,
   }
 }
 
+// Where one block of a fused kernel works (grid: row blocks, heads, sequences): rows
+// [first_row, first_row + rows) of head blockIdx.y of sequence blockIdx.z.
+struct BlockTask {
+  int64_t query_start, key_start, column;
+  int query_length, key_length, first_row, rows;
+  float factor;
+};
+
+// Fills `task` for blocks of `block_rows` query rows. False when the block has nothing
+// to compute: past its sequence's rows, or its head's factor is 0 (then the block has
+// written the head's zeros).
+template <typename T>
+__device__ bool StartBlock(int block_rows, const int32_t* cu_query, const int32_t* cu_key,
+                           const float* factors, int head_dim, T* ctx, int64_t ldc,
+                           BlockTask& task) {
+  const int sequence = blockIdx.z;
+  task.query_start = cu_query[sequence];
+  task.query_length = cu_query[sequence + 1] - cu_query[sequence];
+  task.key_start = cu_key[sequence];
+  task.key_length = cu_key[sequence + 1] - cu_key[sequence];
+  task.first_row = blockIdx.x * block_rows;
+  if (task.first_row >= task.query_length) return false;
+  task.rows = min(block_rows, task.query_length - task.first_row);
+  task.factor = factors[blockIdx.y];
+  task.column = static_cast<int64_t>(blockIdx.y) * head_dim;
+  if (task.factor != 0.0f) return true;
+  for (int i = threadIdx.x; i < task.rows * head_dim; i += blockDim.x) {
+    Store(ctx + (task.query_start + task.first_row + i / head_dim) * ldc + task.column +
+              i % head_dim,
+          0.0f);
+  }
+  return false;
+}
+
 // Fused attention: a block of kWarps warps takes kRowsPerWarp query rows each
 // (kBlockRows rows of one head of one sequence) and walks the keys in tiles of kTile,
 // kept in shared memory as f32 with the query rows. For each tile, lane j scores key j
@@ -91,26 +124,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   float* key_tile = query_rows + kBlockRows * kMaxHeadDim;
   float* value_tile = key_tile + kTile * (kMaxHeadDim + 1);
 
-  const int sequence = blockIdx.z;
-  const int head = blockIdx.y;
-  const int64_t query_start = cu_query[sequence];
-  const int query_length = cu_query[sequence + 1] - cu_query[sequence];
-  const int64_t key_start = cu_key[sequence];
-  const int key_length = cu_key[sequence + 1] - cu_key[sequence];
-  const int first_row = blockIdx.x * kBlockRows;
-  if (first_row >= query_length) return;
-  const int block_rows = min(kBlockRows, query_length - first_row);
-  const float factor = factors[head];
-  const int64_t column = static_cast<int64_t>(head) * head_dim;
+  BlockTask task;
+  if (!StartBlock(kBlockRows, cu_query, cu_key, factors, head_dim, ctx, ldc, task))
+    return;
+  const int64_t query_start = task.query_start, key_start = task.key_start;
+  const int64_t column = task.column;
+  const int key_length = task.key_length, first_row = task.first_row;
+  const int block_rows = task.rows;
+  const float factor = task.factor;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  if (factor == 0.0f) {
-    for (int i = threadIdx.x; i < block_rows * head_dim; i += blockDim.x) {
-      Store(ctx + (query_start + first_row + i / head_dim) * ldc + column + i % head_dim,
-            0.0f);
-    }
-    return;
-  }
   for (int i = threadIdx.x; i < kBlockRows * head_dim; i += blockDim.x) {
     const int row = i / head_dim, c = i % head_dim;
     query_rows[row * kMaxHeadDim + c] =
@@ -187,20 +210,22 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <typename T, int kMaxHeadDim>
-cudaError_t LaunchFusedFor(const FusedAttentionArgs& args, cudaStream_t stream) {
-  constexpr size_t kShared = FusedSharedBytes<kMaxHeadDim>();
-  auto* kernel = &FusedAttentionKernel<T, kMaxHeadDim>;
-  if (kShared > 48 * 1024) {
+// Launches `kernel` (either fused kernel: both take the same arguments, in T) over
+// blocks of `block_rows` query rows, every head, every sequence.
+template <typename T, typename Kernel>
+cudaError_t LaunchOverSequences(Kernel* kernel, size_t shared, int block_rows,
+                                int threads, const FusedAttentionArgs& args,
+                                cudaStream_t stream) {
+  if (shared > 48 * 1024) {
     const cudaError_t error = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
     if (error != cudaSuccess) return error;
   }
-  const int row_blocks = (args.max_query_length + kBlockRows - 1) / kBlockRows;
+  const int row_blocks = (args.max_query_length + block_rows - 1) / block_rows;
   // gridDim.z holds at most 65535 sequences per launch.
   for (int first = 0; first < args.sequences; first += 65535) {
     const int count = min(65535, args.sequences - first);
-    kernel<<<dim3(row_blocks, args.heads, count), kWarps * 32, kShared, stream>>>(
+    kernel<<<dim3(row_blocks, args.heads, count), threads, shared, stream>>>(
         static_cast<const T*>(args.q), args.ldq, static_cast<const T*>(args.k), args.ldk,
         static_cast<const T*>(args.v), args.ldv, static_cast<T*>(args.ctx), args.ldc,
         args.cu_query + first, args.cu_key + first, args.factors, args.head_dim,
@@ -211,6 +236,13 @@ cudaError_t LaunchFusedFor(const FusedAttentionArgs& args, cudaStream_t stream) 
   return cudaSuccess;
 }
 
+template <typename T, int kMaxHeadDim>
+cudaError_t LaunchFusedFor(const FusedAttentionArgs& args, cudaStream_t stream) {
+  return LaunchOverSequences<T>(&FusedAttentionKernel<T, kMaxHeadDim>,
+                                FusedSharedBytes<kMaxHeadDim>(), kBlockRows, kWarps * 32,
+                                args, stream);
+}
+
 template <typename T>
 cudaError_t LaunchFusedTyped(const FusedAttentionArgs& args, cudaStream_t stream) {
   if (args.head_dim <= 32) return LaunchFusedFor<T, 32>(args, stream);
@@ -219,196 +251,232 @@ cudaError_t LaunchFusedTyped(const FusedAttentionArgs& args, cudaStream_t stream
   return LaunchFusedFor<T, 256>(args, stream);
 }
 
-// Tensor-core flash attention (bf16). A block of 4 warps takes 64 query rows of one
-// head of one sequence, 16 per warp, and walks the keys in tiles of 64:
-//   S_w = Q_w K_tile^T               (WMMA, f32, into shared memory)
-//   online softmax over S_w's rows   (two lanes per row, f32)
-//   O_w = O_w * correction + P_w V    (WMMA; O_w kept in shared memory as f32, since a
-//                                     fragment's element-to-row mapping is opaque)
-// Columns past head_dim are zero-padded up to kHeadDim.
-namespace wmma = nvcuda::wmma;
-constexpr int kTcRows = 64;
+// Tensor-core flash attention (bf16), as flash attention 2 does it: a block of warps
+// takes 16 query rows per warp of one head of one sequence and walks the keys in tiles
+// of 64; each tile's Q K^T and P V are mma.sync products (m16n8k16, bf16 in, f32
+// accumulate) with the operand layouts PTX defines, so each warp's scores and output
+// stay in registers (a thread holds rows group and group + 8), the softmax needs only
+// shuffles within a quad, and the probabilities go from the scores' accumulator layout
+// straight into the next product's A operand. Shared memory holds Q, K [key][c] and V,
+// rows padded by 8 elements so that a quad's loads fall in distinct banks. Columns past
+// head_dim are zero-padded up to kHeadDim.
 constexpr int kTcKeys = 64;
 constexpr int kTcWarpRows = 16;
 
-template <int kHeadDim>
-constexpr size_t TensorCoreSharedBytes() {
-  return 2 * (kTcRows + 2 * kTcKeys) * kHeadDim  // Q, K, V tiles (bf16)
-         + 4 * 4 * kTcWarpRows * kTcKeys         // S per warp (f32)
-         + 2 * 4 * kTcWarpRows * kTcKeys         // P per warp (bf16)
-         + 4 * 4 * kTcWarpRows * kHeadDim;       // O per warp (f32)
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4],
+                                        const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+      "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <int kHeadDim>
-__device__ __forceinline__ void LoadTile(const __nv_bfloat16* source, int64_t ld,
-                                         int64_t first, int rows, int head_dim,
-                                         __nv_bfloat16* tile, int tile_rows) {
-  constexpr int kVectors = kHeadDim / 8;
-  for (int i = threadIdx.x; i < tile_rows * kVectors; i += blockDim.x) {
-    const int row = i / kVectors, c = (i % kVectors) * 8;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (row < rows && c < head_dim) {
-      value = *reinterpret_cast<const uint4*>(source + (first + row) * ld + c);
-    }
-    *reinterpret_cast<uint4*>(tile + row * kHeadDim + c) = value;
-  }
+__device__ __forceinline__ uint32_t PackBf16(float low, float high) {
+  __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<uint32_t*>(&pair);
 }
 
-template <int kHeadDim>
-__global__ void __launch_bounds__(128)
-    TensorCoreAttentionKernel(const __nv_bfloat16* __restrict__ q, int64_t ldq,
-                              const __nv_bfloat16* __restrict__ k, int64_t ldk,
-                              const __nv_bfloat16* __restrict__ v, int64_t ldv,
-                              __nv_bfloat16* __restrict__ ctx, int64_t ldc,
-                              const int32_t* cu_query, const int32_t* cu_key,
-                              const float* factors, int head_dim, bool causal) {
+__device__ __forceinline__ uint32_t Load32(const __nv_bfloat16* pointer) {
+  return *reinterpret_cast<const uint32_t*>(pointer);
+}
+
+// V in shared memory: kLdmatrix keeps it [key][c] and reads the B operand with
+// ldmatrix.trans; otherwise it is stored transposed, [c][key], on the way in.
+template <int kHeadDim, int kWarps, bool kLdmatrix>
+constexpr size_t RegisterFlashSharedBytes() {
+  return 2 * ((kWarps * kTcWarpRows + kTcKeys) * (kHeadDim + 8) +
+              (kLdmatrix ? kTcKeys * (kHeadDim + 8) : kHeadDim * (kTcKeys + 8)));
+}
+
+template <int kHeadDim, int kWarps, bool kLdmatrix>
+__global__ void __launch_bounds__(kWarps * 32)
+    RegisterFlashKernel(const __nv_bfloat16* __restrict__ q, int64_t ldq,
+                        const __nv_bfloat16* __restrict__ k, int64_t ldk,
+                        const __nv_bfloat16* __restrict__ v, int64_t ldv,
+                        __nv_bfloat16* __restrict__ ctx, int64_t ldc,
+                        const int32_t* cu_query, const int32_t* cu_key,
+                        const float* factors, int head_dim, bool causal) {
+  constexpr int kRows = kWarps * kTcWarpRows;
+  constexpr int kStride = kHeadDim + 8;
+  constexpr int kVtStride = kTcKeys + 8;
+  constexpr int kSteps = kHeadDim / 16;   // k-steps of Q K^T
+  constexpr int kColumns = kHeadDim / 8;  // n-tiles of P V
   extern __shared__ __align__(128) unsigned char shared_bytes[];
   auto* q_tile = reinterpret_cast<__nv_bfloat16*>(shared_bytes);
-  __nv_bfloat16* k_tile = q_tile + kTcRows * kHeadDim;
-  __nv_bfloat16* v_tile = k_tile + kTcKeys * kHeadDim;
-  auto* s_all = reinterpret_cast<float*>(v_tile + kTcKeys * kHeadDim);
-  auto* p_all = reinterpret_cast<__nv_bfloat16*>(s_all + 4 * kTcWarpRows * kTcKeys);
-  auto* o_all = reinterpret_cast<float*>(p_all + 4 * kTcWarpRows * kTcKeys);
+  __nv_bfloat16* k_tile = q_tile + kRows * kStride;
+  __nv_bfloat16* vt_tile = k_tile + kTcKeys * kStride;  // V, or V^T
 
-  const int sequence = blockIdx.z;
-  const int head = blockIdx.y;
-  const int64_t query_start = cu_query[sequence];
-  const int query_length = cu_query[sequence + 1] - cu_query[sequence];
-  const int64_t key_start = cu_key[sequence];
-  const int key_length = cu_key[sequence + 1] - cu_key[sequence];
-  const int first_row = blockIdx.x * kTcRows;
-  if (first_row >= query_length) return;
-  const int block_rows = min(kTcRows, query_length - first_row);
-  const float factor = factors[head];
-  const int64_t column = static_cast<int64_t>(head) * head_dim;
+  BlockTask task;
+  if (!StartBlock(kRows, cu_query, cu_key, factors, head_dim, ctx, ldc, task)) return;
+  const int64_t query_start = task.query_start, key_start = task.key_start;
+  const int64_t column = task.column;
+  const int key_length = task.key_length, first_row = task.first_row;
+  const int block_rows = task.rows;
+  const float factor = task.factor;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = lane >> 2, quad = lane & 3;
 
-  if (factor == 0.0f) {
-    for (int i = threadIdx.x; i < block_rows * head_dim; i += blockDim.x) {
-      ctx[(query_start + first_row + i / head_dim) * ldc + column + i % head_dim] =
-          __float2bfloat16_rn(0.0f);
+  constexpr int kVectors = kHeadDim / 8;
+  for (int i = threadIdx.x; i < kRows * kVectors; i += blockDim.x) {
+    const int row = i / kVectors, c = (i % kVectors) * 8;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row < block_rows && c < head_dim) {
+      value = *reinterpret_cast<const uint4*>(q + (query_start + first_row + row) * ldq +
+                                              column + c);
     }
-    return;
+    *reinterpret_cast<uint4*>(q_tile + row * kStride + c) = value;
   }
-  LoadTile<kHeadDim>(q + column, ldq, query_start + first_row, block_rows, head_dim,
-                     q_tile, kTcRows);
-  float* s_warp = s_all + warp * kTcWarpRows * kTcKeys;
-  __nv_bfloat16* p_warp = p_all + warp * kTcWarpRows * kTcKeys;
-  float* o_warp = o_all + warp * kTcWarpRows * kHeadDim;
-  for (int i = lane; i < kTcWarpRows * kHeadDim; i += 32) o_warp[i] = 0.0f;
-
-  // Each lane keeps every row's running maximum and sum (rows are walked in turn, the
-  // lanes across a row's keys and columns: consecutive addresses, no bank conflicts).
-  float running_max[kTcWarpRows], running_sum[kTcWarpRows];
+  __syncthreads();
+  uint32_t q_fragment[kSteps][4];
+  const __nv_bfloat16* q_warp = q_tile + warp * kTcWarpRows * kStride;
 #pragma unroll
-  for (int r = 0; r < kTcWarpRows; ++r) {
-    running_max[r] = -INFINITY;
-    running_sum[r] = 0.0f;
+  for (int step = 0; step < kSteps; ++step) {
+    const __nv_bfloat16* base = q_warp + step * 16 + quad * 2;
+    q_fragment[step][0] = Load32(base + group * kStride);
+    q_fragment[step][1] = Load32(base + (group + 8) * kStride);
+    q_fragment[step][2] = Load32(base + group * kStride + 8);
+    q_fragment[step][3] = Load32(base + (group + 8) * kStride + 8);
   }
-  const int warp_first_row = first_row + warp * kTcWarpRows;
+  float out[kColumns][4];
+#pragma unroll
+  for (int n = 0; n < kColumns; ++n) out[n][0] = out[n][1] = out[n][2] = out[n][3] = 0.0f;
+  float running_max[2] = {-INFINITY, -INFINITY}, running_sum[2] = {0.0f, 0.0f};
+  const int rows[2] = {first_row + warp * kTcWarpRows + group,
+                       first_row + warp * kTcWarpRows + group + 8};
   const int key_end = causal ? min(key_length, first_row + block_rows) : key_length;
+
   for (int tile = 0; tile < key_end; tile += kTcKeys) {
     __syncthreads();
     const int keys = min(kTcKeys, key_end - tile);
-    LoadTile<kHeadDim>(k + column, ldk, key_start + tile, keys, head_dim, k_tile,
-                       kTcKeys);
-    LoadTile<kHeadDim>(v + column, ldv, key_start + tile, keys, head_dim, v_tile,
-                       kTcKeys);
+    for (int i = threadIdx.x; i < kTcKeys * kVectors; i += blockDim.x) {
+      // Consecutive threads take consecutive keys: V^T's stores are then consecutive.
+      const int key = i % kTcKeys, c = (i / kTcKeys) * 8;
+      uint4 key_value = make_uint4(0, 0, 0, 0), value = make_uint4(0, 0, 0, 0);
+      if (key < keys && c < head_dim) {
+        const int64_t row = key_start + tile + key;
+        key_value = *reinterpret_cast<const uint4*>(k + row * ldk + column + c);
+        value = *reinterpret_cast<const uint4*>(v + row * ldv + column + c);
+      }
+      *reinterpret_cast<uint4*>(k_tile + key * kStride + c) = key_value;
+      if constexpr (kLdmatrix) {
+        *reinterpret_cast<uint4*>(vt_tile + key * kStride + c) = value;
+      } else {
+        const auto* elements = reinterpret_cast<const __nv_bfloat16*>(&value);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) vt_tile[(c + e) * kVtStride + key] = elements[e];
+      }
+    }
     __syncthreads();
-    // S_w = Q_w K^T: K row-major [key][c] is K^T column-major.
+    // scores = Q_w K_tile^T: 8 tiles of 16 rows x 8 keys.
+    float scores[kTcKeys / 8][4];
 #pragma unroll
-    for (int n = 0; n < kTcKeys / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> scores;
-      wmma::fill_fragment(scores, 0.0f);
+    for (int n = 0; n < kTcKeys / 8; ++n) {
+      scores[n][0] = scores[n][1] = scores[n][2] = scores[n][3] = 0.0f;
+      const __nv_bfloat16* key_row = k_tile + (n * 8 + group) * kStride + quad * 2;
 #pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-        wmma::load_matrix_sync(a, q_tile + warp * kTcWarpRows * kHeadDim + kk * 16,
-                               kHeadDim);
-        wmma::load_matrix_sync(b, k_tile + n * 16 * kHeadDim + kk * 16, kHeadDim);
-        wmma::mma_sync(scores, a, b, scores);
+      for (int step = 0; step < kSteps; ++step) {
+        const uint32_t b[2] = {Load32(key_row + step * 16),
+                               Load32(key_row + step * 16 + 8)};
+        MmaBf16(scores[n], q_fragment[step], b);
       }
-      wmma::store_matrix_sync(s_warp + n * 16, scores, kTcKeys, wmma::mem_row_major);
     }
-    __syncwarp();
+    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < kTcWarpRows; ++r) {
-      const int row = warp_first_row + r;
-      float score[kTcKeys / 32];
-      float tile_max = -INFINITY;
+    for (int n = 0; n < kTcKeys / 8; ++n) {
 #pragma unroll
-      for (int h = 0; h < kTcKeys / 32; ++h) {
-        const int j = tile + lane + 32 * h;
-        const bool valid = j < key_end && (!causal || j <= row);
-        score[h] = valid ? s_warp[r * kTcKeys + lane + 32 * h] : -INFINITY;
-        tile_max = fmaxf(tile_max, score[h]);
+      for (int e = 0; e < 4; ++e) {
+        const int key = tile + n * 8 + quad * 2 + (e & 1);
+        const bool valid = key < key_end && (!causal || key <= rows[e >> 1]);
+        if (!valid) scores[n][e] = -INFINITY;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], scores[n][e]);
       }
-      tile_max = WarpMax(tile_max);
-      const float new_max = fmaxf(running_max[r], tile_max);
-      const float correction =
-          running_max[r] == -INFINITY ? 0.0f : expf(running_max[r] - new_max);
-      float sum = 0.0f;
-#pragma unroll
-      for (int h = 0; h < kTcKeys / 32; ++h) {
-        const float p = score[h] == -INFINITY ? 0.0f : expf(score[h] - new_max);
-        p_warp[r * kTcKeys + lane + 32 * h] = __float2bfloat16_rn(p);
-        sum += p;
-      }
-      running_sum[r] = running_sum[r] * correction + WarpSum(sum);
-      running_max[r] = new_max;
-#pragma unroll
-      for (int c = lane; c < kHeadDim; c += 32) o_warp[r * kHeadDim + c] *= correction;
     }
-    __syncwarp();
-    // O_w += P_w V
+    float correction[2], row_sum[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 16; ++n) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> out;
-      wmma::load_matrix_sync(out, o_warp + n * 16, kHeadDim, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kTcKeys / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, p_warp + kk * 16, kTcKeys);
-        wmma::load_matrix_sync(b, v_tile + kk * 16 * kHeadDim + n * 16, kHeadDim);
-        wmma::mma_sync(out, a, b, out);
-      }
-      wmma::store_matrix_sync(o_warp + n * 16, out, kHeadDim, wmma::mem_row_major);
+    for (int i = 0; i < 2; ++i) {
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 1));
+      tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(0xffffffffu, tile_max[i], 2));
+      const float new_max = fmaxf(running_max[i], tile_max[i]);
+      correction[i] =
+          running_max[i] == -INFINITY ? 0.0f : __expf(running_max[i] - new_max);
+      running_max[i] = new_max;
     }
-    __syncwarp();
+#pragma unroll
+    for (int n = 0; n < kTcKeys / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p =
+            scores[n][e] == -INFINITY ? 0.0f : __expf(scores[n][e] - running_max[e >> 1]);
+        scores[n][e] = p;
+        row_sum[e >> 1] += p;
+      }
+    }
+    // Each thread keeps its part of the row sums; the quad adds them up at the end.
+    running_sum[0] = running_sum[0] * correction[0] + row_sum[0];
+    running_sum[1] = running_sum[1] * correction[1] + row_sum[1];
+#pragma unroll
+    for (int n = 0; n < kColumns; ++n) {
+      out[n][0] *= correction[0];
+      out[n][1] *= correction[0];
+      out[n][2] *= correction[1];
+      out[n][3] *= correction[1];
+    }
+    // out += P V, 16 keys per step: the scores' tiles 2j and 2j+1 are P's A operand.
+#pragma unroll
+    for (int j = 0; j < kTcKeys / 16; ++j) {
+      const uint32_t a[4] = {PackBf16(scores[2 * j][0], scores[2 * j][1]),
+                             PackBf16(scores[2 * j][2], scores[2 * j][3]),
+                             PackBf16(scores[2 * j + 1][0], scores[2 * j + 1][1]),
+                             PackBf16(scores[2 * j + 1][2], scores[2 * j + 1][3])};
+#pragma unroll
+      for (int n = 0; n < kColumns; ++n) {
+        uint32_t b[2];
+        if constexpr (kLdmatrix) {
+          // Lanes 0-15 address keys j*16 + 0..15 at columns n*8..n*8+7; .trans hands
+          // each lane the (key pair, column) elements of the B operand.
+          const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(
+              vt_tile + (j * 16 + (lane & 15)) * kStride + n * 8));
+          asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                       : "=r"(b[0]), "=r"(b[1])
+                       : "r"(address));
+        } else {
+          const __nv_bfloat16* value_row =
+              vt_tile + (n * 8 + group) * kVtStride + j * 16 + quad * 2;
+          b[0] = Load32(value_row);
+          b[1] = Load32(value_row + 8);
+        }
+        MmaBf16(out[n], a, b);
+      }
+    }
   }
 #pragma unroll
-  for (int r = 0; r < kTcWarpRows; ++r) {
-    if (warp * kTcWarpRows + r >= block_rows) continue;
-    const float scale = factor / running_sum[r];
-    __nv_bfloat16* out = ctx + (query_start + warp_first_row + r) * ldc + column;
-    for (int c = lane; c < head_dim; c += 32) {
-      out[c] = __float2bfloat16_rn(o_warp[r * kHeadDim + c] * scale);
+  for (int i = 0; i < 2; ++i) {
+    running_sum[i] += __shfl_xor_sync(0xffffffffu, running_sum[i], 1);
+    running_sum[i] += __shfl_xor_sync(0xffffffffu, running_sum[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    if (rows[i] - first_row >= block_rows) continue;
+    const float scale = factor / running_sum[i];
+    __nv_bfloat16* row_out = ctx + (query_start + rows[i]) * ldc + column;
+#pragma unroll
+    for (int n = 0; n < kColumns; ++n) {
+      const int c = n * 8 + quad * 2;
+      if (c < head_dim) {
+        *reinterpret_cast<__nv_bfloat162*>(row_out + c) =
+            __floats2bfloat162_rn(out[n][2 * i] * scale, out[n][2 * i + 1] * scale);
+      }
     }
   }
 }
 
-template <int kHeadDim>
-cudaError_t LaunchTensorCoreFor(const FusedAttentionArgs& args, cudaStream_t stream) {
-  constexpr size_t kShared = TensorCoreSharedBytes<kHeadDim>();
-  auto* kernel = &TensorCoreAttentionKernel<kHeadDim>;
-  const cudaError_t error = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared));
-  if (error != cudaSuccess) return error;
-  const int row_blocks = (args.max_query_length + kTcRows - 1) / kTcRows;
-  for (int first = 0; first < args.sequences; first += 65535) {
-    const int count = min(65535, args.sequences - first);
-    kernel<<<dim3(row_blocks, args.heads, count), 128, kShared, stream>>>(
-        static_cast<const __nv_bfloat16*>(args.q), args.ldq,
-        static_cast<const __nv_bfloat16*>(args.k), args.ldk,
-        static_cast<const __nv_bfloat16*>(args.v), args.ldv,
-        static_cast<__nv_bfloat16*>(args.ctx), args.ldc, args.cu_query + first,
-        args.cu_key + first, args.factors, args.head_dim, args.causal);
-    const cudaError_t launched = cudaGetLastError();
-    if (launched != cudaSuccess) return launched;
-  }
-  return cudaSuccess;
+template <int kHeadDim, int kWarps, bool kLdmatrix>
+cudaError_t LaunchRegisterFlashFor(const FusedAttentionArgs& args, cudaStream_t stream) {
+  return LaunchOverSequences<__nv_bfloat16>(
+      &RegisterFlashKernel<kHeadDim, kWarps, kLdmatrix>,
+      RegisterFlashSharedBytes<kHeadDim, kWarps, kLdmatrix>(), kWarps * kTcWarpRows,
+      kWarps * 32, args, stream);
 }
 
 // One block per (row, head) of one sequence's scores.
@@ -508,11 +576,22 @@ bool TensorCoreAttentionFits(const FusedAttentionArgs& args) {
          args.ldv % 8 == 0 && aligned(args.q) && aligned(args.k) && aligned(args.v);
 }
 
-cudaError_t LaunchTensorCoreAttention(const FusedAttentionArgs& args,
-                                      cudaStream_t stream) {
+cudaError_t LaunchTensorCoreAttention(const FusedAttentionArgs& args, cudaStream_t stream,
+                                      TensorCoreVariant variant) {
   if (!TensorCoreAttentionFits(args)) return cudaErrorInvalidValue;
-  return args.head_dim <= 64 ? LaunchTensorCoreFor<64>(args, stream)
-                             : LaunchTensorCoreFor<128>(args, stream);
+  const bool narrow = args.head_dim <= 64;
+  switch (variant) {
+    case TensorCoreVariant::kTransposedV:
+      return narrow ? LaunchRegisterFlashFor<64, 4, false>(args, stream)
+                    : LaunchRegisterFlashFor<128, 4, false>(args, stream);
+    case TensorCoreVariant::kLdmatrixV:
+      return narrow ? LaunchRegisterFlashFor<64, 4, true>(args, stream)
+                    : LaunchRegisterFlashFor<128, 4, true>(args, stream);
+    case TensorCoreVariant::kLdmatrixV8Warps:
+      return narrow ? LaunchRegisterFlashFor<64, 8, true>(args, stream)
+                    : LaunchRegisterFlashFor<128, 8, true>(args, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchSoftmax(const SoftmaxArgs& args, cudaStream_t stream) {

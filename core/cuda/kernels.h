@@ -56,14 +56,18 @@ struct FusedAttentionArgs {
 };
 cudaError_t LaunchFusedAttention(const FusedAttentionArgs& args, cudaStream_t stream);
 
-// The same on tensor cores, for bf16: the tiles of Q K^T and P V are 16x16x16 bf16
-// products with f32 accumulation (WMMA), the online softmax in f32.
+// The same on tensor cores, for bf16: each tile's Q K^T and P V are mma.sync products
+// (bf16 in, f32 accumulate), scores and output kept in registers, the online softmax
+// in f32.
 // Whether `args` can take it: bf16, head_dim a multiple of 16 up to 128, every row
 // stride a multiple of 8 elements and q, k, v 16-byte aligned (vector loads).
 bool TensorCoreAttentionFits(const FusedAttentionArgs& args);
+// How V reaches the P V products: transposed into shared memory by the loads, or kept
+// as it is and read with ldmatrix.trans (4 or 8 warps, 64 or 128 query rows a block).
+enum class TensorCoreVariant { kTransposedV, kLdmatrixV, kLdmatrixV8Warps };
 // REQUIRES: TensorCoreAttentionFits(args) (else cudaErrorInvalidValue).
-cudaError_t LaunchTensorCoreAttention(const FusedAttentionArgs& args,
-                                      cudaStream_t stream);
+cudaError_t LaunchTensorCoreAttention(const FusedAttentionArgs& args, cudaStream_t stream,
+                                      TensorCoreVariant variant);
 
 // Softmax of one sequence's scores in place: `scores` f32 [heads, L_q, L_k], each row
 // over j (j <= i when causal; masked keys get 0). Row of head p is multiplied by

@@ -2,6 +2,7 @@
 // there is none), and its host-side parts (staging, device errors) everywhere.
 #include "core/cuda/cuda_attention.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -121,6 +122,17 @@ TEST(CudaAttentionCreateTest, RefusesABadOption) {
   EXPECT_THAT(attention.status().message(), HasSubstr("materialize_min_scores"));
 }
 
+// Which tensor-core kernel the cases run (the device check runs each):
+// ATTNSERVE_TENSOR_CORE_KERNEL=ldmatrix_v_8warps (default), ldmatrix_v or transposed_v.
+CudaAttentionOptions::TensorCoreKernel TensorCoreKernelUnderTest() {
+  using Kernel = CudaAttentionOptions::TensorCoreKernel;
+  const char* name = std::getenv("ATTNSERVE_TENSOR_CORE_KERNEL");
+  const std::string kernel = name == nullptr ? "" : name;
+  if (kernel == "ldmatrix_v") return Kernel::kLdmatrixV;
+  if (kernel == "transposed_v") return Kernel::kTransposedV;
+  return Kernel::kLdmatrixV8Warps;
+}
+
 // (path, precision)
 class CudaAttentionTest : public ::testing::TestWithParam<std::tuple<Path, Precision>> {
  protected:
@@ -150,6 +162,7 @@ class CudaAttentionTest : public ::testing::TestWithParam<std::tuple<Path, Preci
     weights_ = GenerateAttentionWeights(spec_, 11);
     CudaAttentionOptions options;
     options.path = path();
+    options.tensor_core_kernel = TensorCoreKernelUnderTest();
     auto attention = CreateCudaAttention(spec_, weights_, 0, options);
     EXPECT_TRUE(attention.ok()) << attention.status();
     return attention.ok() ? std::move(attention).value() : nullptr;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -46,14 +47,30 @@ int Run(int iterations, const std::vector<Shape>& shapes) {
   using Path = CudaAttentionOptions::AttentionPath;
   for (const Shape& shape : shapes) {
     for (Precision precision : {Precision::kBf16, Precision::kFp32}) {
-      for (Path path :
-           {Path::kAuto, Path::kFused, Path::kTensorCore, Path::kMaterialized}) {
+      using Kernel = CudaAttentionOptions::TensorCoreKernel;
+      // (path, tensor-core kernel); the last three rows are the tensor-core variants.
+      const std::pair<Path, Kernel> runs[] = {
+          {Path::kAuto, Kernel::kLdmatrixV8Warps},
+          {Path::kFused, Kernel::kLdmatrixV8Warps},
+          {Path::kMaterialized, Kernel::kLdmatrixV8Warps},
+          {Path::kTensorCore, Kernel::kTransposedV},
+          {Path::kTensorCore, Kernel::kLdmatrixV},
+          {Path::kTensorCore, Kernel::kLdmatrixV8Warps}};
+      for (const auto& [path, kernel] : runs) {
+        if (precision == Precision::kFp32 && path == Path::kTensorCore) continue;  // bf16
+        const char* name = path == Path::kAuto              ? "auto"
+                           : path == Path::kFused           ? "fused"
+                           : path == Path::kMaterialized    ? "materialized"
+                           : kernel == Kernel::kTransposedV ? "tc_transposed"
+                           : kernel == Kernel::kLdmatrixV   ? "tc_ldmatrix"
+                                                            : "tc_ldmatrix_8w";
         ModelSpec spec;
         spec.d_model = shape.d_model;
         spec.num_heads = shape.heads;
         spec.precision = precision;
         CudaAttentionOptions options;
         options.path = path;
+        options.tensor_core_kernel = kernel;
         auto attention =
             CreateCudaAttention(spec, GenerateAttentionWeights(spec, 3), 0, options);
         if (!attention.ok()) {
@@ -93,12 +110,8 @@ int Run(int iterations, const std::vector<Shape>& shapes) {
             "\"device_tflops\": %.2f, \"wall_tflops\": %.2f, \"iterations\": %d}\n",
             static_cast<long>(shape.batch), static_cast<long>(shape.length),
             static_cast<long>(shape.d_model), static_cast<long>(shape.heads),
-            precision == Precision::kBf16 ? "bf16" : "fp32",
-            path == Path::kAuto         ? "auto"
-            : path == Path::kFused      ? "fused"
-            : path == Path::kTensorCore ? "tensor_core"
-                                        : "materialized",
-            device, Median(attention_ms), Median(upload_ms), Median(download_ms), wall,
+            precision == Precision::kBf16 ? "bf16" : "fp32", name, device,
+            Median(attention_ms), Median(upload_ms), Median(download_ms), wall,
             flops / device / 1e9, flops / wall / 1e9, iterations);
         std::fflush(stdout);
       }

@@ -48,6 +48,13 @@ def correctness():
         if "relative error" in line or line.startswith("device:") or "FAILED" in line:
             log("  ", line)
     log("  ", test.stdout.strip().splitlines()[-1] if test.stdout.strip() else "")
+    for kernel in ("ldmatrix_v", "transposed_v"):
+        variant = run(f"cuda_attention_test_{kernel}",
+                      [os.path.join(BIN, "cuda_attention_test"), "--gtest_filter=*TensorCore*"],
+                      300, env={"ATTNSERVE_TENSOR_CORE_KERNEL": kernel})
+        for line in variant.stdout.splitlines():
+            if "FAILED" in line or line.startswith("[  PASSED"):
+                log(f"   {kernel}:", line)
     goldens = tempfile.mkdtemp()
     run("make_golden_cuda", [sys.executable, os.path.join(REPO, "tests/tools/make_golden.py"),
                              goldens, "--device=cuda"], 300)
