@@ -36,7 +36,17 @@ struct ServiceObserver {
       on_request_finished;
 };
 
-class StreamReactor;
+// An open bidirectional stream, as the service tracks it for draining
+// (server/stream_reactor.h). Thread-safe.
+class OpenStream {
+ public:
+  virtual ~OpenStream() = default;
+  // Keeps the stream alive until the matching Unref.
+  virtual void Ref() = 0;
+  virtual void Unref() = 0;
+  // Stops reading; the stream answers what it holds and ends with UNAVAILABLE.
+  virtual void Drain() = 0;
+};
 
 // The call's deadline (InfiniteFuture when it has none).
 absl::Time CallDeadline(const grpc::CallbackServerContext* context);
@@ -98,6 +108,15 @@ class AttentionService final : public v1::AttentionService::CallbackService {
               std::function<void(absl::Status, v1::AttendResponse)> done,
               v1::HeadStatisticsResponse* statistics = nullptr);
 
+  // The models the service serves (not owned).
+  ModelRegistry* registry() const { return registry_; }
+
+  // Streams register while gRPC holds them (until their OnDone), so that draining
+  // reaches them. Returns false when streams are draining: the stream must end at
+  // once.
+  bool RegisterStream(OpenStream* stream);
+  void UnregisterStream(OpenStream* stream);
+
   // The grpc_server_* bookkeeping every unary method of this server does (the KServe
   // service's too): StartRpc counts the call and returns its start time; EndRpc
   // counts its outcome; FinishNow does EndRpc and finishes a call answered at once.
@@ -108,18 +127,12 @@ class AttentionService final : public v1::AttentionService::CallbackService {
                                       const absl::Status& status) const;
 
  private:
-  friend class StreamReactor;
-  // Open streams register while gRPC holds them (until their OnDone).
-  // Returns false when streams are draining: the stream must end at once.
-  bool RegisterStream(StreamReactor* stream);
-  void UnregisterStream(StreamReactor* stream);
-
   ModelRegistry* const registry_;
   const Options options_;
   const ServiceObserver observer_;
   std::atomic<bool> draining_{false};
   absl::Mutex streams_mu_;
-  absl::flat_hash_set<StreamReactor*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  absl::flat_hash_set<OpenStream*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool streams_draining_ ABSL_GUARDED_BY(streams_mu_) = false;
 };
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "core/status_macros.h"
 #include "server/proto_convert.h"
+#include "server/stream_reactor.h"
 
 namespace attnserve::server {
 
@@ -273,6 +274,45 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
                        reactor->Finish(ToGrpcStatus(status));
                      });
   return reactor;
+}
+
+namespace {
+
+// inference.GRPCInferenceService/ModelStreamInfer on the shared stream reactor.
+struct ModelStreamInferProtocol {
+  using Read = inference::ModelInferRequest;
+  using Write = inference::ModelStreamInferResponse;
+  static constexpr char kMethod[] = "ModelStreamInfer";
+  static absl::StatusOr<v1::AttendRequest> TakeRequest(Read& read) {
+    return AttendFromInfer(read);
+  }
+  static Write Answer(const Read& read, const v1::AttendRequest&,
+                      const absl::Status& status, v1::AttendResponse response) {
+    Write message;
+    if (status.ok()) {
+      InferResponseFromAttend(read, response, message.mutable_infer_response());
+    } else {
+      message.set_error_message(
+          absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+      message.mutable_infer_response()->set_model_name(read.model_name());
+      message.mutable_infer_response()->set_id(read.id());
+    }
+    return message;
+  }
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<inference::ModelInferRequest,
+                        inference::ModelStreamInferResponse>*
+KServeService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
+    attention_->EndRpc("ModelStreamInfer", allowed.code(),
+                       attention_->StartRpc("ModelStreamInfer"));
+    return new RefusedStream<inference::ModelInferRequest,
+                             inference::ModelStreamInferResponse>(ToGrpcStatus(allowed));
+  }
+  return new StreamReactor<ModelStreamInferProtocol>(attention_, context);
 }
 
 }  // namespace attnserve::server

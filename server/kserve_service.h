@@ -70,6 +70,12 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
+  // Each request as ModelInfer, answered in order on the stream: a response holds the
+  // result, or error_message ("INVALID_ARGUMENT: ..."); the stream itself ends OK, or
+  // UNAVAILABLE when the server drains (every request read before is answered).
+  grpc::ServerBidiReactor<inference::ModelInferRequest,
+                          inference::ModelStreamInferResponse>*
+  ModelStreamInfer(grpc::CallbackServerContext* context) override;
 
  private:
   ModelRegistry* const registry_;

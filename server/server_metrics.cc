@@ -255,6 +255,7 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                              "ModelMetadata", "ModelInfer"}) {
     AddRpc(method, "unary", "inference.GRPCInferenceService");
   }
+  AddRpc("ModelStreamInfer", "bidi_stream", "inference.GRPCInferenceService");
   RequestSide(kUnknownModelLabel);
   process_metrics_ = std::make_shared<ProcessCollector>();
 }

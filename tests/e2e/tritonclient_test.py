@@ -10,6 +10,7 @@ tensors, and the protocol's error bodies.
 usage: tritonclient_test.py ATTNSERVE REPO_ROOT
 """
 import os
+import queue
 import sys
 import unittest
 
@@ -92,6 +93,37 @@ class TritonClientTest(unittest.TestCase):
         self.assertIn("INVALID_ARGUMENT", error.exception.status())
         self.assertIn("512", error.exception.message())
         self.assertTrue(self.triton.is_server_live())
+
+    def test_stream_answers_each_request_in_order(self):
+        """ModelStreamInfer through tritonclient's own stream API: every request is
+        answered, in order, with the unary API's bytes; a bad one gets its error on the
+        stream and the stream goes on."""
+        answers = queue.Queue()
+        client = triton.InferenceServerClient(url=self.server.target)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        rng = np.random.default_rng(5)
+        queries = [rng.uniform(-1, 1, (length, 512)).astype(np.float32)
+                   for length in (3, 17, 1, 64, 9)]
+        for index, query in enumerate(queries):
+            shape = list(query.shape) if index != 2 else [1, 100]  # index 2 is refused
+            data = query if index != 2 else np.zeros((1, 100), dtype=np.float32)
+            inputs = [triton.InferInput("query", shape, "FP32")]
+            inputs[0].set_data_from_numpy(data)
+            client.async_stream_infer("mha-base", inputs, request_id=f"s-{index}",
+                                      parameters={"causal": index % 2 == 1})
+        received = [answers.get(timeout=60) for _ in queries]
+        client.stop_stream()
+        client.close()
+        for index, (query, (result, error)) in enumerate(zip(queries, received)):
+            if index == 2:
+                self.assertIsNone(result)
+                self.assertIn("INVALID_ARGUMENT", str(error))
+                self.assertIn("512", str(error))
+                continue
+            self.assertIsNone(error, f"request {index}")
+            self.assertEqual(result.get_response().id, f"s-{index}")
+            expected = self.own.attend(query, causal=index % 2 == 1)
+            np.testing.assert_array_equal(result.as_numpy("output"), expected)
 
 
 class TritonHttpClientTest(unittest.TestCase):
