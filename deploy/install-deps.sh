@@ -68,7 +68,8 @@ build_packages=(
 # engine and the tools that make its base image, clang-format, clang (-Wthread-safety,
 # the sanitizer build) with its sanitizer and libFuzzer runtimes, python3-venv for
 # the project virtualenv, PyTorch (the exporter's and README's tests, bf16 rounding
-# checks) and openssl (certificates for the TLS tests).
+# checks), openssl (certificates for the TLS tests) and libb64 (which the perf_analyzer
+# binary in tritonclient's wheel links).
 test_packages=(
   git
   clang
@@ -86,6 +87,7 @@ test_packages=(
   debootstrap
   python3-torch
   openssl
+  libb64-0d
 )
 
 bench_packages=(

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -64,6 +65,11 @@ absl::Status ApplyParameter(const std::string& name,
                             const inference::InferParameter& value,
                             v1::AttendRequest* attend) {
   const std::string field = absl::StrCat("parameters[\"", name, "\"]");
+  // Triton reserves the "triton_" prefix for its clients' own request options
+  // (perf_analyzer sends triton_enable_empty_final_response on every request); they
+  // concern decoupled models and responses, not the computation: ignored, as Triton
+  // ignores them for models like these.
+  if (absl::StartsWith(name, "triton_")) return absl::OkStatus();
   if (name == "causal" || name == "return_attention") {
     if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
       return Invalid(absl::StrCat(field, " must be a bool_param"));

@@ -1,0 +1,100 @@
+#!/usr/bin/python3
+"""Triton's perf_analyzer (the binary in PyPI's tritonclient wheel, pinned in
+deploy/requirements-test.txt) against a real attnserve on 127.0.0.1:0, unary ModelInfer
+and streaming ModelStreamInfer: every run completes, reports its latencies, and the
+server's own metrics count the calls it made.
+
+perf_analyzer links libcudart.so.12 (from the pinned nvidia-cuda-runtime-cu12 wheel; no
+GPU is used) and libb64 (Debian's libb64-0d, deploy/install-deps.sh --test).
+
+usage: perf_analyzer_test.py ATTNSERVE REPO_ROOT
+"""
+import csv
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+import urllib.request
+
+SERVER, ROOT = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import stubs  # noqa: E402  (starts the server)
+
+import nvidia.cuda_runtime  # noqa: E402  (libcudart.so.12 for perf_analyzer)
+
+PERF_ANALYZER = os.path.join(os.path.dirname(sys.executable), "perf_analyzer")
+
+
+def metric_sum(text, name, **labels):
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class PerfAnalyzerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", metrics=True)
+
+    @classmethod
+    def tearDownClass(cls):
+        assert cls.server.stop() == 0
+
+    def metrics(self):
+        url = f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+        return urllib.request.urlopen(url, timeout=30).read().decode()
+
+    def run_perf_analyzer(self, *flags):
+        """Runs it over concurrency 1 and 2, 20 requests per window (bounded, no
+        stability wait: these machines are noisy); returns the CSV rows."""
+        library = os.path.join(os.path.dirname(nvidia.cuda_runtime.__file__), "lib")
+        env = dict(os.environ, LD_LIBRARY_PATH=library)
+        with tempfile.TemporaryDirectory() as scratch:
+            report = os.path.join(scratch, "report.csv")
+            done = subprocess.run(
+                [PERF_ANALYZER, "-m", "mha-base", "-u", self.server.target, "-i", "grpc",
+                 "--shape", "query:16,512", "--shape", "memory:16,512",
+                 "--input-data", "zero", "--concurrency-range", "1:2",
+                 "--measurement-mode", "count_windows", "--measurement-request-count", "20",
+                 "--stability-percentage", "999", "--max-trials", "3", "-f", report,
+                 *flags],
+                env=env, capture_output=True, text=True, timeout=240)
+            self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+            self.assertRegex(done.stdout, re.compile(r"p99 latency: \d+ usec"))
+            with open(report) as rows:
+                return list(csv.DictReader(rows))
+
+    def check(self, method, *flags):
+        before = metric_sum(self.metrics(), "attnserve_requests_total", model="mha-base",
+                            code="OK")
+        rows = self.run_perf_analyzer(*flags)
+        self.assertEqual([row["Concurrency"] for row in rows], ["1", "2"])
+        for row in rows:
+            self.assertGreater(float(row["Inferences/Second"]), 0)
+            self.assertGreater(int(row["p50 latency"]), 0)
+        text = self.metrics()
+        # At least the measured requests (2 concurrencies x 3 windows x 20 at least one
+        # window each) were computed, and counted under perf_analyzer's RPC.
+        answered = metric_sum(text, "attnserve_requests_total", model="mha-base",
+                              code="OK") - before
+        self.assertGreaterEqual(answered, 40)
+        self.assertGreater(metric_sum(text, "grpc_server_started_total", grpc_method=method),
+                           0)
+        self.assertEqual(metric_sum(text, "attnserve_requests_total", model="mha-base",
+                                    code="INVALID_ARGUMENT"), 0)
+
+    def test_unary_model_infer(self):
+        self.check("ModelInfer")
+
+    def test_streaming_model_stream_infer(self):
+        self.check("ModelStreamInfer", "--streaming")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
