@@ -146,8 +146,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   service_options.max_response_bytes = options.max_message_bytes;
   server->service_ = std::make_unique<AttentionService>(
       server->registry_.get(), service_options, metrics->service_observer());
-  server->kserve_ =
-      std::make_unique<KServeService>(server->registry_.get(), server->service_.get());
+  server->kserve_ = std::make_unique<KServeService>(server->registry_.get(),
+                                                    server->service_.get(), metrics);
   if (options.metrics_port >= 0) {
     absl::StatusOr<int> metrics_port =
         metrics->StartExposer(options.metrics_host, options.metrics_port);

@@ -300,7 +300,8 @@ int KServeHttp::Handle(mg_connection* connection) {
     Send(connection, 200,
          Json{{"name", "attnserve"},
               {"version", kServerVersion},
-              {"extensions", Json::array()}}
+              {"extensions",
+               std::vector<std::string>(std::begin(kExtensions), std::end(kExtensions))}}
              .dump());
     return 1;
   }

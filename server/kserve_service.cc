@@ -198,8 +198,9 @@ void FillModelMetadata(const ServedModel& model,
   tensor(response->mutable_outputs(), kAttention, {model.spec.num_heads, -1, -1});
 }
 
-KServeService::KServeService(ModelRegistry* registry, AttentionService* attention)
-    : registry_(registry), attention_(attention) {}
+KServeService::KServeService(ModelRegistry* registry, AttentionService* attention,
+                             const ServerMetrics* metrics)
+    : registry_(registry), attention_(attention), metrics_(metrics) {}
 
 grpc::ServerUnaryReactor* KServeService::ServerLive(
     grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
@@ -235,6 +236,7 @@ grpc::ServerUnaryReactor* KServeService::ServerMetadata(
   const absl::Time start = attention_->StartRpc("ServerMetadata");
   response->set_name("attnserve");
   response->set_version(kServerVersion);
+  for (const char* extension : kExtensions) response->add_extensions(extension);
   return attention_->FinishNow(context, "ServerMetadata", start, absl::OkStatus());
 }
 
@@ -256,6 +258,125 @@ grpc::ServerUnaryReactor* KServeService::ModelMetadata(
   }
   FillModelMetadata(*model, response);
   return attention_->FinishNow(context, "ModelMetadata", start, absl::OkStatus());
+}
+
+void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
+  const int64_t d = model.spec.d_model;
+  config->set_name(model.name);
+  config->set_platform("attnserve_mha");
+  config->set_backend("attnserve");
+  config->set_max_batch_size(0);
+  const auto input = [&](const char* name, bool optional) {
+    inference::ModelInput* entry = config->add_input();
+    entry->set_name(name);
+    entry->set_data_type(inference::TYPE_FP32);
+    entry->add_dims(-1);
+    entry->add_dims(d);
+    entry->set_optional(optional);
+  };
+  input(kQuery, false);
+  input(kMemory, true);
+  inference::ModelOutput* output = config->add_output();
+  output->set_name(kOutput);
+  output->set_data_type(inference::TYPE_FP32);
+  output->add_dims(-1);
+  output->add_dims(d);
+  inference::ModelOutput* attention = config->add_output();
+  attention->set_name(kAttention);
+  attention->set_data_type(inference::TYPE_FP32);
+  attention->add_dims(model.spec.num_heads);
+  attention->add_dims(-1);
+  attention->add_dims(-1);
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
+  const absl::Time start = attention_->StartRpc("ModelConfig");
+  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
+    return attention_->FinishNow(context, "ModelConfig", start, allowed);
+  }
+  const ServedModel* model =
+      request->name().empty() ? nullptr : registry_->Find(request->name());
+  if (model == nullptr ||
+      (!request->version().empty() && request->version() != kModelVersion)) {
+    return attention_->FinishNow(
+        context, "ModelConfig", start,
+        absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
+                                         request->version(), "\" is not served")));
+  }
+  FillModelConfig(*model, response->mutable_config());
+  return attention_->FinishNow(context, "ModelConfig", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
+    grpc::CallbackServerContext* context,
+    const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  const absl::Time start = attention_->StartRpc("RepositoryIndex");
+  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
+    return attention_->FinishNow(context, "RepositoryIndex", start, allowed);
+  }
+  const bool draining = draining_.load(std::memory_order_acquire);
+  if (!(request->ready() && draining)) {
+    for (const ServedModel* model : registry_->models()) {
+      inference::RepositoryIndexResponse::ModelIndex* entry = response->add_models();
+      entry->set_name(model->name);
+      entry->set_version(kModelVersion);
+      entry->set_state(draining ? "UNAVAILABLE" : "READY");
+      if (draining) entry->set_reason("the server is shutting down");
+    }
+  }
+  return attention_->FinishNow(context, "RepositoryIndex", start, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelStatistics(
+    grpc::CallbackServerContext* context,
+    const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  const absl::Time start = attention_->StartRpc("ModelStatistics");
+  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
+    return attention_->FinishNow(context, "ModelStatistics", start, allowed);
+  }
+  std::vector<const ServedModel*> models;
+  if (request->name().empty()) {
+    models = registry_->models();
+  } else if (const ServedModel* model = registry_->Find(request->name())) {
+    models.push_back(model);
+  }
+  if (models.empty() ||
+      (!request->version().empty() && request->version() != kModelVersion)) {
+    return attention_->FinishNow(
+        context, "ModelStatistics", start,
+        absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
+                                         request->version(), "\" is not served")));
+  }
+  const auto duration = [](inference::StatisticDuration* out, uint64_t count,
+                           uint64_t nanoseconds) {
+    out->set_count(count);
+    out->set_ns(nanoseconds);
+  };
+  for (const ServedModel* model : models) {
+    const std::optional<ServerMetrics::InferenceTotals> totals =
+        metrics_->Totals(model->name);
+    inference::ModelStatistics* stats = response->add_model_stats();
+    stats->set_name(model->name);
+    stats->set_version(kModelVersion);
+    if (!totals.has_value()) continue;
+    stats->set_last_inference(totals->last_inference_ms);
+    stats->set_inference_count(totals->inference_count);
+    stats->set_execution_count(totals->execution_count);
+    inference::InferStatistics* infer = stats->mutable_inference_stats();
+    duration(infer->mutable_success(), totals->success_count, totals->success_ns);
+    duration(infer->mutable_fail(), totals->fail_count, totals->fail_ns);
+    duration(infer->mutable_queue(), totals->queue_count, totals->queue_ns);
+    duration(infer->mutable_compute_infer(), totals->compute_count, totals->compute_ns);
+    // Inputs are viewed and outputs moved, not staged: no time of their own, but the
+    // same count, as clients (perf_analyzer) require of the three compute figures.
+    duration(infer->mutable_compute_input(), totals->compute_count, 0);
+    duration(infer->mutable_compute_output(), totals->compute_count, 0);
+  }
+  return attention_->FinishNow(context, "ModelStatistics", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(

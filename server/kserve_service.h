@@ -12,11 +12,16 @@
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/attention_service.h"
 #include "server/model_registry.h"
+#include "server/server_metrics.h"
 
 namespace attnserve::server {
 
 // The version attnserve reports (ServerMetadata; the image's label says the same).
 inline constexpr char kServerVersion[] = "0.1.0";
+// The protocol extensions attnserve implements, as ServerMetadata lists them
+// (Triton's names): ModelConfig, ModelStatistics, request parameters.
+inline constexpr const char* kExtensions[] = {"model_configuration", "statistics",
+                                              "parameters"};
 // The one version each model is served as.
 inline constexpr char kModelVersion[] = "1";
 
@@ -40,12 +45,19 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
 void FillModelMetadata(const ServedModel& model,
                        inference::ModelMetadataResponse* response);
 
+// The model's configuration as Triton's ModelConfig (minimal): inputs query and memory
+// (optional), outputs output and attention, FP32 with -1 for free dimensions,
+// max_batch_size 0, backend "attnserve".
+void FillModelConfig(const ServedModel& model, inference::ModelConfig* config);
+
 // Thread-safe. Does not own the registry or the attention service, which must outlive
 // every call. With tokens configured (AttentionService::Options::auth), ModelMetadata
 // and ModelInfer need one; the health and readiness RPCs stay open for probes.
 class KServeService final : public inference::GRPCInferenceService::CallbackService {
  public:
-  KServeService(ModelRegistry* registry, AttentionService* attention);
+  // `metrics` (not owned, outliving every call) answers ModelStatistics.
+  KServeService(ModelRegistry* registry, AttentionService* attention,
+                const ServerMetrics* metrics);
 
   // ServerReady and ModelReady answer false from now on. Idempotent.
   void StartDraining() { draining_.store(true, std::memory_order_release); }
@@ -70,6 +82,22 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override;
+  // The models' cumulative figures (all models when the name is empty); NOT_FOUND for
+  // a model or version not served.
+  grpc::ServerUnaryReactor* ModelStatistics(
+      grpc::CallbackServerContext* context,
+      const inference::ModelStatisticsRequest* request,
+      inference::ModelStatisticsResponse* response) override;
+  // FillModelConfig for one model; NOT_FOUND for a model or version not served.
+  grpc::ServerUnaryReactor* ModelConfig(
+      grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+      inference::ModelConfigResponse* response) override;
+  // Every served model, version 1, READY (UNAVAILABLE while draining; none when
+  // `ready` is asked for then).
+  grpc::ServerUnaryReactor* RepositoryIndex(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryIndexRequest* request,
+      inference::RepositoryIndexResponse* response) override;
   // Each request as ModelInfer, answered in order on the stream: a response holds the
   // result, or error_message ("INVALID_ARGUMENT: ..."); the stream itself ends OK, or
   // UNAVAILABLE when the server drains (every request read before is answered).
@@ -80,6 +108,7 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
  private:
   ModelRegistry* const registry_;
   AttentionService* const attention_;
+  const ServerMetrics* const metrics_;
   std::atomic<bool> draining_{false};
 };
 

@@ -256,6 +256,9 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
     AddRpc(method, "unary", "inference.GRPCInferenceService");
   }
   AddRpc("ModelStreamInfer", "bidi_stream", "inference.GRPCInferenceService");
+  for (const char* method : {"ModelStatistics", "ModelConfig", "RepositoryIndex"}) {
+    AddRpc(method, "unary", "inference.GRPCInferenceService");
+  }
   RequestSide(kUnknownModelLabel);
   process_metrics_ = std::make_shared<ProcessCollector>();
 }
@@ -322,12 +325,22 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   ModelMetrics* model = &metrics;
   BatcherObserver observer;
   observer.on_batch = [model](int batch_size, int64_t tokens, absl::Duration compute) {
+    auto& totals = *model->totals;
+    const auto nanoseconds = static_cast<uint64_t>(absl::ToInt64Nanoseconds(compute));
+    totals.execution_count.fetch_add(1, std::memory_order_relaxed);
+    totals.inference_count.fetch_add(batch_size, std::memory_order_relaxed);
+    totals.compute_count.fetch_add(batch_size, std::memory_order_relaxed);
+    totals.compute_ns.fetch_add(nanoseconds * batch_size, std::memory_order_relaxed);
     model->batch_size->Observe(batch_size);
     model->batch_tokens->Observe(static_cast<double>(tokens));
     model->tokens->Increment(static_cast<double>(tokens));
     model->compute_duration->Observe(Seconds(compute));
   };
   observer.on_dequeue = [model](absl::Duration queued) {
+    model->totals->queue_count.fetch_add(1, std::memory_order_relaxed);
+    model->totals->queue_ns.fetch_add(
+        static_cast<uint64_t>(absl::ToInt64Nanoseconds(queued)),
+        std::memory_order_relaxed);
     model->queue_duration->Observe(Seconds(queued));
   };
   observer.on_queue_depth = [model](int64_t depth) {
@@ -373,11 +386,46 @@ ServiceObserver ServerMetrics::service_observer() {
     metrics->inflight->Decrement();
     metrics->requests_by_code[CodeIndex(status.code())]->Increment();
     metrics->request_duration->Observe(Seconds(elapsed));
+    auto& totals = *metrics->totals;
+    const auto nanoseconds = static_cast<uint64_t>(absl::ToInt64Nanoseconds(elapsed));
+    if (status.ok()) {
+      totals.success_count.fetch_add(1, std::memory_order_relaxed);
+      totals.success_ns.fetch_add(nanoseconds, std::memory_order_relaxed);
+      totals.last_inference_ms.store(
+          static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())),
+          std::memory_order_relaxed);
+    } else {
+      totals.fail_count.fetch_add(1, std::memory_order_relaxed);
+      totals.fail_ns.fetch_add(nanoseconds, std::memory_order_relaxed);
+    }
     if (status.code() == absl::StatusCode::kResourceExhausted) {
       metrics->refusal_duration->Observe(Seconds(elapsed));
     }
   };
   return observer;
+}
+
+std::optional<ServerMetrics::InferenceTotals> ServerMetrics::Totals(
+    const std::string& model) const {
+  const auto it = models_.find(model);
+  if (it == models_.end() || model == kUnknownModelLabel) return std::nullopt;
+  const ModelMetrics::AtomicTotals& totals = *it->second.totals;
+  const auto read = [](const std::atomic<uint64_t>& value) {
+    return value.load(std::memory_order_relaxed);
+  };
+  InferenceTotals snapshot;
+  snapshot.success_count = read(totals.success_count);
+  snapshot.success_ns = read(totals.success_ns);
+  snapshot.fail_count = read(totals.fail_count);
+  snapshot.fail_ns = read(totals.fail_ns);
+  snapshot.queue_count = read(totals.queue_count);
+  snapshot.queue_ns = read(totals.queue_ns);
+  snapshot.compute_count = read(totals.compute_count);
+  snapshot.compute_ns = read(totals.compute_ns);
+  snapshot.inference_count = read(totals.inference_count);
+  snapshot.execution_count = read(totals.execution_count);
+  snapshot.last_inference_ms = read(totals.last_inference_ms);
+  return snapshot;
 }
 
 absl::StatusOr<int> ServerMetrics::StartExposer(const std::string& host, int port) {

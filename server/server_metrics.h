@@ -4,9 +4,11 @@
 #define ATTNSERVE_SERVER_SERVER_METRICS_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,21 @@ class ServerMetrics {
   // The text exposition /metrics serves.
   std::string Render() const;
 
+  // A model's cumulative figures as Triton's ModelStatistics reports them: requests
+  // answered OK and not (count, summed end-to-end time), time waited in the queue, and
+  // batches computed (each request is charged its batch's compute time).
+  struct InferenceTotals {
+    uint64_t success_count = 0, success_ns = 0;
+    uint64_t fail_count = 0, fail_ns = 0;
+    uint64_t queue_count = 0, queue_ns = 0;
+    uint64_t compute_count = 0, compute_ns = 0;  // per request
+    uint64_t inference_count = 0;                // requests computed in batches
+    uint64_t execution_count = 0;                // batches
+    uint64_t last_inference_ms = 0;  // Unix time of the last answer, 0 before any
+  };
+  // Nullopt for a model that AddModel has not seen. Thread-safe.
+  std::optional<InferenceTotals> Totals(const std::string& model) const;
+
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
@@ -71,6 +88,13 @@ class ServerMetrics {
     prometheus::Gauge* queue_depth = nullptr;
     prometheus::Gauge* inflight = nullptr;
     std::vector<prometheus::Gauge*> device_memory;  // per instance
+    // Totals (relaxed atomics: each field is a monotonic sum, read as a snapshot).
+    struct AtomicTotals {
+      std::atomic<uint64_t> success_count{0}, success_ns{0}, fail_count{0}, fail_ns{0},
+          queue_count{0}, queue_ns{0}, compute_count{0}, compute_ns{0},
+          inference_count{0}, execution_count{0}, last_inference_ms{0};
+    };
+    std::unique_ptr<AtomicTotals> totals = std::make_unique<AtomicTotals>();
   };
 
   struct RpcMetrics {

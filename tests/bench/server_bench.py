@@ -11,6 +11,7 @@ by itself) and talks to 127.0.0.1 only.
 usage: server_bench.py BUILD_DIR REPO_ROOT [--grid]
   --grid: instances x intra-op threads, unpinned, instead (make bench-grid).
 """
+import csv
 import json
 import os
 import re
@@ -75,6 +76,29 @@ def bench(target, *flags, metrics_port=None, model=""):
         command.append(f"--model={model}")
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     return json.load(open(out))["steps"]
+
+
+def perf_analyzer(target, concurrency_range):
+    """Triton's perf_analyzer (tritonclient's wheel in the project venv) on attnserve's
+    KServe v2 gRPC service, pinned like attnbench: query and memory [128, 512] (it needs
+    a shape for the optional memory, so this is cross-attention), zero data (its random
+    bytes are NaN as FP32). Returns its CSV rows."""
+    venv = os.path.join(BUILD, "venv", "bin")
+    library = subprocess.run(
+        [os.path.join(venv, "python"), "-c",
+         "import nvidia.cuda_runtime, os; print(os.path.dirname(nvidia.cuda_runtime.__file__))"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    report = os.path.join(TMP.name, "perf_analyzer.csv")
+    subprocess.run(
+        ["taskset", "-c", CLIENT_CORE, os.path.join(venv, "perf_analyzer"), "-m", "mha-base",
+         "-u", target, "-i", "grpc", "--shape", "query:128,512", "--shape", "memory:128,512",
+         "--input-data", "zero", "--concurrency-range", concurrency_range,
+         "--measurement-mode", "count_windows", "--measurement-request-count", "100",
+         "--stability-percentage", "999", "--max-trials", "3", "-f", report],
+        check=True, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, LD_LIBRARY_PATH=os.path.join(library, "lib")))
+    with open(report) as rows:
+        return list(csv.DictReader(rows))
 
 
 def make_certificates():
@@ -311,6 +335,20 @@ def main():
         print(f"   concurrency {plain['level']:>4.0f}: plaintext {line(plain)} | TLS {line(tls)}"
               f" | p50 +{tls['latency_ms']['p50'] - plain['latency_ms']['p50']:.2f} ms, "
               f"throughput x{tls['requests_per_second'] / plain['requests_per_second']:.2f}",
+              flush=True)
+
+    # 4c. Triton's perf_analyzer through the KServe v2 front door, beside attnbench's
+    # figures from 4 (same server flags; perf_analyzer's requests are cross-attention
+    # over 128 + 128 tokens, twice attnbench's request bytes).
+    server, target, metrics = attnserve()
+    perf = perf_analyzer(target, "1:16:15")
+    stop(server)
+    print("4c. Triton's perf_analyzer (KServe v2 gRPC, query + memory [128, 512]) beside "
+          "attnbench (attnserve API, query [128, 512]):")
+    for a, row in zip(ours, perf):
+        print(f"   concurrency {a['level']:>4.0f}: attnbench {line(a)} | perf_analyzer "
+              f"{float(row['Inferences/Second']):8.1f} req/s  p50 "
+              f"{int(row['p50 latency']) / 1e3:7.2f} ms  p99 {int(row['p99 latency']) / 1e3:7.2f} ms",
               flush=True)
 
     # 5. Large messages: d=1024, L=2048 (8 MiB each way). Transport time = client mean

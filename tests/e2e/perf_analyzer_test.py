@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Triton's perf_analyzer (the binary in PyPI's tritonclient wheel, pinned in
 deploy/requirements-test.txt) against a real attnserve on 127.0.0.1:0, unary ModelInfer
-and streaming ModelStreamInfer: every run completes, reports its latencies, and the
-server's own metrics count the calls it made.
+and streaming ModelStreamInfer: every run completes, reports its client and server-side
+latencies (ModelConfig, ModelStatistics), and the server's own metrics count the calls
+it made.
 
 perf_analyzer links libcudart.so.12 (from the pinned nvidia-cuda-runtime-cu12 wheel; no
 GPU is used) and libb64 (Debian's libb64-0d, deploy/install-deps.sh --test).
@@ -59,7 +60,7 @@ class PerfAnalyzerTest(unittest.TestCase):
             report = os.path.join(scratch, "report.csv")
             done = subprocess.run(
                 [PERF_ANALYZER, "-m", "mha-base", "-u", self.server.target, "-i", "grpc",
-                 "--shape", "query:16,512", "--shape", "memory:16,512",
+                 "--shape", "query:128,512", "--shape", "memory:128,512",
                  "--input-data", "zero", "--concurrency-range", "1:2",
                  "--measurement-mode", "count_windows", "--measurement-request-count", "20",
                  "--stability-percentage", "999", "--max-trials", "3", "-f", report,
@@ -67,6 +68,13 @@ class PerfAnalyzerTest(unittest.TestCase):
                 env=env, capture_output=True, text=True, timeout=240)
             self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
             self.assertRegex(done.stdout, re.compile(r"p99 latency: \d+ usec"))
+            # Server-side figures from ModelStatistics, which perf_analyzer reads because
+            # ServerMetadata lists the statistics extension and ModelConfig answers.
+            self.assertRegex(done.stdout, re.compile(
+                r"Server: \n\s+Inference count: \d+\n\s+Execution count: \d+"))
+            self.assertRegex(done.stdout,
+                             re.compile(r"queue \d+ usec \+ compute input 0 usec \+ "
+                                        r"compute infer \d+ usec"))
             with open(report) as rows:
                 return list(csv.DictReader(rows))
 

@@ -20,6 +20,7 @@ import urllib.request
 
 import numpy as np
 import tritonclient.grpc as triton
+from tritonclient.grpc import model_config_pb2
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
@@ -50,6 +51,8 @@ class TritonClientTest(unittest.TestCase):
         self.assertFalse(self.triton.is_model_ready("nope"))
         server = self.triton.get_server_metadata()
         self.assertEqual(server.name, "attnserve")
+        self.assertEqual(set(server.extensions),
+                         {"model_configuration", "statistics", "parameters"})
         model = self.triton.get_model_metadata("mha-base")
         self.assertEqual([i.name for i in model.inputs], ["query", "memory"])
         self.assertEqual(list(model.inputs[0].shape), [-1, 512])
@@ -93,6 +96,55 @@ class TritonClientTest(unittest.TestCase):
         self.assertIn("INVALID_ARGUMENT", error.exception.status())
         self.assertIn("512", error.exception.message())
         self.assertTrue(self.triton.is_server_live())
+
+    def test_model_config_and_repository_index(self):
+        config = self.triton.get_model_config("mha-base").config
+        self.assertEqual((config.name, config.backend, config.max_batch_size),
+                         ("mha-base", "attnserve", 0))
+        self.assertEqual([(i.name, list(i.dims), i.optional) for i in config.input],
+                         [("query", [-1, 512], False), ("memory", [-1, 512], True)])
+        self.assertEqual([(o.name, list(o.dims)) for o in config.output],
+                         [("output", [-1, 512]), ("attention", [8, -1, -1])])
+        self.assertEqual(config.input[0].data_type, model_config_pb2.TYPE_FP32)
+        with self.assertRaises(InferenceServerException) as error:
+            self.triton.get_model_config("mha-base", model_version="2")
+        self.assertIn("not served", str(error.exception))
+        index = self.triton.get_model_repository_index().models
+        self.assertEqual([(m.name, m.version, m.state) for m in index],
+                         [("mha-base", "1", "READY")])
+
+    def test_statistics_count_what_was_served(self):
+        """ModelStatistics (Triton's statistics extension) counts exactly the requests
+        this test sends."""
+        def stats():
+            return self.triton.get_inference_statistics("mha-base").model_stats[0]
+        before = stats()
+        query = np.ones((4, 512), dtype=np.float32)
+        for _ in range(3):
+            inputs = [triton.InferInput("query", [4, 512], "FP32")]
+            inputs[0].set_data_from_numpy(query)
+            self.triton.infer("mha-base", inputs)
+        bad = [triton.InferInput("query", [2, 100], "FP32")]
+        bad[0].set_data_from_numpy(np.zeros((2, 100), dtype=np.float32))
+        with self.assertRaises(InferenceServerException):
+            self.triton.infer("mha-base", bad)
+        after = stats()
+        self.assertEqual((after.name, after.version), ("mha-base", "1"))
+        now, then = after.inference_stats, before.inference_stats
+        self.assertEqual(now.success.count - then.success.count, 3)
+        self.assertGreater(now.success.ns, then.success.ns)
+        self.assertEqual(now.fail.count - then.fail.count, 1)
+        self.assertEqual(now.queue.count - then.queue.count, 3)
+        self.assertEqual(now.compute_infer.count - then.compute_infer.count, 3)
+        self.assertGreater(now.compute_infer.ns, then.compute_infer.ns)
+        self.assertEqual(after.inference_count - before.inference_count, 3)
+        self.assertIn(after.execution_count - before.execution_count, (1, 2, 3))
+        self.assertGreater(after.last_inference, 0)
+        every = self.triton.get_inference_statistics().model_stats
+        self.assertIn("mha-base", [model.name for model in every])
+        with self.assertRaises(InferenceServerException) as error:
+            self.triton.get_inference_statistics("nope")
+        self.assertIn("not served", str(error.exception))
 
     def test_stream_answers_each_request_in_order(self):
         """ModelStreamInfer through tritonclient's own stream API: every request is
