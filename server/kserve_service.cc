@@ -247,17 +247,23 @@ grpc::ServerUnaryReactor* KServeService::ModelMetadata(
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
     return attention_->FinishNow(context, "ModelMetadata", start, allowed);
   }
-  const ServedModel* model =
-      request->name().empty() ? nullptr : registry_->Find(request->name());
-  if (model == nullptr ||
-      (!request->version().empty() && request->version() != kModelVersion)) {
-    return attention_->FinishNow(
-        context, "ModelMetadata", start,
-        absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
-                                         request->version(), "\" is not served")));
+  const absl::StatusOr<const ServedModel*> model =
+      FindServed(request->name(), request->version());
+  if (!model.ok()) {
+    return attention_->FinishNow(context, "ModelMetadata", start, model.status());
   }
-  FillModelMetadata(*model, response);
+  FillModelMetadata(**model, response);
   return attention_->FinishNow(context, "ModelMetadata", start, absl::OkStatus());
+}
+
+absl::StatusOr<const ServedModel*> KServeService::FindServed(
+    const std::string& name, const std::string& version) const {
+  const ServedModel* model = name.empty() ? nullptr : registry_->Find(name);
+  if (model == nullptr || (!version.empty() && version != kModelVersion)) {
+    return absl::NotFoundError(
+        absl::StrCat("model \"", name, "\" version \"", version, "\" is not served"));
+  }
+  return model;
 }
 
 void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
@@ -296,16 +302,12 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
     return attention_->FinishNow(context, "ModelConfig", start, allowed);
   }
-  const ServedModel* model =
-      request->name().empty() ? nullptr : registry_->Find(request->name());
-  if (model == nullptr ||
-      (!request->version().empty() && request->version() != kModelVersion)) {
-    return attention_->FinishNow(
-        context, "ModelConfig", start,
-        absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
-                                         request->version(), "\" is not served")));
+  const absl::StatusOr<const ServedModel*> model =
+      FindServed(request->name(), request->version());
+  if (!model.ok()) {
+    return attention_->FinishNow(context, "ModelConfig", start, model.status());
   }
-  FillModelConfig(*model, response->mutable_config());
+  FillModelConfig(**model, response->mutable_config());
   return attention_->FinishNow(context, "ModelConfig", start, absl::OkStatus());
 }
 
@@ -339,17 +341,16 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     return attention_->FinishNow(context, "ModelStatistics", start, allowed);
   }
   std::vector<const ServedModel*> models;
-  if (request->name().empty()) {
+  if (request->name().empty() &&
+      (request->version().empty() || request->version() == kModelVersion)) {
     models = registry_->models();
-  } else if (const ServedModel* model = registry_->Find(request->name())) {
-    models.push_back(model);
-  }
-  if (models.empty() ||
-      (!request->version().empty() && request->version() != kModelVersion)) {
-    return attention_->FinishNow(
-        context, "ModelStatistics", start,
-        absl::NotFoundError(absl::StrCat("model \"", request->name(), "\" version \"",
-                                         request->version(), "\" is not served")));
+  } else {
+    const absl::StatusOr<const ServedModel*> model =
+        FindServed(request->name(), request->version());
+    if (!model.ok()) {
+      return attention_->FinishNow(context, "ModelStatistics", start, model.status());
+    }
+    models.push_back(*model);
   }
   const auto duration = [](inference::StatisticDuration* out, uint64_t count,
                            uint64_t nanoseconds) {

@@ -6,6 +6,7 @@
 #define ATTNSERVE_SERVER_KSERVE_SERVICE_H_
 
 #include <atomic>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention.pb.h"
@@ -106,6 +107,11 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
 
  private:
+  // The served model `name` at `version` (empty: the current one); NOT_FOUND naming
+  // both otherwise.
+  absl::StatusOr<const ServedModel*> FindServed(const std::string& name,
+                                                const std::string& version) const;
+
   ModelRegistry* const registry_;
   AttentionService* const attention_;
   const ServerMetrics* const metrics_;
