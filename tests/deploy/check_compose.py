@@ -26,8 +26,9 @@ check(set(services) >= {"attnserve", "prometheus", "grafana"}, "missing services
 attnserve = services["attnserve"]
 check(os.path.isfile(os.path.join(DEPLOY, attnserve["build"]["context"],
                                   attnserve["build"]["dockerfile"])), "Dockerfile not found")
-check("50051:50051" in attnserve["ports"] and "8080:8080" in attnserve["ports"],
-      "attnserve ports")
+check({"50051:50051", "8000:8000", "8080:8080"} <= set(attnserve["ports"]),
+      "attnserve ports (gRPC, KServe HTTP, metrics)")
+check("--http_port=8000" in attnserve["command"], "attnserve --http_port")
 mounted = 0
 for name, service in services.items():
     for volume in service.get("volumes", []):

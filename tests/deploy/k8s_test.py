@@ -105,8 +105,13 @@ class KustomizeTest(unittest.TestCase):
                 self.assertGreater(pod["terminationGracePeriodSeconds"], pre_stop + grace)
                 self.assertIsNotNone(flag(args, "max_connection_age"))
                 ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-                self.assertEqual(ports, {"grpc": 50051, "metrics": 8080})
+                self.assertEqual(ports, {"grpc": 50051, "http": 8000, "metrics": 8080})
                 self.assertEqual(flag(args, "metrics_port"), "8080")
+                self.assertEqual(flag(args, "http_port"), "8000")
+                service = [s for s in find(objects, "Service")
+                           if s["metadata"]["name"] == "attnserve"][0]
+                self.assertEqual({p["name"]: p["port"] for p in service["spec"]["ports"]},
+                                 {"grpc": 50051, "http": 8000, "metrics": 8080})
                 labels = deployment["spec"]["template"]["metadata"]["labels"]
                 for service in find(objects, "Service"):
                     for key, value in service["spec"]["selector"].items():
@@ -179,6 +184,34 @@ class KustomizeTest(unittest.TestCase):
         volumes = {v["name"]: v for v in pod["volumes"]}
         self.assertEqual(volumes["models"]["persistentVolumeClaim"]["claimName"],
                          "attnserve-models")
+
+    def test_kserve_example_is_consistent(self):
+        """deploy/kserve: the ServingRuntime serves the model format and protocol the
+        InferenceService asks for, on the port it declares, from KServe's model folder.
+        (KServe's CRD schema is not available offline: this checks consistency only.)"""
+        folder = os.path.join(ROOT, "deploy", "kserve")
+        with open(os.path.join(folder, "servingruntime.yaml")) as f:
+            runtime = yaml.safe_load(f)
+        with open(os.path.join(folder, "inferenceservice.yaml")) as f:
+            service = yaml.safe_load(f)
+        self.assertEqual((runtime["apiVersion"], runtime["kind"]),
+                         ("serving.kserve.io/v1alpha1", "ServingRuntime"))
+        self.assertEqual((service["apiVersion"], service["kind"]),
+                         ("serving.kserve.io/v1beta1", "InferenceService"))
+        model = service["spec"]["predictor"]["model"]
+        self.assertEqual(model["runtime"], runtime["metadata"]["name"])
+        self.assertIn(model["protocolVersion"], runtime["spec"]["protocolVersions"])
+        formats = {(f["name"], f["version"]) for f in runtime["spec"]["supportedModelFormats"]}
+        self.assertIn((model["modelFormat"]["name"], model["modelFormat"]["version"]), formats)
+        container = runtime["spec"]["containers"][0]
+        self.assertEqual(container["name"], "kserve-container")
+        args = container["args"]
+        self.assertEqual(flag(args, "model_repository"), "/mnt/models")
+        self.assertEqual([p["containerPort"] for p in container["ports"]],
+                         [int(flag(args, "http_port"))])
+        ports = {flag(args, name) for name in ("http_port", "port", "metrics_port")}
+        self.assertEqual(len(ports), 3, "distinct ports")
+        self.assertTrue(model["storageUri"])
 
     def test_overlays_differ_as_intended(self):
         dev, prod = self.overlays["dev"], self.overlays["prod"]
