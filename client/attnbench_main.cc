@@ -7,6 +7,8 @@
 //
 // Every step stops by itself: when three consecutive windows agree within 10%, or after
 // --max_duration, or after --max_requests.
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -52,13 +54,19 @@ ABSL_FLAG(
     std::string, grpc_args, "",
     "Extra integer gRPC channel arguments, name=value,... (e.g. flow-control tuning).");
 ABSL_FLAG(int, max_attempts, 1,
-          "Attempts per call on UNAVAILABLE (retry policy in the service config), 1-5.");
+          "Attempts per call on UNAVAILABLE (retry policy in the service config), 1-5; "
+          "with --stream, attempts per message: a stream that ends UNAVAILABLE (a "
+          "draining server) is reopened and its unanswered message sent again.");
 ABSL_FLAG(std::string, json, "", "Write results as JSON here.");
 ABSL_FLAG(std::string, csv, "", "Write results as CSV here.");
 ABSL_FLAG(std::string, plot, "",
           "Write an SVG of latency percentiles vs throughput here.");
 
 namespace {
+
+// Set by SIGINT/SIGTERM (lock-free, so safe to store from a signal handler).
+std::atomic<bool> interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 using namespace attnserve::client;  // NOLINT: a main over the client library
 
@@ -160,6 +168,12 @@ int Run() {
   options.max_duration = absl::GetFlag(FLAGS_max_duration);
   options.max_requests = absl::GetFlag(FLAGS_max_requests);
   options.timeout = absl::GetFlag(FLAGS_timeout);
+  options.stream_attempts = client_options.max_attempts;
+  // SIGINT/SIGTERM end the step being measured at once; its figures are reported and
+  // no further step runs.
+  std::signal(SIGINT, [](int) { interrupted.store(true); });
+  std::signal(SIGTERM, [](int) { interrupted.store(true); });
+  options.stop = &interrupted;
   const std::string metrics_url = absl::GetFlag(FLAGS_metrics_url);
   std::string before, after;
   bool scraped = false;
@@ -194,8 +208,10 @@ int Run() {
     BenchStep bench_step{*step, std::nullopt};
     if (scraped) bench_step.server = ServerDelta(before, after);
     run.steps.push_back(bench_step);
-    std::fprintf(stderr, "attnbench: %s=%g done: %.1f req/s\n", step->mode.c_str(), level,
-                 step->requests_per_second());
+    std::fprintf(stderr, "attnbench: %s=%g done: %.1f req/s%s\n", step->mode.c_str(),
+                 level, step->requests_per_second(),
+                 step->interrupted ? " (interrupted)" : "");
+    if (step->interrupted) break;
   }
   std::printf("%s", FormatTable(run).c_str());
   bool written = true;

@@ -20,11 +20,14 @@ namespace attnserve::client {
 namespace {
 
 std::string Errors(const StepResult& step) {
-  if (step.errors.empty()) return "-";
   std::vector<std::string> parts;
   for (const auto& [code, count] : step.errors)
     parts.push_back(absl::StrCat(code, ":", count));
-  return absl::StrJoin(parts, ",");
+  std::string out = parts.empty() ? "-" : absl::StrJoin(parts, ",");
+  if (step.streams_reopened > 0) {
+    absl::StrAppend(&out, " (", step.streams_reopened, " streams reopened)");
+  }
+  return out;
 }
 
 std::string JsonString(absl::string_view text) {
@@ -98,7 +101,9 @@ std::string FormatJson(const BenchRun& run) {
                     ", \"max\": ", c.max, ", \"mean\": ", c.mean,
                     "}, \"error_latency_ms\": {\"p50\": ", c.error_p50,
                     ", \"p99\": ", c.error_p99, "}, \"windows\": ", c.windows,
-                    ", \"stable\": ", c.stable ? "true" : "false", ", \"errors\": {",
+                    ", \"stable\": ", c.stable ? "true" : "false",
+                    ", \"interrupted\": ", c.interrupted ? "true" : "false",
+                    ", \"streams_reopened\": ", c.streams_reopened, ", \"errors\": {",
                     absl::StrJoin(errors, ", "), "}");
     if (const auto& server = run.steps[i].server) {
       absl::StrAppend(&out, ", \"server\": {\"requests\": ", server->requests,

@@ -124,6 +124,10 @@ class LoadGenerator::Recorder {
     absl::MutexLock lock(&mu_);
     if (measuring_) ++sent_;
   }
+  void CountReopened() {
+    absl::MutexLock lock(&mu_);
+    if (measuring_) ++reopened_;
+  }
 
   int64_t requests() const {
     absl::MutexLock lock(&mu_);
@@ -144,6 +148,7 @@ class LoadGenerator::Recorder {
     result.tokens = tokens_;
     result.sent = sent_;
     result.errors = errors_;
+    result.streams_reopened = reopened_;
     result.p50 = Percentile(latencies_ms_, 0.50);
     result.p90 = Percentile(latencies_ms_, 0.90);
     result.p95 = Percentile(latencies_ms_, 0.95);
@@ -172,6 +177,7 @@ class LoadGenerator::Recorder {
   int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reopened_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, int64_t> errors_ ABSL_GUARDED_BY(mu_);
   std::map<size_t, int64_t> window_counts_ ABSL_GUARDED_BY(mu_);
 };
@@ -206,6 +212,19 @@ v1::AttendRequest LoadGenerator::MakeRequest(int64_t length) const {
   return request;
 }
 
+bool LoadGenerator::SleepUnlessStopped(absl::Time until) const {
+  // Slices short enough that an interrupt ends the step promptly.
+  constexpr absl::Duration kSlice = absl::Milliseconds(50);
+  while (true) {
+    if (options_.stop != nullptr && options_.stop->load(std::memory_order_acquire)) {
+      return false;
+    }
+    const absl::Duration left = until - absl::Now();
+    if (left <= absl::ZeroDuration()) return true;
+    absl::SleepFor(std::min(left, kSlice));
+  }
+}
+
 StepResult LoadGenerator::Measure(Recorder& recorder, const std::string& mode,
                                   double level) {
   absl::SleepFor(options_.warmup);
@@ -221,9 +240,15 @@ StepResult LoadGenerator::Measure(Recorder& recorder, const std::string& mode,
   result.mode = mode;
   result.level = level;
   int windows = 0;
+  absl::Time end;
   while (true) {
-    absl::SleepFor(start + options_.window * (windows + 1) - absl::Now());
+    if (!SleepUnlessStopped(start + options_.window * (windows + 1))) {
+      result.interrupted = true;
+      end = absl::Now();
+      break;
+    }
     ++windows;
+    end = start + options_.window * windows;
     if (windows >= 3) {
       // Stable when the last three windows' throughputs are within 10% of their mean.
       const double a = recorder.WindowCount(windows - 1);
@@ -241,7 +266,7 @@ StepResult LoadGenerator::Measure(Recorder& recorder, const std::string& mode,
       break;
     }
   }
-  recorder.StopMeasuring(start + options_.window * windows);
+  recorder.StopMeasuring(end);
   if (options_.on_measure_end) {
     const int64_t before = recorder.completed();
     options_.on_measure_end();
@@ -305,28 +330,63 @@ void LoadGenerator::RunStreams(int slots, Recorder& recorder) {
   for (int slot = 0; slot < slots; ++slot) {
     threads.emplace_back([this, slot, &recorder] {
       std::mt19937_64 generator(options_.seed + slot);
-      grpc::ClientContext context;
-      client_->PrepareContext(context, absl::InfiniteDuration());
-      auto stream = client_->stub()->AttendStream(&context);
+      // The message waiting for an answer survives a reopen: it is sent again on the
+      // next stream (attention has no side effects, so a repeat is harmless).
+      v1::AttendStreamRequest message;
+      int64_t length = 0;
+      absl::Time start;
+      bool pending = false;
+      int attempt = 0;
       while (!recorder.stopping()) {
-        const int64_t length = options_.lengths.Draw(generator);
-        v1::AttendStreamRequest message;
-        *message.mutable_request() = MakeRequest(length);
-        const absl::Time start = absl::Now();
-        v1::AttendStreamResponse answer;
-        if (!stream->Write(message) || !stream->Read(&answer)) {
-          recorder.Record(start, absl::Now(), absl::UnavailableError("stream broke"), 0);
+        grpc::ClientContext context;
+        client_->PrepareContext(context, absl::InfiniteDuration());
+        auto stream = client_->stub()->AttendStream(&context);
+        bool broke = false;
+        while (!recorder.stopping()) {
+          if (!pending) {
+            length = options_.lengths.Draw(generator);
+            *message.mutable_request() = MakeRequest(length);
+            start = absl::Now();
+            pending = true;
+            attempt = 0;
+          }
+          v1::AttendStreamResponse answer;
+          if (!stream->Write(message) || !stream->Read(&answer)) {
+            broke = true;
+            break;
+          }
+          pending = false;
+          const absl::Status status =
+              answer.has_error()
+                  ? absl::Status(static_cast<absl::StatusCode>(answer.error().code()),
+                                 answer.error().message())
+                  : absl::OkStatus();
+          recorder.Record(start, absl::Now(), status, length);
+        }
+        if (!broke) {
+          stream->WritesDone();
+          (void)stream->Finish();
           break;
         }
-        const absl::Status status =
-            answer.has_error()
-                ? absl::Status(static_cast<absl::StatusCode>(answer.error().code()),
-                               answer.error().message())
-                : absl::OkStatus();
-        recorder.Record(start, absl::Now(), status, length);
+        const grpc::Status ended = stream->Finish();
+        if (ended.error_code() == grpc::StatusCode::UNAVAILABLE &&
+            ++attempt < options_.stream_attempts) {
+          recorder.CountReopened();
+          absl::SleepFor(
+              std::min(absl::Milliseconds(20) * (1 << std::min(attempt - 1, 5)),
+                       absl::Milliseconds(500)));
+          continue;
+        }
+        // Out of attempts, or an end that reopening would not fix: the message
+        // fails with the stream's status and the slot goes on with a new stream.
+        recorder.Record(
+            start, absl::Now(),
+            ended.ok() ? absl::UnknownError("the stream ended without an answer")
+                       : absl::Status(static_cast<absl::StatusCode>(ended.error_code()),
+                                      ended.error_message()),
+            0);
+        pending = false;
       }
-      stream->WritesDone();
-      (void)stream->Finish();
     });
   }
   for (std::thread& thread : threads) thread.join();

@@ -5,6 +5,7 @@
 #ifndef ATTNSERVE_CLIENT_LOAD_GENERATOR_H_
 #define ATTNSERVE_CLIENT_LOAD_GENERATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -52,6 +53,11 @@ struct StepResult {
   // server's /metrics): a server-side count taken inside those hooks may or may not
   // include them.
   int64_t completed_during_hooks = 0;
+  // Streams that ended UNAVAILABLE (a draining replica) and were reopened, with their
+  // unanswered message sent again on the new stream.
+  int64_t streams_reopened = 0;
+  // Measurement ended early because `stop` was set (e.g. attnbench got SIGINT).
+  bool interrupted = false;
   double requests_per_second() const { return seconds > 0 ? requests / seconds : 0; }
   double tokens_per_second() const { return seconds > 0 ? tokens / seconds : 0; }
 };
@@ -77,6 +83,14 @@ class LoadGenerator {
     // Deadline of each call.
     absl::Duration timeout = absl::Seconds(30);
     uint64_t seed = 1;
+    // Streams: attempts per message when a stream ends UNAVAILABLE before answering
+    // it (the server is draining: "reopen the stream on another replica"). Each
+    // attempt reopens the stream after a back-off of 20 ms doubling to 0.5 s, as the
+    // unary retry policy does. 1 = never reopen.
+    int stream_attempts = 1;
+    // When set and it turns true, the step being measured ends at once (its figures
+    // cover the time until then). Not owned; may be null.
+    const std::atomic<bool>* stop = nullptr;
     // Called when measurement of a step begins and ends (for server-side deltas).
     std::function<void()> on_measure_start;
     std::function<void()> on_measure_end;
@@ -93,6 +107,8 @@ class LoadGenerator {
   class Recorder;
   v1::AttendRequest MakeRequest(int64_t length) const;
   StepResult Measure(Recorder& recorder, const std::string& mode, double level);
+  // Sleeps until `until`; false (at once) if options_.stop is set.
+  bool SleepUnlessStopped(absl::Time until) const;
 
   // Runs `slots` AttendStream streams, each sending its next message when the previous
   // answer arrives.

@@ -104,6 +104,9 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, default_model, "",
           "Model for requests that name none; empty: mha-base when served, else the "
           "repository's only model, else none (such requests get NOT_FOUND).");
+ABSL_FLAG(bool, warm_up, true,
+          "Run each model instance's first forward passes before the port opens, so "
+          "readiness waits for them and no client pays the one-time set-up.");
 ABSL_FLAG(std::string, precision, "fp32",
           "Precision of the built-in model: fp32, or bf16 (needs AVX512_BF16 or AMX; "
           "repository models set theirs in config.pbtxt).");
@@ -165,6 +168,7 @@ int Run() {
   options.models.allow_tf32 = absl::GetFlag(FLAGS_cuda_tf32);
   options.models.builtin_model = absl::GetFlag(FLAGS_builtin_model);
   options.models.default_model = absl::GetFlag(FLAGS_default_model);
+  options.models.warm_up = absl::GetFlag(FLAGS_warm_up);
   options.models.builtin_precision = precision == "bf16"
                                          ? attnserve::core::Precision::kBf16
                                          : attnserve::core::Precision::kFp32;

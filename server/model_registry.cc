@@ -129,7 +129,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
     // The first forward pays oneDNN's one-time set-up (~60 ms measured here; on a GPU,
     // cuBLAS's and the kernels' loading); a
     // warm-up keeps that off the first client's latency.
-    ATTN_RETURN_IF_ERROR(WarmUp(*attention, max_sequence_length));
+    if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUp(*attention, max_sequence_length));
     return attention;
   };
   ATTN_ASSIGN_OR_RETURN(model->batcher, DynamicBatcher::Create(batching, make_attention));

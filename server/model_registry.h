@@ -76,6 +76,10 @@ class ModelRegistry {
     // Precision of the built-in model (a repository's models set theirs in
     // config.pbtxt).
     core::Precision builtin_precision = core::Precision::kFp32;
+    // Run each instance's first forward passes (L=1 and L=128) before the port opens,
+    // so readiness waits for them and no client pays the one-time set-up. Off only to
+    // measure what it saves.
+    bool warm_up = true;
     // Source of time for every batcher; null = real time. Not owned.
     Clock* clock = nullptr;
     // Builds each model's batcher observer (metrics) from its description; may be

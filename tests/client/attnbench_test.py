@@ -8,15 +8,25 @@ import csv
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+import urllib.request
 import xml.dom.minidom
 
 SERVER, ATTNBENCH, ROOT = sys.argv[1], sys.argv[2], sys.argv[3]
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import stubs  # noqa: E402
+
+
+def served(metrics_url):
+    """The server's count of OK calls."""
+    text = urllib.request.urlopen(metrics_url, timeout=30).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("attnserve_requests_total{") and 'code="OK"' in line)
 
 
 class AttnbenchTest(unittest.TestCase):
@@ -85,6 +95,34 @@ class AttnbenchTest(unittest.TestCase):
         run = json.load(open(self.path("s.json")))
         self.assertTrue(run["stream"])
         self.assertGreater(run["steps"][0]["requests"], 0)
+
+    def test_sigint_ends_the_step_and_reports_it(self):
+        """A step an hour long, interrupted once the server has answered: attnbench
+        reports what it measured until then and exits 0."""
+        metrics = f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+        before = served(metrics)
+        process = subprocess.Popen(
+            [ATTNBENCH, f"--target={self.server.target}", "--warmup=0s", "--window=1h",
+             "--max_duration=1h", "--concurrency=2,4", "--seq_len=8",
+             f"--json={self.path('i.json')}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while served(metrics) < before + 20:
+                self.assertLess(time.monotonic(), deadline, "no calls reached the server")
+                time.sleep(0.05)
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            process.kill()
+        self.assertEqual(process.returncode, 0, stderr)
+        self.assertIn("(interrupted)", stderr)
+        run = json.load(open(self.path("i.json")))
+        self.assertEqual(len(run["steps"]), 1, "no step may run after the interrupt")
+        step = run["steps"][0]
+        self.assertTrue(step["interrupted"])
+        self.assertGreater(step["requests"], 0)
+        self.assertLess(step["seconds"], 3600)
 
     def test_bad_arguments_exit_two(self):
         for args in (["--concurrency=0"], ["--seq_len=0"], [], ["--rate=5", "--concurrency=1"],

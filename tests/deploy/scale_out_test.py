@@ -4,7 +4,8 @@
 UNAVAILABLE (what the headless Service + dns:/// gives a client in Kubernetes).
 
 Asserts each replica serves a third of the load (±20%), that a replica receiving SIGTERM
-mid-load costs no failed request, and reports how many fail when one is SIGKILLed
+mid-load costs no failed request (unary calls, and AttendStream streams, which end
+UNAVAILABLE on the draining replica and are reopened elsewhere), and reports how many fail when one is SIGKILLed
 (asserting the others keep succeeding). Bounded: every attnbench run has a fixed length.
 
 usage: scale_out_test.py ATTNSERVE ATTNBENCH REPO_ROOT
@@ -48,12 +49,12 @@ class ScaleOutTest(unittest.TestCase):
                 replica.stop()
         self.dir.cleanup()
 
-    def bench(self, seconds, name):
+    def bench(self, seconds, name, *flags):
         out = os.path.join(self.dir.name, name + ".json")
         command = [ATTNBENCH, f"--target={self.target}", "--lb=round_robin",
                    "--max_attempts=4", "--concurrency=6", "--seq_len=16", "--warmup=0.5s",
                    "--window=1s", f"--max_duration={seconds}s", "--max_requests=100000000",
-                   f"--json={out}"]
+                   f"--json={out}", *flags]
         return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True), out
 
@@ -88,6 +89,27 @@ class ScaleOutTest(unittest.TestCase):
         print(f"\nSIGTERM: client ok={step['requests']} errors={step['errors']} "
               f"victim served {before_kill:.0f} before the signal; survivors {survivors}")
         self.assertEqual(step["errors"], {})
+        self.assertGreater(step["requests"], 0)
+
+    def test_2b_sigterm_ends_streams_cleanly_and_they_reopen_elsewhere(self):
+        # No warm-up and one window as long as the run: measurement starts before the
+        # victim's first answer and cannot end early by being stable, so the signal
+        # lands inside it.
+        process, out = self.bench(8, "stream", "--stream", "--warmup=0s", "--window=8s")
+        victim = self.replicas[0]
+        deadline = time.monotonic() + 60
+        while ok_requests(victim.metrics_port) < 20:
+            self.assertLess(time.monotonic(), deadline, "the victim never got stream load")
+            time.sleep(0.1)
+        victim.process.send_signal(signal.SIGTERM)
+        self.assertEqual(victim.process.wait(timeout=60), 0)
+        step = self.finish(process, out)
+        print(f"\nSIGTERM under streams: client ok={step['requests']} "
+              f"errors={step['errors']} streams reopened={step['streams_reopened']}")
+        # The victim's streams ended UNAVAILABLE after answering what they held; each
+        # was reopened on a survivor and its unanswered message sent again.
+        self.assertEqual(step["errors"], {})
+        self.assertGreaterEqual(step["streams_reopened"], 1)
         self.assertGreater(step["requests"], 0)
 
     def test_3_sigkill_mid_load(self):
