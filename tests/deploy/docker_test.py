@@ -12,7 +12,6 @@ usage: docker_test.py REPO_ROOT BUILD_DIR ATTNSERVE_BINARY ATTNCTL_BINARY
 """
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -25,21 +24,11 @@ import numpy as np
 ROOT, BUILD, ATTNSERVE, ATTNCTL = sys.argv[1:5]
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import stubs  # noqa: E402
+from docker_util import (BASE, IMAGE, build_image, docker, require_engine,  # noqa: E402
+                         wait_for_log_line)
 
-DOCKER = "/usr/bin/docker"
-IMAGE = "attnserve:test"
-BASE = "debian:bookworm-slim"
 UID = 10001
 GRACE_SECONDS = 30
-SKIPPED = 77
-
-
-def docker(*args, timeout=120, check=True):
-    result = subprocess.run([DOCKER, *args], capture_output=True, text=True,
-                            timeout=timeout, env={**os.environ, "DOCKER_BUILDKIT": "0"})
-    if check and result.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args)} failed:\n{result.stderr}")
-    return result.stdout.strip()
 
 
 def image_bytes(image):
@@ -50,27 +39,10 @@ def mib(size):
     return f"{size / 2**20:.0f} MiB"
 
 
-def wait_for_log_line(container, pattern, timeout_s=120):
-    """Waits until the container's output has a line matching `pattern` (or it exits)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        logs = docker("logs", container) + "\n"
-        match = re.search(pattern, logs, re.MULTILINE)
-        if match:
-            return match
-        state = docker("inspect", "-f", "{{.State.Running}}", container)
-        if state != "true":
-            raise AssertionError(f"container exited before '{pattern}':\n{logs}")
-        time.sleep(0.2)
-    raise AssertionError(f"no '{pattern}' in the container's output after {timeout_s} s")
-
-
 class DockerImageTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        started = time.monotonic()
-        docker("build", "--network", "none", "-t", IMAGE, ROOT, timeout=1200)
-        print(f"docker build: {time.monotonic() - started:.0f} s", flush=True)
+        print(f"docker build: {build_image(ROOT):.0f} s", flush=True)
         cls.container = None
 
     @classmethod
@@ -162,13 +134,5 @@ class DockerImageTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    engine = subprocess.run([os.path.join(ROOT, "deploy", "docker-prepare.sh"), "--engine",
-                             BUILD], capture_output=True, text=True, timeout=120)
-    if engine.returncode == 3:
-        print(f"SKIPPED: no Docker engine can start here: {engine.stderr.strip()}")
-        sys.exit(SKIPPED)
-    if engine.returncode != 0:
-        sys.exit(f"docker-prepare failed: {engine.stderr}")
-    if subprocess.run([DOCKER, "image", "inspect", BASE], capture_output=True).returncode:
-        sys.exit(f"{BASE} is missing: run `make deps` (deploy/docker-prepare.sh --all)")
+    require_engine(ROOT, BUILD)
     unittest.main(argv=[sys.argv[0]], verbosity=2)
