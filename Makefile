@@ -5,10 +5,11 @@ JOBS ?= $(shell nproc)
 VENV := $(abspath $(BUILD_DIR))/venv
 CMAKE_ARGS ?=
 SANITIZE_DIR := $(BUILD_DIR)/asan
+TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps deps-build configure build install test test-asan asan-build fuzz overload soak image run bench-core bench-server bench-grid format clean
+.PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-grid format clean
 
 all: build
 
@@ -18,6 +19,7 @@ all: build
 deps:
 	deploy/install-deps.sh --build --test --venv $(VENV)
 	deploy/docker-prepare.sh --all $(BUILD_DIR)
+	deploy/tsan-abseil.sh --fetch $(BUILD_DIR)
 
 # Compiling only (what the image's build stage runs).
 deps-build:
@@ -30,10 +32,11 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 # Installs dependencies, builds Release, runs every test through CTest, then the
-# sanitizer build's tests and fuzzers (test-asan).
+# sanitizer builds' tests and fuzzers (test-asan, test-tsan).
 test: deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	$(MAKE) test-tsan
 
 # clang build of every target with AddressSanitizer + UndefinedBehaviorSanitizer (any
 # report fails the test that triggered it) and libFuzzer coverage; runs the C++ and
@@ -47,6 +50,26 @@ asan-build: deps
 	  -DATTNSERVE_VENV=$(VENV) -DATTNSERVE_SANITIZE=address,undefined,fuzzer-no-link \
 	  -DATTNSERVE_FUZZ_SECONDS=$(FUZZ_SECONDS) -DATTNSERVE_CUDA=off
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+
+# clang build with ThreadSanitizer of the server, the clients and their tests, against
+# Abseil built with TSan from Debian's source (deploy/tsan-abseil.sh); runs the server
+# and client tests and the server-process tests. Any report fails the process that made
+# it (halt_on_error); tests/sanitizers/tsan.supp lists what is suppressed and why.
+TSAN_TARGETS := attnserve attnctl attnbench npy_test server_process_test batch_scheduler_test \
+  host_resources_test dynamic_batcher_test attention_service_test batching_test \
+  kserve_service_test model_registry_test metrics_test
+test-tsan: tsan-build
+	cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
+	  ignore_noninstrumented_modules=1 suppressions=$(abspath tests/sanitizers/tsan.supp)" \
+	  ctest --output-on-failure -j $(JOBS) -L 'server|client|e2e' -LE lint \
+	  -E '^(readme_test|perf_analyzer_test|tritonclient_test|prometheus_scrape_test|export_test|python_package_test)$$'
+
+tsan-build: deps
+	deploy/tsan-abseil.sh --build $(BUILD_DIR)
+	CC=clang CXX=clang++ cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DATTNSERVE_VENV=$(VENV) -DATTNSERVE_SANITIZE=thread -DATTNSERVE_CUDA=off \
+	  -DATTNSERVE_TSAN_ABSEIL=$(abspath $(BUILD_DIR))/tsan-abseil/lib
+	cmake --build $(TSAN_DIR) -j $(JOBS) --target $(TSAN_TARGETS)
 
 # The fuzzers alone, longer: make fuzz FUZZ_SECONDS=3600
 fuzz: FUZZ_SECONDS = 600

@@ -46,10 +46,16 @@ class Results {
   explicit Results(int expected) : expected_(expected) {}
   WorkCallback Callback() {
     return [this](absl::Status status, std::unique_ptr<AttentionWork> work) {
-      absl::MutexLock lock(&mu_);
-      statuses_.push_back(status);
-      works_.push_back(std::move(work));
-      if (static_cast<int>(statuses_.size()) == expected_) done_.Notify();
+      bool all_arrived;
+      {
+        absl::MutexLock lock(&mu_);
+        statuses_.push_back(status);
+        works_.push_back(std::move(work));
+        all_arrived = static_cast<int>(statuses_.size()) == expected_;
+      }
+      // Last touch of *this: once notified, the test may destroy it (notifying under
+      // mu_ let the test destroy mu_ while this thread still held it; TSan found it).
+      if (all_arrived) done_.Notify();
     };
   }
   void Wait() { done_.WaitForNotification(); }
