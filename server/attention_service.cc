@@ -131,6 +131,7 @@ void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadl
   limits.max_sequence_length = model->max_sequence_length;
   limits.max_response_bytes = options_.max_response_bytes;
   limits.max_work_bytes = model->max_queue_bytes;
+  limits.weights_for_statistics = statistics != nullptr;
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
       WorkFromRequest(request, model->spec, limits);
   if (!work.ok()) {

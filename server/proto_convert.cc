@@ -158,6 +158,13 @@ absl::StatusOr<int64_t> AdmitSizes(const v1::AttendRequest& request,
   const int64_t overhead = kResponseOverheadBytes + request.request_id().size();
   if (!attention_bytes ||
       *attention_bytes > limits.max_response_bytes - output_bytes - overhead) {
+    if (limits.weights_for_statistics) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "head statistics need the attention weights, ",
+          attention_bytes ? absl::StrCat(*attention_bytes) : std::string("over 2^63"),
+          " bytes with the output, over max_message_bytes=", limits.max_response_bytes,
+          " (the most one request's weights may take); send fewer tokens"));
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "the response would be ",
         attention_bytes ? absl::StrCat(output_bytes + *attention_bytes + overhead)

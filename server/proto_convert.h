@@ -31,6 +31,10 @@ struct AdmissionLimits {
   int64_t max_response_bytes = 64 << 20;
   // Most bytes one request may hold while queued and computed (the queue's byte budget).
   int64_t max_work_bytes = int64_t{1} << 30;
+  // The attention weights are reduced in the server (HeadStatistics) instead of sent.
+  // They are bounded by max_response_bytes all the same; only the refusal's wording
+  // differs.
+  bool weights_for_statistics = false;
 };
 
 // Checks `request` against the model (`spec`) and `limits` and returns its work, whose

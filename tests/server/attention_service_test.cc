@@ -24,6 +24,7 @@ using ::attnserve::server::testing::RandomValues;
 using ::attnserve::server::testing::StartServer;
 using ::attnserve::server::testing::TestServer;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kD = 512;
 constexpr int64_t kHeads = 8;
@@ -412,6 +413,20 @@ TEST_F(BadInputTest, AttentionWeightsOverTheLargestMessageAreRefusedBeforeQueuei
                  {"the response would be", "attention weights 2147483648",
                   "max_message_bytes=67108864", "without return_attention"});
   EXPECT_EQ(server_->batcher().stats().enqueued, enqueued + 1);  // only the probe
+}
+
+TEST_F(BadInputTest, HeadStatisticsOverTheWeightsLimitSayWhatTheyNeed) {
+  // Statistics reduce the weights in the server; the refusal must not advise dropping
+  // return_attention, which HeadStatistics does not have.
+  v1::HeadStatisticsRequest request;
+  *request.mutable_query() = Float32Tensor(std::vector<float>(8192 * kD), {8192, kD});
+  auto response = server_->client->HeadStatistics(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(response.status().message(),
+              HasSubstr("head statistics need the attention weights, 2147483648 bytes"));
+  EXPECT_THAT(response.status().message(), HasSubstr("max_message_bytes=67108864"));
+  EXPECT_THAT(response.status().message(), Not(HasSubstr("return_attention")));
+  EXPECT_TRUE(server_->client->Attend(Request(2, 9)).ok());
 }
 
 TEST_F(BadInputTest, ShapeWhoseByteCountOverflowsInt64) {
