@@ -162,7 +162,7 @@ absl::StatusOr<int64_t> AdmitSizes(const v1::AttendRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "head statistics need the attention weights, ",
           attention_bytes ? absl::StrCat(*attention_bytes) : std::string("over 2^63"),
-          " bytes with the output, over max_message_bytes=", limits.max_response_bytes,
+          " bytes, over max_message_bytes=", limits.max_response_bytes,
           " (the most one request's weights may take); send fewer tokens"));
     }
     return absl::InvalidArgumentError(absl::StrCat(
