@@ -22,6 +22,7 @@ absl::Status CheckBatchingOptions(const BatchingOptions& options) {
            CheckRange("max_queue_size", options.max_queue_size, 1, 1 << 30),
            CheckRange("max_queue_bytes", options.max_queue_bytes, 1, int64_t{1} << 50),
            CheckRange("instances", options.instances, 1, 256),
+           CheckRange("answer_threads", options.answer_threads, 0, 256),
        }) {
     if (!status.ok()) return status;
   }

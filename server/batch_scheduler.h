@@ -73,6 +73,11 @@ struct BatchingOptions {
   int64_t max_queue_bytes = int64_t{1} << 30;
   // Workers, each running one batch at a time. Range [1, 256].
   int instances = 1;
+  // Threads that answer executed batches (the callbacks: building, serializing and
+  // sending responses), so that a worker starts its next batch while the last one's
+  // answers go out. 0 = each worker answers its own batch before taking the next.
+  // Range [0, 256].
+  int answer_threads = 0;
   // Source of time; not owned; must outlive the scheduler. Null means RealClock.
   Clock* clock = nullptr;
   BatcherObserver observer;
@@ -100,9 +105,10 @@ absl::Status CheckBatchingOptions(const BatchingOptions& options);
 template <typename Task>
 class BatchScheduler {
  public:
-  // Called exactly once per enqueued task, on a worker thread, with OK and the task's
-  // results, or with the error (DEADLINE_EXCEEDED, CANCELLED, or the executor's). Must
-  // not block for long: it delays the worker's next batch.
+  // Called exactly once per enqueued task, on a worker thread (an answer thread for
+  // executed tasks when answer_threads > 0), with OK and the task's results, or with the
+  // error (DEADLINE_EXCEEDED, CANCELLED, or the executor's). Must not block for long: it
+  // delays the thread's next batch or answers.
   using Callback = std::function<void(absl::Status, std::unique_ptr<Task>)>;
   // Runs one batch on worker `instance` (in [0, instances)), filling in each task's
   // results; its status is every task's answer. Called on that worker's thread only.
@@ -117,6 +123,9 @@ class BatchScheduler {
         new BatchScheduler(options, std::move(executor)));
     for (int i = 0; i < options.instances; ++i) {
       scheduler->workers_.emplace_back(&BatchScheduler::WorkerLoop, scheduler.get(), i);
+    }
+    for (int i = 0; i < options.answer_threads; ++i) {
+      scheduler->answerers_.emplace_back(&BatchScheduler::AnswerLoop, scheduler.get());
     }
     return scheduler;
   }
@@ -175,8 +184,8 @@ class BatchScheduler {
     ++generation_;
   }
 
-  // Stops accepting work, executes everything already queued, then joins the workers.
-  // Blocks until done. Idempotent.
+  // Stops accepting work, executes and answers everything already queued, then joins
+  // the threads. Blocks until done. Idempotent.
   void Shutdown() {
     {
       absl::MutexLock lock(&mu_);
@@ -185,6 +194,12 @@ class BatchScheduler {
     absl::MutexLock lock(&join_mu_);
     if (joined_) return;
     for (std::thread& worker : workers_) worker.join();
+    {
+      // Every executed batch is in answers_ now; the answer threads empty it and end.
+      absl::MutexLock lock(&answer_mu_);
+      answers_closed_ = true;
+    }
+    for (std::thread& answerer : answerers_) answerer.join();
     joined_ = true;
   }
 
@@ -228,6 +243,11 @@ class BatchScheduler {
     std::vector<Pending> tasks;
     std::vector<Pending> dropped;  // with their status in `drop_status`
     std::vector<absl::Status> drop_status;
+  };
+  // An executed batch waiting for an answer thread.
+  struct Executed {
+    std::vector<Pending> tasks;
+    absl::Status status;
   };
 
   BatchScheduler(const BatchingOptions& options, Executor executor)
@@ -372,7 +392,31 @@ class BatchScheduler {
           stats_.failed_requests += batch_size;
         }
       }
-      for (Pending& pending : batch.tasks) Answer(pending, status);
+      if (answerers_.empty()) {
+        for (Pending& pending : batch.tasks) Answer(pending, status);
+        continue;
+      }
+      absl::MutexLock lock(&answer_mu_);
+      answers_.push_back(Executed{std::move(batch.tasks), status});
+    }
+  }
+
+  // Answers executed batches in the order they were executed, until Shutdown closed
+  // the queue and it is empty.
+  void AnswerLoop() {
+    while (true) {
+      Executed executed;
+      {
+        absl::MutexLock lock(&answer_mu_);
+        const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(answer_mu_) {
+          return !answers_.empty() || answers_closed_;
+        };
+        answer_mu_.Await(absl::Condition(&ready));
+        if (answers_.empty()) return;
+        executed = std::move(answers_.front());
+        answers_.pop_front();
+      }
+      for (Pending& pending : executed.tasks) Answer(pending, executed.status);
     }
   }
 
@@ -380,6 +424,7 @@ class BatchScheduler {
   Clock* const clock_;
   const Executor executor_;
   std::vector<std::thread> workers_;
+  std::vector<std::thread> answerers_;
 
   mutable absl::Mutex mu_;
   std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
@@ -389,6 +434,11 @@ class BatchScheduler {
   // Bumped on every Enqueue so that waiting workers re-evaluate the policy.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
+  // Executed batches for the answer threads. Their tasks' bytes stay held until each
+  // is answered, so this queue is inside max_queue_bytes.
+  absl::Mutex answer_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::deque<Executed> answers_ ABSL_GUARDED_BY(answer_mu_);
+  bool answers_closed_ ABSL_GUARDED_BY(answer_mu_) = false;
   absl::Mutex join_mu_;
   bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
 };

@@ -50,6 +50,10 @@ ABSL_FLAG(int, max_concurrent_streams, 256,
           "Concurrent calls (HTTP/2 streams) per client connection.");
 ABSL_FLAG(int, instances, 2,
           "Parallel compute workers per model, each with its own copy of the weights.");
+ABSL_FLAG(int, answer_threads, 0,
+          "Threads per model that build, serialize and send responses, so that a "
+          "compute worker starts its next batch at once; 0 = the worker answers its own "
+          "batch first.");
 ABSL_FLAG(int, intra_op_threads, 0,
           "OpenMP threads per worker; 0 = the cores divided by the instances.");
 ABSL_FLAG(int64_t, max_sequence_length, 8192,
@@ -177,6 +181,7 @@ int Run() {
   options.models.batching.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);
   options.models.batching.max_queue_size = absl::GetFlag(FLAGS_max_queue_size);
   options.models.batching.instances = absl::GetFlag(FLAGS_instances);
+  options.models.batching.answer_threads = absl::GetFlag(FLAGS_answer_threads);
   // A container's limit, where one is set (on Kubernetes: the pod's memory limit).
   const int64_t quarter_of_memory =
       attnserve::server::DetectHostResources().memory_bytes / 4;

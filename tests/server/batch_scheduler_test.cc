@@ -322,6 +322,93 @@ TEST(BatchSchedulerTest, ShutdownExecutesWhatIsQueuedThenRefuses) {
   EXPECT_EQ(late.code(), absl::StatusCode::kUnavailable);
 }
 
+TEST(BatchSchedulerTest, AnAnswerThreadAnswersWhileTheWorkerExecutesTheNextBatch) {
+  FakeClock clock;
+  BatchingOptions options = Options(clock);
+  options.max_batch_size = 1;
+  options.answer_threads = 1;
+  Recorder recorder;
+  absl::Notification second_executed;
+  auto record = recorder.Executor();
+  auto scheduler =
+      Scheduler::Create(options, [&](int instance, absl::Span<FakeTask* const> batch) {
+        const absl::Status status = record(instance, batch);
+        if (batch.front()->id == 2) second_executed.Notify();
+        return status;
+      });
+  ASSERT_TRUE(scheduler.ok());
+  // Task 1's answer returns only once task 2 was executed. The one worker can do that
+  // only if it left task 1's answer to the answer thread (answering it itself, it
+  // would wait here for the full minute and the expectation would fail).
+  std::atomic<bool> second_ran_during_first_answer{false};
+  auto answer_first = recorder.Callback();
+  ASSERT_TRUE((*scheduler)
+                  ->Enqueue(Task(1),
+                            [&](absl::Status status, std::unique_ptr<FakeTask> task) {
+                              second_ran_during_first_answer =
+                                  second_executed.WaitForNotificationWithTimeout(
+                                      absl::Seconds(60));
+                              answer_first(std::move(status), std::move(task));
+                            })
+                  .ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2), recorder.Callback()).ok());
+  recorder.Wait(2);
+  EXPECT_TRUE(second_ran_during_first_answer.load());
+  EXPECT_TRUE(recorder.StatusOf(1).ok());
+  EXPECT_TRUE(recorder.StatusOf(2).ok());
+}
+
+TEST(BatchSchedulerTest, AnsweredBytesStayHeldUntilTheAnswerThreadAnswers) {
+  FakeClock clock;
+  BatchingOptions options = Options(clock);
+  options.max_batch_size = 1;
+  options.answer_threads = 1;
+  options.max_queue_bytes = 100;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  absl::Notification inside_answer, release_answer;
+  auto task = Task(1);
+  task->reserved_bytes = 60;
+  auto callback = recorder.Callback();
+  ASSERT_TRUE((*scheduler)
+                  ->Enqueue(std::move(task),
+                            [&](absl::Status status, std::unique_ptr<FakeTask> done) {
+                              inside_answer.Notify();
+                              release_answer.WaitForNotification();
+                              callback(std::move(status), std::move(done));
+                            })
+                  .ok());
+  inside_answer.WaitForNotification();
+  // Executed, not yet answered: its 60 bytes still count, so 60 more do not fit.
+  EXPECT_EQ((*scheduler)->held_bytes(), 60);
+  auto second = Task(2);
+  second->reserved_bytes = 60;
+  EXPECT_EQ((*scheduler)->Enqueue(std::move(second), recorder.Callback()).code(),
+            absl::StatusCode::kResourceExhausted);
+  release_answer.Notify();
+  recorder.Wait(1);
+  (*scheduler)->Shutdown();
+  EXPECT_EQ((*scheduler)->held_bytes(), 0);
+}
+
+TEST(BatchSchedulerTest, ShutdownAnswersEveryExecutedTaskThroughTheAnswerThreads) {
+  FakeClock clock;
+  Recorder recorder;
+  BatchingOptions options = Options(clock);
+  options.max_queue_delay = absl::Hours(1);
+  options.max_batch_size = 2;
+  options.answer_threads = 2;
+  auto scheduler = Scheduler::Create(options, recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  for (int id = 1; id <= 5; ++id) {
+    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
+  }
+  (*scheduler)->Shutdown();  // returns only after every callback ran
+  for (int id = 1; id <= 5; ++id) EXPECT_TRUE(recorder.StatusOf(id).ok()) << id;
+  EXPECT_EQ((*scheduler)->held_bytes(), 0);
+}
+
 TEST(BatchSchedulerTest, BadOptionsAreRefusedByName) {
   BatchingOptions options;
   options.instances = 0;
@@ -329,6 +416,12 @@ TEST(BatchSchedulerTest, BadOptionsAreRefusedByName) {
   auto scheduler = Scheduler::Create(options, recorder.Executor());
   EXPECT_EQ(scheduler.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(scheduler.status().message(), HasSubstr("instances must be in [1, 256]"));
+  options.instances = 1;
+  options.answer_threads = -1;
+  scheduler = Scheduler::Create(options, recorder.Executor());
+  EXPECT_EQ(scheduler.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(scheduler.status().message(),
+              HasSubstr("answer_threads must be in [0, 256], got -1"));
 }
 
 }  // namespace

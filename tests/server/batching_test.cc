@@ -214,6 +214,46 @@ TEST(StreamingTest, ThousandMessagesAnsweredInOrderWithOneError) {
   EXPECT_EQ(received, kMessages);
 }
 
+// Two workers and two answer threads: batches finish and are answered in any order,
+// and each stream still gets its answers in the order of its messages.
+TEST(StreamingTest, AnswerThreadsKeepEveryStreamInOrder) {
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    options.models.batching.instances = 2;
+    options.models.batching.answer_threads = 2;
+  });
+  constexpr int kStreams = 3;
+  constexpr int kMessages = 200;
+  std::vector<std::thread> streams;
+  for (int s = 0; s < kStreams; ++s) {
+    streams.emplace_back([&, s] {
+      grpc::ClientContext context;
+      auto stream = server.client->stub()->AttendStream(&context);
+      std::thread writer([&] {
+        for (int i = 0; i < kMessages; ++i) {
+          v1::AttendStreamRequest message;
+          *message.mutable_request() = Request(1 + (i + s) % 8, i);
+          message.mutable_request()->set_request_id(absl::StrCat(s, "-", i));
+          if (!stream->Write(message)) break;
+        }
+        stream->WritesDone();
+      });
+      int received = 0;
+      v1::AttendStreamResponse answer;
+      while (stream->Read(&answer)) {
+        EXPECT_TRUE(answer.has_response()) << answer.error().message();
+        EXPECT_EQ(answer.response().request_id(), absl::StrCat(s, "-", received));
+        EXPECT_EQ(answer.response().output().shape(0), 1 + (received + s) % 8);
+        ++received;
+      }
+      writer.join();
+      EXPECT_TRUE(stream->Finish().ok());
+      EXPECT_EQ(received, kMessages);
+    });
+  }
+  for (std::thread& stream : streams) stream.join();
+  EXPECT_EQ(server.batcher().stats().computed_requests, kStreams * kMessages);
+}
+
 TEST(StreamingTest, DrainAnswersWhatTheStreamHoldsThenEndsUnavailable) {
   TestServer server = StartServer([](AttentionServer::Options& options) {
     // Long enough that a stream left open until the grace period ends would end
