@@ -95,6 +95,7 @@ bench_packages=(
   python3-numpy
   python3-yaml
   libopenblas0-pthread
+  linux-perf # bench-server's profile of the server core
 )
 
 usage() {
