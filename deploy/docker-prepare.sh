@@ -6,7 +6,8 @@
 #   deploy/docker-prepare.sh --all BUILD_DIR      the engine, debian:bookworm-slim made
 #       with debootstrap (cached as BUILD_DIR/docker/bookworm-minbase.tar) and imported,
 #       and the Dockerfile's package stages (build-deps, runtime-deps) built once, so
-#       later builds reuse those layers without network
+#       later builds reuse those layers without network; and attnserve-prometheus:debian
+#       (deploy/prometheus/Dockerfile.debian, Debian's Prometheus) for compose_test
 #
 # The engine runs without a bridge network (--bridge=none, no iptables): containers use
 # --network host on loopback ports only. Exit codes: 0 ready; 3 the engine cannot start
@@ -88,6 +89,14 @@ warm_package_layers() {
   done
 }
 
+# Debian's Prometheus package in an image, standing in for prom/prometheus:v2.42.0
+# (no registry here) when the compose stack is tested.
+build_prometheus_image() {
+  echo "docker-prepare: building attnserve-prometheus:debian (Debian's prometheus package)"
+  DOCKER_BUILDKIT=0 "${docker}" build -q --network host -t attnserve-prometheus:debian \
+    -f "${root}/deploy/prometheus/Dockerfile.debian" "${root}/deploy/prometheus" >/dev/null
+}
+
 case "${mode}" in
   --engine) start_engine ;;
   --all)
@@ -98,6 +107,7 @@ case "${mode}" in
     }
     make_base_image
     warm_package_layers
+    build_prometheus_image
     ;;
   *)
     echo "usage: $0 --engine|--all BUILD_DIR" >&2

@@ -84,6 +84,7 @@ test_packages=(
   python3-yaml
   prometheus
   docker.io
+  docker-compose # compose_test: deploy/compose.yaml run for real
   debootstrap
   python3-torch
   openssl
