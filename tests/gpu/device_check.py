@@ -10,7 +10,8 @@ Steps, each printed with its figures and targets:
      (8,512,768,12), (1,4096,1024,16), in TFLOP/s and as a fraction of a measured bf16
      matmul peak;
   3. the server end to end: attnserve --device=cuda:0 under attnbench, with the GPU's
-     and the server process's CPU utilization sampled during the run.
+     and the server process's CPU utilization sampled during the run; fp32 once more
+     with --answer_threads=2 (responses built and sent off the compute threads).
 usage: device_check.py BIN_DIR REPO_DIR OUT_DIR
 """
 import json
@@ -145,13 +146,16 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def server(precision):
+def server(precision, flags=(), name=None):
+    """attnserve on the GPU under attnbench at c=1, 16, 64; `flags` are added to its
+    command line and `name` (default server_PRECISION) keys the results."""
+    name = name or f"server_{precision}"
     port_file = tempfile.mktemp()
     server = subprocess.Popen(
         [os.path.join(BIN, "attnserve"), "--device=cuda:0", f"--precision={precision}",
          "--host=127.0.0.1", "--port=0", f"--port_file={port_file}", "--metrics_port=18080",
          "--metrics_host=127.0.0.1", "--http_port=-1", "--instances=2",
-         "--max_batch_size=64"],
+         "--max_batch_size=64", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     threading.Thread(target=lambda: lines.extend(server.stdout), daemon=True).start()
@@ -159,7 +163,7 @@ def server(precision):
     while not os.path.exists(port_file) or not open(port_file).read().strip():
         if server.poll() is not None or time.time() > deadline:
             log("  attnserve did not start:", "".join(lines)[-2000:])
-            results["steps"][f"server_{precision}"] = 1
+            results["steps"][name] = 1
             return
         time.sleep(0.2)
     port = open(port_file).read().strip()
@@ -191,7 +195,7 @@ def server(precision):
         cpu = (cpu_seconds(server.pid) - cpu_before) / (time.time() - wall_before)
         if bench.returncode != 0:
             log("  attnbench failed:", bench.stderr[-1000:])
-            results["steps"][f"server_{precision}"] = bench.returncode
+            results["steps"][name] = bench.returncode
             break
         step = json.load(open(out))["steps"][0]
         gpu = statistics.median(utilization) if utilization else float("nan")
@@ -202,7 +206,7 @@ def server(precision):
         steps.append({"concurrency": concurrency, "step": step, "gpu_utilization": gpu,
                       "server_cpu_cores": cpu})
     else:
-        results["steps"][f"server_{precision}"] = 0
+        results["steps"][name] = 0
     try:
         import urllib.request
         metrics = urllib.request.urlopen("http://127.0.0.1:18080/metrics", timeout=10).read()
@@ -211,10 +215,10 @@ def server(precision):
                 log("  ", line)
     except OSError as error:
         log("  /metrics:", error)
-        results["steps"][f"metrics_{precision}"] = 1
+        results["steps"][f"metrics_{name}"] = 1
     server.terminate()
     server.wait(timeout=60)
-    results[f"server_{precision}"] = steps
+    results[name] = steps
 
 
 def memcheck():
@@ -236,6 +240,10 @@ def main():
                           "--format=csv,noheader") or "nvidia-smi: none")
     steps = {"correctness": correctness, "speed": speed,
              "server_bf16": lambda: server("bf16"), "server_fp32": lambda: server("fp32"),
+             # Responses built and sent off the compute threads, beside server_fp32:
+             # on the GPU compute leaves the CPU free, so this is where it can pay off.
+             "server_fp32_answer_threads": lambda: server(
+                 "fp32", ["--answer_threads=2"], "server_fp32_answer_threads"),
              "memcheck": memcheck}
     # DEVICE_CHECK_STEPS=speed,memcheck runs some of them (a rerun inside a short lease).
     chosen = os.environ.get("DEVICE_CHECK_STEPS", ",".join(steps)).split(",")
