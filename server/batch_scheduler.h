@@ -401,8 +401,8 @@ class BatchScheduler {
     }
   }
 
-  // Answers executed batches in the order they were executed, until Shutdown closed
-  // the queue and it is empty.
+  // Takes executed batches in the order they were executed and answers their tasks,
+  // until Shutdown closed the queue and it is empty.
   void AnswerLoop() {
     while (true) {
       Executed executed;
@@ -436,7 +436,7 @@ class BatchScheduler {
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
   // Executed batches for the answer threads. Their tasks' bytes stay held until each
   // is answered, so this queue is inside max_queue_bytes.
-  absl::Mutex answer_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Mutex answer_mu_;  // never held together with mu_
   std::deque<Executed> answers_ ABSL_GUARDED_BY(answer_mu_);
   bool answers_closed_ ABSL_GUARDED_BY(answer_mu_) = false;
   absl::Mutex join_mu_;
