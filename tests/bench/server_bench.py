@@ -132,13 +132,13 @@ PROFILE_GROUPS = (("compute (oneDNN)", ("[JIT]", "libdnnl")), ("kernel", ("[kern
 
 
 def profile(pid, seconds, out):
-    """perf's CPU samples of `pid` for `seconds`, as {group: percent}; None where perf
-    cannot record here."""
+    """Fills `out` with perf's CPU samples of `pid` over `seconds`, as {group: percent};
+    leaves it empty where perf cannot record here."""
     data = os.path.join(TMP.name, "perf.data")
     record = subprocess.run(["perf", "record", "-F", "999", "-p", str(pid), "-o", data,
                              "--", "sleep", str(seconds)], capture_output=True, text=True)
     if record.returncode != 0:
-        return None
+        return
     report = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", "dso",
                              "-g", "none", "--stdio"], capture_output=True, text=True).stdout
     groups = {name: 0.0 for name, _ in PROFILE_GROUPS}
@@ -152,7 +152,6 @@ def profile(pid, seconds, out):
                      if any(fields[1].strip().startswith(p) for p in prefixes)), "other")
         groups[name] += share
     out.update(groups)
-    return groups
 
 
 @functools.lru_cache(maxsize=None)
@@ -350,10 +349,10 @@ def main():
         stop(server)
     print("2b. responses built and sent by an answer thread (--answer_threads=1) vs by the "
           "compute thread (0), L=128, one core:")
-    for on, off in zip(steps[0], steps[1]):
-        print(f"   concurrency {on['level']:>4.0f}: on the compute thread {line(on)} | "
-              f"answer thread {line(off)} | x{off['requests_per_second'] / on['requests_per_second']:.2f}",
-              flush=True)
+    for worker, handed_off in zip(steps[0], steps[1]):
+        gain = handed_off["requests_per_second"] / worker["requests_per_second"]
+        print(f"   concurrency {worker['level']:>4.0f}: on the compute thread {line(worker)} | "
+              f"answer thread {line(handed_off)} | x{gain:.2f}", flush=True)
 
     # 3. Batching gain on short sequences, and RSS under c64 with a 32 MiB queue budget.
     server, target, metrics = attnserve("--max_queue_bytes=33554432")

@@ -34,13 +34,12 @@ import sys
 import time
 import unittest
 import urllib.parse
-import urllib.request
 
 import yaml
 
 ROOT, BUILD, ATTNCTL = sys.argv[1:4]
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from docker_util import IMAGE, build_image, docker, require_engine  # noqa: E402
+from docker_util import IMAGE, build_image, docker, http_get, require_engine  # noqa: E402
 
 COMPOSE = "/usr/bin/docker-compose"  # Debian's docker-compose (1.29)
 PROJECT = "attnserve-compose-test"
@@ -59,11 +58,6 @@ def compose(*args, timeout=300, check=True):
     if check and result.returncode != 0:
         raise AssertionError(f"docker-compose {' '.join(args)} failed:\n{result.stderr}")
     return result.stdout.strip()
-
-
-def http_get(url, timeout=10):
-    with urllib.request.urlopen(url, timeout=timeout) as reply:
-        return reply.status, reply.read().decode()
 
 
 def wait_for(what, condition, timeout_s=120, poll_s=0.5):

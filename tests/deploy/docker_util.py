@@ -1,11 +1,13 @@
 """Helpers shared by the tests that run the project image with a real Docker engine:
 the docker CLI, the engine check (exit 77, CTest's SKIP_RETURN_CODE, where none can
-start), the offline image build, and waiting on a container's output."""
+start), the offline image build, waiting on a container's output, and a plain HTTP GET
+for the containers' loopback ports."""
 import os
 import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 DOCKER = "/usr/bin/docker"
 IMAGE = "attnserve:test"
@@ -57,3 +59,9 @@ def wait_for_log_line(container, pattern, timeout_s=120, poll_s=0.2):
             raise AssertionError(f"container exited before '{pattern}':\n{logs}")
         time.sleep(poll_s)
     raise AssertionError(f"no '{pattern}' in the container's output after {timeout_s} s")
+
+
+def http_get(url, timeout=10):
+    """(status, body) of a GET; raises OSError (URLError) while nothing answers."""
+    with urllib.request.urlopen(url, timeout=timeout) as reply:
+        return reply.status, reply.read().decode()

@@ -35,14 +35,14 @@ import time
 import unittest
 import urllib.error
 import urllib.parse
-import urllib.request
 
 import yaml
 
 ROOT, BUILD, ATTNBENCH = sys.argv[1:4]
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import stubs  # noqa: E402
-from docker_util import IMAGE, build_image, docker, require_engine, wait_for_log_line  # noqa: E402,E501
+from docker_util import (IMAGE, build_image, docker, http_get, require_engine,  # noqa: E402
+                         wait_for_log_line)
 
 K8S = os.path.join(ROOT, "deploy", "k8s")
 NAMESPACE = "attnserve"
@@ -52,11 +52,6 @@ SLOTS = 3
 def load_yaml(*path):
     with open(os.path.join(K8S, *path)) as f:
         return yaml.safe_load(f)
-
-
-def http_get(url, timeout=10):
-    with urllib.request.urlopen(url, timeout=timeout) as reply:
-        return reply.status, reply.read().decode()
 
 
 def free_port():
