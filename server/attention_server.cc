@@ -245,21 +245,27 @@ void AttentionServer::Shutdown() {
   server_->GetHealthCheckService()->Shutdown();
   kserve_->StartDraining();
   if (http_ != nullptr) http_->StartDraining();
-  // Open streams stop reading now, answer what they hold and end with UNAVAILABLE, so
-  // their clients reopen elsewhere instead of being cancelled at the grace period's end.
-  service_->DrainStreams();
-  // Queued work runs now instead of waiting for company: gRPC's Shutdown below returns
-  // only once every accepted call has finished.
+  // New calls and stream messages are answered UNAVAILABLE from now on, before any work
+  // (clients with a retry policy retry them elsewhere); open streams stop reading,
+  // answer what they hold and end with UNAVAILABLE, so their clients reopen elsewhere.
+  service_->StartDraining();
+  // Queued work runs now instead of waiting for company.
   registry_->Flush();
+  // Every accepted call finishes and hands its answer to the transport before gRPC's
+  // Shutdown sends GOAWAY. gRPC closes a connection the moment its last call ends after
+  // a GOAWAY; when a client had not yet read the tail of an answer, that tail was still
+  // in the kernel's send queue, and the client's next window update then reset the
+  // connection and lost the answer. With nothing left in flight, the ping that follows
+  // the GOAWAY comes after every answer, so its ack means the client has read them all.
+  const bool all_answered = service_->AwaitNoOpenCalls(start + options_.grace_period);
+  LogEvent("calls_answered", {{"all", all_answered ? "true" : "false"},
+                              {"open", absl::StrCat(service_->open_calls())},
+                              {"elapsed", absl::FormatDuration(absl::Now() - start)}});
   // Stops accepting calls: the listener closes and clients get GOAWAY, so their next
   // calls go to other replicas; a call that raced the GOAWAY is refused by gRPC itself,
-  // which clients retry transparently (an application-level UNAVAILABLE here would
-  // instead spend one of their retry attempts). Calls already accepted keep running
-  // (they wait on the batchers, which keep computing) until the grace period ends,
-  // then the rest are cancelled.
+  // which clients retry transparently. Calls still open (only when the grace period ran
+  // out above) are cancelled.
   server_->Shutdown(absl::ToChronoTime(start + options_.grace_period));
-  // Nothing new can arrive now; anything that still reaches a handler is refused.
-  service_->StartDraining();
   // HTTP requests in flight finish (new ones are refused UNAVAILABLE) before the
   // batchers stop.
   if (http_ != nullptr) http_->Stop();

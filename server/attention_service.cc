@@ -21,18 +21,34 @@ absl::Status Unavailable() {
   return absl::UnavailableError("the server is shutting down; retry on another replica");
 }
 
-// A unary Attend call; finished from the batcher's callback, deleted by gRPC's OnDone.
+// A unary call, open (AttentionService::CallOpened) until gRPC's OnDone deletes it.
+class CountedReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit CountedReactor(AttentionService* service) : service_(service) {
+    service_->CallOpened();
+  }
+  void OnDone() override {
+    service_->CallClosed();
+    delete this;
+  }
+
+ private:
+  AttentionService* const service_;
+};
+
+// A unary Attend call; finished from the batcher's callback.
 // A cancellation wakes the model's batcher (not owned; may be null), which then drops
 // the request at once, so an abandoned call stops holding queue space.
-class AttendReactor final : public grpc::ServerUnaryReactor {
+class AttendReactor final : public CountedReactor {
  public:
-  explicit AttendReactor(DynamicBatcher* batcher)
-      : batcher_(batcher), cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
+  AttendReactor(AttentionService* service, DynamicBatcher* batcher)
+      : CountedReactor(service),
+        batcher_(batcher),
+        cancelled_(std::make_shared<std::atomic<bool>>(false)) {}
   void OnCancel() override {
     cancelled_->store(true, std::memory_order_release);
     if (batcher_ != nullptr) batcher_->Wake();
   }
-  void OnDone() override { delete this; }
   std::shared_ptr<std::atomic<bool>> cancelled() const { return cancelled_; }
 
  private:
@@ -92,6 +108,33 @@ void AttentionService::DrainStreams() {
 void AttentionService::StartDraining() {
   draining_.store(true, std::memory_order_release);
   DrainStreams();
+}
+
+void AttentionService::CallOpened() {
+  absl::MutexLock lock(&calls_mu_);
+  ++open_calls_;
+}
+
+void AttentionService::CallClosed() {
+  absl::MutexLock lock(&calls_mu_);
+  --open_calls_;
+}
+
+bool AttentionService::AwaitNoOpenCalls(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  const auto none_open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
+    return open_calls_ == 0;
+  };
+  return calls_mu_.AwaitWithDeadline(absl::Condition(&none_open), deadline);
+}
+
+int64_t AttentionService::open_calls() const {
+  absl::MutexLock lock(&calls_mu_);
+  return open_calls_;
+}
+
+grpc::ServerUnaryReactor* AttentionService::NewUnaryReactor() {
+  return new CountedReactor(this);
 }
 
 void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadline,
@@ -194,10 +237,11 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
                                                    v1::AttendResponse* response) {
   const absl::Time start = StartRpc("Attend");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
-    return FinishNow(context, "Attend", start, allowed);
+    return FinishNow("Attend", start, allowed);
   }
   const ServedModel* model = registry_->Find(request->model());
-  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
+  auto* reactor =
+      new AttendReactor(this, model != nullptr ? model->batcher.get() : nullptr);
   Submit(
       *request, CallDeadline(context), reactor->cancelled(),
       [this, start, reactor, response](absl::Status status, v1::AttendResponse result) {
@@ -213,10 +257,11 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
     v1::HeadStatisticsResponse* response) {
   const absl::Time start = StartRpc("HeadStatistics");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
-    return FinishNow(context, "HeadStatistics", start, allowed);
+    return FinishNow("HeadStatistics", start, allowed);
   }
   const ServedModel* model = registry_->Find(request->model());
-  auto* reactor = new AttendReactor(model != nullptr ? model->batcher.get() : nullptr);
+  auto* reactor =
+      new AttendReactor(this, model != nullptr ? model->batcher.get() : nullptr);
   // The same inputs as an Attend with return_attention, so that validation and
   // admission (field names, limits, budgets) are the same. Copied: this is an
   // analysis call, not the serving path.
@@ -242,7 +287,7 @@ AttentionService::AttendStream(grpc::CallbackServerContext* context) {
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
     EndRpc("AttendStream", allowed.code(), StartRpc("AttendStream"));
     return new RefusedStream<v1::AttendStreamRequest, v1::AttendStreamResponse>(
-        ToGrpcStatus(allowed));
+        this, ToGrpcStatus(allowed));
   }
   return new StreamReactor<AttendStreamProtocol>(this, context);
 }
@@ -262,11 +307,11 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(
     v1::ListModelsResponse* response) {
   const absl::Time start = StartRpc("ListModels");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
-    return FinishNow(context, "ListModels", start, allowed);
+    return FinishNow("ListModels", start, allowed);
   }
   for (const ServedModel* model : registry_->models())
     *response->add_models() = model->info;
-  return FinishNow(context, "ListModels", start, absl::OkStatus());
+  return FinishNow("ListModels", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext* context,
@@ -274,17 +319,17 @@ grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext
                                                      v1::GetModelResponse* response) {
   const absl::Time start = StartRpc("GetModel");
   if (absl::Status allowed = Authorize(context); !allowed.ok()) {
-    return FinishNow(context, "GetModel", start, allowed);
+    return FinishNow("GetModel", start, allowed);
   }
   const ServedModel* model =
       request->name().empty() ? nullptr : registry_->Find(request->name());
   if (model == nullptr) {
-    return FinishNow(context, "GetModel", start,
+    return FinishNow("GetModel", start,
                      absl::NotFoundError(
                          absl::StrCat("model \"", request->name(), "\" is not served")));
   }
   *response->mutable_model() = model->info;
-  return FinishNow(context, "GetModel", start, absl::OkStatus());
+  return FinishNow("GetModel", start, absl::OkStatus());
 }
 
 absl::Time AttentionService::StartRpc(absl::string_view method) const {
@@ -298,11 +343,11 @@ void AttentionService::EndRpc(absl::string_view method, absl::StatusCode code,
     observer_.on_rpc_handled(method, code, absl::Now() - start);
 }
 
-grpc::ServerUnaryReactor* AttentionService::FinishNow(
-    grpc::CallbackServerContext* context, absl::string_view method, absl::Time start,
-    const absl::Status& status) const {
+grpc::ServerUnaryReactor* AttentionService::FinishNow(absl::string_view method,
+                                                      absl::Time start,
+                                                      const absl::Status& status) {
   EndRpc(method, status.code(), start);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = NewUnaryReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }

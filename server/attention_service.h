@@ -77,6 +77,19 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   // queued are computed. Also drains streams. Idempotent.
   void StartDraining();
 
+  // Open calls: every call of this server's services (this one's and the KServe
+  // service's) counts from its handler's start until gRPC's OnDone, by which time its
+  // answer has been handed to the transport. CallOpened/CallClosed are for reactors;
+  // every reactor this server returns calls each once.
+  void CallOpened();
+  void CallClosed();
+  // Blocks until no call is open or `deadline` passes; true when none is open.
+  bool AwaitNoOpenCalls(absl::Time deadline);
+  int64_t open_calls() const;
+  // A reactor for a unary call that is finished from elsewhere (a batcher callback) or
+  // at once: it counts as an open call until its OnDone, then deletes itself.
+  grpc::ServerUnaryReactor* NewUnaryReactor();
+
   const ServiceObserver& observer() const { return observer_; }
   // OK when the call carries a valid token (or no tokens are configured).
   absl::Status Authorize(const grpc::CallbackServerContext* context) const;
@@ -122,9 +135,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   // counts its outcome; FinishNow does EndRpc and finishes a call answered at once.
   absl::Time StartRpc(absl::string_view method) const;
   void EndRpc(absl::string_view method, absl::StatusCode code, absl::Time start) const;
-  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
-                                      absl::string_view method, absl::Time start,
-                                      const absl::Status& status) const;
+  grpc::ServerUnaryReactor* FinishNow(absl::string_view method, absl::Time start,
+                                      const absl::Status& status);
 
  private:
   ModelRegistry* const registry_;
@@ -134,6 +146,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   absl::Mutex streams_mu_;
   absl::flat_hash_set<OpenStream*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool streams_draining_ ABSL_GUARDED_BY(streams_mu_) = false;
+  mutable absl::Mutex calls_mu_;
+  int64_t open_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };
 
 }  // namespace attnserve::server

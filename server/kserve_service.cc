@@ -203,41 +203,41 @@ KServeService::KServeService(ModelRegistry* registry, AttentionService* attentio
     : registry_(registry), attention_(attention), metrics_(metrics) {}
 
 grpc::ServerUnaryReactor* KServeService::ServerLive(
-    grpc::CallbackServerContext* context, const inference::ServerLiveRequest*,
+    grpc::CallbackServerContext* /*context*/, const inference::ServerLiveRequest*,
     inference::ServerLiveResponse* response) {
   const absl::Time start = attention_->StartRpc("ServerLive");
   response->set_live(true);
-  return attention_->FinishNow(context, "ServerLive", start, absl::OkStatus());
+  return attention_->FinishNow("ServerLive", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerReady(
-    grpc::CallbackServerContext* context, const inference::ServerReadyRequest*,
+    grpc::CallbackServerContext* /*context*/, const inference::ServerReadyRequest*,
     inference::ServerReadyResponse* response) {
   const absl::Time start = attention_->StartRpc("ServerReady");
   response->set_ready(!draining_.load(std::memory_order_acquire) &&
                       !registry_->models().empty());
-  return attention_->FinishNow(context, "ServerReady", start, absl::OkStatus());
+  return attention_->FinishNow("ServerReady", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelReady(
-    grpc::CallbackServerContext* context, const inference::ModelReadyRequest* request,
+    grpc::CallbackServerContext* /*context*/, const inference::ModelReadyRequest* request,
     inference::ModelReadyResponse* response) {
   const absl::Time start = attention_->StartRpc("ModelReady");
   const bool known = !request->name().empty() &&
                      registry_->Find(request->name()) != nullptr &&
                      (request->version().empty() || request->version() == kModelVersion);
   response->set_ready(known && !draining_.load(std::memory_order_acquire));
-  return attention_->FinishNow(context, "ModelReady", start, absl::OkStatus());
+  return attention_->FinishNow("ModelReady", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerMetadata(
-    grpc::CallbackServerContext* context, const inference::ServerMetadataRequest*,
+    grpc::CallbackServerContext* /*context*/, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
   const absl::Time start = attention_->StartRpc("ServerMetadata");
   response->set_name("attnserve");
   response->set_version(kServerVersion);
   for (const char* extension : kExtensions) response->add_extensions(extension);
-  return attention_->FinishNow(context, "ServerMetadata", start, absl::OkStatus());
+  return attention_->FinishNow("ServerMetadata", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelMetadata(
@@ -245,15 +245,15 @@ grpc::ServerUnaryReactor* KServeService::ModelMetadata(
     inference::ModelMetadataResponse* response) {
   const absl::Time start = attention_->StartRpc("ModelMetadata");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow(context, "ModelMetadata", start, allowed);
+    return attention_->FinishNow("ModelMetadata", start, allowed);
   }
   const absl::StatusOr<const ServedModel*> model =
       FindServed(request->name(), request->version());
   if (!model.ok()) {
-    return attention_->FinishNow(context, "ModelMetadata", start, model.status());
+    return attention_->FinishNow("ModelMetadata", start, model.status());
   }
   FillModelMetadata(**model, response);
-  return attention_->FinishNow(context, "ModelMetadata", start, absl::OkStatus());
+  return attention_->FinishNow("ModelMetadata", start, absl::OkStatus());
 }
 
 absl::StatusOr<const ServedModel*> KServeService::FindServed(
@@ -300,15 +300,15 @@ grpc::ServerUnaryReactor* KServeService::ModelConfig(
     inference::ModelConfigResponse* response) {
   const absl::Time start = attention_->StartRpc("ModelConfig");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow(context, "ModelConfig", start, allowed);
+    return attention_->FinishNow("ModelConfig", start, allowed);
   }
   const absl::StatusOr<const ServedModel*> model =
       FindServed(request->name(), request->version());
   if (!model.ok()) {
-    return attention_->FinishNow(context, "ModelConfig", start, model.status());
+    return attention_->FinishNow("ModelConfig", start, model.status());
   }
   FillModelConfig(**model, response->mutable_config());
-  return attention_->FinishNow(context, "ModelConfig", start, absl::OkStatus());
+  return attention_->FinishNow("ModelConfig", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
@@ -317,7 +317,7 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
     inference::RepositoryIndexResponse* response) {
   const absl::Time start = attention_->StartRpc("RepositoryIndex");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow(context, "RepositoryIndex", start, allowed);
+    return attention_->FinishNow("RepositoryIndex", start, allowed);
   }
   const bool draining = draining_.load(std::memory_order_acquire);
   if (!(request->ready() && draining)) {
@@ -329,7 +329,7 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
       if (draining) entry->set_reason("the server is shutting down");
     }
   }
-  return attention_->FinishNow(context, "RepositoryIndex", start, absl::OkStatus());
+  return attention_->FinishNow("RepositoryIndex", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelStatistics(
@@ -338,7 +338,7 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     inference::ModelStatisticsResponse* response) {
   const absl::Time start = attention_->StartRpc("ModelStatistics");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow(context, "ModelStatistics", start, allowed);
+    return attention_->FinishNow("ModelStatistics", start, allowed);
   }
   std::vector<const ServedModel*> models;
   if (request->name().empty() &&
@@ -348,7 +348,7 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     const absl::StatusOr<const ServedModel*> model =
         FindServed(request->name(), request->version());
     if (!model.ok()) {
-      return attention_->FinishNow(context, "ModelStatistics", start, model.status());
+      return attention_->FinishNow("ModelStatistics", start, model.status());
     }
     models.push_back(*model);
   }
@@ -377,7 +377,7 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     duration(infer->mutable_compute_input(), totals->compute_count, 0);
     duration(infer->mutable_compute_output(), totals->compute_count, 0);
   }
-  return attention_->FinishNow(context, "ModelStatistics", start, absl::OkStatus());
+  return attention_->FinishNow("ModelStatistics", start, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(
@@ -385,14 +385,13 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
     inference::ModelInferResponse* response) {
   const absl::Time start = attention_->StartRpc("ModelInfer");
   if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow(context, "ModelInfer", start, allowed);
+    return attention_->FinishNow("ModelInfer", start, allowed);
   }
   absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(*request);
-  if (!attend.ok())
-    return attention_->FinishNow(context, "ModelInfer", start, attend.status());
+  if (!attend.ok()) return attention_->FinishNow("ModelInfer", start, attend.status());
   // The converted request lives until its answer (the queued work views its bytes).
   auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::ServerUnaryReactor* reactor = attention_->NewUnaryReactor();
   attention_->Submit(*shared, CallDeadline(context), nullptr,
                      [this, start, shared, request, response, reactor](
                          absl::Status status, v1::AttendResponse result) {
@@ -438,7 +437,8 @@ KServeService::ModelStreamInfer(grpc::CallbackServerContext* context) {
     attention_->EndRpc("ModelStreamInfer", allowed.code(),
                        attention_->StartRpc("ModelStreamInfer"));
     return new RefusedStream<inference::ModelInferRequest,
-                             inference::ModelStreamInferResponse>(ToGrpcStatus(allowed));
+                             inference::ModelStreamInferResponse>(attention_,
+                                                                  ToGrpcStatus(allowed));
   }
   return new StreamReactor<ModelStreamInferProtocol>(attention_, context);
 }

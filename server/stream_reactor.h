@@ -25,12 +25,23 @@ namespace attnserve::server {
 // that one fast client cannot fill the batcher queue alone.
 inline constexpr size_t kMaxStreamInFlight = 64;
 
-// A stream refused before it starts (no valid token): finished at once.
+// A stream refused before it starts (no valid token): finished at once. An open call
+// of `service` until OnDone.
 template <typename Read, typename Write>
 class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
  public:
-  explicit RefusedStream(const grpc::Status& status) { this->Finish(status); }
-  void OnDone() override { delete this; }
+  RefusedStream(AttentionService* service, const grpc::Status& status)
+      : service_(service) {
+    service_->CallOpened();
+    this->Finish(status);
+  }
+  void OnDone() override {
+    service_->CallClosed();
+    delete this;
+  }
+
+ private:
+  AttentionService* const service_;
 };
 
 // A bidirectional stream of attention requests (attnserve's AttendStream, KServe's
@@ -62,6 +73,7 @@ class StreamReactor final
         context_(context),
         cancelled_(std::make_shared<std::atomic<bool>>(false)),
         start_(absl::Now()) {
+    service_->CallOpened();
     if (service_->observer().on_rpc_started) {
       service_->observer().on_rpc_started(Protocol::kMethod);
     }
@@ -153,6 +165,7 @@ class StreamReactor final
 
   void OnDone() override {
     service_->UnregisterStream(this);
+    service_->CallClosed();
     Unref();
   }
 
