@@ -140,7 +140,7 @@ grpc::ServerUnaryReactor* AttentionService::NewUnaryReactor() {
 void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadline,
                               std::shared_ptr<const std::atomic<bool>> cancelled,
                               std::function<void(absl::Status, v1::AttendResponse)> done,
-                              v1::HeadStatisticsResponse* statistics) {
+                              v1::HeadStatisticsResponse* statistics, Origin origin) {
   const absl::Time start = absl::Now();
   ServedModel* model = registry_->Find(request.model());
   const std::string model_name = model != nullptr ? model->name : "";
@@ -152,7 +152,7 @@ void AttentionService::Submit(const v1::AttendRequest& request, absl::Time deadl
     }
     done(std::move(status), std::move(response));
   };
-  if (draining_.load(std::memory_order_acquire)) {
+  if (origin == Origin::kCall && draining_.load(std::memory_order_acquire)) {
     finish(Unavailable(), {}, 0);
     return;
   }

@@ -73,8 +73,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   // StartDraining). Does not block. Idempotent.
   void DrainStreams();
 
-  // From now on new calls and stream messages are answered UNAVAILABLE; calls already
-  // queued are computed. Also drains streams. Idempotent.
+  // From now on new calls are answered UNAVAILABLE, before any work; calls already
+  // queued, and messages that open streams have read, are computed. Also drains
+  // streams. Idempotent.
   void StartDraining();
 
   // Open calls: every call of this server's services (this one's and the KServe
@@ -116,10 +117,15 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   // With `statistics` (kept alive by the caller until `done`), the request measures the
   // model's heads (AttentionWork::head_statistics) into it instead, and `done` gets an
   // empty response.
+  // Once draining has begun (StartDraining) a call's request is refused UNAVAILABLE,
+  // while a message of an open stream is still computed: the stream was accepted
+  // before, and it stops reading instead (DrainStreams).
+  enum class Origin { kCall, kStreamMessage };
   void Submit(const v1::AttendRequest& request, absl::Time deadline,
               std::shared_ptr<const std::atomic<bool>> cancelled,
               std::function<void(absl::Status, v1::AttendResponse)> done,
-              v1::HeadStatisticsResponse* statistics = nullptr);
+              v1::HeadStatisticsResponse* statistics = nullptr,
+              Origin origin = Origin::kCall);
 
   // The models the service serves (not owned).
   ModelRegistry* registry() const { return registry_; }

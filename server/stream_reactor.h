@@ -145,7 +145,8 @@ class StreamReactor final
       Complete(sequence, Protocol::Answer(*read, *request, status, std::move(response)),
                status.ok() ? batcher : nullptr, held);
     };
-    service_->Submit(*request, CallDeadline(context_), cancelled_, std::move(answer));
+    service_->Submit(*request, CallDeadline(context_), cancelled_, std::move(answer),
+                     nullptr, AttentionService::Origin::kStreamMessage);
   }
 
   void OnWriteDone(bool ok) override {

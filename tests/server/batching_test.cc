@@ -283,6 +283,52 @@ TEST(StreamingTest, DrainAnswersWhatTheStreamHoldsThenEndsUnavailable) {
   EXPECT_THAT(status.error_message(), HasSubstr("reopen the stream"));
 }
 
+// Messages that reach an open stream while the server starts to drain are computed, not
+// refused one by one: a per-message error is a failure the client cannot retry, while
+// the stream's own UNAVAILABLE end tells it to reopen elsewhere and send again what was
+// not answered. (Refusing them raced the drain in rollout_test: one stream message in a
+// rollout came back UNAVAILABLE.)
+TEST(StreamingTest, DrainComputesEveryMessageTheStreamHasRead) {
+  TestServer server = StartServer([](AttentionServer::Options& options) {
+    options.grace_period = absl::Seconds(120);
+  });
+  grpc::ClientContext context;
+  auto stream = server.client->stub()->AttendStream(&context);
+  // The client writes until the stream ends, so messages keep arriving while the
+  // drain begins.
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    for (int i = 0; i < 100000; ++i) {
+      v1::AttendStreamRequest message;
+      *message.mutable_request() = Request(1, i);
+      if (!stream->Write(message)) break;
+      ++written;
+    }
+    stream->WritesDone();
+  });
+  int answered = 0;
+  int refused = 0;
+  std::thread shutdown;
+  v1::AttendStreamResponse answer;
+  while (stream->Read(&answer)) {
+    if (answer.has_response()) {
+      ++answered;
+    } else {
+      ADD_FAILURE() << "message " << answered + refused << ": "
+                    << answer.error().message();
+      ++refused;
+    }
+    if (answered == 200) shutdown = std::thread([&] { server.server->Shutdown(); });
+  }
+  writer.join();  // its Write fails once the stream has ended
+  const grpc::Status status = stream->Finish();
+  ASSERT_TRUE(shutdown.joinable());
+  shutdown.join();
+  EXPECT_EQ(refused, 0);
+  EXPECT_GT(written.load(), answered);  // the stream stopped reading, as drained
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+}
+
 // A client that sends on a stream and never reads: its answers wait in the server until
 // written, and they stay counted in the queue budget meanwhile. So they cannot grow the
 // server's memory past it: new work is refused instead (here a unary call from another
