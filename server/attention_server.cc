@@ -245,9 +245,9 @@ void AttentionServer::Shutdown() {
   server_->GetHealthCheckService()->Shutdown();
   kserve_->StartDraining();
   if (http_ != nullptr) http_->StartDraining();
-  // New calls and stream messages are answered UNAVAILABLE from now on, before any work
-  // (clients with a retry policy retry them elsewhere); open streams stop reading,
-  // answer what they hold and end with UNAVAILABLE, so their clients reopen elsewhere.
+  // New calls are answered UNAVAILABLE from now on, before any work (clients with a
+  // retry policy retry them elsewhere); open streams stop reading, compute and answer
+  // what they have read, and end with UNAVAILABLE, so their clients reopen elsewhere.
   service_->StartDraining();
   // Queued work runs now instead of waiting for company.
   registry_->Flush();
