@@ -105,8 +105,14 @@ class StreamReactor final
     }
     int64_t sequence;
     bool read_more;
+    // The work views the request's tensor bytes, so the answer callback owns the
+    // messages until the batcher is done with them.
+    auto read = std::make_shared<Read>();
     {
       absl::MutexLock lock(&mu_);
+      // Taken under the lock: once reading is paused here, Advance on another thread
+      // may resume it at once, and gRPC then fills read_ with the next message.
+      read->Swap(&read_);
       sequence = next_sequence_++;
       slots_.push_back(Slot{sequence, false, {}});
       ++refs_;  // held by the submitted message until Complete returns
@@ -118,10 +124,6 @@ class StreamReactor final
         read_paused_ = true;
       }
     }
-    // The work views the request's tensor bytes, so the answer callback owns the
-    // messages until the batcher is done with them.
-    auto read = std::make_shared<Read>(std::move(read_));
-    read_.Clear();
     if (read_more) IssueRead();
     absl::StatusOr<v1::AttendRequest> taken = Protocol::TakeRequest(*read);
     if (!taken.ok()) {
@@ -301,6 +303,8 @@ class StreamReactor final
   grpc::CallbackServerContext* const context_;
   std::shared_ptr<std::atomic<bool>> cancelled_;
   const absl::Time start_;
+  // gRPC fills it between StartRead and OnReadDone; OnReadDone takes the message out
+  // under mu_, before anything can start the next read.
   Read read_;
 
   absl::Mutex mu_;
