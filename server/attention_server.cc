@@ -106,6 +106,8 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("metrics_port must be in [-1, 65535], got ", options.metrics_port));
   }
+  // Every early return below destroys `server`, whose destructor (Shutdown) stops
+  // whatever was started so far.
   std::unique_ptr<AttentionServer> server(new AttentionServer());
   server->options_ = options;
   server->metrics_ = std::make_unique<ServerMetrics>();
@@ -129,32 +131,23 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::Load(options.auth_token_file);
-    if (!auth.ok()) {
-      server->registry_->Shutdown();
-      return auth.status();
-    }
+    if (!auth.ok()) return auth.status();
     server->auth_ = *std::move(auth);
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ServerCredentialsFor(options);
-  if (!credentials.ok()) {
-    server->registry_->Shutdown();
-    return credentials.status();
-  }
-  AttentionService::Options service_options;
-  service_options.auth = server->auth_.get();
-  service_options.max_response_bytes = options.max_message_bytes;
-  server->service_ = std::make_unique<AttentionService>(
-      server->registry_.get(), service_options, metrics->service_observer());
-  server->kserve_ = std::make_unique<KServeService>(server->registry_.get(),
-                                                    server->service_.get(), metrics);
+  if (!credentials.ok()) return credentials.status();
+  RequestPipeline::Options pipeline_options;
+  pipeline_options.auth = server->auth_.get();
+  pipeline_options.max_response_bytes = options.max_message_bytes;
+  server->pipeline_ = std::make_unique<RequestPipeline>(
+      server->registry_.get(), pipeline_options, metrics->service_observer());
+  server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());
+  server->kserve_ = std::make_unique<KServeService>(server->pipeline_.get(), metrics);
   if (options.metrics_port >= 0) {
     absl::StatusOr<int> metrics_port =
         metrics->StartExposer(options.metrics_host, options.metrics_port);
-    if (!metrics_port.ok()) {
-      server->registry_->Shutdown();
-      return metrics_port.status();
-    }
+    if (!metrics_port.ok()) return metrics_port.status();
     server->metrics_port_ = *metrics_port;
   }
 
@@ -195,23 +188,18 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    server->registry_->Shutdown();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
   if (options.http_port >= 0) {
     KServeHttp::Options http_options;
     http_options.host = options.host;
     http_options.port = options.http_port;
-    http_options.auth = server->auth_.get();
+    http_options.default_timeout = options.http_timeout;
     // JSON text of a tensor is several times its bytes; binary requests are smaller.
     http_options.max_body_bytes = 4 * static_cast<int64_t>(options.max_message_bytes);
     absl::StatusOr<std::unique_ptr<KServeHttp>> http =
-        KServeHttp::Start(http_options, server->registry_.get(), server->service_.get());
-    if (!http.ok()) {
-      server->server_->Shutdown();
-      server->registry_->Shutdown();
-      return http.status();
-    }
+        KServeHttp::Start(http_options, server->pipeline_.get());
+    if (!http.ok()) return http.status();
     server->http_ = *std::move(http);
   }
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
@@ -243,12 +231,11 @@ void AttentionServer::Shutdown() {
            {{"grace_period", absl::FormatDuration(options_.grace_period)}});
   // Sets every service NOT_SERVING and ignores later updates.
   server_->GetHealthCheckService()->Shutdown();
-  kserve_->StartDraining();
-  if (http_ != nullptr) http_->StartDraining();
-  // New calls are answered UNAVAILABLE from now on, before any work (clients with a
-  // retry policy retry them elsewhere); open streams stop reading, compute and answer
-  // what they have read, and end with UNAVAILABLE, so their clients reopen elsewhere.
-  service_->StartDraining();
+  // One drain state for every door: new calls are answered UNAVAILABLE from now on,
+  // before any work (clients with a retry policy retry them elsewhere), and readiness
+  // answers false; open streams stop reading, compute and answer what they have read,
+  // and end with UNAVAILABLE, so their clients reopen elsewhere.
+  pipeline_->StartDraining();
   // Queued work runs now instead of waiting for company.
   registry_->Flush();
   // Every accepted call finishes and hands its answer to the transport before gRPC's
@@ -257,9 +244,9 @@ void AttentionServer::Shutdown() {
   // in the kernel's send queue, and the client's next window update then reset the
   // connection and lost the answer. With nothing left in flight, the ping that follows
   // the GOAWAY comes after every answer, so its ack means the client has read them all.
-  const bool all_answered = service_->AwaitNoOpenCalls(start + options_.grace_period);
+  const bool all_answered = pipeline_->AwaitNoOpenCalls(start + options_.grace_period);
   LogEvent("calls_answered", {{"all", all_answered ? "true" : "false"},
-                              {"open", absl::StrCat(service_->open_calls())},
+                              {"open", absl::StrCat(pipeline_->open_calls())},
                               {"elapsed", absl::FormatDuration(absl::Now() - start)}});
   // Stops accepting calls: the listener closes and clients get GOAWAY, so their next
   // calls go to other replicas; a call that raced the GOAWAY is refused by gRPC itself,

@@ -60,6 +60,8 @@ class AttentionServer {
     // KServe v2 HTTP/REST endpoints (KServeHttp) on this port; 0 picks a free one (see
     // http_port()); -1 serves none. They listen on `host`.
     int http_port = -1;
+    // How long an HTTP infer request may take when it sets no "timeout" parameter.
+    absl::Duration http_timeout = absl::Seconds(60);
     // Extra integer gRPC channel arguments for the server (name -> value), e.g.
     // {"grpc.http2.max_frame_size", 16777215}; applied after the ones above.
     std::vector<std::pair<std::string, int>> grpc_arguments;
@@ -100,6 +102,7 @@ class AttentionServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<TokenAuthenticator> auth_;
+  std::unique_ptr<RequestPipeline> pipeline_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<KServeService> kserve_;
   std::unique_ptr<KServeHttp> http_;

@@ -1,8 +1,15 @@
 #include "server/kserve_http.h"
 
+#include <arpa/inet.h>
 #include <civetweb.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,16 +19,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "core/bfloat16.h"
-#include "core/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "server/kserve_service.h"
+#include "server/event_log.h"
+#include "server/kserve_convert.h"
+#include "server/kserve_http_request.h"
 
 namespace attnserve::server {
 
 namespace {
 
 using Json = nlohmann::json;
+
+// How often a request waiting for its answer checks whether its client hung up.
+constexpr absl::Duration kHangUpCheckInterval = absl::Milliseconds(50);
 
 int HttpStatus(absl::StatusCode code) {
   switch (code) {
@@ -37,6 +47,8 @@ int HttpStatus(absl::StatusCode code) {
       return 401;
     case absl::StatusCode::kResourceExhausted:
       return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
     case absl::StatusCode::kUnavailable:
       return 503;
     case absl::StatusCode::kDeadlineExceeded:
@@ -62,6 +74,8 @@ const char* Reason(int status) {
       return "Payload Too Large";
     case 429:
       return "Too Many Requests";
+    case 499:
+      return "Client Closed Request";
     case 503:
       return "Service Unavailable";
     case 504:
@@ -82,188 +96,99 @@ void Send(mg_connection* connection, int status, const std::string& body,
 }
 
 void SendError(mg_connection* connection, int status, absl::string_view message) {
-  Send(connection, status, Json{{"error", std::string(message)}}.dump());
+  Send(connection, status, ErrorBody(message));
 }
 
-// Appends the numbers of a (possibly nested) JSON array, row-major.
-absl::Status Flatten(const Json& data, std::vector<float>& out,
-                     const std::string& field) {
-  if (data.is_array()) {
-    for (const Json& item : data) ATTN_RETURN_IF_ERROR(Flatten(item, out, field));
-    return absl::OkStatus();
-  }
-  if (!data.is_number()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " must hold numbers, got ", data.type_name()));
-  }
-  out.push_back(data.get<float>());
-  return absl::OkStatus();
+void SendStatus(mg_connection* connection, const absl::Status& status) {
+  SendError(connection, HttpStatus(status.code()), status.message());
 }
 
-absl::Status ToParameter(const Json& value, const std::string& field,
-                         inference::InferParameter* parameter) {
-  if (value.is_boolean()) {
-    parameter->set_bool_param(value.get<bool>());
-  } else if (value.is_number_integer()) {
-    parameter->set_int64_param(value.get<int64_t>());
-  } else if (value.is_string()) {
-    parameter->set_string_param(value.get<std::string>());
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, " must be a bool, an integer or a string"));
-  }
-  return absl::OkStatus();
+std::string JsonBody(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-// The JSON body (and, with the binary tensor extension, the bytes after its header) as
-// a ModelInferRequest whose inputs are all raw contents.
-absl::StatusOr<inference::ModelInferRequest> InferFromJson(const std::string& model,
-                                                           const std::string& version,
-                                                           absl::string_view body,
-                                                           int64_t header_length,
-                                                           bool& binary_outputs) {
-  if (header_length > static_cast<int64_t>(body.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Inference-Header-Content-Length ", header_length,
-                     " is more than the body's ", body.size(), " bytes"));
-  }
-  const absl::string_view header =
-      header_length >= 0 ? body.substr(0, static_cast<size_t>(header_length)) : body;
-  absl::string_view binary =
-      header_length >= 0 ? body.substr(static_cast<size_t>(header_length)) : "";
-  const Json json = Json::parse(header.begin(), header.end(), nullptr, false);
-  if (json.is_discarded() || !json.is_object()) {
-    return absl::InvalidArgumentError("the body must be a JSON object");
-  }
-  inference::ModelInferRequest infer;
-  infer.set_model_name(model);
-  infer.set_model_version(version);
-  if (json.contains("id"))
-    infer.set_id(json["id"].is_string() ? json["id"].get<std::string>()
-                                        : json["id"].dump());
-  binary_outputs = false;
-  if (json.contains("parameters")) {
-    for (const auto& [name, value] : json["parameters"].items()) {
-      if (name == "binary_data_output") {
-        binary_outputs = value.is_boolean() && value.get<bool>();
-        continue;
-      }
-      ATTN_RETURN_IF_ERROR(ToParameter(value, absl::StrCat("parameters[\"", name, "\"]"),
-                                       &(*infer.mutable_parameters())[name]));
-    }
-  }
-  if (!json.contains("inputs") || !json["inputs"].is_array()) {
-    return absl::InvalidArgumentError("inputs must be an array");
-  }
-  for (size_t i = 0; i < json["inputs"].size(); ++i) {
-    const Json& input = json["inputs"][i];
-    const std::string field = absl::StrCat("inputs[", i, "]");
-    auto* tensor = infer.add_inputs();
-    tensor->set_name(input.value("name", ""));
-    tensor->set_datatype(input.value("datatype", ""));
-    if (!input.contains("shape") || !input["shape"].is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".shape must be an array"));
-    }
-    for (const Json& dim : input["shape"]) {
-      if (!dim.is_number_integer()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".shape must hold integers"));
-      }
-      tensor->add_shape(dim.get<int64_t>());
-    }
-    std::string* raw = infer.add_raw_input_contents();
-    const Json parameters = input.value("parameters", Json::object());
-    if (parameters.contains("binary_data_size")) {
-      const int64_t size = parameters["binary_data_size"].get<int64_t>();
-      if (size < 0 || size > static_cast<int64_t>(binary.size())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".parameters.binary_data_size ", size,
-                         " is more than the ", binary.size(), " binary bytes left"));
-      }
-      raw->assign(binary.data(), static_cast<size_t>(size));
-      binary.remove_prefix(static_cast<size_t>(size));
+// The connection's socket. civetweb 1.15 has no call that returns it, so it is the
+// open socket whose peer is the request's remote address and port; -1 if none is.
+int FindSocket(const mg_request_info* request) {
+  int found = -1;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  while (dirent* entry = readdir(fds)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(fds)) continue;
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
+    char address[INET6_ADDRSTRLEN] = {};
+    int port = 0;
+    if (peer.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&peer);
+      inet_ntop(AF_INET, &in->sin_addr, address, sizeof(address));
+      port = ntohs(in->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      const auto* in = reinterpret_cast<const sockaddr_in6*>(&peer);
+      inet_ntop(AF_INET6, &in->sin6_addr, address, sizeof(address));
+      port = ntohs(in->sin6_port);
+    } else {
       continue;
     }
-    if (!input.contains("data")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " needs data or parameters.binary_data_size"));
-    }
-    std::vector<float> values;
-    ATTN_RETURN_IF_ERROR(Flatten(input["data"], values, absl::StrCat(field, ".data")));
-    if (tensor->datatype() == "BF16") {
-      raw->resize(values.size() * 2);
-      for (size_t j = 0; j < values.size(); ++j) {
-        const uint16_t bits = core::FloatToBf16(values[j]);
-        std::memcpy(raw->data() + 2 * j, &bits, 2);
-      }
-    } else {
-      raw->assign(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+    if (port == request->remote_port && std::strcmp(address, request->remote_addr) == 0) {
+      found = fd;
+      break;
     }
   }
-  if (json.contains("outputs")) {
-    for (const Json& output : json["outputs"]) {
-      auto* requested = infer.add_outputs();
-      requested->set_name(output.value("name", ""));
-      const Json parameters = output.value("parameters", Json::object());
-      if (parameters.value("binary_data", false)) binary_outputs = true;
-    }
-  }
-  return infer;
+  closedir(fds);
+  return found;
 }
 
-// The answer as JSON, with the outputs' bytes appended (binary extension) or as numbers.
-std::string ResponseToBody(const inference::ModelInferResponse& response, bool binary,
-                           int64_t& header_length) {
-  Json json = {{"model_name", response.model_name()},
-               {"model_version", response.model_version()},
-               {"outputs", Json::array()}};
-  if (!response.id().empty()) json["id"] = response.id();
-  std::string blobs;
-  for (int i = 0; i < response.outputs_size(); ++i) {
-    const auto& output = response.outputs(i);
-    const std::string& raw = response.raw_output_contents(i);
-    Json entry = {
-        {"name", output.name()},
-        {"datatype", output.datatype()},
-        {"shape", std::vector<int64_t>(output.shape().begin(), output.shape().end())}};
-    if (binary) {
-      entry["parameters"] = {{"binary_data_size", raw.size()}};
-      blobs += raw;
-    } else if (output.datatype() == "BF16") {
-      std::vector<float> values(raw.size() / 2);
-      for (size_t j = 0; j < values.size(); ++j) {
-        uint16_t bits;
-        std::memcpy(&bits, raw.data() + 2 * j, 2);
-        values[j] = core::Bf16ToFloat(bits);
-      }
-      entry["data"] = values;
-    } else {
-      std::vector<float> values(raw.size() / 4);
-      std::memcpy(values.data(), raw.data(), values.size() * 4);
-      entry["data"] = values;
-    }
-    json["outputs"].push_back(std::move(entry));
-  }
-  std::string body = json.dump();
-  header_length = binary ? static_cast<int64_t>(body.size()) : -1;
-  return body + blobs;
+// True when the client closed its side or the connection broke.
+bool HungUp(int socket) {
+  pollfd watched{socket, POLLRDHUP, 0};
+  return poll(&watched, 1, 0) == 1 &&
+         (watched.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
 int Dispatch(mg_connection* connection, void* self) {
   return static_cast<KServeHttp*>(self)->Handle(connection);
 }
 
+// The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
+struct ModelRoute {
+  std::string model;
+  std::string version;
+  std::string action;  // "", "ready" or "infer"
+};
+
+bool ParseModelRoute(const std::vector<absl::string_view>& parts, ModelRoute* route) {
+  if (parts.size() < 3 || parts[1] != "models") return false;
+  route->model = std::string(parts[2]);
+  size_t next = 3;
+  if (parts.size() >= 5 && parts[3] == "versions") {
+    route->version = std::string(parts[4]);
+    next = 5;
+  }
+  if (next < parts.size()) route->action = std::string(parts[next++]);
+  return next == parts.size() &&
+         (route->action.empty() || route->action == "ready" || route->action == "infer");
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
-    const Options& options, ModelRegistry* registry, AttentionService* attention) {
-  std::unique_ptr<KServeHttp> http(new KServeHttp(options, registry, attention));
+absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(const Options& options,
+                                                              RequestPipeline* pipeline) {
+  if (!(options.default_timeout > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError("default_timeout must be > 0");
+  }
+  std::unique_ptr<KServeHttp> http(new KServeHttp(options, pipeline));
   const bool ipv6 = absl::StrContains(options.host, ':');
   const std::string address = ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
                                    : absl::StrCat(options.host, ":", options.port);
   const std::string threads = absl::StrCat(options.threads);
-  const char* civet_options[] = {"listening_ports", address.c_str(), "num_threads",
-                                 threads.c_str(), nullptr};
+  // A client that stops sending or reading mid-request gives its thread back after
+  // this long (the wait for an answer is bounded by the request's deadline instead).
+  const char* civet_options[] = {
+      "listening_ports",    address.c_str(), "num_threads", threads.c_str(),
+      "request_timeout_ms", "30000",         nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
   http->context_ = mg_start(&callbacks, http.get(), civet_options);
@@ -289,107 +214,126 @@ void KServeHttp::Stop() {
   }
 }
 
-int KServeHttp::Handle(mg_connection* connection) {
+int KServeHttp::Handle(mg_connection* connection) noexcept {
+  // Nothing may unwind into civetweb's C code: that would end the process.
+  const auto fail = [&](const char* what) {
+    const mg_request_info* request = mg_get_request_info(connection);
+    LogEvent(
+        "internal_error",
+        {{"door", "kserve_http"},
+         {"uri",
+          request != nullptr && request->local_uri != nullptr ? request->local_uri : ""},
+         {"what", what}});
+    if (pipeline_->observer().on_internal_error) {
+      pipeline_->observer().on_internal_error("kserve_http");
+    }
+    SendError(connection, 500, absl::StrCat("internal error: ", what));
+  };
+  try {
+    Route(connection);
+  } catch (const std::exception& error) {
+    fail(error.what());
+  } catch (...) {
+    fail("unknown exception");
+  }
+  return 1;
+}
+
+void KServeHttp::Route(mg_connection* connection) {
   const mg_request_info* request = mg_get_request_info(connection);
   const std::string method = request->request_method;
   const std::string uri = request->local_uri;
-  const bool ready = !draining_.load(std::memory_order_acquire);
-  std::vector<std::string> parts = absl::StrSplit(uri, '/', absl::SkipEmpty());
-  // parts[0] == "v2"
-  if (parts.size() == 1 && method == "GET") {
-    Send(connection, 200,
-         Json{{"name", "attnserve"},
-              {"version", kServerVersion},
-              {"extensions",
-               std::vector<std::string>(std::begin(kExtensions), std::end(kExtensions))}}
-             .dump());
-    return 1;
-  }
-  if (parts.size() == 3 && parts[1] == "health" && method == "GET") {
-    if (parts[2] == "live") {
-      Send(connection, 200, "");
-    } else if (parts[2] == "ready") {
-      Send(connection, ready && !registry_->models().empty() ? 200 : 503, "");
-    } else {
-      SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
-    }
-    return 1;
-  }
-  if (parts.size() < 3 || parts[1] != "models") {
+  if (options_.on_request) options_.on_request(uri);
+  const bool ready = !pipeline_->draining();
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"
+  const auto not_found = [&] {
     SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
-    return 1;
+  };
+  const auto wrong_method = [&](const char* allowed) {
+    SendError(connection, 405, absl::StrCat(method, " ", uri, ": use ", allowed));
+  };
+  if (parts.size() == 1) {
+    if (method != "GET") return wrong_method("GET");
+    return Send(
+        connection, 200,
+        JsonBody({{"name", "attnserve"},
+                  {"version", kServerVersion},
+                  {"extensions", std::vector<std::string>(std::begin(kExtensions),
+                                                          std::end(kExtensions))}}));
   }
-  const std::string model_name = parts[2];
-  std::string version;
-  size_t next = 3;
-  if (parts.size() >= 5 && parts[3] == "versions") {
-    version = parts[4];
-    next = 5;
+  if (parts.size() == 3 && parts[1] == "health") {
+    if (method != "GET") return wrong_method("GET");
+    if (parts[2] == "live") return Send(connection, 200, JsonBody({{"live", true}}));
+    if (parts[2] != "ready") return not_found();
+    const bool serving = ready && !pipeline_->registry()->models().empty();
+    return Send(connection, serving ? 200 : 503, JsonBody({{"ready", serving}}));
   }
-  const std::string action = next < parts.size() ? parts[next] : "";
-  if (next + (action.empty() ? 0 : 1) != parts.size()) {
-    SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
-    return 1;
+  ModelRoute route;
+  if (!ParseModelRoute(parts, &route)) return not_found();
+  if (route.action == "ready") {
+    if (method != "GET") return wrong_method("GET");
+    const bool serving = ready && pipeline_->FindModel(route.model, route.version).ok();
+    return Send(connection, serving ? 200 : 503,
+                JsonBody({{"name", route.model}, {"ready", serving}}));
   }
-  if (options_.auth != nullptr && action != "ready") {
-    const char* authorization = mg_get_header(connection, "Authorization");
-    if (absl::Status allowed =
-            options_.auth->Check(authorization != nullptr ? authorization : "");
-        !allowed.ok()) {
-      SendError(connection, 401, allowed.message());
-      return 1;
-    }
+  // Metadata and inference need a token when tokens are configured.
+  const char* authorization = mg_get_header(connection, "Authorization");
+  if (absl::Status allowed =
+          pipeline_->Authorize(authorization != nullptr ? authorization : "");
+      !allowed.ok()) {
+    return SendStatus(connection, allowed);
   }
-  const ServedModel* model = registry_->Find(model_name);
-  const bool known = model != nullptr && (version.empty() || version == kModelVersion);
-  if (action.empty() || action == "ready") {
-    if (method != "GET") {
-      SendError(connection, 405, absl::StrCat(method, " ", uri, ": use GET"));
-    } else if (action == "ready") {
-      Send(connection, known && ready ? 200 : 503, "");
-    } else if (!known) {
-      SendError(connection, 404,
-                absl::StrCat("model \"", model_name, "\" version \"", version,
-                             "\" is not served"));
-    } else {
-      inference::ModelMetadataResponse metadata;
-      FillModelMetadata(*model, &metadata);
-      const auto tensors = [](const auto& list) {
-        Json json = Json::array();
-        for (const auto& tensor : list) {
-          json.push_back({{"name", tensor.name()},
-                          {"datatype", tensor.datatype()},
-                          {"shape", std::vector<int64_t>(tensor.shape().begin(),
-                                                         tensor.shape().end())}});
-        }
-        return json;
-      };
-      Send(connection, 200,
-           Json{{"name", metadata.name()},
-                {"versions", std::vector<std::string>(metadata.versions().begin(),
-                                                      metadata.versions().end())},
-                {"platform", metadata.platform()},
-                {"inputs", tensors(metadata.inputs())},
-                {"outputs", tensors(metadata.outputs())}}
-               .dump());
-    }
-    return 1;
+  if (route.action.empty()) {
+    if (method != "GET") return wrong_method("GET");
+    absl::StatusOr<ServedModel*> model = pipeline_->FindModel(route.model, route.version);
+    if (!model.ok()) return SendStatus(connection, model.status());
+    inference::ModelMetadataResponse metadata;
+    FillModelMetadata(**model, &metadata);
+    const auto tensors = [](const auto& list) {
+      Json json = Json::array();
+      for (const auto& tensor : list) {
+        json.push_back({{"name", tensor.name()},
+                        {"datatype", tensor.datatype()},
+                        {"shape", std::vector<int64_t>(tensor.shape().begin(),
+                                                       tensor.shape().end())}});
+      }
+      return json;
+    };
+    return Send(
+        connection, 200,
+        JsonBody({{"name", metadata.name()},
+                  {"versions", std::vector<std::string>(metadata.versions().begin(),
+                                                        metadata.versions().end())},
+                  {"platform", metadata.platform()},
+                  {"inputs", tensors(metadata.inputs())},
+                  {"outputs", tensors(metadata.outputs())}}));
   }
-  if (action != "infer") {
-    SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
-    return 1;
+  if (method != "POST") return wrong_method("POST");
+  Infer(connection, route.model, route.version);
+}
+
+void KServeHttp::Infer(mg_connection* connection, const std::string& model,
+                       const std::string& version) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  // Counted as an open call until its answer is written, so that a drain waits for it.
+  pipeline_->CallOpened();
+  struct Closer {
+    RequestPipeline* pipeline;
+    ~Closer() { pipeline->CallClosed(); }
+  } closer{pipeline_};
+  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
+    return SendStatus(connection, serving);
   }
-  if (method != "POST") {
-    SendError(connection, 405, absl::StrCat(method, " ", uri, ": use POST"));
-    return 1;
-  }
-  // The body, bounded.
+  // The size is checked before a byte of the body is read.
   if (request->content_length > options_.max_body_bytes) {
-    SendError(connection, 413,
-              absl::StrCat("the body is ", request->content_length,
-                           " bytes, over the limit of ", options_.max_body_bytes));
-    return 1;
+    return SendError(connection, 413,
+                     absl::StrCat("the body is ", request->content_length,
+                                  " bytes, over the limit of ", options_.max_body_bytes));
   }
+  absl::StatusOr<int64_t> header_length =
+      ParseHeaderLength(mg_get_header(connection, "Inference-Header-Content-Length"));
+  if (!header_length.ok()) return SendStatus(connection, header_length.status());
   std::string body;
   body.reserve(request->content_length > 0 ? static_cast<size_t>(request->content_length)
                                            : 0);
@@ -398,53 +342,56 @@ int KServeHttp::Handle(mg_connection* connection) {
   std::vector<char> chunk(65536);
   int read = 0;
   while ((read = mg_read(connection, chunk.data(), chunk.size())) > 0) {
+    if (static_cast<int64_t>(body.size()) + read > options_.max_body_bytes) {
+      return SendError(connection, 413,
+                       absl::StrCat("the body is over the limit of ",
+                                    options_.max_body_bytes, " bytes"));
+    }
     body.append(chunk.data(), static_cast<size_t>(read));
-    if (static_cast<int64_t>(body.size()) > options_.max_body_bytes) {
-      SendError(connection, 413,
-                absl::StrCat("the body is over the limit of ", options_.max_body_bytes,
-                             " bytes"));
-      return 1;
-    }
   }
-  int64_t header_length = -1;
-  if (const char* header = mg_get_header(connection, "Inference-Header-Content-Length")) {
-    if (!absl::SimpleAtoi(header, &header_length) || header_length < 0) {
-      SendError(
-          connection, 400,
-          absl::StrCat("Inference-Header-Content-Length must be a byte count, got \"",
-                       header, "\""));
-      return 1;
-    }
+  // The model first, then the body: every door answers a request for a model it does
+  // not serve the same way.
+  if (absl::StatusOr<ServedModel*> served = pipeline_->FindModel(model, version);
+      !served.ok()) {
+    return SendStatus(connection, served.status());
   }
-  bool binary_outputs = false;
-  absl::StatusOr<inference::ModelInferRequest> infer =
-      InferFromJson(model_name, version, body, header_length, binary_outputs);
-  absl::StatusOr<v1::AttendRequest> attend =
-      infer.ok() ? AttendFromInfer(*infer)
-                 : absl::StatusOr<v1::AttendRequest>(infer.status());
-  if (!attend.ok()) {
-    SendError(connection, HttpStatus(attend.status().code()), attend.status().message());
-    return 1;
-  }
-  // This thread waits for the batcher's answer (the work views `attend`'s bytes).
+  absl::StatusOr<HttpInferRequest> parsed =
+      ParseInferBody(model, version, body, *header_length);
+  if (!parsed.ok()) return SendStatus(connection, parsed.status());
+  body = std::string();  // the inputs' bytes now live in the request
+  absl::StatusOr<absl::Time> deadline =
+      DeadlineWithTimeout(parsed->infer, absl::Now() + options_.default_timeout);
+  if (!deadline.ok()) return SendStatus(connection, deadline.status());
+  inference::ModelInferRequest& infer = parsed->infer;
+  // The outputs' names and the id stay in `infer`; the raw input bytes move.
+  absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(std::move(infer));
+  if (!attend.ok()) return SendStatus(connection, attend.status());
+
+  // This thread waits for the batcher's answer (the work views `attend`'s bytes),
+  // watching for the client to hang up, which cancels the request.
   absl::Notification done;
   absl::Status status;
   inference::ModelInferResponse response;
-  attention_->Submit(*attend, absl::InfiniteFuture(), nullptr,
-                     [&](absl::Status result_status, v1::AttendResponse result) {
-                       status = std::move(result_status);
-                       if (status.ok())
-                         InferResponseFromAttend(*infer, result, &response);
-                       done.Notify();
-                     });
-  done.WaitForNotification();
-  if (!status.ok()) {
-    SendError(connection, HttpStatus(status.code()), status.message());
-    return 1;
+  auto cancellation = std::make_shared<Cancellation>();
+  pipeline_->Submit(*attend, *deadline, cancellation,
+                    [&](absl::Status result_status, v1::AttendResponse result) {
+                      status = std::move(result_status);
+                      if (status.ok()) InferResponseFromAttend(infer, result, &response);
+                      done.Notify();
+                    });
+  int socket = -2;  // not looked for yet
+  while (!done.WaitForNotificationWithTimeout(kHangUpCheckInterval)) {
+    if (socket == -2) socket = FindSocket(request);
+    if (socket >= 0 && HungUp(socket)) {
+      cancellation->Cancel();
+      done.WaitForNotification();  // the batcher answers CANCELLED now
+      break;
+    }
   }
+  if (!status.ok()) return SendStatus(connection, status);
   int64_t response_header_length = -1;
   const std::string out =
-      ResponseToBody(response, binary_outputs, response_header_length);
+      InferResponseBody(response, parsed->binary_outputs, &response_header_length);
   if (response_header_length >= 0) {
     Send(
         connection, 200, out,
@@ -453,7 +400,6 @@ int KServeHttp::Handle(mg_connection* connection) {
   } else {
     Send(connection, 200, out);
   }
-  return 1;
 }
 
 }  // namespace attnserve::server

@@ -15,313 +15,91 @@
 #include "server/stream_reactor.h"
 
 namespace attnserve::server {
-
-namespace {
-
-constexpr char kQuery[] = "query";
-constexpr char kMemory[] = "memory";
-constexpr char kOutput[] = "output";
-constexpr char kAttention[] = "attention";
-
-absl::Status Invalid(absl::string_view message) {
-  return absl::InvalidArgumentError(message);
-}
-
-// One input as attnserve's Tensor (shape, dtype, little-endian bytes).
-absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
-                          v1::Tensor* tensor) {
-  const inference::ModelInferRequest::InferInputTensor& input = infer.inputs(index);
-  const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
-  if (input.datatype() == "FP32") {
-    tensor->set_dtype(v1::DATA_TYPE_FP32);
-  } else if (input.datatype() == "BF16") {
-    tensor->set_dtype(v1::DATA_TYPE_BF16);
-  } else {
-    return Invalid(absl::StrCat(field, ".datatype must be FP32 or BF16, got \"",
-                                input.datatype(), "\""));
-  }
-  tensor->mutable_shape()->Add(input.shape().begin(), input.shape().end());
-  if (!infer.raw_input_contents().empty()) {
-    if (input.has_contents()) {
-      return Invalid(absl::StrCat(field,
-                                  ".contents must be empty when raw_input_contents ",
-                                  "is used (the protocol allows one or the other)"));
-    }
-    tensor->set_raw(infer.raw_input_contents(index));
-    return absl::OkStatus();
-  }
-  if (tensor->dtype() != v1::DATA_TYPE_FP32) {
-    return Invalid(absl::StrCat(field, ": BF16 values must come as raw_input_contents ",
-                                "(the protocol has no typed BF16 contents)"));
-  }
-  const auto& values = input.contents().fp32_contents();
-  std::string raw(static_cast<size_t>(values.size()) * sizeof(float), '\0');
-  if (!raw.empty()) std::memcpy(raw.data(), values.data(), raw.size());
-  tensor->set_raw(std::move(raw));
-  return absl::OkStatus();
-}
-
-absl::Status ApplyParameter(const std::string& name,
-                            const inference::InferParameter& value,
-                            v1::AttendRequest* attend) {
-  const std::string field = absl::StrCat("parameters[\"", name, "\"]");
-  // Triton reserves the "triton_" prefix for its clients' own request options
-  // (perf_analyzer sends triton_enable_empty_final_response on every request); they
-  // concern decoupled models and responses, not the computation: ignored, as Triton
-  // ignores them for models like these.
-  if (absl::StartsWith(name, "triton_")) return absl::OkStatus();
-  if (name == "causal" || name == "return_attention") {
-    if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
-      return Invalid(absl::StrCat(field, " must be a bool_param"));
-    }
-    if (name == "causal") {
-      attend->set_causal(value.bool_param());
-    } else {
-      attend->set_return_attention(value.bool_param());
-    }
-    return absl::OkStatus();
-  }
-  if (name == "head_mask") {
-    if (value.parameter_choice_case() != inference::InferParameter::kStringParam) {
-      return Invalid(absl::StrCat(field, " must be a string_param like \"1,0,0.5\""));
-    }
-    for (absl::string_view part : absl::StrSplit(value.string_param(), ',')) {
-      float factor = 0;
-      if (!absl::SimpleAtof(part, &factor)) {
-        return Invalid(absl::StrCat(field, ": \"", part, "\" is not a number"));
-      }
-      attend->add_head_mask(factor);
-    }
-    return absl::OkStatus();
-  }
-  return Invalid(
-      absl::StrCat(field,
-                   " is not a parameter of attnserve's models (causal, return_attention, "
-                   "head_mask)"));
-}
-
-// The datatype name of an attnserve tensor.
-const char* DatatypeName(const v1::Tensor& tensor) {
-  return tensor.dtype() == v1::DATA_TYPE_BF16 ? "BF16" : "FP32";
-}
-
-}  // namespace
-
-absl::StatusOr<v1::AttendRequest> AttendFromInfer(
-    const inference::ModelInferRequest& infer) {
-  v1::AttendRequest attend;
-  attend.set_model(infer.model_name());
-  if (!infer.model_version().empty() && infer.model_version() != kModelVersion) {
-    return absl::NotFoundError(absl::StrCat(
-        "model \"", infer.model_name(), "\" version \"", infer.model_version(),
-        "\" is not served (versions: ", kModelVersion, ")"));
-  }
-  attend.set_request_id(infer.id());
-  if (!infer.raw_input_contents().empty() &&
-      infer.raw_input_contents_size() != infer.inputs_size()) {
-    return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
-                                infer.inputs_size(), "), got ",
-                                infer.raw_input_contents_size()));
-  }
-  bool has_query = false;
-  for (int i = 0; i < infer.inputs_size(); ++i) {
-    const std::string& name = infer.inputs(i).name();
-    v1::Tensor* tensor = nullptr;
-    if (name == kQuery && !has_query) {
-      tensor = attend.mutable_query();
-      has_query = true;
-    } else if (name == kMemory && !attend.has_memory()) {
-      tensor = attend.mutable_memory();
-    } else {
-      return Invalid(absl::StrCat("inputs[", i, "].name must be \"query\" or \"memory\" ",
-                                  "(each once), got \"", name, "\""));
-    }
-    ATTN_RETURN_IF_ERROR(ConvertInput(infer, i, tensor));
-  }
-  if (!has_query) return Invalid("inputs must include \"query\"");
-  for (const auto& [name, value] : infer.parameters()) {
-    ATTN_RETURN_IF_ERROR(ApplyParameter(name, value, &attend));
-  }
-  for (int i = 0; i < infer.outputs_size(); ++i) {
-    const std::string& name = infer.outputs(i).name();
-    if (name == kAttention) {
-      attend.set_return_attention(true);
-    } else if (name != kOutput) {
-      return Invalid(absl::StrCat("outputs[", i, "].name must be \"output\" or ",
-                                  "\"attention\", got \"", name, "\""));
-    }
-  }
-  return attend;
-}
-
-void InferResponseFromAttend(const inference::ModelInferRequest& infer,
-                             v1::AttendResponse& attend,
-                             inference::ModelInferResponse* response) {
-  response->set_model_name(attend.model());
-  response->set_model_version(kModelVersion);
-  response->set_id(infer.id());
-  bool want_output = infer.outputs().empty();
-  bool want_attention = infer.outputs().empty();
-  for (const auto& requested : infer.outputs()) {
-    want_output |= requested.name() == kOutput;
-    want_attention |= requested.name() == kAttention;
-  }
-  const auto add = [&](const char* name, v1::Tensor* tensor) {
-    inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
-    output->set_name(name);
-    output->set_datatype(DatatypeName(*tensor));
-    output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
-    // The bytes move: no copy of the result.
-    response->add_raw_output_contents()->swap(*tensor->mutable_raw());
-  };
-  if (want_output) add(kOutput, attend.mutable_output());
-  if (want_attention && attend.has_attention())
-    add(kAttention, attend.mutable_attention());
-}
-
-void FillModelMetadata(const ServedModel& model,
-                       inference::ModelMetadataResponse* response) {
-  const int64_t d = model.spec.d_model;
-  response->set_name(model.name);
-  response->add_versions(kModelVersion);
-  response->set_platform("attnserve_mha");
-  const auto tensor = [](auto* list, const char* name, std::vector<int64_t> shape) {
-    auto* entry = list->Add();
-    entry->set_name(name);
-    entry->set_datatype("FP32");
-    entry->mutable_shape()->Add(shape.begin(), shape.end());
-  };
-  // One sequence [L, d] (a leading n for equal-length batches is accepted too).
-  tensor(response->mutable_inputs(), kQuery, {-1, d});
-  tensor(response->mutable_inputs(), kMemory, {-1, d});
-  tensor(response->mutable_outputs(), kOutput, {-1, d});
-  tensor(response->mutable_outputs(), kAttention, {model.spec.num_heads, -1, -1});
-}
-
-KServeService::KServeService(ModelRegistry* registry, AttentionService* attention,
-                             const ServerMetrics* metrics)
-    : registry_(registry), attention_(attention), metrics_(metrics) {}
-
 grpc::ServerUnaryReactor* KServeService::ServerLive(
     grpc::CallbackServerContext* /*context*/, const inference::ServerLiveRequest*,
     inference::ServerLiveResponse* response) {
-  const absl::Time start = attention_->StartRpc("ServerLive");
+  const RequestPipeline::Rpc rpc(pipeline_, "ServerLive");
   response->set_live(true);
-  return attention_->FinishNow("ServerLive", start, absl::OkStatus());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerReady(
     grpc::CallbackServerContext* /*context*/, const inference::ServerReadyRequest*,
     inference::ServerReadyResponse* response) {
-  const absl::Time start = attention_->StartRpc("ServerReady");
-  response->set_ready(!draining_.load(std::memory_order_acquire) &&
-                      !registry_->models().empty());
-  return attention_->FinishNow("ServerReady", start, absl::OkStatus());
+  const RequestPipeline::Rpc rpc(pipeline_, "ServerReady");
+  response->set_ready(!pipeline_->draining() && !pipeline_->registry()->models().empty());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelReady(
     grpc::CallbackServerContext* /*context*/, const inference::ModelReadyRequest* request,
     inference::ModelReadyResponse* response) {
-  const absl::Time start = attention_->StartRpc("ModelReady");
-  const bool known = !request->name().empty() &&
-                     registry_->Find(request->name()) != nullptr &&
-                     (request->version().empty() || request->version() == kModelVersion);
-  response->set_ready(known && !draining_.load(std::memory_order_acquire));
-  return attention_->FinishNow("ModelReady", start, absl::OkStatus());
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelReady");
+  const bool known = FindServed(request->name(), request->version()).ok();
+  response->set_ready(known && !pipeline_->draining());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ServerMetadata(
     grpc::CallbackServerContext* /*context*/, const inference::ServerMetadataRequest*,
     inference::ServerMetadataResponse* response) {
-  const absl::Time start = attention_->StartRpc("ServerMetadata");
+  const RequestPipeline::Rpc rpc(pipeline_, "ServerMetadata");
   response->set_name("attnserve");
   response->set_version(kServerVersion);
   for (const char* extension : kExtensions) response->add_extensions(extension);
-  return attention_->FinishNow("ServerMetadata", start, absl::OkStatus());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  const absl::Time start = attention_->StartRpc("ModelMetadata");
-  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow("ModelMetadata", start, allowed);
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelMetadata");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
   }
   const absl::StatusOr<const ServedModel*> model =
       FindServed(request->name(), request->version());
   if (!model.ok()) {
-    return attention_->FinishNow("ModelMetadata", start, model.status());
+    return rpc.FinishNow(model.status());
   }
   FillModelMetadata(**model, response);
-  return attention_->FinishNow("ModelMetadata", start, absl::OkStatus());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 absl::StatusOr<const ServedModel*> KServeService::FindServed(
     const std::string& name, const std::string& version) const {
-  const ServedModel* model = name.empty() ? nullptr : registry_->Find(name);
-  if (model == nullptr || (!version.empty() && version != kModelVersion)) {
-    return absl::NotFoundError(
-        absl::StrCat("model \"", name, "\" version \"", version, "\" is not served"));
-  }
-  return model;
-}
-
-void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
-  const int64_t d = model.spec.d_model;
-  config->set_name(model.name);
-  config->set_platform("attnserve_mha");
-  config->set_backend("attnserve");
-  config->set_max_batch_size(0);
-  const auto input = [&](const char* name, bool optional) {
-    inference::ModelInput* entry = config->add_input();
-    entry->set_name(name);
-    entry->set_data_type(inference::TYPE_FP32);
-    entry->add_dims(-1);
-    entry->add_dims(d);
-    entry->set_optional(optional);
-  };
-  input(kQuery, false);
-  input(kMemory, true);
-  inference::ModelOutput* output = config->add_output();
-  output->set_name(kOutput);
-  output->set_data_type(inference::TYPE_FP32);
-  output->add_dims(-1);
-  output->add_dims(d);
-  inference::ModelOutput* attention = config->add_output();
-  attention->set_name(kAttention);
-  attention->set_data_type(inference::TYPE_FP32);
-  attention->add_dims(model.spec.num_heads);
-  attention->add_dims(-1);
-  attention->add_dims(-1);
+  // The protocol's model endpoints name their model: no default.
+  if (name.empty()) return absl::InvalidArgumentError("name must be set");
+  return pipeline_->FindModel(name, version);
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
-  const absl::Time start = attention_->StartRpc("ModelConfig");
-  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow("ModelConfig", start, allowed);
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelConfig");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
   }
   const absl::StatusOr<const ServedModel*> model =
       FindServed(request->name(), request->version());
   if (!model.ok()) {
-    return attention_->FinishNow("ModelConfig", start, model.status());
+    return rpc.FinishNow(model.status());
   }
   FillModelConfig(**model, response->mutable_config());
-  return attention_->FinishNow("ModelConfig", start, absl::OkStatus());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
     grpc::CallbackServerContext* context,
     const inference::RepositoryIndexRequest* request,
     inference::RepositoryIndexResponse* response) {
-  const absl::Time start = attention_->StartRpc("RepositoryIndex");
-  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow("RepositoryIndex", start, allowed);
+  const RequestPipeline::Rpc rpc(pipeline_, "RepositoryIndex");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
   }
-  const bool draining = draining_.load(std::memory_order_acquire);
+  const bool draining = pipeline_->draining();
   if (!(request->ready() && draining)) {
-    for (const ServedModel* model : registry_->models()) {
+    for (const ServedModel* model : pipeline_->registry()->models()) {
       inference::RepositoryIndexResponse::ModelIndex* entry = response->add_models();
       entry->set_name(model->name);
       entry->set_version(kModelVersion);
@@ -329,26 +107,26 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
       if (draining) entry->set_reason("the server is shutting down");
     }
   }
-  return attention_->FinishNow("RepositoryIndex", start, absl::OkStatus());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     grpc::CallbackServerContext* context,
     const inference::ModelStatisticsRequest* request,
     inference::ModelStatisticsResponse* response) {
-  const absl::Time start = attention_->StartRpc("ModelStatistics");
-  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow("ModelStatistics", start, allowed);
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelStatistics");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
   }
   std::vector<const ServedModel*> models;
   if (request->name().empty() &&
       (request->version().empty() || request->version() == kModelVersion)) {
-    models = registry_->models();
+    models = pipeline_->registry()->models();
   } else {
     const absl::StatusOr<const ServedModel*> model =
         FindServed(request->name(), request->version());
     if (!model.ok()) {
-      return attention_->FinishNow("ModelStatistics", start, model.status());
+      return rpc.FinishNow(model.status());
     }
     models.push_back(*model);
   }
@@ -377,29 +155,33 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
     duration(infer->mutable_compute_input(), totals->compute_count, 0);
     duration(infer->mutable_compute_output(), totals->compute_count, 0);
   }
-  return attention_->FinishNow("ModelStatistics", start, absl::OkStatus());
+  return rpc.FinishNow(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
-  const absl::Time start = attention_->StartRpc("ModelInfer");
-  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    return attention_->FinishNow("ModelInfer", start, allowed);
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelInfer");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
   }
-  absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(*request);
-  if (!attend.ok()) return attention_->FinishNow("ModelInfer", start, attend.status());
+  absl::StatusOr<v1::AttendRequest> attend = AttendFromServedInfer(*pipeline_, *request);
+  if (!attend.ok()) return rpc.FinishNow(attend.status());
+  absl::StatusOr<absl::Time> deadline =
+      DeadlineWithTimeout(*request, CallDeadline(context));
+  if (!deadline.ok()) return rpc.FinishNow(deadline.status());
   // The converted request lives until its answer (the queued work views its bytes).
   auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
-  grpc::ServerUnaryReactor* reactor = attention_->NewUnaryReactor();
-  attention_->Submit(*shared, CallDeadline(context), nullptr,
-                     [this, start, shared, request, response, reactor](
-                         absl::Status status, v1::AttendResponse result) {
-                       if (status.ok())
-                         InferResponseFromAttend(*request, result, response);
-                       attention_->EndRpc("ModelInfer", status.code(), start);
-                       reactor->Finish(ToGrpcStatus(status));
-                     });
+  auto cancellation = std::make_shared<Cancellation>();
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+  pipeline_->Submit(*shared, *deadline, std::move(cancellation),
+                    [rpc, shared, request, response, reactor](absl::Status status,
+                                                              v1::AttendResponse result) {
+                      if (status.ok())
+                        InferResponseFromAttend(*request, result, response);
+                      rpc.End(status.code());
+                      reactor->Finish(ToGrpcStatus(status));
+                    });
   return reactor;
 }
 
@@ -410,8 +192,12 @@ struct ModelStreamInferProtocol {
   using Read = inference::ModelInferRequest;
   using Write = inference::ModelStreamInferResponse;
   static constexpr char kMethod[] = "ModelStreamInfer";
-  static absl::StatusOr<v1::AttendRequest> TakeRequest(Read& read) {
-    return AttendFromInfer(read);
+  static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline& pipeline,
+                                                       Read& read) {
+    return AttendFromServedInfer(pipeline, std::move(read));
+  }
+  static absl::StatusOr<absl::Time> Deadline(const Read& read, absl::Time deadline) {
+    return DeadlineWithTimeout(read, deadline);
   }
   static Write Answer(const Read& read, const v1::AttendRequest&,
                       const absl::Status& status, v1::AttendResponse response) {
@@ -433,14 +219,13 @@ struct ModelStreamInferProtocol {
 grpc::ServerBidiReactor<inference::ModelInferRequest,
                         inference::ModelStreamInferResponse>*
 KServeService::ModelStreamInfer(grpc::CallbackServerContext* context) {
-  if (absl::Status allowed = attention_->Authorize(context); !allowed.ok()) {
-    attention_->EndRpc("ModelStreamInfer", allowed.code(),
-                       attention_->StartRpc("ModelStreamInfer"));
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    RequestPipeline::Rpc(pipeline_, "ModelStreamInfer").End(allowed.code());
     return new RefusedStream<inference::ModelInferRequest,
-                             inference::ModelStreamInferResponse>(attention_,
+                             inference::ModelStreamInferResponse>(pipeline_,
                                                                   ToGrpcStatus(allowed));
   }
-  return new StreamReactor<ModelStreamInferProtocol>(attention_, context);
+  return new StreamReactor<ModelStreamInferProtocol>(pipeline_, context);
 }
 
 }  // namespace attnserve::server

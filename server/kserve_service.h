@@ -1,67 +1,28 @@
-// KServeService: the KServe v2 / Open Inference Protocol's gRPC service
-// (inference.GRPCInferenceService) on attnserve's port, over the same models and
-// batchers as attnserve's own API: ModelInfer becomes an AttendRequest and goes through
-// AttentionService::Submit (same validation, admission, batching and metrics).
+// KServeService: the KServe v2 / Open Inference Protocol's gRPC front door
+// (inference.GRPCInferenceService) on attnserve's port: ModelInfer becomes an
+// AttendRequest (server/kserve_convert.h) and goes through the RequestPipeline, as
+// every door's requests do.
 #ifndef ATTNSERVE_SERVER_KSERVE_SERVICE_H_
 #define ATTNSERVE_SERVER_KSERVE_SERVICE_H_
 
-#include <atomic>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "attnserve/v1/attention.pb.h"
 #include "inference/grpc_service.grpc.pb.h"
-#include "server/attention_service.h"
-#include "server/model_registry.h"
+#include "server/kserve_convert.h"
+#include "server/request_pipeline.h"
 #include "server/server_metrics.h"
 
 namespace attnserve::server {
 
-// The version attnserve reports (ServerMetadata; the image's label says the same).
-inline constexpr char kServerVersion[] = "0.1.0";
-// The protocol extensions attnserve implements, as ServerMetadata lists them
-// (Triton's names): ModelConfig, ModelStatistics, request parameters.
-inline constexpr const char* kExtensions[] = {"model_configuration", "statistics",
-                                              "parameters"};
-// The one version each model is served as.
-inline constexpr char kModelVersion[] = "1";
-
-// A ModelInferRequest as attnserve's AttendRequest: inputs "query" (and "memory"),
-// FP32 or BF16, raw or typed (FP32) contents; parameters "causal", "return_attention"
-// (bool) and "head_mask" (string "1,0,0.5,..."); requesting output "attention" asks for
-// the weights. InvalidArgument naming the field for anything else; NotFound for a
-// model version other than kModelVersion.
-absl::StatusOr<v1::AttendRequest> AttendFromInfer(
-    const inference::ModelInferRequest& infer);
-
-// The answer as a ModelInferResponse: "output" (and "attention" when computed), in the
-// requested subset when the request listed outputs, as raw_output_contents. Moves the
-// tensors' bytes out of `attend`.
-void InferResponseFromAttend(const inference::ModelInferRequest& infer,
-                             v1::AttendResponse& attend,
-                             inference::ModelInferResponse* response);
-
-// The model's metadata as the protocol states it (ModelMetadata, and HTTP GET
-// /v2/models/{m}): inputs query and memory, outputs output and attention.
-void FillModelMetadata(const ServedModel& model,
-                       inference::ModelMetadataResponse* response);
-
-// The model's configuration as Triton's ModelConfig (minimal): inputs query and memory
-// (optional), outputs output and attention, FP32 with -1 for free dimensions,
-// max_batch_size 0, backend "attnserve".
-void FillModelConfig(const ServedModel& model, inference::ModelConfig* config);
-
-// Thread-safe. Does not own the registry or the attention service, which must outlive
-// every call. With tokens configured (AttentionService::Options::auth), ModelMetadata
-// and ModelInfer need one; the health and readiness RPCs stay open for probes.
+// Thread-safe. With tokens configured (RequestPipeline::Options::auth), every RPC but
+// the health and readiness ones needs one; those stay open for probes.
 class KServeService final : public inference::GRPCInferenceService::CallbackService {
  public:
-  // `metrics` (not owned, outliving every call) answers ModelStatistics.
-  KServeService(ModelRegistry* registry, AttentionService* attention,
-                const ServerMetrics* metrics);
-
-  // ServerReady and ModelReady answer false from now on. Idempotent.
-  void StartDraining() { draining_.store(true, std::memory_order_release); }
+  // `pipeline` and `metrics` (which answers ModelStatistics) are not owned and must
+  // outlive every call. Readiness answers false once the pipeline drains.
+  KServeService(RequestPipeline* pipeline, const ServerMetrics* metrics)
+      : pipeline_(pipeline), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
                                        const inference::ServerLiveRequest* request,
@@ -107,15 +68,13 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   ModelStreamInfer(grpc::CallbackServerContext* context) override;
 
  private:
-  // The served model `name` at `version` (empty: the current one); NOT_FOUND naming
-  // both otherwise.
+  // The served model `name` (which must be set) at `version` (empty: the current
+  // one); NOT_FOUND in the pipeline's words otherwise.
   absl::StatusOr<const ServedModel*> FindServed(const std::string& name,
                                                 const std::string& version) const;
 
-  ModelRegistry* const registry_;
-  AttentionService* const attention_;
+  RequestPipeline* const pipeline_;
   const ServerMetrics* const metrics_;
-  std::atomic<bool> draining_{false};
 };
 
 }  // namespace attnserve::server

@@ -97,6 +97,9 @@ ABSL_FLAG(
     int, http_port, 8000,
     "KServe v2 HTTP/REST port (/v2/...); 0 picks a free port (printed at start-up), "
     "-1 serves none.");
+ABSL_FLAG(absl::Duration, http_timeout, absl::Seconds(60),
+          "How long a KServe HTTP infer request may take when it sets no \"timeout\" "
+          "parameter (microseconds, as Triton defines it); then 504.");
 ABSL_FLAG(
     std::string, port_file, "",
     "After binding, write the gRPC port to this file (for health checks and scripts, "
@@ -154,6 +157,7 @@ int Run() {
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);
+  options.http_timeout = absl::GetFlag(FLAGS_http_timeout);
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -19,6 +19,9 @@
 
 namespace attnserve::server {
 
+// The one version each model is served as (KServe's model_version).
+inline constexpr char kModelVersion[] = "1";
+
 // Name of the built-in model: d_model=512, 8 heads, fp32, weights from seed 0.
 inline constexpr char kDefaultModelName[] = "mha-base";
 

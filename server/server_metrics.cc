@@ -245,6 +245,13 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                            "Histogram of response latency (seconds) of gRPC that had "
                            "been application-level handled by the server.")
                        .Register(*registry_);
+  internal_errors_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_internal_errors_total")
+           .Help(
+               "Exceptions a front door caught at its boundary and answered as an "
+               "internal error (500 / INTERNAL), by door: each is a bug to report.")
+           .Register(*registry_);
   AddRpc("Attend", "unary");
   AddRpc("AttendStream", "bidi_stream");
   AddRpc("ListModels", "unary");
@@ -375,6 +382,9 @@ ServiceObserver ServerMetrics::service_observer() {
       rpc->handled[CodeIndex(code)]->Increment();
       rpc->handling->Observe(Seconds(elapsed));
     }
+  };
+  observer.on_internal_error = [this](absl::string_view door) {
+    internal_errors_->Add({{"door", std::string(door)}}).Increment();
   };
   observer.on_request_started = [this](const std::string& model) {
     FindModel(model)->inflight->Increment();

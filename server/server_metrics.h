@@ -20,8 +20,8 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/attention_service.h"
 #include "server/dynamic_batcher.h"
+#include "server/request_pipeline.h"
 
 namespace attnserve::server {
 
@@ -123,6 +123,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* queue_capacity_;
   prometheus::Family<prometheus::Gauge>* inflight_;
   prometheus::Family<prometheus::Gauge>* model_info_;
+  prometheus::Family<prometheus::Counter>* internal_errors_;
   prometheus::Family<prometheus::Counter>* rpc_started_;
   prometheus::Family<prometheus::Counter>* rpc_handled_;
   prometheus::Family<prometheus::Histogram>* rpc_handling_;

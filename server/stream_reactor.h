@@ -16,8 +16,8 @@
 #include "absl/time/clock.h"
 #include "attnserve/v1/attention.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/attention_service.h"
 #include "server/dynamic_batcher.h"
+#include "server/request_pipeline.h"
 
 namespace attnserve::server {
 
@@ -30,7 +30,7 @@ inline constexpr size_t kMaxStreamInFlight = 64;
 template <typename Read, typename Write>
 class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
  public:
-  RefusedStream(AttentionService* service, const grpc::Status& status)
+  RefusedStream(RequestPipeline* service, const grpc::Status& status)
       : service_(service) {
     service_->CallOpened();
     this->Finish(status);
@@ -41,23 +41,26 @@ class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
   }
 
  private:
-  AttentionService* const service_;
+  RequestPipeline* const service_;
 };
 
 // A bidirectional stream of attention requests (attnserve's AttendStream, KServe's
 // ModelStreamInfer): reads messages continuously, submits each through
-// AttentionService::Submit, and writes the answers in the order the messages came, one
+// RequestPipeline::Submit, and writes the answers in the order the messages came, one
 // write in flight at a time. `Protocol` says what the messages are:
 //   using Read = ...; using Write = ...;          // the stream's message types
 //   static constexpr char kMethod[] = "...";       // the RPC's name, for metrics
-//   static absl::StatusOr<v1::AttendRequest> TakeRequest(Read& read);
+//   static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline&,
+//                                                        Read& read);
+//   static absl::StatusOr<absl::Time> Deadline(const Read& read, absl::Time call);
 //   static Write Answer(const Read& read, const v1::AttendRequest& request,
 //                       const absl::Status& status, v1::AttendResponse response);
-// TakeRequest may move out of `read`; an error is answered at once, without queueing.
+// TakeRequest may move out of `read`; Deadline gives the message's deadline from the
+// call's; an error from either is answered at once, without queueing.
 //
 // Lifetime: a reference count under mu_. gRPC holds one reference from construction to
 // OnDone; each submitted message holds one until its answer has been handed on
-// (Complete returns); DrainStreams holds one while it drains. The last Unref deletes.
+// (Complete returns); StartDraining holds one while it drains. The last Unref deletes.
 // Every method that touches the reactor after releasing mu_ holds a reference, so no
 // path can run on a deleted reactor.
 template <typename Protocol>
@@ -68,10 +71,10 @@ class StreamReactor final
   using Read = typename Protocol::Read;
   using Write = typename Protocol::Write;
 
-  StreamReactor(AttentionService* service, grpc::CallbackServerContext* context)
+  StreamReactor(RequestPipeline* service, grpc::CallbackServerContext* context)
       : service_(service),
         context_(context),
-        cancelled_(std::make_shared<std::atomic<bool>>(false)),
+        cancellation_(std::make_shared<Cancellation>()),
         start_(absl::Now()) {
     service_->CallOpened();
     if (service_->observer().on_rpc_started) {
@@ -125,7 +128,11 @@ class StreamReactor final
       }
     }
     if (read_more) IssueRead();
-    absl::StatusOr<v1::AttendRequest> taken = Protocol::TakeRequest(*read);
+    absl::StatusOr<absl::Time> deadline =
+        Protocol::Deadline(*read, CallDeadline(context_));
+    absl::StatusOr<v1::AttendRequest> taken =
+        deadline.ok() ? Protocol::TakeRequest(*service_, *read)
+                      : absl::StatusOr<v1::AttendRequest>(deadline.status());
     if (!taken.ok()) {
       Complete(sequence, Protocol::Answer(*read, v1::AttendRequest(), taken.status(), {}),
                nullptr, 0);
@@ -147,8 +154,8 @@ class StreamReactor final
       Complete(sequence, Protocol::Answer(*read, *request, status, std::move(response)),
                status.ok() ? batcher : nullptr, held);
     };
-    service_->Submit(*request, CallDeadline(context_), cancelled_, std::move(answer),
-                     nullptr, AttentionService::Origin::kStreamMessage);
+    service_->Submit(*request, *deadline, cancellation_, std::move(answer), nullptr,
+                     RequestPipeline::Origin::kStreamMessage);
   }
 
   void OnWriteDone(bool ok) override {
@@ -164,7 +171,7 @@ class StreamReactor final
     Advance();
   }
 
-  void OnCancel() override { cancelled_->store(true, std::memory_order_release); }
+  void OnCancel() override { cancellation_->Cancel(); }
 
   void OnDone() override {
     service_->UnregisterStream(this);
@@ -172,7 +179,7 @@ class StreamReactor final
     Unref();
   }
 
-  // Called by AttentionService::DrainStreams with a reference held.
+  // Called by RequestPipeline::StartDraining with a reference held.
   void Drain() override {
     {
       absl::MutexLock lock(&mu_);
@@ -299,9 +306,9 @@ class StreamReactor final
     if (read) IssueRead();
   }
 
-  AttentionService* const service_;
+  RequestPipeline* const service_;
   grpc::CallbackServerContext* const context_;
-  std::shared_ptr<std::atomic<bool>> cancelled_;
+  const std::shared_ptr<Cancellation> cancellation_;
   const absl::Time start_;
   // gRPC fills it between StartRead and OnReadDone; OnReadDone takes the message out
   // under mu_, before anything can start the next read.
@@ -326,8 +333,12 @@ struct AttendStreamProtocol {
   using Read = v1::AttendStreamRequest;
   using Write = v1::AttendStreamResponse;
   static constexpr char kMethod[] = "AttendStream";
-  static absl::StatusOr<v1::AttendRequest> TakeRequest(Read& read) {
+  static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline&,
+                                                       Read& read) {
     return std::move(*read.mutable_request());
+  }
+  static absl::StatusOr<absl::Time> Deadline(const Read&, absl::Time call) {
+    return call;
   }
   static Write Answer(const Read&, const v1::AttendRequest& request,
                       const absl::Status& status, v1::AttendResponse response) {

@@ -1,7 +1,7 @@
 // Heap allocations per request on attnserve's request path, as benchmark counters:
 //   BM_CoreForward  the core alone (MultiHeadAttention::Forward);
 //   BM_ServicePath  validation, queue, batch, compute and response building, without gRPC
-//                   (AttentionService::Submit on the built-in model);
+//                   (RequestPipeline::Submit on the built-in model);
 //   BM_GrpcCall     one unary Attend over loopback, client and server in this process.
 // Every malloc/calloc/realloc/aligned allocation in the process is counted (this binary
 // interposes them), so oneDNN's and gRPC's count too. One sequence of L=16, d=512.
@@ -19,8 +19,8 @@
 #include "core/device.h"
 #include "core/multi_head_attention.h"
 #include "server/attention_server.h"
-#include "server/attention_service.h"
 #include "server/model_registry.h"
+#include "server/request_pipeline.h"
 
 namespace {
 
@@ -126,7 +126,7 @@ void BM_ServicePath(benchmark::State& state) {
     state.SkipWithError(std::string(registry.status().message()).c_str());
     return;
   }
-  server::AttentionService service(registry->get(), {});
+  server::RequestPipeline service(registry->get(), {});
   const v1::AttendRequest request = Request();
   const auto call = [&] {
     absl::Notification done;

@@ -244,9 +244,9 @@ TEST(ModelRegistryTest, WithoutADefaultARequestMustNameItsModel) {
   *request.mutable_query() = Float32Tensor(std::vector<float>(3 * 32, 0.5f), {3, 32});
   auto response = server.client->Attend(request);
   EXPECT_EQ(response.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(
-      response.status().message(),
-      HasSubstr("model must be set: this server has no default model; models: a, b"));
+  EXPECT_THAT(response.status().message(),
+              HasSubstr("model must be set: this server has no default model (served: a, "
+                        "b, each as version 1)"));
   // A request that does not fit its model says which model it was checked against.
   request.set_model("b");
   *request.mutable_query() = Float32Tensor(std::vector<float>(3 * 48, 0.5f), {3, 48});

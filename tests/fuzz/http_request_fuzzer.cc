@@ -1,0 +1,80 @@
+// libFuzzer target: the KServe v2 HTTP door's request path without the socket. Input:
+// an optional first line "H:<Inference-Header-Content-Length value>\n", then the body.
+// The body goes through ParseInferBody, AttendFromInfer and WorkFromRequest (what the
+// door does before queueing); errors go through ErrorBody, as the door sends them. Any
+// input must give a Status or an answer: never a crash, an exception, a read out of
+// bounds or undefined behaviour.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "absl/strings/string_view.h"
+#include "core/model_spec.h"
+#include "google/protobuf/stubs/logging.h"
+#include "server/kserve_convert.h"
+#include "server/kserve_http_request.h"
+#include "server/proto_convert.h"
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(
+      [](google::protobuf::LogLevel, const char*, int, const std::string&) {});
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  absl::string_view input(reinterpret_cast<const char*>(data), size);
+  std::string header_value;
+  bool has_header = false;
+  if (input.substr(0, 2) == "H:") {
+    const size_t end = input.find('\n');
+    if (end == absl::string_view::npos) return 0;
+    header_value = std::string(input.substr(2, end - 2));
+    input.remove_prefix(end + 1);
+    has_header = true;
+  }
+  using namespace attnserve::server;  // NOLINT(build/namespaces): a fuzzer's one function
+  const auto refuse = [](const absl::Status& status) {
+    // The door answers every refusal this way; it must not throw on any message.
+    if (ErrorBody(status.message()).empty()) __builtin_trap();
+  };
+  absl::StatusOr<int64_t> header_length =
+      ParseHeaderLength(has_header ? header_value.c_str() : nullptr);
+  if (!header_length.ok()) return refuse(header_length.status()), 0;
+  // The model name comes from the URL: any bytes (here the body's first few).
+  const std::string model(input.substr(0, 4));
+  absl::StatusOr<HttpInferRequest> parsed =
+      ParseInferBody(model, "", input, *header_length);
+  if (!parsed.ok()) return refuse(parsed.status()), 0;
+  const inference::ModelInferRequest infer = parsed->infer;
+  absl::StatusOr<attnserve::v1::AttendRequest> attend =
+      AttendFromInfer(std::move(parsed->infer));
+  if (!attend.ok()) return refuse(attend.status()), 0;
+  absl::StatusOr<absl::Time> deadline =
+      DeadlineWithTimeout(infer, absl::InfiniteFuture());
+  if (!deadline.ok()) return refuse(deadline.status()), 0;
+  attnserve::core::ModelSpec spec;
+  spec.d_model = 8;
+  spec.num_heads = 2;
+  AdmissionLimits limits;
+  limits.max_sequence_length = 64;
+  limits.max_response_bytes = 1 << 16;
+  limits.max_work_bytes = 1 << 16;
+  auto work = WorkFromRequest(*attend, spec, limits);
+  if (!work.ok()) return refuse(work.status()), 0;
+  // An answer of the admitted shape goes back out as the door writes it.
+  attnserve::v1::AttendResponse answer;
+  answer.set_model(model);
+  answer.mutable_output()->set_dtype(attnserve::v1::DATA_TYPE_FP32);
+  answer.mutable_output()->add_shape((*work)->tokens());
+  answer.mutable_output()->add_shape(spec.d_model);
+  answer.mutable_output()->mutable_raw()->assign(
+      static_cast<size_t>((*work)->tokens() * spec.d_model * 4), '\0');
+  inference::ModelInferResponse response;
+  InferResponseFromAttend(infer, answer, &response);
+  int64_t response_header_length = 0;
+  const std::string body =
+      InferResponseBody(response, parsed->binary_outputs, &response_header_length);
+  if (response_header_length > static_cast<int64_t>(body.size())) __builtin_trap();
+  return 0;
+}
