@@ -89,11 +89,13 @@ image: deps
 	DOCKER_BUILDKIT=0 /usr/bin/docker build --network host -t attnserve:0.1.0 .
 
 # Serves the built-in model (mha-base) on :50051 in the foreground; Ctrl-C drains and
-# exits. Extra flags: make run ARGS="--port=50052 --max_queue_delay=5ms". Builds only
-# the server, and configures only a build folder that has never been configured.
+# exits. Extra flags: make run ARGS="--port=50052 --max_queue_delay=5ms". Builds the
+# server and attnctl (what the README's quick start calls next), and configures only a
+# build folder that has never been configured.
+RUN_TARGETS := attnserve attnctl
 run:
 	@test -f $(BUILD_DIR)/CMakeCache.txt || $(MAKE) configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target attnserve
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(RUN_TARGETS)
 	$(BUILD_DIR)/server/attnserve $(ARGS)
 
 # attnserve, attnctl, attnbench and the C++ client (headers, static libraries, CMake

@@ -109,8 +109,9 @@ ABSL_FLAG(
     "Serve the built-in model mha-base (seeded random weights, for trying the server "
     "and benchmarks); false serves only --model_repository.");
 ABSL_FLAG(std::string, default_model, "",
-          "Model for requests that name none; empty: mha-base when served, else the "
-          "repository's only model, else none (such requests get NOT_FOUND).");
+          "Model for requests that name none; empty: the repository's model when it "
+          "holds exactly one, else mha-base when served, else none (such requests get "
+          "NOT_FOUND).");
 ABSL_FLAG(bool, warm_up, true,
           "Run each model instance's first forward passes before the port opens, so "
           "readiness waits for them and no client pays the one-time set-up.");

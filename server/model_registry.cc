@@ -220,6 +220,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
                                                    options.max_sequence_length));
   }
   std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
+  std::string only_repository_model;  // set when the repository holds exactly one
   if (!options.model_repository.empty()) {
     const std::filesystem::path root(options.model_repository);
     std::error_code error;
@@ -235,6 +236,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
     for (const auto& folder : folders) {
       ATTN_ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> model,
                             LoadRepositoryModel(folder, options));
+      if (folders.size() == 1) only_repository_model = model->name;
       registry->models_.emplace(model->name, std::move(model));
     }
   }
@@ -269,10 +271,12 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
                        "\" is not served; models: ", absl::StrJoin(names, ", ")));
     }
     registry->default_model_ = options.default_model;
+  } else if (!only_repository_model.empty()) {
+    // A repository of one model is what its operator means to serve: the built-in
+    // model beside it is for trying the server.
+    registry->default_model_ = only_repository_model;
   } else if (registry->models_.count(kDefaultModelName) != 0) {
     registry->default_model_ = kDefaultModelName;
-  } else if (registry->models_.size() == 1) {
-    registry->default_model_ = registry->models_.begin()->first;
   }
   return registry;
 }

@@ -73,8 +73,9 @@ class ModelRegistry {
     // Serve the built-in model (kDefaultModelName, seeded random weights: for trying
     // the server and for benchmarks) unless the repository has a model of that name.
     bool builtin_model = true;
-    // The model a request without a model name goes to; empty: the built-in model when
-    // served, else the repository's only model, else none (such requests are refused).
+    // The model a request without a model name goes to; empty: the repository's model
+    // when it holds exactly one, else the built-in model when served, else none (such
+    // requests are refused).
     std::string default_model;
     // Precision of the built-in model (a repository's models set theirs in
     // config.pbtxt).

@@ -252,6 +252,8 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                "Exceptions a front door caught at its boundary and answered as an "
                "internal error (500 / INTERNAL), by door: each is a bug to report.")
            .Register(*registry_);
+  // Exported at 0 from the start, so that an alert can tell "none" from "not scraped".
+  internal_errors_->Add({{"door", "kserve_http"}});
   AddRpc("Attend", "unary");
   AddRpc("AttendStream", "bidi_stream");
   AddRpc("ListModels", "unary");

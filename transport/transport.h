@@ -3,8 +3,8 @@
 
 // What makes tensors cross a loopback or LAN connection at wire speed, for both ends.
 //
-// Measured in FACTS.md and by `make bench-server`: a 256 KiB gRPC message costs ~2.5 ms
-// with glibc's defaults because every multi-hundred-KiB buffer is a fresh mmap,
+// Measured by `make bench-server`: a 256 KiB gRPC message costs ~2.5 ms with
+// glibc's defaults because every multi-hundred-KiB buffer is a fresh mmap,
 // zero-filled by page faults, and munmapped when freed; and gRPC reads a large message in
 // small chunks. The server calls both functions at start-up; attnctl, attnbench and
 // programs using the client library do the same.

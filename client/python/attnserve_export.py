@@ -70,6 +70,10 @@ def check_module(module):
 def select_tensors(state_dict, prefix):
     """The four tensors under `prefix`, prefix stripped; ValueError naming what is
     missing, unsupported or unexpected."""
+    if prefix and not prefix.endswith(".") and any(
+            key.startswith(prefix + ".") for key in state_dict):
+        raise ValueError(f"prefix {prefix!r} names a module, and the tensors under it "
+                         f"start with its name and a dot: did you mean {prefix + '.'!r}?")
     found = {key[len(prefix):]: value for key, value in state_dict.items()
              if key.startswith(prefix)}
     if not found:

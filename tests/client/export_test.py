@@ -100,6 +100,11 @@ class ExportTest(unittest.TestCase):
                             "--out", self.path("repo2", "whole"))
         self.assertEqual(result.returncode, 1)
         self.assertIn("unexpected tensor", result.stderr)
+        # A prefix without its trailing dot is a likely slip: say what was meant.
+        result = run_export("--input", self.path("layer.pt"), "--prefix", "self_attn",
+                            "--num_heads", "2", "--out", self.path("repo2", "no-dot"))
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("did you mean 'self_attn.'?", result.stderr)
 
     def test_exporter_refuses_unsupported_options_by_name(self):
         cases = {

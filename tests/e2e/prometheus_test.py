@@ -119,18 +119,18 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(check.returncode, 0, check.stdout + check.stderr)
 
     def test_readme_lists_every_metric(self):
-        """README's Metrics table names exactly the metric families the server exports."""
+        """docs/operations.md's Metrics table names exactly the metric families the server exports."""
         text = http_get(self.metrics_url)
         exported = set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
-        with open(os.path.join(ROOT, "README.md")) as f:
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
             readme = f.read()
         section = readme.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
         documented = set()
         for row in section.splitlines():
             if row.startswith("| `"):
                 documented.update(re.findall(r"`([a-z_]+)`", row.split(" | ")[0]))
-        self.assertEqual(sorted(exported - documented), [], "exported, not in README")
-        self.assertEqual(sorted(documented - exported), [], "in README, not exported")
+        self.assertEqual(sorted(exported - documented), [], "exported, not in docs/operations.md")
+        self.assertEqual(sorted(documented - exported), [], "in docs/operations.md, not exported")
 
     def test_3_real_prometheus_scrape(self):
         type(self).prometheus_port = free_port()
@@ -178,9 +178,9 @@ class PrometheusTest(unittest.TestCase):
         self.assertTrue(math.isfinite(p99) and p99 > 0, p99)
 
     def test_4_readme_promql_examples_answer(self):
-        """Each PromQL line in the README's Metrics section returns a finite value here
+        """Each PromQL line in docs/operations.md's Metrics section returns a finite value here
         (after test_3's traffic)."""
-        with open(os.path.join(ROOT, "README.md")) as f:
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
             readme = f.read()
         block = readme.split("<!-- promql_test -->\n```\n", 1)[1].split("```", 1)[0]
         queries = [line for line in block.splitlines()
@@ -189,7 +189,7 @@ class PrometheusTest(unittest.TestCase):
         for promql in queries:
             with self.subTest(query=promql):
                 value = self.wait_for(promql, math.isfinite)
-                print(f"README PromQL: {promql} = {value}")
+                print(f"docs PromQL: {promql} = {value}")
 
 
 if __name__ == "__main__":

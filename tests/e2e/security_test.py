@@ -136,9 +136,9 @@ class SecurityTest(unittest.TestCase):
             self.assertEqual(server.stop(), 0)
 
     def test_readme_python_tls_and_token_example(self):
-        # The README's block, run as written against a TLS + token server: only the
+        # docs/operations.md's block, run as written against a TLS + token server: only the
         # target changes (the example's host name resolves nowhere).
-        with open(os.path.join(ROOT, "README.md")) as f:
+        with open(os.path.join(ROOT, "docs", "operations.md")) as f:
             readme = f.read()
         code = readme.split("<!-- security_test -->\n```python\n", 1)[1].split("```", 1)[0]
         with open(self.path("tokens"), "w") as f:

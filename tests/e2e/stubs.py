@@ -31,13 +31,13 @@ class Attnserve:
     """attnserve on 127.0.0.1 with free ports; `target` and `metrics_port` are read from
     the lines it prints at start-up."""
 
-    def __init__(self, binary, *flags, metrics=False, http=False, stderr=None):
+    def __init__(self, binary, *flags, metrics=False, http=False, stderr=None, cwd=None):
         args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
                 f"--metrics_port={0 if metrics else -1}",
                 f"--http_port={0 if http else -1}", *flags]
         # `stderr`: a file to write the server's log to (default: discarded).
         self.process = subprocess.Popen(
-            args, stdout=subprocess.PIPE, text=True,
+            args, stdout=subprocess.PIPE, text=True, cwd=cwd,
             stderr=open(stderr, "w") if stderr else subprocess.DEVNULL)
         line = self.process.stdout.readline()
         if "listening on" not in line:

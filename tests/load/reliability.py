@@ -31,7 +31,8 @@ MODE = sys.argv[2]
 ATTNSERVE = os.path.join(BUILD, "server", "attnserve")
 ATTNBENCH = os.path.join(BUILD, "client", "attnbench")
 LENGTHS = os.environ.get("RELIABILITY_LENGTHS", "16*4,64*3,256*1")
-# Memory kept by glibc malloc on both sides (FACTS.md: page faults dominate otherwise).
+# Memory kept by glibc malloc on both sides (page faults dominate otherwise; see
+# transport/transport.h).
 ENV = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "268435456",
        "MALLOC_TRIM_THRESHOLD_": "1073741824", "MALLOC_TOP_PAD_": "67108864",
        "OMP_WAIT_POLICY": "passive"}

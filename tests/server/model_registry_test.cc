@@ -208,6 +208,25 @@ TEST(ModelRegistryTest, BuiltinModelCanBeTurnedOffAndTheOnlyModelIsTheDefault) {
   (*registry)->Shutdown();
 }
 
+TEST(ModelRegistryTest, ARepositoryOfOneModelIsTheDefaultBesideTheBuiltinModel) {
+  const std::string repository = NewRepository("one_beside_builtin");
+  WriteFile(repository + "/enc/config.pbtxt",
+            "d_model: 64\nnum_heads: 4\ngenerated_weights: true\n");
+  auto registry = Registry(repository, /*builtin_model=*/true, "");
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ASSERT_EQ((*registry)->models().size(), 2u);
+  EXPECT_EQ((*registry)->default_model(), "enc");
+  EXPECT_NE((*registry)->Find(kDefaultModelName), nullptr);
+  (*registry)->Shutdown();
+  // Two repository models: the built-in one stays the default.
+  WriteFile(repository + "/dec/config.pbtxt",
+            "d_model: 64\nnum_heads: 4\ngenerated_weights: true\n");
+  auto two = Registry(repository, /*builtin_model=*/true, "");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ((*two)->default_model(), kDefaultModelName);
+  (*two)->Shutdown();
+}
+
 TEST(ModelRegistryTest, DefaultModelIsChosenByName) {
   const std::string repository = NewRepository("two");
   for (const char* name : {"a", "b"}) {
