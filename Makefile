@@ -9,7 +9,7 @@ TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-grid format clean
+.PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-grid format clean
 
 all: build
 
@@ -115,6 +115,12 @@ bench-core: build
 bench-server: build
 	deploy/install-deps.sh --test --bench --venv $(VENV)
 	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) .
+
+# The KServe doors side by side: gRPC and HTTP binary through Triton's perf_analyzer,
+# one server, one run. BENCH_ARGS="--baseline=OTHER/attnserve" adds another build's gRPC
+# figures (no-regression check). Not part of `make test`.
+bench-doors: build
+	/usr/bin/python3 tests/bench/doors_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
 
 # Instances x intra-op threads on the whole machine (how the defaults were chosen).
 bench-grid: build

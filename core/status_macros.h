@@ -11,7 +11,7 @@
 // it is not OK.
 #define ATTN_RETURN_IF_ERROR(expr)               \
   do {                                           \
-    const ::absl::Status attn_status_ = (expr);  \
+    ::absl::Status attn_status_ = (expr);        \
     if (!attn_status_.ok()) return attn_status_; \
   } while (false)
 

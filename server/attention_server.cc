@@ -16,7 +16,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
-#include "server/event_log.h"
+#include "server/observability/event_log.h"
 #include "transport/transport.h"
 
 namespace attnserve::server {

@@ -12,11 +12,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
-#include "server/attention_service.h"
-#include "server/kserve_http.h"
-#include "server/kserve_service.h"
-#include "server/model_registry.h"
-#include "server/server_metrics.h"
+#include "server/frontends/attention_service.h"
+#include "server/frontends/kserve_http.h"
+#include "server/frontends/kserve_service.h"
+#include "server/models/model_registry.h"
+#include "server/observability/server_metrics.h"
 
 namespace attnserve::server {
 

@@ -17,8 +17,8 @@
 #include "cli/help.h"
 #include "core/device.h"
 #include "server/attention_server.h"
-#include "server/event_log.h"
-#include "server/host_resources.h"
+#include "server/models/host_resources.h"
+#include "server/observability/event_log.h"
 #include "transport/transport.h"
 
 ABSL_FLAG(

@@ -19,8 +19,8 @@
 #include "core/device.h"
 #include "core/multi_head_attention.h"
 #include "server/attention_server.h"
-#include "server/model_registry.h"
-#include "server/request_pipeline.h"
+#include "server/models/model_registry.h"
+#include "server/pipeline/request_pipeline.h"
 
 namespace {
 

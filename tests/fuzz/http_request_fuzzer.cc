@@ -12,9 +12,9 @@
 #include "absl/strings/string_view.h"
 #include "core/model_spec.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/kserve_convert.h"
-#include "server/kserve_http_request.h"
-#include "server/proto_convert.h"
+#include "server/frontends/kserve_convert.h"
+#include "server/frontends/kserve_http_request.h"
+#include "server/pipeline/proto_convert.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   google::protobuf::SetLogHandler(
@@ -46,9 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<HttpInferRequest> parsed =
       ParseInferBody(model, "", input, *header_length);
   if (!parsed.ok()) return refuse(parsed.status()), 0;
-  const inference::ModelInferRequest infer = parsed->infer;
-  absl::StatusOr<attnserve::v1::AttendRequest> attend =
-      AttendFromInfer(std::move(parsed->infer));
+  inference::ModelInferRequest& infer = parsed->infer;
+  absl::StatusOr<attnserve::v1::AttendRequest> attend = AttendFromInfer(&infer);
   if (!attend.ok()) return refuse(attend.status()), 0;
   absl::StatusOr<absl::Time> deadline =
       DeadlineWithTimeout(infer, absl::InfiniteFuture());

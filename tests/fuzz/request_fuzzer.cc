@@ -9,7 +9,7 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
 #include "google/protobuf/stubs/logging.h"
-#include "server/proto_convert.h"
+#include "server/pipeline/proto_convert.h"
 
 // Invalid UTF-8 in string fields is logged by protobuf on every such input; quiet.
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

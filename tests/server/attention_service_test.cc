@@ -12,7 +12,7 @@
 #include "core/multi_head_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/proto_convert.h"
+#include "server/pipeline/proto_convert.h"
 #include "tests/server/test_server.h"
 
 namespace attnserve::server {

@@ -1,6 +1,6 @@
 // The batching policy alone: BatchScheduler over a task of the test's own, with an
 // executor that records what it was given. No core, no gRPC; time is a FakeClock.
-#include "server/batch_scheduler.h"
+#include "server/batching/batch_scheduler.h"
 
 #include <atomic>
 #include <memory>

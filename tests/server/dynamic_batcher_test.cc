@@ -1,4 +1,4 @@
-#include "server/dynamic_batcher.h"
+#include "server/batching/dynamic_batcher.h"
 
 #include <map>
 #include <memory>

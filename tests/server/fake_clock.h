@@ -7,7 +7,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/clock.h"
+#include "server/batching/clock.h"
 
 namespace attnserve::server {
 

@@ -1,5 +1,5 @@
 // DetectHostResources against cgroup folders made by the test (v2 and v1 layouts).
-#include "server/host_resources.h"
+#include "server/models/host_resources.h"
 
 #include <filesystem>
 #include <fstream>

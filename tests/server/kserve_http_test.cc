@@ -2,7 +2,7 @@
 // with civetweb's HTTP client and raw sockets: what the door does at its edges (an
 // exception at the C boundary, a client that hangs up, a request's timeout). The
 // malformed-body matrix is tests/e2e/http_malformed_test.py.
-#include "server/kserve_http.h"
+#include "server/frontends/kserve_http.h"
 
 #include <arpa/inet.h>
 #include <civetweb.h>
@@ -20,8 +20,8 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/model_registry.h"
-#include "server/request_pipeline.h"
+#include "server/models/model_registry.h"
+#include "server/pipeline/request_pipeline.h"
 
 namespace attnserve::server {
 namespace {

@@ -1,7 +1,7 @@
 // inference.GRPCInferenceService (KServe v2 / Open Inference Protocol) over a real gRPC
 // server on loopback, called with stubs generated from proto/inference: the same
 // answers as attnserve's own Attend, and errors naming the protocol's fields.
-#include "server/kserve_service.h"
+#include "server/frontends/kserve_service.h"
 
 #include <cstring>
 #include <string>

@@ -9,7 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/server_metrics.h"
+#include "server/observability/server_metrics.h"
 #include "tests/server/test_server.h"
 
 namespace attnserve::server {

@@ -1,6 +1,6 @@
 // Model repositories: a PyTorch-trained module served over the wire, and every way a
 // model folder can be wrong.
-#include "server/model_registry.h"
+#include "server/models/model_registry.h"
 
 #include <filesystem>
 #include <fstream>

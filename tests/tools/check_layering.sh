@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# The core layer knows nothing of gRPC, protobuf or Prometheus; the client never uses
-# core or server. Fails listing the offending includes.
+# The layers' dependencies point down only. Fails listing every offending include:
+# - core/ knows nothing of gRPC, protobuf or Prometheus;
+# - client/ never uses core/ or server/;
+# - inside server/, each folder includes only its own and lower folders:
+#     server/ (AttentionServer, main) > frontends > observability > pipeline > models
+#     > batching.
+# usage: check_layering.sh [REPO_ROOT]
 set -euo pipefail
 root="${1:-.}"
 cd "${root}"
@@ -13,5 +18,20 @@ if [[ -d client ]] && grep -rnE '#include\s*"(core|server)/' client/; then
   echo "check_layering: client/ must not include core/ or server/" >&2
   status=1
 fi
+# server/'s folders from the bottom up; each may include only those before it.
+layers=(batching models pipeline observability frontends)
+for ((i = 0; i < ${#layers[@]}; ++i)); do
+  folder="server/${layers[i]}"
+  [[ -d "${folder}" ]] || { echo "check_layering: ${folder} is missing" >&2; status=1; continue; }
+  higher=("${layers[@]:i+1}")
+  pattern='#include\s*"server/[a-z_]+\.h"'  # the top level: AttentionServer
+  if ((${#higher[@]} > 0)); then
+    pattern="${pattern}|#include\\s*\"server/($(IFS='|'; echo "${higher[*]}"))/"
+  fi
+  if grep -rnE "${pattern}" "${folder}"; then
+    echo "check_layering: ${folder} includes a higher layer (order: ${layers[*]}, server/)" >&2
+    status=1
+  fi
+done
 [[ ${status} -eq 0 ]] && echo "check_layering: ok"
 exit ${status}

@@ -1,0 +1,101 @@
+#include "server/frontends/attention_service.h"
+
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/frontends/stream_reactor.h"
+#include "server/pipeline/proto_convert.h"
+
+namespace attnserve::server {
+
+grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
+                                                   const v1::AttendRequest* request,
+                                                   v1::AttendResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "Attend");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  auto cancellation = std::make_shared<Cancellation>();
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+  pipeline_->Submit(
+      *request, CallDeadline(context), cancellation,
+      [rpc, reactor, response](const absl::Status& status, v1::AttendResponse result) {
+        if (status.ok()) response->Swap(&result);
+        rpc.End(status.code());
+        reactor->Finish(ToGrpcStatus(status));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
+    grpc::CallbackServerContext* context, const v1::HeadStatisticsRequest* request,
+    v1::HeadStatisticsResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "HeadStatistics");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  auto cancellation = std::make_shared<Cancellation>();
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+  // The same inputs as an Attend with return_attention, so that validation and
+  // admission (field names, limits, budgets) are the same. Copied: this is an
+  // analysis call, not the serving path.
+  auto attend = std::make_shared<v1::AttendRequest>();
+  attend->set_model(request->model());
+  *attend->mutable_query() = request->query();
+  if (request->has_memory()) *attend->mutable_memory() = request->memory();
+  attend->set_causal(request->causal());
+  attend->set_return_attention(true);
+  pipeline_->Submit(
+      *attend, CallDeadline(context), cancellation,
+      [rpc, reactor, response, attend](const absl::Status& status,
+                                       const v1::AttendResponse&) {
+        if (!status.ok()) response->Clear();
+        rpc.End(status.code());
+        reactor->Finish(ToGrpcStatus(status));
+      },
+      response);
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::AttendStreamRequest, v1::AttendStreamResponse>*
+AttentionService::AttendStream(grpc::CallbackServerContext* context) {
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    RequestPipeline::Rpc(pipeline_, "AttendStream").End(allowed.code());
+    return new RefusedStream<v1::AttendStreamRequest, v1::AttendStreamResponse>(
+        pipeline_, ToGrpcStatus(allowed));
+  }
+  return new StreamReactor<AttendStreamProtocol>(pipeline_, context);
+}
+
+grpc::ServerUnaryReactor* AttentionService::ListModels(
+    grpc::CallbackServerContext* context, const v1::ListModelsRequest* /*request*/,
+    v1::ListModelsResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ListModels");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  for (const ServedModel* model : pipeline_->registry()->models()) {
+    *response->add_models() = model->info;
+  }
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext* context,
+                                                     const v1::GetModelRequest* request,
+                                                     v1::GetModelResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "GetModel");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  // GetModel names its model: no default.
+  if (request->name().empty()) {
+    return rpc.FinishNow(absl::InvalidArgumentError("name must be set"));
+  }
+  absl::StatusOr<ServedModel*> model = pipeline_->FindModel(request->name());
+  if (!model.ok()) return rpc.FinishNow(model.status());
+  *response->mutable_model() = (*model)->info;
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,277 @@
+#include "server/frontends/kserve_convert.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "core/status_macros.h"
+
+namespace attnserve::server {
+
+namespace {
+
+constexpr char kTimeout[] = "timeout";
+constexpr char kQuery[] = "query";
+constexpr char kMemory[] = "memory";
+constexpr char kOutput[] = "output";
+constexpr char kAttention[] = "attention";
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+// One input as attnserve's Tensor (shape, dtype, little-endian bytes).
+absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
+                          google::protobuf::RepeatedPtrField<std::string>* movable_raw,
+                          v1::Tensor* tensor) {
+  const inference::ModelInferRequest::InferInputTensor& input = infer.inputs(index);
+  const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
+  if (input.datatype() == "FP32") {
+    tensor->set_dtype(v1::DATA_TYPE_FP32);
+  } else if (input.datatype() == "BF16") {
+    tensor->set_dtype(v1::DATA_TYPE_BF16);
+  } else {
+    return Invalid(absl::StrCat(field, ".datatype must be FP32 or BF16, got \"",
+                                input.datatype(), "\""));
+  }
+  tensor->mutable_shape()->Add(input.shape().begin(), input.shape().end());
+  if (!infer.raw_input_contents().empty()) {
+    if (input.has_contents()) {
+      return Invalid(absl::StrCat(field,
+                                  ".contents must be empty when raw_input_contents ",
+                                  "is used (the protocol allows one or the other)"));
+    }
+    if (movable_raw != nullptr) {
+      tensor->mutable_raw()->swap(*movable_raw->Mutable(index));
+    } else {
+      tensor->set_raw(infer.raw_input_contents(index));
+    }
+    return absl::OkStatus();
+  }
+  if (tensor->dtype() != v1::DATA_TYPE_FP32) {
+    return Invalid(absl::StrCat(field, ": BF16 values must come as raw_input_contents ",
+                                "(the protocol has no typed BF16 contents)"));
+  }
+  const auto& values = input.contents().fp32_contents();
+  std::string raw(static_cast<size_t>(values.size()) * sizeof(float), '\0');
+  if (!raw.empty()) std::memcpy(raw.data(), values.data(), raw.size());
+  tensor->set_raw(std::move(raw));
+  return absl::OkStatus();
+}
+
+absl::Status ApplyParameter(const std::string& name,
+                            const inference::InferParameter& value,
+                            v1::AttendRequest* attend) {
+  const std::string field = absl::StrCat("parameters[\"", name, "\"]");
+  // Triton reserves the "triton_" prefix for its clients' own request options
+  // (perf_analyzer sends triton_enable_empty_final_response on every request); they
+  // concern decoupled models and responses, not the computation: ignored, as Triton
+  // ignores them for models like these.
+  if (absl::StartsWith(name, "triton_")) return absl::OkStatus();
+  // The request's timeout (Triton's schedule policy), read by DeadlineWithTimeout.
+  if (name == kTimeout) return absl::OkStatus();
+  if (name == "causal" || name == "return_attention") {
+    if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+      return Invalid(absl::StrCat(field, " must be a bool_param"));
+    }
+    if (name == "causal") {
+      attend->set_causal(value.bool_param());
+    } else {
+      attend->set_return_attention(value.bool_param());
+    }
+    return absl::OkStatus();
+  }
+  if (name == "head_mask") {
+    if (value.parameter_choice_case() != inference::InferParameter::kStringParam) {
+      return Invalid(absl::StrCat(field, " must be a string_param like \"1,0,0.5\""));
+    }
+    for (absl::string_view part : absl::StrSplit(value.string_param(), ',')) {
+      float factor = 0;
+      if (!absl::SimpleAtof(part, &factor)) {
+        return Invalid(absl::StrCat(field, ": \"", part, "\" is not a number"));
+      }
+      attend->add_head_mask(factor);
+    }
+    return absl::OkStatus();
+  }
+  return Invalid(
+      absl::StrCat(field,
+                   " is not a parameter of attnserve's models (causal, return_attention, "
+                   "head_mask)"));
+}
+
+// The datatype name of an attnserve tensor.
+const char* DatatypeName(const v1::Tensor& tensor) {
+  return tensor.dtype() == v1::DATA_TYPE_BF16 ? "BF16" : "FP32";
+}
+
+}  // namespace
+
+namespace {
+
+// AttendFromInfer; with `movable` (the same message as `infer`), raw input bytes move
+// out of it instead of being copied.
+absl::StatusOr<v1::AttendRequest> Convert(const inference::ModelInferRequest& infer,
+                                          inference::ModelInferRequest* movable) {
+  v1::AttendRequest attend;
+  attend.set_model(infer.model_name());
+  attend.set_request_id(infer.id());
+  if (!infer.raw_input_contents().empty() &&
+      infer.raw_input_contents_size() != infer.inputs_size()) {
+    return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
+                                infer.inputs_size(), "), got ",
+                                infer.raw_input_contents_size()));
+  }
+  bool has_query = false;
+  for (int i = 0; i < infer.inputs_size(); ++i) {
+    const std::string& name = infer.inputs(i).name();
+    v1::Tensor* tensor = nullptr;
+    if (name == kQuery && !has_query) {
+      tensor = attend.mutable_query();
+      has_query = true;
+    } else if (name == kMemory && !attend.has_memory()) {
+      tensor = attend.mutable_memory();
+    } else {
+      return Invalid(absl::StrCat("inputs[", i, "].name must be \"query\" or \"memory\" ",
+                                  "(each once), got \"", name, "\""));
+    }
+    ATTN_RETURN_IF_ERROR(ConvertInput(
+        infer, i, movable != nullptr ? movable->mutable_raw_input_contents() : nullptr,
+        tensor));
+  }
+  if (!has_query) return Invalid("inputs must include \"query\"");
+  for (const auto& [name, value] : infer.parameters()) {
+    ATTN_RETURN_IF_ERROR(ApplyParameter(name, value, &attend));
+  }
+  for (int i = 0; i < infer.outputs_size(); ++i) {
+    const std::string& name = infer.outputs(i).name();
+    if (name == kAttention) {
+      attend.set_return_attention(true);
+    } else if (name != kOutput) {
+      return Invalid(absl::StrCat("outputs[", i, "].name must be \"output\" or ",
+                                  "\"attention\", got \"", name, "\""));
+    }
+  }
+  return attend;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(
+    const inference::ModelInferRequest& infer) {
+  return Convert(infer, nullptr);
+}
+
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer) {
+  return Convert(*infer, infer);
+}
+
+absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
+    const RequestPipeline& pipeline, const inference::ModelInferRequest& infer) {
+  ATTN_RETURN_IF_ERROR(
+      pipeline.FindModel(infer.model_name(), infer.model_version()).status());
+  return AttendFromInfer(infer);
+}
+
+absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
+    const RequestPipeline& pipeline, inference::ModelInferRequest* infer) {
+  ATTN_RETURN_IF_ERROR(
+      pipeline.FindModel(infer->model_name(), infer->model_version()).status());
+  return AttendFromInfer(infer);
+}
+
+absl::StatusOr<absl::Time> DeadlineWithTimeout(const inference::ModelInferRequest& infer,
+                                               absl::Time deadline) {
+  const auto it = infer.parameters().find(kTimeout);
+  if (it == infer.parameters().end()) return deadline;
+  if (it->second.parameter_choice_case() != inference::InferParameter::kInt64Param ||
+      it->second.int64_param() < 0) {
+    return Invalid(absl::StrCat("parameters[\"timeout\"] must be an int64_param of ",
+                                "microseconds >= 0 (0: none)"));
+  }
+  if (it->second.int64_param() == 0) return deadline;
+  return std::min(deadline, absl::Now() + absl::Microseconds(it->second.int64_param()));
+}
+
+void InferResponseFromAttend(const inference::ModelInferRequest& infer,
+                             v1::AttendResponse& attend,
+                             inference::ModelInferResponse* response) {
+  response->set_model_name(attend.model());
+  response->set_model_version(kModelVersion);
+  response->set_id(infer.id());
+  bool want_output = infer.outputs().empty();
+  bool want_attention = infer.outputs().empty();
+  for (const auto& requested : infer.outputs()) {
+    want_output |= requested.name() == kOutput;
+    want_attention |= requested.name() == kAttention;
+  }
+  const auto add = [&](const char* name, v1::Tensor* tensor) {
+    inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
+    output->set_name(name);
+    output->set_datatype(DatatypeName(*tensor));
+    output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
+    // The bytes move: no copy of the result.
+    response->add_raw_output_contents()->swap(*tensor->mutable_raw());
+  };
+  if (want_output) add(kOutput, attend.mutable_output());
+  if (want_attention && attend.has_attention()) {
+    add(kAttention, attend.mutable_attention());
+  }
+}
+
+void FillModelMetadata(const ServedModel& model,
+                       inference::ModelMetadataResponse* response) {
+  const int64_t d = model.spec.d_model;
+  response->set_name(model.name);
+  response->add_versions(kModelVersion);
+  response->set_platform("attnserve_mha");
+  const auto tensor = [](auto* list, const char* name, std::vector<int64_t> shape) {
+    auto* entry = list->Add();
+    entry->set_name(name);
+    entry->set_datatype("FP32");
+    entry->mutable_shape()->Add(shape.begin(), shape.end());
+  };
+  // One sequence [L, d] (a leading n for equal-length batches is accepted too).
+  tensor(response->mutable_inputs(), kQuery, {-1, d});
+  tensor(response->mutable_inputs(), kMemory, {-1, d});
+  tensor(response->mutable_outputs(), kOutput, {-1, d});
+  tensor(response->mutable_outputs(), kAttention, {model.spec.num_heads, -1, -1});
+}
+
+void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
+  const int64_t d = model.spec.d_model;
+  config->set_name(model.name);
+  config->set_platform("attnserve_mha");
+  config->set_backend("attnserve");
+  config->set_max_batch_size(0);
+  const auto input = [&](const char* name, bool optional) {
+    inference::ModelInput* entry = config->add_input();
+    entry->set_name(name);
+    entry->set_data_type(inference::TYPE_FP32);
+    entry->add_dims(-1);
+    entry->add_dims(d);
+    entry->set_optional(optional);
+  };
+  input(kQuery, false);
+  input(kMemory, true);
+  inference::ModelOutput* output = config->add_output();
+  output->set_name(kOutput);
+  output->set_data_type(inference::TYPE_FP32);
+  output->add_dims(-1);
+  output->add_dims(d);
+  inference::ModelOutput* attention = config->add_output();
+  attention->set_name(kAttention);
+  attention->set_data_type(inference::TYPE_FP32);
+  attention->add_dims(model.spec.num_heads);
+  attention->add_dims(-1);
+  attention->add_dims(-1);
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,70 @@
+// The KServe v2 / Open Inference Protocol's messages as attnserve's, shared by both
+// KServe doors (gRPC: KServeService; HTTP: KServeHttp): an infer request as an
+// AttendRequest, the answer as an infer response, a model's metadata and config.
+#ifndef ATTNSERVE_SERVER_FRONTENDS_KSERVE_CONVERT_H_
+#define ATTNSERVE_SERVER_FRONTENDS_KSERVE_CONVERT_H_
+
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "attnserve/v1/attention.pb.h"
+#include "inference/grpc_service.pb.h"
+#include "server/models/model_registry.h"
+#include "server/pipeline/request_pipeline.h"
+
+namespace attnserve::server {
+
+// The version attnserve reports (ServerMetadata; the image's label says the same).
+inline constexpr char kServerVersion[] = "0.1.0";
+// The protocol extensions attnserve implements, as ServerMetadata lists them
+// (Triton's names): ModelConfig, ModelStatistics, request parameters.
+inline constexpr const char* kExtensions[] = {"model_configuration", "statistics",
+                                              "parameters"};
+
+// A ModelInferRequest as attnserve's AttendRequest: inputs "query" (and "memory"),
+// FP32 or BF16, raw or typed (FP32) contents; parameters "causal", "return_attention"
+// (bool), "head_mask" (string "1,0,0.5,...") and "timeout" (see DeadlineWithTimeout);
+// requesting output "attention" asks for the weights. InvalidArgument naming the field
+// for anything else. The model name and version are the caller's to check
+// (RequestPipeline::FindModel). The pointer overload moves the raw input bytes out of
+// `*infer` instead of copying them; the rest of `*infer` (id, outputs) stays.
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(
+    const inference::ModelInferRequest& infer);
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer);
+
+// AttendFromInfer for a model the pipeline serves: the model and version are checked
+// first (NotFound in the pipeline's words), so that every door answers a request for a
+// model it does not serve the same way, whatever else is wrong with it.
+// The pointer overload moves the raw input bytes, as AttendFromInfer's does.
+absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
+    const RequestPipeline& pipeline, const inference::ModelInferRequest& infer);
+absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
+    const RequestPipeline& pipeline, inference::ModelInferRequest* infer);
+
+// `deadline`, or sooner when the request's "timeout" parameter (Triton's schedule
+// policy: int64 microseconds from now, 0 = none) ends first. InvalidArgument for a
+// timeout that is not a non-negative int64_param.
+absl::StatusOr<absl::Time> DeadlineWithTimeout(const inference::ModelInferRequest& infer,
+                                               absl::Time deadline);
+
+// The answer as a ModelInferResponse: "output" (and "attention" when computed), in the
+// requested subset when the request listed outputs, as raw_output_contents. Moves the
+// tensors' bytes out of `attend`.
+void InferResponseFromAttend(const inference::ModelInferRequest& infer,
+                             v1::AttendResponse& attend,
+                             inference::ModelInferResponse* response);
+
+// The model's metadata as the protocol states it (ModelMetadata, and HTTP GET
+// /v2/models/{m}): inputs query and memory, outputs output and attention.
+void FillModelMetadata(const ServedModel& model,
+                       inference::ModelMetadataResponse* response);
+
+// The model's configuration as Triton's ModelConfig (minimal): inputs query and memory
+// (optional), outputs output and attention, FP32 with -1 for free dimensions,
+// max_batch_size 0, backend "attnserve".
+void FillModelConfig(const ServedModel& model, inference::ModelConfig* config);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_FRONTENDS_KSERVE_CONVERT_H_

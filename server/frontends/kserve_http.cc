@@ -1,0 +1,405 @@
+#include "server/frontends/kserve_http.h"
+
+#include <arpa/inet.h>
+#include <civetweb.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "nlohmann/json.hpp"
+#include "server/frontends/kserve_convert.h"
+#include "server/frontends/kserve_http_request.h"
+#include "server/observability/event_log.h"
+
+namespace attnserve::server {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// How often a request waiting for its answer checks whether its client hung up.
+constexpr absl::Duration kHangUpCheckInterval = absl::Milliseconds(50);
+
+int HttpStatus(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+const char* Reason(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 499:
+      return "Client Closed Request";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Internal Server Error";
+  }
+}
+
+void Send(mg_connection* connection, int status, const std::string& body,
+          const std::string& extra_headers = "",
+          const char* content_type = "application/json") {
+  mg_printf(connection,
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n%s"
+            "Connection: keep-alive\r\n\r\n",
+            status, Reason(status), content_type, body.size(), extra_headers.c_str());
+  if (!body.empty()) mg_write(connection, body.data(), body.size());
+}
+
+void SendError(mg_connection* connection, int status, absl::string_view message) {
+  Send(connection, status, ErrorBody(message));
+}
+
+void SendStatus(mg_connection* connection, const absl::Status& status) {
+  SendError(connection, HttpStatus(status.code()), status.message());
+}
+
+std::string JsonBody(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// The connection's socket. civetweb 1.15 has no call that returns it, so it is the
+// open socket whose peer is the request's remote address and port; -1 if none is.
+int FindSocket(const mg_request_info* request) {
+  int found = -1;
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  while (dirent* entry = readdir(fds)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry->d_name, &fd) || fd == dirfd(fds)) continue;
+    sockaddr_storage peer{};
+    socklen_t length = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
+    char address[INET6_ADDRSTRLEN] = {};
+    int port = 0;
+    if (peer.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&peer);
+      inet_ntop(AF_INET, &in->sin_addr, address, sizeof(address));
+      port = ntohs(in->sin_port);
+    } else if (peer.ss_family == AF_INET6) {
+      const auto* in = reinterpret_cast<const sockaddr_in6*>(&peer);
+      inet_ntop(AF_INET6, &in->sin6_addr, address, sizeof(address));
+      port = ntohs(in->sin6_port);
+    } else {
+      continue;
+    }
+    if (port == request->remote_port && std::strcmp(address, request->remote_addr) == 0) {
+      found = fd;
+      break;
+    }
+  }
+  closedir(fds);
+  return found;
+}
+
+// True when the client closed its side or the connection broke.
+bool HungUp(int socket) {
+  pollfd watched{socket, POLLRDHUP, 0};
+  return poll(&watched, 1, 0) == 1 &&
+         (watched.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+int Dispatch(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->Handle(connection);
+}
+
+// The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
+struct ModelRoute {
+  std::string model;
+  std::string version;
+  std::string action;  // "", "ready" or "infer"
+};
+
+bool ParseModelRoute(const std::vector<absl::string_view>& parts, ModelRoute* route) {
+  if (parts.size() < 3 || parts[1] != "models") return false;
+  route->model = std::string(parts[2]);
+  size_t next = 3;
+  if (parts.size() >= 5 && parts[3] == "versions") {
+    route->version = std::string(parts[4]);
+    next = 5;
+  }
+  if (next < parts.size()) route->action = std::string(parts[next++]);
+  return next == parts.size() &&
+         (route->action.empty() || route->action == "ready" || route->action == "infer");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(const Options& options,
+                                                              RequestPipeline* pipeline) {
+  if (!(options.default_timeout > absl::ZeroDuration())) {
+    return absl::InvalidArgumentError("default_timeout must be > 0");
+  }
+  std::unique_ptr<KServeHttp> http(new KServeHttp(options, pipeline));
+  const bool ipv6 = absl::StrContains(options.host, ':');
+  const std::string address = ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
+                                   : absl::StrCat(options.host, ":", options.port);
+  const std::string threads = absl::StrCat(options.threads);
+  // A client that stops sending or reading mid-request gives its thread back after
+  // this long (the wait for an answer is bounded by the request's deadline instead).
+  const char* civet_options[] = {
+      "listening_ports",    address.c_str(), "num_threads", threads.c_str(),
+      "request_timeout_ms", "30000",         nullptr};
+  mg_callbacks callbacks;
+  std::memset(&callbacks, 0, sizeof(callbacks));
+  http->context_ = mg_start(&callbacks, http.get(), civet_options);
+  if (http->context_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (HTTP)"));
+  }
+  mg_set_request_handler(http->context_, "/v2", Dispatch, http.get());
+  mg_server_port ports[1];
+  if (mg_get_server_ports(http->context_, 1, ports) < 1) {
+    http->Stop();
+    return absl::UnavailableError(absl::StrCat("no HTTP port bound on ", address));
+  }
+  http->port_ = ports[0].port;
+  return http;
+}
+
+KServeHttp::~KServeHttp() { Stop(); }
+
+void KServeHttp::Stop() {
+  if (context_ != nullptr) {
+    mg_stop(context_);
+    context_ = nullptr;
+  }
+}
+
+int KServeHttp::Handle(mg_connection* connection) noexcept {
+  // Nothing may unwind into civetweb's C code: that would end the process.
+  const auto fail = [&](const char* what) {
+    const mg_request_info* request = mg_get_request_info(connection);
+    LogEvent(
+        "internal_error",
+        {{"door", "kserve_http"},
+         {"uri",
+          request != nullptr && request->local_uri != nullptr ? request->local_uri : ""},
+         {"what", what}});
+    if (pipeline_->observer().on_internal_error) {
+      pipeline_->observer().on_internal_error("kserve_http");
+    }
+    SendError(connection, 500, absl::StrCat("internal error: ", what));
+  };
+  try {
+    Route(connection);
+  } catch (const std::exception& error) {
+    fail(error.what());
+  } catch (...) {
+    fail("unknown exception");
+  }
+  return 1;
+}
+
+void KServeHttp::Route(mg_connection* connection) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const std::string method = request->request_method;
+  const std::string uri = request->local_uri;
+  if (options_.on_request) options_.on_request(uri);
+  const bool ready = !pipeline_->draining();
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"
+  const auto not_found = [&] {
+    SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
+  };
+  const auto wrong_method = [&](const char* allowed) {
+    SendError(connection, 405, absl::StrCat(method, " ", uri, ": use ", allowed));
+  };
+  if (parts.size() == 1) {
+    if (method != "GET") return wrong_method("GET");
+    return Send(
+        connection, 200,
+        JsonBody({{"name", "attnserve"},
+                  {"version", kServerVersion},
+                  {"extensions", std::vector<std::string>(std::begin(kExtensions),
+                                                          std::end(kExtensions))}}));
+  }
+  if (parts.size() == 3 && parts[1] == "health") {
+    if (method != "GET") return wrong_method("GET");
+    if (parts[2] == "live") return Send(connection, 200, JsonBody({{"live", true}}));
+    if (parts[2] != "ready") return not_found();
+    const bool serving = ready && !pipeline_->registry()->models().empty();
+    return Send(connection, serving ? 200 : 503, JsonBody({{"ready", serving}}));
+  }
+  ModelRoute route;
+  if (!ParseModelRoute(parts, &route)) return not_found();
+  if (route.action == "ready") {
+    if (method != "GET") return wrong_method("GET");
+    const bool serving = ready && pipeline_->FindModel(route.model, route.version).ok();
+    return Send(connection, serving ? 200 : 503,
+                JsonBody({{"name", route.model}, {"ready", serving}}));
+  }
+  // Metadata and inference need a token when tokens are configured.
+  const char* authorization = mg_get_header(connection, "Authorization");
+  if (absl::Status allowed =
+          pipeline_->Authorize(authorization != nullptr ? authorization : "");
+      !allowed.ok()) {
+    return SendStatus(connection, allowed);
+  }
+  if (route.action.empty()) {
+    if (method != "GET") return wrong_method("GET");
+    absl::StatusOr<ServedModel*> model = pipeline_->FindModel(route.model, route.version);
+    if (!model.ok()) return SendStatus(connection, model.status());
+    inference::ModelMetadataResponse metadata;
+    FillModelMetadata(**model, &metadata);
+    const auto tensors = [](const auto& list) {
+      Json json = Json::array();
+      for (const auto& tensor : list) {
+        json.push_back({{"name", tensor.name()},
+                        {"datatype", tensor.datatype()},
+                        {"shape", std::vector<int64_t>(tensor.shape().begin(),
+                                                       tensor.shape().end())}});
+      }
+      return json;
+    };
+    return Send(
+        connection, 200,
+        JsonBody({{"name", metadata.name()},
+                  {"versions", std::vector<std::string>(metadata.versions().begin(),
+                                                        metadata.versions().end())},
+                  {"platform", metadata.platform()},
+                  {"inputs", tensors(metadata.inputs())},
+                  {"outputs", tensors(metadata.outputs())}}));
+  }
+  if (method != "POST") return wrong_method("POST");
+  Infer(connection, route.model, route.version);
+}
+
+void KServeHttp::Infer(mg_connection* connection, const std::string& model,
+                       const std::string& version) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  // Counted as an open call until its answer is written, so that a drain waits for it.
+  pipeline_->CallOpened();
+  struct Closer {
+    RequestPipeline* pipeline;
+    ~Closer() { pipeline->CallClosed(); }
+  } closer{pipeline_};
+  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
+    return SendStatus(connection, serving);
+  }
+  // The size is checked before a byte of the body is read.
+  if (request->content_length > options_.max_body_bytes) {
+    return SendError(connection, 413,
+                     absl::StrCat("the body is ", request->content_length,
+                                  " bytes, over the limit of ", options_.max_body_bytes));
+  }
+  absl::StatusOr<int64_t> header_length =
+      ParseHeaderLength(mg_get_header(connection, "Inference-Header-Content-Length"));
+  if (!header_length.ok()) return SendStatus(connection, header_length.status());
+  std::string body;
+  body.reserve(request->content_length > 0 ? static_cast<size_t>(request->content_length)
+                                           : 0);
+  // civetweb's worker threads have small stacks (fixed at its build; Debian's cannot
+  // be changed at run time): nothing large lives on them.
+  std::vector<char> chunk(65536);
+  int read = 0;
+  while ((read = mg_read(connection, chunk.data(), chunk.size())) > 0) {
+    if (static_cast<int64_t>(body.size()) + read > options_.max_body_bytes) {
+      return SendError(connection, 413,
+                       absl::StrCat("the body is over the limit of ",
+                                    options_.max_body_bytes, " bytes"));
+    }
+    body.append(chunk.data(), static_cast<size_t>(read));
+  }
+  // The model first, then the body: every door answers a request for a model it does
+  // not serve the same way.
+  if (absl::StatusOr<ServedModel*> served = pipeline_->FindModel(model, version);
+      !served.ok()) {
+    return SendStatus(connection, served.status());
+  }
+  absl::StatusOr<HttpInferRequest> parsed =
+      ParseInferBody(model, version, body, *header_length);
+  if (!parsed.ok()) return SendStatus(connection, parsed.status());
+  body = std::string();  // the inputs' bytes now live in the request
+  absl::StatusOr<absl::Time> deadline =
+      DeadlineWithTimeout(parsed->infer, absl::Now() + options_.default_timeout);
+  if (!deadline.ok()) return SendStatus(connection, deadline.status());
+  inference::ModelInferRequest& infer = parsed->infer;
+  // The outputs' names and the id stay in `infer`; the raw input bytes move.
+  absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(&infer);
+  if (!attend.ok()) return SendStatus(connection, attend.status());
+
+  // This thread waits for the batcher's answer (the work views `attend`'s bytes),
+  // watching for the client to hang up, which cancels the request.
+  absl::Notification done;
+  absl::Status status;
+  inference::ModelInferResponse response;
+  auto cancellation = std::make_shared<Cancellation>();
+  pipeline_->Submit(*attend, *deadline, cancellation,
+                    [&](absl::Status result_status, v1::AttendResponse result) {
+                      status = std::move(result_status);
+                      if (status.ok()) InferResponseFromAttend(infer, result, &response);
+                      done.Notify();
+                    });
+  int socket = -2;  // not looked for yet
+  while (!done.WaitForNotificationWithTimeout(kHangUpCheckInterval)) {
+    if (socket == -2) socket = FindSocket(request);
+    if (socket >= 0 && HungUp(socket)) {
+      cancellation->Cancel();
+      done.WaitForNotification();  // the batcher answers CANCELLED now
+      break;
+    }
+  }
+  if (!status.ok()) return SendStatus(connection, status);
+  int64_t response_header_length = -1;
+  const std::string out =
+      InferResponseBody(response, parsed->binary_outputs, &response_header_length);
+  if (response_header_length >= 0) {
+    Send(
+        connection, 200, out,
+        absl::StrCat("Inference-Header-Content-Length: ", response_header_length, "\r\n"),
+        "application/octet-stream");
+  } else {
+    Send(connection, 200, out);
+  }
+}
+
+}  // namespace attnserve::server

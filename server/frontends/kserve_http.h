@@ -1,0 +1,85 @@
+// KServeHttp: the KServe v2 / Open Inference Protocol's HTTP/REST front door on its own
+// port (civetweb, which prometheus-cpp's /metrics server already brings). A thin
+// adapter: the body becomes an infer request (server/frontends/kserve_http_request.h),
+// then an AttendRequest (server/frontends/kserve_convert.h), and goes through the
+// RequestPipeline as every door's requests do.
+//
+//   GET  /v2                                   server metadata
+//   GET  /v2/health/live, /v2/health/ready     {"live": true} / {"ready": bool}; 503
+//                                              when not ready
+//   GET  /v2/models/{m}[/versions/1]           model metadata
+//   GET  /v2/models/{m}[/versions/1]/ready     {"name", "ready"}; 503 when not ready
+//   POST /v2/models/{m}[/versions/1]/infer     JSON tensors (or Triton's binary tensor
+//                                              extension) in and out
+// Errors are {"error": "..."} with the HTTP status of the gRPC code (400, 401, 404,
+// 413, 429, 499, 503, 504, 500), and the same message text as the gRPC doors.
+#ifndef ATTNSERVE_SERVER_FRONTENDS_KSERVE_HTTP_H_
+#define ATTNSERVE_SERVER_FRONTENDS_KSERVE_HTTP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "server/pipeline/request_pipeline.h"
+
+struct mg_connection;
+struct mg_context;
+
+namespace attnserve::server {
+
+// Thread-safe: civetweb's worker threads call Handle concurrently.
+class KServeHttp {
+ public:
+  struct Options {
+    std::string host = "0.0.0.0";
+    // 0 picks a free port.
+    int port = 8000;
+    // Largest request body accepted (bytes, JSON or binary); larger ones get 413
+    // before they are read.
+    int64_t max_body_bytes = 256 << 20;
+    // Requests served at once (each waits for its answer on its own thread).
+    int threads = 16;
+    // How long an infer request may take when it sets no "timeout" parameter (the
+    // HTTP door has no gRPC deadline to inherit). Range (0, inf].
+    absl::Duration default_timeout = absl::Seconds(60);
+    // Called on the HTTP thread with each request's URI before it is routed: a seam
+    // for tests to inject faults (an exception thrown here is answered 500, counted
+    // and logged, like any other that reaches the door's boundary). Optional.
+    std::function<void(absl::string_view uri)> on_request;
+  };
+
+  // Listens and serves until Stop. `pipeline` (not owned) must outlive this object.
+  // Unavailable when the port cannot be bound; InvalidArgument for a bad option.
+  static absl::StatusOr<std::unique_ptr<KServeHttp>> Start(const Options& options,
+                                                           RequestPipeline* pipeline);
+  ~KServeHttp();
+
+  int port() const { return port_; }
+  // Closes the port and waits for requests in flight. Idempotent.
+  void Stop();
+
+  // The civetweb handler; public for its C callback. Never throws: an exception from
+  // the routes is answered 500, logged, and counted (ServiceObserver::on_internal_error).
+  int Handle(mg_connection* connection) noexcept;
+
+ private:
+  KServeHttp(const Options& options, RequestPipeline* pipeline)
+      : options_(options), pipeline_(pipeline) {}
+
+  // The routes; may throw (Handle catches).
+  void Route(mg_connection* connection);
+  void Infer(mg_connection* connection, const std::string& model,
+             const std::string& version);
+
+  const Options options_;
+  RequestPipeline* const pipeline_;
+  mg_context* context_ = nullptr;
+  int port_ = 0;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_FRONTENDS_KSERVE_HTTP_H_

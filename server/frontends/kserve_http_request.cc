@@ -1,0 +1,361 @@
+#include "server/frontends/kserve_http_request.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
+#include "core/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve::server {
+
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+// Every dump of this file: bytes that are not UTF-8 (a model name from the URL, say)
+// become U+FFFD instead of a type_error exception.
+std::string Dump(const Json& json) {
+  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// A JSON value as a short quoted excerpt for an error message.
+std::string Shown(const Json& value) {
+  std::string text = Dump(value);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
+
+// The deepest nesting of arrays and objects in `text`, counting only brackets outside
+// strings; stops counting once past `limit`.
+int NestingDepth(absl::string_view text, int limit) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// The member `key` of `object` (an object), or null when absent.
+const Json* Member(const Json& object, const char* key) {
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+absl::StatusOr<std::string> StringAt(const Json& value, const std::string& path) {
+  if (!value.is_string()) {
+    return Invalid(absl::StrCat(path, " must be a string, got ", Shown(value)));
+  }
+  return value.get_ref<const std::string&>();
+}
+
+absl::StatusOr<bool> BoolAt(const Json& value, const std::string& path) {
+  if (!value.is_boolean()) {
+    return Invalid(absl::StrCat(path, " must be true or false, got ", Shown(value)));
+  }
+  return value.get<bool>();
+}
+
+// A non-negative integer that fits int64.
+absl::StatusOr<int64_t> CountAt(const Json& value, const std::string& path) {
+  if (value.is_number_unsigned()) {
+    const uint64_t count = value.get<uint64_t>();
+    if (count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return static_cast<int64_t>(count);
+    }
+  }
+  return Invalid(
+      absl::StrCat(path, " must be a non-negative integer, got ", Shown(value)));
+}
+
+absl::Status ObjectAt(const Json& value, const std::string& path) {
+  if (!value.is_object()) {
+    return Invalid(absl::StrCat(path, " must be an object, got ", Shown(value)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArrayAt(const Json& value, const std::string& path) {
+  if (!value.is_array()) {
+    return Invalid(absl::StrCat(path, " must be an array, got ", Shown(value)));
+  }
+  return absl::OkStatus();
+}
+
+// Appends the numbers of a (possibly nested) JSON array, row-major. Depth is bounded
+// by kMaxJsonDepth (checked before parsing).
+absl::Status Flatten(const Json& data, const std::string& path, std::vector<float>& out) {
+  if (data.is_array()) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      ATTN_RETURN_IF_ERROR(Flatten(data[i], absl::StrCat(path, "[", i, "]"), out));
+    }
+    return absl::OkStatus();
+  }
+  if (!data.is_number()) {
+    return Invalid(absl::StrCat(path, " must be a number, got ", Shown(data)));
+  }
+  const double value = data.get<double>();
+  // A double beyond float's range has no float32 value (converting it is undefined).
+  if (!(std::fabs(value) <= std::numeric_limits<float>::max())) {
+    return Invalid(
+        absl::StrCat(path, " is ", Shown(data), ", beyond float32's range (3.4e38)"));
+  }
+  out.push_back(static_cast<float>(value));
+  return absl::OkStatus();
+}
+
+// A JSON parameter as an InferParameter: bool, integer or string.
+absl::Status ToParameter(const Json& value, const std::string& path,
+                         inference::InferParameter* parameter) {
+  if (value.is_boolean()) {
+    parameter->set_bool_param(value.get<bool>());
+  } else if (value.is_number_integer() &&
+             !(value.is_number_unsigned() &&
+               value.get<uint64_t>() >
+                   static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
+    parameter->set_int64_param(value.get<int64_t>());
+  } else if (value.is_string()) {
+    parameter->set_string_param(value.get_ref<const std::string&>());
+  } else {
+    return Invalid(
+        absl::StrCat(path, " must be a bool, an int64 or a string, got ", Shown(value)));
+  }
+  return absl::OkStatus();
+}
+
+// One element of "inputs"; `binary` is what is left of the binary section.
+absl::Status ReadInput(const Json& input, const std::string& path,
+                       absl::string_view& binary, inference::ModelInferRequest& infer) {
+  ATTN_RETURN_IF_ERROR(ObjectAt(input, path));
+  auto* tensor = infer.add_inputs();
+  std::string* raw = infer.add_raw_input_contents();
+  if (const Json* name = Member(input, "name")) {
+    ATTN_ASSIGN_OR_RETURN(*tensor->mutable_name(), StringAt(*name, path + ".name"));
+  } else {
+    return Invalid(absl::StrCat(path, ".name is missing"));
+  }
+  if (const Json* datatype = Member(input, "datatype")) {
+    ATTN_ASSIGN_OR_RETURN(*tensor->mutable_datatype(),
+                          StringAt(*datatype, path + ".datatype"));
+  } else {
+    return Invalid(absl::StrCat(path, ".datatype is missing"));
+  }
+  const Json* shape = Member(input, "shape");
+  if (shape == nullptr) return Invalid(absl::StrCat(path, ".shape is missing"));
+  ATTN_RETURN_IF_ERROR(ArrayAt(*shape, path + ".shape"));
+  for (size_t i = 0; i < shape->size(); ++i) {
+    ATTN_ASSIGN_OR_RETURN(const int64_t dim,
+                          CountAt((*shape)[i], absl::StrCat(path, ".shape[", i, "]")));
+    tensor->add_shape(dim);
+  }
+  if (const Json* parameters = Member(input, "parameters")) {
+    ATTN_RETURN_IF_ERROR(ObjectAt(*parameters, path + ".parameters"));
+    if (const Json* size = Member(*parameters, "binary_data_size")) {
+      const std::string field = path + ".parameters.binary_data_size";
+      ATTN_ASSIGN_OR_RETURN(const int64_t bytes, CountAt(*size, field));
+      if (bytes > static_cast<int64_t>(binary.size())) {
+        return Invalid(absl::StrCat(field, " is ", bytes, ", more than the ",
+                                    binary.size(), " binary bytes left in the body"));
+      }
+      if (Member(input, "data") != nullptr) {
+        return Invalid(absl::StrCat(path, " has both data and binary_data_size"));
+      }
+      // The one copy of a binary input: body -> request.
+      raw->assign(binary.data(), static_cast<size_t>(bytes));
+      binary.remove_prefix(static_cast<size_t>(bytes));
+      return absl::OkStatus();
+    }
+  }
+  const Json* data = Member(input, "data");
+  if (data == nullptr) {
+    return Invalid(absl::StrCat(path, " needs data or parameters.binary_data_size"));
+  }
+  std::vector<float> values;
+  ATTN_RETURN_IF_ERROR(Flatten(*data, path + ".data", values));
+  if (tensor->datatype() == "BF16") {
+    raw->resize(values.size() * 2);
+    for (size_t j = 0; j < values.size(); ++j) {
+      const uint16_t bits = core::FloatToBf16(values[j]);
+      std::memcpy(raw->data() + 2 * j, &bits, 2);
+    }
+  } else {
+    // FP32, or a datatype the model's checks refuse later with the same words as the
+    // other doors.
+    raw->assign(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  }
+  return absl::OkStatus();
+}
+
+// One element of "outputs".
+absl::Status ReadOutput(const Json& output, const std::string& path,
+                        HttpInferRequest& request) {
+  ATTN_RETURN_IF_ERROR(ObjectAt(output, path));
+  auto* requested = request.infer.add_outputs();
+  const Json* name = Member(output, "name");
+  if (name == nullptr) return Invalid(absl::StrCat(path, ".name is missing"));
+  ATTN_ASSIGN_OR_RETURN(*requested->mutable_name(), StringAt(*name, path + ".name"));
+  if (const Json* parameters = Member(output, "parameters")) {
+    ATTN_RETURN_IF_ERROR(ObjectAt(*parameters, path + ".parameters"));
+    if (const Json* binary = Member(*parameters, "binary_data")) {
+      ATTN_ASSIGN_OR_RETURN(const bool wanted,
+                            BoolAt(*binary, path + ".parameters.binary_data"));
+      request.binary_outputs |= wanted;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseHeaderLength(const char* value) {
+  if (value == nullptr) return -1;
+  int64_t length = -1;
+  if (!absl::SimpleAtoi(value, &length) || length < 0) {
+    return Invalid(absl::StrCat(
+        "Inference-Header-Content-Length must be a non-negative byte count, got \"",
+        absl::CHexEscape(value), "\""));
+  }
+  return length;
+}
+
+absl::StatusOr<HttpInferRequest> ParseInferBody(absl::string_view model,
+                                                absl::string_view version,
+                                                absl::string_view body,
+                                                int64_t header_length) {
+  if (header_length > static_cast<int64_t>(body.size())) {
+    return Invalid(absl::StrCat("Inference-Header-Content-Length ", header_length,
+                                " is more than the body's ", body.size(), " bytes"));
+  }
+  const absl::string_view header =
+      header_length >= 0 ? body.substr(0, static_cast<size_t>(header_length)) : body;
+  absl::string_view binary =
+      header_length >= 0 ? body.substr(static_cast<size_t>(header_length)) : "";
+  if (const int depth = NestingDepth(header, kMaxJsonDepth); depth > kMaxJsonDepth) {
+    return Invalid(
+        absl::StrCat("the JSON body nests more than ", kMaxJsonDepth, " levels deep"));
+  }
+  const Json json = Json::parse(header.begin(), header.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (json.is_discarded()) return Invalid("the body is not valid JSON");
+  ATTN_RETURN_IF_ERROR(ObjectAt(json, "the body"));
+
+  HttpInferRequest request;
+  inference::ModelInferRequest& infer = request.infer;
+  infer.set_model_name(std::string(model));
+  infer.set_model_version(std::string(version));
+  if (const Json* id = Member(json, "id")) {
+    ATTN_ASSIGN_OR_RETURN(*infer.mutable_id(), StringAt(*id, "id"));
+  }
+  if (const Json* parameters = Member(json, "parameters")) {
+    ATTN_RETURN_IF_ERROR(ObjectAt(*parameters, "parameters"));
+    for (const auto& [name, value] : parameters->items()) {
+      const std::string path = absl::StrCat("parameters.", name);
+      if (name == "binary_data_output") {
+        ATTN_ASSIGN_OR_RETURN(const bool wanted, BoolAt(value, path));
+        request.binary_outputs |= wanted;
+        continue;
+      }
+      ATTN_RETURN_IF_ERROR(
+          ToParameter(value, path, &(*infer.mutable_parameters())[name]));
+    }
+  }
+  const Json* inputs = Member(json, "inputs");
+  if (inputs == nullptr) return Invalid("inputs is missing");
+  ATTN_RETURN_IF_ERROR(ArrayAt(*inputs, "inputs"));
+  for (size_t i = 0; i < inputs->size(); ++i) {
+    ATTN_RETURN_IF_ERROR(
+        ReadInput((*inputs)[i], absl::StrCat("inputs[", i, "]"), binary, infer));
+  }
+  if (const Json* outputs = Member(json, "outputs")) {
+    ATTN_RETURN_IF_ERROR(ArrayAt(*outputs, "outputs"));
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      ATTN_RETURN_IF_ERROR(
+          ReadOutput((*outputs)[i], absl::StrCat("outputs[", i, "]"), request));
+    }
+  }
+  if (!binary.empty()) {
+    return Invalid(absl::StrCat("the body has ", binary.size(),
+                                " binary bytes that no input's binary_data_size claims"));
+  }
+  return request;
+}
+
+std::string InferResponseBody(const inference::ModelInferResponse& response, bool binary,
+                              int64_t* header_length) {
+  Json json = {{"model_name", response.model_name()},
+               {"model_version", response.model_version()},
+               {"outputs", Json::array()}};
+  if (!response.id().empty()) json["id"] = response.id();
+  size_t blob_bytes = 0;
+  for (int i = 0; i < response.outputs_size(); ++i) {
+    const auto& output = response.outputs(i);
+    const std::string& raw = response.raw_output_contents(i);
+    Json entry = {
+        {"name", output.name()},
+        {"datatype", output.datatype()},
+        {"shape", std::vector<int64_t>(output.shape().begin(), output.shape().end())}};
+    if (binary) {
+      entry["parameters"] = {{"binary_data_size", raw.size()}};
+      blob_bytes += raw.size();
+    } else if (output.datatype() == "BF16") {
+      std::vector<float> values(raw.size() / 2);
+      for (size_t j = 0; j < values.size(); ++j) {
+        uint16_t bits;
+        std::memcpy(&bits, raw.data() + 2 * j, 2);
+        values[j] = core::Bf16ToFloat(bits);
+      }
+      entry["data"] = std::move(values);
+    } else {
+      std::vector<float> values(raw.size() / 4);
+      if (!values.empty()) std::memcpy(values.data(), raw.data(), values.size() * 4);
+      entry["data"] = std::move(values);
+    }
+    json["outputs"].push_back(std::move(entry));
+  }
+  std::string body = Dump(json);
+  *header_length = binary ? static_cast<int64_t>(body.size()) : -1;
+  if (binary) {
+    body.reserve(body.size() + blob_bytes);
+    for (int i = 0; i < response.outputs_size(); ++i) {
+      body += response.raw_output_contents(i);
+    }
+  }
+  return body;
+}
+
+std::string ErrorBody(absl::string_view message) {
+  return Dump(Json{{"error", std::string(message)}});
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,232 @@
+#include "server/frontends/kserve_service.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/status_macros.h"
+#include "server/frontends/stream_reactor.h"
+#include "server/pipeline/proto_convert.h"
+
+namespace attnserve::server {
+grpc::ServerUnaryReactor* KServeService::ServerLive(
+    grpc::CallbackServerContext* /*context*/, const inference::ServerLiveRequest*,
+    inference::ServerLiveResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ServerLive");
+  response->set_live(true);
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerReady(
+    grpc::CallbackServerContext* /*context*/, const inference::ServerReadyRequest*,
+    inference::ServerReadyResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ServerReady");
+  response->set_ready(!pipeline_->draining() && !pipeline_->registry()->models().empty());
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelReady(
+    grpc::CallbackServerContext* /*context*/, const inference::ModelReadyRequest* request,
+    inference::ModelReadyResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelReady");
+  const bool known = FindServed(request->name(), request->version()).ok();
+  response->set_ready(known && !pipeline_->draining());
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ServerMetadata(
+    grpc::CallbackServerContext* /*context*/, const inference::ServerMetadataRequest*,
+    inference::ServerMetadataResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ServerMetadata");
+  response->set_name("attnserve");
+  response->set_version(kServerVersion);
+  for (const char* extension : kExtensions) response->add_extensions(extension);
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelMetadata(
+    grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
+    inference::ModelMetadataResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelMetadata");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  const absl::StatusOr<const ServedModel*> model =
+      FindServed(request->name(), request->version());
+  if (!model.ok()) {
+    return rpc.FinishNow(model.status());
+  }
+  FillModelMetadata(**model, response);
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+absl::StatusOr<const ServedModel*> KServeService::FindServed(
+    const std::string& name, const std::string& version) const {
+  // The protocol's model endpoints name their model: no default.
+  if (name.empty()) return absl::InvalidArgumentError("name must be set");
+  return pipeline_->FindModel(name, version);
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelConfig(
+    grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
+    inference::ModelConfigResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelConfig");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  const absl::StatusOr<const ServedModel*> model =
+      FindServed(request->name(), request->version());
+  if (!model.ok()) {
+    return rpc.FinishNow(model.status());
+  }
+  FillModelConfig(**model, response->mutable_config());
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
+    grpc::CallbackServerContext* context,
+    const inference::RepositoryIndexRequest* request,
+    inference::RepositoryIndexResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "RepositoryIndex");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  const bool draining = pipeline_->draining();
+  if (!(request->ready() && draining)) {
+    for (const ServedModel* model : pipeline_->registry()->models()) {
+      inference::RepositoryIndexResponse::ModelIndex* entry = response->add_models();
+      entry->set_name(model->name);
+      entry->set_version(kModelVersion);
+      entry->set_state(draining ? "UNAVAILABLE" : "READY");
+      if (draining) entry->set_reason("the server is shutting down");
+    }
+  }
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelStatistics(
+    grpc::CallbackServerContext* context,
+    const inference::ModelStatisticsRequest* request,
+    inference::ModelStatisticsResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelStatistics");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  std::vector<const ServedModel*> models;
+  if (request->name().empty() &&
+      (request->version().empty() || request->version() == kModelVersion)) {
+    models = pipeline_->registry()->models();
+  } else {
+    const absl::StatusOr<const ServedModel*> model =
+        FindServed(request->name(), request->version());
+    if (!model.ok()) {
+      return rpc.FinishNow(model.status());
+    }
+    models.push_back(*model);
+  }
+  const auto duration = [](inference::StatisticDuration* out, uint64_t count,
+                           uint64_t nanoseconds) {
+    out->set_count(count);
+    out->set_ns(nanoseconds);
+  };
+  for (const ServedModel* model : models) {
+    const std::optional<ServerMetrics::InferenceTotals> totals =
+        metrics_->Totals(model->name);
+    inference::ModelStatistics* stats = response->add_model_stats();
+    stats->set_name(model->name);
+    stats->set_version(kModelVersion);
+    if (!totals.has_value()) continue;
+    stats->set_last_inference(totals->last_inference_ms);
+    stats->set_inference_count(totals->inference_count);
+    stats->set_execution_count(totals->execution_count);
+    inference::InferStatistics* infer = stats->mutable_inference_stats();
+    duration(infer->mutable_success(), totals->success_count, totals->success_ns);
+    duration(infer->mutable_fail(), totals->fail_count, totals->fail_ns);
+    duration(infer->mutable_queue(), totals->queue_count, totals->queue_ns);
+    duration(infer->mutable_compute_infer(), totals->compute_count, totals->compute_ns);
+    // Inputs are viewed and outputs moved, not staged: no time of their own, but the
+    // same count, as clients (perf_analyzer) require of the three compute figures.
+    duration(infer->mutable_compute_input(), totals->compute_count, 0);
+    duration(infer->mutable_compute_output(), totals->compute_count, 0);
+  }
+  return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::ModelInfer(
+    grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
+    inference::ModelInferResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "ModelInfer");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  absl::StatusOr<v1::AttendRequest> attend = AttendFromServedInfer(*pipeline_, *request);
+  if (!attend.ok()) return rpc.FinishNow(attend.status());
+  absl::StatusOr<absl::Time> deadline =
+      DeadlineWithTimeout(*request, CallDeadline(context));
+  if (!deadline.ok()) return rpc.FinishNow(deadline.status());
+  // The converted request lives until its answer (the queued work views its bytes).
+  auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
+  auto cancellation = std::make_shared<Cancellation>();
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+  pipeline_->Submit(*shared, *deadline, cancellation,
+                    [rpc, shared, request, response, reactor](const absl::Status& status,
+                                                              v1::AttendResponse result) {
+                      if (status.ok()) {
+                        InferResponseFromAttend(*request, result, response);
+                      }
+                      rpc.End(status.code());
+                      reactor->Finish(ToGrpcStatus(status));
+                    });
+  return reactor;
+}
+
+namespace {
+
+// inference.GRPCInferenceService/ModelStreamInfer on the shared stream reactor.
+struct ModelStreamInferProtocol {
+  using Read = inference::ModelInferRequest;
+  using Write = inference::ModelStreamInferResponse;
+  static constexpr char kMethod[] = "ModelStreamInfer";
+  static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline& pipeline,
+                                                       Read& read) {
+    return AttendFromServedInfer(pipeline, &read);
+  }
+  static absl::StatusOr<absl::Time> Deadline(const Read& read, absl::Time deadline) {
+    return DeadlineWithTimeout(read, deadline);
+  }
+  static Write Answer(const Read& read, const v1::AttendRequest&,
+                      const absl::Status& status, v1::AttendResponse response) {
+    Write message;
+    if (status.ok()) {
+      InferResponseFromAttend(read, response, message.mutable_infer_response());
+    } else {
+      message.set_error_message(
+          absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
+      message.mutable_infer_response()->set_model_name(read.model_name());
+      message.mutable_infer_response()->set_id(read.id());
+    }
+    return message;
+  }
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<inference::ModelInferRequest,
+                        inference::ModelStreamInferResponse>*
+KServeService::ModelStreamInfer(grpc::CallbackServerContext* context) {
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    RequestPipeline::Rpc(pipeline_, "ModelStreamInfer").End(allowed.code());
+    return new RefusedStream<inference::ModelInferRequest,
+                             inference::ModelStreamInferResponse>(pipeline_,
+                                                                  ToGrpcStatus(allowed));
+  }
+  return new StreamReactor<ModelStreamInferProtocol>(pipeline_, context);
+}
+
+}  // namespace attnserve::server

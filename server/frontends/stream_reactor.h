@@ -1,0 +1,361 @@
+// StreamReactor: the one implementation of attnserve's bidirectional streams
+// (AttendStream, and KServe's ModelStreamInfer), parameterized by the messages they
+// carry.
+#ifndef ATTNSERVE_SERVER_FRONTENDS_STREAM_REACTOR_H_
+#define ATTNSERVE_SERVER_FRONTENDS_STREAM_REACTOR_H_
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "attnserve/v1/attention.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/batching/dynamic_batcher.h"
+#include "server/pipeline/request_pipeline.h"
+
+namespace attnserve::server {
+
+// Stream messages accepted but not yet answered, per stream; reading pauses beyond it so
+// that one fast client cannot fill the batcher queue alone.
+inline constexpr size_t kMaxStreamInFlight = 64;
+
+// A stream refused before it starts (no valid token): finished at once. An open call
+// of `service` until OnDone.
+template <typename Read, typename Write>
+class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
+ public:
+  RefusedStream(RequestPipeline* service, const grpc::Status& status)
+      : service_(service) {
+    service_->CallOpened();
+    this->Finish(status);
+  }
+  void OnDone() override {
+    service_->CallClosed();
+    delete this;
+  }
+
+ private:
+  RequestPipeline* const service_;
+};
+
+// A bidirectional stream of attention requests (attnserve's AttendStream, KServe's
+// ModelStreamInfer): reads messages continuously, submits each through
+// RequestPipeline::Submit, and writes the answers in the order the messages came, one
+// write in flight at a time. `Protocol` says what the messages are:
+//   using Read = ...; using Write = ...;          // the stream's message types
+//   static constexpr char kMethod[] = "...";       // the RPC's name, for metrics
+//   static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline&,
+//                                                        Read& read);
+//   static absl::StatusOr<absl::Time> Deadline(const Read& read, absl::Time call);
+//   static Write Answer(const Read& read, const v1::AttendRequest& request,
+//                       const absl::Status& status, v1::AttendResponse response);
+// TakeRequest may move out of `read`; Deadline gives the message's deadline from the
+// call's; an error from either is answered at once, without queueing.
+//
+// Lifetime: a reference count under mu_. gRPC holds one reference from construction to
+// OnDone; each submitted message holds one until its answer has been handed on
+// (Complete returns); StartDraining holds one while it drains. The last Unref deletes.
+// Every method that touches the reactor after releasing mu_ holds a reference, so no
+// path can run on a deleted reactor.
+template <typename Protocol>
+class StreamReactor final
+    : public grpc::ServerBidiReactor<typename Protocol::Read, typename Protocol::Write>,
+      public OpenStream {
+ public:
+  using Read = typename Protocol::Read;
+  using Write = typename Protocol::Write;
+
+  StreamReactor(RequestPipeline* service, grpc::CallbackServerContext* context)
+      : service_(service),
+        context_(context),
+        cancellation_(std::make_shared<Cancellation>()),
+        start_(absl::Now()) {
+    service_->CallOpened();
+    if (service_->observer().on_rpc_started) {
+      service_->observer().on_rpc_started(Protocol::kMethod);
+    }
+    const bool open = service_->RegisterStream(this);
+    {
+      absl::MutexLock lock(&mu_);
+      if (open) {
+        issuing_read_ = true;
+      } else {
+        draining_ = true;
+        reads_done_ = true;  // no read is started: the stream ends at once
+      }
+    }
+    if (open) {
+      IssueRead();
+    } else {
+      Advance();
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+      }
+      Advance();
+      return;
+    }
+    int64_t sequence;
+    bool read_more;
+    // The work views the request's tensor bytes, so the answer callback owns the
+    // messages until the batcher is done with them.
+    auto read = std::make_shared<Read>();
+    {
+      absl::MutexLock lock(&mu_);
+      // Taken under the lock: once reading is paused here, Advance on another thread
+      // may resume it at once, and gRPC then fills read_ with the next message.
+      read->Swap(&read_);
+      sequence = next_sequence_++;
+      slots_.push_back(Slot{sequence, false, {}});
+      ++refs_;  // held by the submitted message until Complete returns
+      // While draining no new message is read: the stream ends once these are answered.
+      read_more = !draining_ && slots_.size() < kMaxStreamInFlight;
+      if (read_more) {
+        issuing_read_ = true;
+      } else {
+        read_paused_ = true;
+      }
+    }
+    if (read_more) IssueRead();
+    absl::StatusOr<absl::Time> deadline =
+        Protocol::Deadline(*read, CallDeadline(context_));
+    absl::StatusOr<v1::AttendRequest> taken =
+        deadline.ok() ? Protocol::TakeRequest(*service_, *read)
+                      : absl::StatusOr<v1::AttendRequest>(deadline.status());
+    if (!taken.ok()) {
+      Complete(sequence, Protocol::Answer(*read, v1::AttendRequest(), taken.status(), {}),
+               nullptr, 0);
+      return;
+    }
+    auto request = std::make_shared<const v1::AttendRequest>(*std::move(taken));
+    const ServedModel* model = service_->registry()->Find(request->model());
+    DynamicBatcher* batcher = model != nullptr ? model->batcher.get() : nullptr;
+    auto answer = [this, sequence, read, request, batcher](absl::Status status,
+                                                           v1::AttendResponse response) {
+      int64_t held = 0;
+      // Until it is written, the answer stays counted in the model's queue budget
+      // (taken here, before the batcher returns the request's own bytes): a client
+      // that stops reading keeps new work out instead of growing memory.
+      if (status.ok() && batcher != nullptr) {
+        held = static_cast<int64_t>(response.ByteSizeLong());
+        batcher->Hold(held);
+      }
+      Complete(sequence, Protocol::Answer(*read, *request, status, std::move(response)),
+               status.ok() ? batcher : nullptr, held);
+    };
+    service_->Submit(*request, *deadline, cancellation_, std::move(answer), nullptr,
+                     RequestPipeline::Origin::kStreamMessage);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Slot written;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      written = std::move(slots_.front());
+      slots_.pop_front();
+      if (!ok) broken_ = true;
+    }
+    ReleaseHeld(written);
+    Advance();
+  }
+
+  void OnCancel() override { cancellation_->Cancel(); }
+
+  void OnDone() override {
+    service_->UnregisterStream(this);
+    service_->CallClosed();
+    Unref();
+  }
+
+  // Called by RequestPipeline::StartDraining with a reference held.
+  void Drain() override {
+    {
+      absl::MutexLock lock(&mu_);
+      draining_ = true;
+    }
+    Advance();
+  }
+
+  void Ref() override {
+    absl::MutexLock lock(&mu_);
+    ++refs_;
+  }
+
+  void Unref() override {
+    bool destroy;
+    {
+      absl::MutexLock lock(&mu_);
+      destroy = --refs_ == 0;
+    }
+    if (destroy) delete this;
+  }
+
+ private:
+  struct Slot {
+    int64_t sequence = 0;
+    bool ready = false;
+    Write message;
+    // The answer's bytes counted in `batcher`'s budget until written or discarded.
+    DynamicBatcher* batcher = nullptr;
+    int64_t held_bytes = 0;
+  };
+
+  static void ReleaseHeld(const Slot& slot) {
+    if (slot.batcher != nullptr && slot.held_bytes > 0) {
+      slot.batcher->Release(slot.held_bytes);
+    }
+  }
+
+  // The answer to message `sequence`; runs on a batcher thread (or inline when the
+  // message was refused), holding the reference taken in OnReadDone.
+  void Complete(int64_t sequence, Write message, DynamicBatcher* batcher,
+                int64_t held_bytes) {
+    {
+      absl::MutexLock lock(&mu_);
+      for (Slot& slot : slots_) {
+        if (slot.sequence == sequence) {
+          slot.ready = true;
+          slot.message = std::move(message);
+          slot.batcher = batcher;
+          slot.held_bytes = held_bytes;
+          break;
+        }
+      }
+    }
+    Advance();
+    Unref();
+  }
+
+  // StartRead, decided under the lock with issuing_read_ set; no Finish is decided
+  // until the read has been issued, so a read never starts after Finish.
+  void IssueRead() {
+    this->StartRead(&read_);
+    {
+      absl::MutexLock lock(&mu_);
+      issuing_read_ = false;
+    }
+    Advance();
+  }
+
+  // Starts the next write, resumes reading, or finishes: decided under the lock, done
+  // outside it. The caller holds a reference.
+  void Advance() {
+    const Write* write = nullptr;
+    bool read = false, finish = false;
+    grpc::Status finish_status;
+    std::vector<Slot> discarded;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) return;
+      if (broken_) {
+        // The client is gone: answers are discarded as they come.
+        while (!slots_.empty() && slots_.front().ready && !writing_) {
+          discarded.push_back(std::move(slots_.front()));
+          slots_.pop_front();
+        }
+      } else if (!writing_ && !slots_.empty() && slots_.front().ready) {
+        writing_ = true;
+        // Deque elements stay put while others are pushed behind them.
+        write = &slots_.front().message;
+      }
+      if (read_paused_ && !reads_done_ && !draining_ &&
+          slots_.size() < kMaxStreamInFlight) {
+        read_paused_ = false;
+        issuing_read_ = true;
+        read = true;
+      }
+      // Draining ends the stream once every message read so far is answered, even
+      // with a read still pending (gRPC completes it with ok=false).
+      if ((reads_done_ || draining_) && slots_.empty() && !writing_ && !issuing_read_) {
+        finished_ = true;
+        finish = true;
+        if (broken_) {
+          finish_status =
+              grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+        } else if (draining_) {
+          finish_status = grpc::Status(
+              grpc::StatusCode::UNAVAILABLE,
+              "the server is shutting down; every message sent before was answered; "
+              "reopen the stream on another replica");
+        } else {
+          finish_status = grpc::Status::OK;
+        }
+      }
+    }
+    for (const Slot& slot : discarded) ReleaseHeld(slot);
+    if (write != nullptr) this->StartWrite(write);
+    if (finish) {
+      if (service_->observer().on_rpc_handled) {
+        service_->observer().on_rpc_handled(
+            Protocol::kMethod, static_cast<absl::StatusCode>(finish_status.error_code()),
+            absl::Now() - start_);
+      }
+      this->Finish(finish_status);
+    }
+    if (read) IssueRead();
+  }
+
+  RequestPipeline* const service_;
+  grpc::CallbackServerContext* const context_;
+  const std::shared_ptr<Cancellation> cancellation_;
+  const absl::Time start_;
+  // gRPC fills it between StartRead and OnReadDone; OnReadDone takes the message out
+  // under mu_, before anything can start the next read.
+  Read read_;
+
+  absl::Mutex mu_;
+  int64_t refs_ ABSL_GUARDED_BY(mu_) = 1;  // gRPC's, until OnDone
+  // Answers in request order; the front one is written when ready.
+  std::deque<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool issuing_read_ ABSL_GUARDED_BY(mu_) = false;  // a StartRead is being issued
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// attnserve.v1.AttentionService/AttendStream.
+struct AttendStreamProtocol {
+  using Read = v1::AttendStreamRequest;
+  using Write = v1::AttendStreamResponse;
+  static constexpr char kMethod[] = "AttendStream";
+  static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline&,
+                                                       Read& read) {
+    return std::move(*read.mutable_request());
+  }
+  static absl::StatusOr<absl::Time> Deadline(const Read&, absl::Time call) {
+    return call;
+  }
+  static Write Answer(const Read&, const v1::AttendRequest& request,
+                      const absl::Status& status, v1::AttendResponse response) {
+    Write message;
+    if (status.ok()) {
+      *message.mutable_response() = std::move(response);
+    } else {
+      v1::StreamError* error = message.mutable_error();
+      error->set_code(static_cast<int>(status.code()));
+      error->set_message(std::string(status.message()));
+      error->set_request_id(request.request_id());
+    }
+    return message;
+  }
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_FRONTENDS_STREAM_REACTOR_H_

@@ -1,0 +1,304 @@
+#include "server/models/model_registry.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/attention_backend.h"
+#include "core/attention_weights.h"
+#include "core/status_macros.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "server/models/host_resources.h"
+
+namespace attnserve::server {
+
+namespace {
+
+// Keeps the first parse error with its position.
+class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, int column, const std::string& message) override {
+    if (error_.empty())
+      error_ = absl::StrCat("line ", line + 1, ":", column + 1, ": ", message);
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string error_;
+};
+
+core::Precision ToCorePrecision(v1::Precision precision) {
+  return precision == v1::PRECISION_BF16 ? core::Precision::kBf16
+                                         : core::Precision::kFp32;
+}
+
+core::ModelSpec SpecFromConfig(const v1::ModelConfig& config) {
+  core::ModelSpec spec;
+  spec.d_model = config.d_model();
+  spec.num_heads = config.num_heads();
+  spec.precision = ToCorePrecision(config.precision());
+  spec.pruned_heads.assign(config.pruned_heads().begin(), config.pruned_heads().end());
+  return spec;
+}
+
+v1::Precision ToProtoPrecision(core::Precision precision) {
+  return precision == core::Precision::kBf16 ? v1::PRECISION_BF16 : v1::PRECISION_FP32;
+}
+
+// Fills unset (zero) batching fields of `config` from the server defaults.
+DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
+                                      const DynamicBatcher::Options& defaults,
+                                      int default_threads, int& intra_op_threads) {
+  DynamicBatcher::Options options = defaults;
+  if (config.max_batch_size() != 0) options.max_batch_size = config.max_batch_size();
+  if (config.max_batch_tokens() != 0)
+    options.max_batch_tokens = config.max_batch_tokens();
+  if (config.max_queue_delay_us() != 0) {
+    options.max_queue_delay = absl::Microseconds(config.max_queue_delay_us());
+  }
+  if (config.max_queue_size() != 0) options.max_queue_size = config.max_queue_size();
+  if (config.instances() != 0) options.instances = config.instances();
+  intra_op_threads =
+      config.intra_op_threads() != 0 ? config.intra_op_threads() : default_threads;
+  if (intra_op_threads == 0) {
+    // The cores (a container's CPU limit, where one is set), shared out between the
+    // instances (make bench-grid chose this).
+    const int cores = DetectHostResources().cores;
+    intra_op_threads = std::max(1, cores / std::max(1, options.instances));
+  }
+  return options;
+}
+
+absl::Status WarmUp(core::AttentionBackend& attention, int64_t max_sequence_length) {
+  const int64_t d = attention.spec().d_model;
+  for (int64_t length : {int64_t{1}, int64_t{128}}) {
+    if (length > max_sequence_length) break;
+    const std::vector<int64_t> lengths = {length};
+    std::vector<float> query(length * d, 0.0f), output(length * d);
+    ATTN_RETURN_IF_ERROR(
+        attention.Forward({query, lengths}, {}, absl::MakeSpan(output), {}));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
+    const std::string& name, const core::ModelSpec& spec,
+    const core::AttentionWeights& weights, int64_t max_sequence_length,
+    DynamicBatcher::Options batching, int intra_op_threads,
+    const ModelRegistry::Options& options) {
+  auto model = std::make_unique<ServedModel>();
+  model->name = name;
+  model->spec = spec;
+  model->max_sequence_length = max_sequence_length;
+  model->max_queue_bytes = batching.max_queue_bytes;
+
+  v1::ModelInfo& info = model->info;
+  info.set_name(name);
+  info.set_d_model(spec.d_model);
+  info.set_num_heads(spec.num_heads);
+  info.mutable_pruned_heads()->Add(spec.pruned_heads.begin(), spec.pruned_heads.end());
+  info.set_precision(ToProtoPrecision(spec.precision));
+  info.set_max_sequence_length(max_sequence_length);
+  info.add_input_dtypes(v1::DATA_TYPE_FP32);
+  info.add_input_dtypes(v1::DATA_TYPE_BF16);
+  info.set_device(core::DeviceName(options.device));
+  v1::BatchingConfig* info_batching = info.mutable_batching();
+  info_batching->set_max_batch_size(batching.max_batch_size);
+  info_batching->set_max_batch_tokens(batching.max_batch_tokens);
+  info_batching->set_max_queue_delay_us(
+      absl::ToInt64Microseconds(batching.max_queue_delay));
+  info_batching->set_max_queue_size(batching.max_queue_size);
+  info_batching->set_instances(batching.instances);
+  info_batching->set_intra_op_threads(intra_op_threads);
+
+  batching.clock = options.clock;
+  if (options.make_observer) batching.observer = options.make_observer(info);
+  core::BackendOptions backend_options;
+  backend_options.intra_op_threads = intra_op_threads;
+  backend_options.allow_tf32 = options.allow_tf32;
+  const auto make_attention =
+      [&]() -> absl::StatusOr<std::unique_ptr<core::AttentionBackend>> {
+    ATTN_ASSIGN_OR_RETURN(
+        auto attention,
+        core::CreateBackend(spec, weights, options.device, backend_options));
+    // The first forward pays oneDNN's one-time set-up (~60 ms measured here; on a GPU,
+    // cuBLAS's and the kernels' loading); a
+    // warm-up keeps that off the first client's latency.
+    if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUp(*attention, max_sequence_length));
+    return attention;
+  };
+  ATTN_ASSIGN_OR_RETURN(model->batcher, DynamicBatcher::Create(batching, make_attention));
+  return model;
+}
+
+absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
+    const std::filesystem::path& folder, const ModelRegistry::Options& options) {
+  const std::string name = folder.filename().string();
+  const std::filesystem::path config_path = folder / "config.pbtxt";
+  std::ifstream stream(config_path);
+  if (!stream) {
+    return absl::NotFoundError(absl::StrCat(config_path.string(), ": cannot open"));
+  }
+  std::stringstream text;
+  text << stream.rdbuf();
+  absl::StatusOr<v1::ModelConfig> parsed = ParseModelConfig(text.str(), name);
+  if (!parsed.ok()) {
+    return absl::Status(parsed.status().code(), absl::StrCat(config_path.string(), ": ",
+                                                             parsed.status().message()));
+  }
+  const v1::ModelConfig& config = *parsed;
+  const core::ModelSpec spec = SpecFromConfig(config);
+  const int64_t max_sequence_length = config.max_sequence_length() != 0
+                                          ? config.max_sequence_length()
+                                          : options.max_sequence_length;
+  core::AttentionWeights weights;
+  if (config.generated_weights()) {
+    weights = core::GenerateAttentionWeights(spec, config.seed());
+  } else {
+    absl::StatusOr<core::AttentionWeights> loaded =
+        core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec);
+    if (!loaded.ok()) {
+      return absl::Status(
+          loaded.status().code(),
+          absl::StrCat("model \"", name, "\": ", loaded.status().message()));
+    }
+    weights = *std::move(loaded);
+  }
+  int intra_op_threads = 0;
+  const DynamicBatcher::Options batching = MergeBatching(
+      config.batching(), options.batching, options.intra_op_threads, intra_op_threads);
+  absl::StatusOr<std::unique_ptr<ServedModel>> model = MakeModel(
+      name, spec, weights, max_sequence_length, batching, intra_op_threads, options);
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat("model \"", name, "\" (", folder.string(),
+                                     "): ", model.status().message()));
+  }
+  return model;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
+                                                 absl::string_view folder_name) {
+  v1::ModelConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  FirstErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a valid ModelConfig text proto: ", errors.error()));
+  }
+  if (!config.name().empty() && config.name() != folder_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name \"", config.name(), "\" must equal the folder name \"", folder_name, "\""));
+  }
+  const core::ModelSpec spec = SpecFromConfig(config);
+  if (absl::Status status = spec.Validate(); !status.ok()) {
+    return absl::InvalidArgumentError(status.message());
+  }
+  if (config.max_sequence_length() < 0 ||
+      config.max_sequence_length() > kMaxSequenceLengthCeiling) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_length must be in [0, ",
+                                                   kMaxSequenceLengthCeiling, "], got ",
+                                                   config.max_sequence_length()));
+  }
+  return config;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
+    const Options& options) {
+  if (options.max_sequence_length < 1 ||
+      options.max_sequence_length > kMaxSequenceLengthCeiling) {
+    return absl::InvalidArgumentError(absl::StrCat("max_sequence_length must be in [1, ",
+                                                   kMaxSequenceLengthCeiling, "], got ",
+                                                   options.max_sequence_length));
+  }
+  std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
+  std::string only_repository_model;  // set when the repository holds exactly one
+  if (!options.model_repository.empty()) {
+    const std::filesystem::path root(options.model_repository);
+    std::error_code error;
+    if (!std::filesystem::is_directory(root, error)) {
+      return absl::NotFoundError(absl::StrCat(
+          "model repository \"", options.model_repository, "\" is not a directory"));
+    }
+    std::vector<std::filesystem::path> folders;
+    for (const auto& entry : std::filesystem::directory_iterator(root)) {
+      if (entry.is_directory()) folders.push_back(entry.path());
+    }
+    std::sort(folders.begin(), folders.end());
+    for (const auto& folder : folders) {
+      ATTN_ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> model,
+                            LoadRepositoryModel(folder, options));
+      if (folders.size() == 1) only_repository_model = model->name;
+      registry->models_.emplace(model->name, std::move(model));
+    }
+  }
+  if (options.builtin_model && registry->models_.count(kDefaultModelName) == 0) {
+    core::ModelSpec spec;  // d_model=512, num_heads=8
+    spec.precision = options.builtin_precision;
+    int intra_op_threads = 0;
+    absl::StatusOr<std::unique_ptr<ServedModel>> model =
+        MakeModel(kDefaultModelName, spec, core::GenerateAttentionWeights(spec, 0),
+                  options.max_sequence_length,
+                  MergeBatching(v1::BatchingConfig(), options.batching,
+                                options.intra_op_threads, intra_op_threads),
+                  intra_op_threads, options);
+    if (!model.ok()) {
+      return absl::Status(model.status().code(),
+                          absl::StrCat("built-in model \"", kDefaultModelName,
+                                       "\": ", model.status().message()));
+    }
+    registry->models_.emplace(kDefaultModelName, *std::move(model));
+  }
+  if (registry->models_.empty()) {
+    return absl::InvalidArgumentError(
+        "no models to serve: --builtin_model=false needs a --model_repository with at "
+        "least one model");
+  }
+  if (!options.default_model.empty()) {
+    if (registry->models_.count(options.default_model) == 0) {
+      std::vector<std::string> names;
+      for (const auto& [name, model] : registry->models_) names.push_back(name);
+      return absl::InvalidArgumentError(
+          absl::StrCat("default_model \"", options.default_model,
+                       "\" is not served; models: ", absl::StrJoin(names, ", ")));
+    }
+    registry->default_model_ = options.default_model;
+  } else if (!only_repository_model.empty()) {
+    // A repository of one model is what its operator means to serve: the built-in
+    // model beside it is for trying the server.
+    registry->default_model_ = only_repository_model;
+  } else if (registry->models_.count(kDefaultModelName) != 0) {
+    registry->default_model_ = kDefaultModelName;
+  }
+  return registry;
+}
+
+ServedModel* ModelRegistry::Find(absl::string_view name) const {
+  if (name.empty() && default_model_.empty()) return nullptr;
+  const auto it = models_.find(name.empty() ? absl::string_view(default_model_) : name);
+  return it == models_.end() ? nullptr : it->second.get();
+}
+
+std::vector<const ServedModel*> ModelRegistry::models() const {
+  std::vector<const ServedModel*> result;
+  for (const auto& [name, model] : models_) result.push_back(model.get());
+  return result;
+}
+
+void ModelRegistry::Flush() {
+  for (auto& [name, model] : models_) model->batcher->Flush();
+}
+
+void ModelRegistry::Shutdown() {
+  for (auto& [name, model] : models_) model->batcher->Shutdown();
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,463 @@
+#include "server/observability/server_metrics.h"
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "prometheus/collectable.h"
+#include "prometheus/text_serializer.h"
+
+namespace attnserve::server {
+
+namespace {
+
+constexpr int kCodes = 17;
+
+// attnserve_requests_total{code}: gRPC's own upper-case code names.
+constexpr std::array<const char*, kCodes> kCodeNames = {"OK",
+                                                        "CANCELLED",
+                                                        "UNKNOWN",
+                                                        "INVALID_ARGUMENT",
+                                                        "DEADLINE_EXCEEDED",
+                                                        "NOT_FOUND",
+                                                        "ALREADY_EXISTS",
+                                                        "PERMISSION_DENIED",
+                                                        "RESOURCE_EXHAUSTED",
+                                                        "FAILED_PRECONDITION",
+                                                        "ABORTED",
+                                                        "OUT_OF_RANGE",
+                                                        "UNIMPLEMENTED",
+                                                        "INTERNAL",
+                                                        "UNAVAILABLE",
+                                                        "DATA_LOSS",
+                                                        "UNAUTHENTICATED"};
+
+// grpc_server_handled_total{grpc_code}: the spelling go-grpc-prometheus exports, so
+// existing gRPC dashboards and alerts match.
+constexpr std::array<const char*, kCodes> kGoCodeNames = {"OK",
+                                                          "Canceled",
+                                                          "Unknown",
+                                                          "InvalidArgument",
+                                                          "DeadlineExceeded",
+                                                          "NotFound",
+                                                          "AlreadyExists",
+                                                          "PermissionDenied",
+                                                          "ResourceExhausted",
+                                                          "FailedPrecondition",
+                                                          "Aborted",
+                                                          "OutOfRange",
+                                                          "Unimplemented",
+                                                          "Internal",
+                                                          "Unavailable",
+                                                          "DataLoss",
+                                                          "Unauthenticated"};
+
+size_t CodeIndex(absl::StatusCode code) {
+  const int value = static_cast<int>(code);
+  return value >= 0 && value < kCodes ? static_cast<size_t>(value)
+                                      : static_cast<size_t>(absl::StatusCode::kUnknown);
+}
+
+double Seconds(absl::Duration duration) { return absl::ToDoubleSeconds(duration); }
+
+// process_* metrics every Prometheus client library exports, read from /proc at
+// scrape time.
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> families;
+    const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
+    const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+    std::ifstream stat_file("/proc/self/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)),
+                     std::istreambuf_iterator<char>());
+    // Fields after the parenthesised command name, which may itself hold spaces.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) return families;
+    const std::vector<std::string> fields =
+        absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+    // fields[0] is field 3 (state) of proc(5); field N is fields[N - 3].
+    const auto field = [&](int number) {
+      double value = 0;
+      if (number - 3 < static_cast<int>(fields.size())) {
+        (void)absl::SimpleAtod(fields[number - 3], &value);
+      }
+      return value;
+    };
+    Add(families, "process_cpu_seconds_total",
+        "Total user and system CPU time spent in seconds.",
+        prometheus::MetricType::Counter, (field(14) + field(15)) / ticks);
+    Add(families, "process_resident_memory_bytes", "Resident memory size in bytes.",
+        prometheus::MetricType::Gauge, field(24) * page);
+    Add(families, "process_virtual_memory_bytes", "Virtual memory size in bytes.",
+        prometheus::MetricType::Gauge, field(23));
+    Add(families, "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds.",
+        prometheus::MetricType::Gauge, BootTime() + field(22) / ticks);
+    Add(families, "process_open_fds", "Number of open file descriptors.",
+        prometheus::MetricType::Gauge, OpenFds());
+    return families;
+  }
+
+ private:
+  static void Add(std::vector<prometheus::MetricFamily>& families,
+                  const std::string& name, const std::string& help,
+                  prometheus::MetricType type, double value) {
+    prometheus::MetricFamily family;
+    family.name = name;
+    family.help = help;
+    family.type = type;
+    prometheus::ClientMetric metric;
+    if (type == prometheus::MetricType::Counter) {
+      metric.counter.value = value;
+    } else {
+      metric.gauge.value = value;
+    }
+    family.metric.push_back(std::move(metric));
+    families.push_back(std::move(family));
+  }
+
+  static double BootTime() {
+    std::ifstream stat("/proc/stat");
+    std::string key;
+    while (stat >> key) {
+      if (key == "btime") {
+        double value = 0;
+        stat >> value;
+        return value;
+      }
+      stat.ignore(1 << 20, '\n');
+    }
+    return 0;
+  }
+
+  static double OpenFds() {
+    DIR* dir = opendir("/proc/self/fd");
+    if (dir == nullptr) return 0;
+    double count = 0;
+    while (const dirent* entry = readdir(dir)) {
+      if (entry->d_name[0] != '.') ++count;
+    }
+    closedir(dir);
+    return count - 1;  // the descriptor opendir itself holds
+  }
+};
+
+}  // namespace
+
+const std::vector<double>& DurationBuckets() {
+  static const std::vector<double>* const buckets = new std::vector<double>{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+      0.1,    0.25,    0.5,    1,     2.5,    5,     10,   25};
+  return *buckets;
+}
+
+std::vector<double> PowerOfTwoBuckets(int64_t max) {
+  std::vector<double> buckets;
+  for (int64_t edge = 1;; edge *= 2) {
+    buckets.push_back(static_cast<double>(edge));
+    if (edge >= max) break;
+  }
+  return buckets;
+}
+
+ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  requests_total_ = &prometheus::BuildCounter()
+                         .Name("attnserve_requests_total")
+                         .Help("Attention requests finished, by model and gRPC code.")
+                         .Register(*registry_);
+  request_duration_ = &prometheus::BuildHistogram()
+                           .Name("attnserve_request_duration_seconds")
+                           .Help("Time from receiving a request to answering it.")
+                           .Register(*registry_);
+  refusal_duration_ =
+      &prometheus::BuildHistogram()
+           .Name("attnserve_refusal_duration_seconds")
+           .Help(
+               "Time from receiving a request to refusing it with RESOURCE_EXHAUSTED "
+               "(queue full by count or bytes): how fast excess load is shed.")
+           .Register(*registry_);
+  queue_duration_ = &prometheus::BuildHistogram()
+                         .Name("attnserve_queue_duration_seconds")
+                         .Help("Time requests waited in the batcher queue.")
+                         .Register(*registry_);
+  compute_duration_ = &prometheus::BuildHistogram()
+                           .Name("attnserve_compute_duration_seconds")
+                           .Help("Time one batch took in the attention core.")
+                           .Register(*registry_);
+  batch_size_ = &prometheus::BuildHistogram()
+                     .Name("attnserve_batch_size")
+                     .Help("Requests per executed batch.")
+                     .Register(*registry_);
+  batch_tokens_ = &prometheus::BuildHistogram()
+                       .Name("attnserve_batch_tokens")
+                       .Help("Query tokens per executed batch.")
+                       .Register(*registry_);
+  tokens_total_ = &prometheus::BuildCounter()
+                       .Name("attnserve_tokens_total")
+                       .Help("Query tokens computed.")
+                       .Register(*registry_);
+  queue_depth_ = &prometheus::BuildGauge()
+                      .Name("attnserve_queue_depth")
+                      .Help("Requests waiting in the batcher queue now.")
+                      .Register(*registry_);
+  device_memory_ = &prometheus::BuildGauge()
+                        .Name("attnserve_device_memory_bytes")
+                        .Help(
+                            "GPU memory each model instance holds (weights and "
+                            "scratch); 0 on the CPU.")
+                        .Register(*registry_);
+  queue_capacity_ = &prometheus::BuildGauge()
+                         .Name("attnserve_queue_capacity")
+                         .Help(
+                             "Queued requests beyond which new ones are rejected "
+                             "(max_queue_size).")
+                         .Register(*registry_);
+  inflight_ = &prometheus::BuildGauge()
+                   .Name("attnserve_inflight_requests")
+                   .Help("Requests received and not yet answered.")
+                   .Register(*registry_);
+  model_info_ = &prometheus::BuildGauge()
+                     .Name("attnserve_model_info")
+                     .Help("Served models (always 1); labels describe the model.")
+                     .Register(*registry_);
+  rpc_started_ = &prometheus::BuildCounter()
+                      .Name("grpc_server_started_total")
+                      .Help("Total number of RPCs started on the server.")
+                      .Register(*registry_);
+  rpc_handled_ = &prometheus::BuildCounter()
+                      .Name("grpc_server_handled_total")
+                      .Help(
+                          "Total number of RPCs completed on the server, regardless of "
+                          "success or failure.")
+                      .Register(*registry_);
+  rpc_handling_ = &prometheus::BuildHistogram()
+                       .Name("grpc_server_handling_seconds")
+                       .Help(
+                           "Histogram of response latency (seconds) of gRPC that had "
+                           "been application-level handled by the server.")
+                       .Register(*registry_);
+  internal_errors_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_internal_errors_total")
+           .Help(
+               "Exceptions a front door caught at its boundary and answered as an "
+               "internal error (500 / INTERNAL), by door: each is a bug to report.")
+           .Register(*registry_);
+  // Exported at 0 from the start, so that an alert can tell "none" from "not scraped".
+  internal_errors_->Add({{"door", "kserve_http"}});
+  AddRpc("Attend", "unary");
+  AddRpc("AttendStream", "bidi_stream");
+  AddRpc("ListModels", "unary");
+  AddRpc("GetModel", "unary");
+  AddRpc("HeadStatistics", "unary");
+  // KServe v2 / Open Inference Protocol (inference.GRPCInferenceService).
+  for (const char* method : {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
+                             "ModelMetadata", "ModelInfer"}) {
+    AddRpc(method, "unary", "inference.GRPCInferenceService");
+  }
+  AddRpc("ModelStreamInfer", "bidi_stream", "inference.GRPCInferenceService");
+  for (const char* method : {"ModelStatistics", "ModelConfig", "RepositoryIndex"}) {
+    AddRpc(method, "unary", "inference.GRPCInferenceService");
+  }
+  RequestSide(kUnknownModelLabel);
+  process_metrics_ = std::make_shared<ProcessCollector>();
+}
+
+void ServerMetrics::AddRpc(const std::string& method, const std::string& type,
+                           const std::string& service) {
+  const prometheus::Labels labels = {
+      {"grpc_service", service}, {"grpc_method", method}, {"grpc_type", type}};
+  RpcMetrics& rpc = rpcs_[method];
+  rpc.started = &rpc_started_->Add(labels);
+  for (int code = 0; code < kCodes; ++code) {
+    prometheus::Labels with_code = labels;
+    with_code["grpc_code"] = kGoCodeNames[code];
+    rpc.handled[code] = &rpc_handled_->Add(with_code);
+  }
+  rpc.handling = &rpc_handling_->Add(labels, DurationBuckets());
+}
+
+ServerMetrics::ModelMetrics& ServerMetrics::RequestSide(const std::string& model) {
+  ModelMetrics& metrics = models_[model];
+  for (int code = 0; code < kCodes; ++code) {
+    metrics.requests_by_code[code] =
+        &requests_total_->Add({{"model", model}, {"code", kCodeNames[code]}});
+  }
+  metrics.request_duration =
+      &request_duration_->Add({{"model", model}}, DurationBuckets());
+  // Refusals take microseconds: finer buckets than requests.
+  metrics.refusal_duration = &refusal_duration_->Add(
+      {{"model", model}},
+      prometheus::Histogram::BucketBoundaries{0.00001, 0.000025, 0.00005, 0.0001, 0.00025,
+                                              0.0005, 0.001, 0.0025, 0.005, 0.01});
+  metrics.inflight = &inflight_->Add({{"model", model}});
+  return metrics;
+}
+
+BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
+  ModelMetrics& metrics = RequestSide(info.name());
+  const prometheus::Labels labels = {{"model", info.name()}};
+  metrics.queue_duration = &queue_duration_->Add(labels, DurationBuckets());
+  metrics.compute_duration = &compute_duration_->Add(labels, DurationBuckets());
+  metrics.batch_size =
+      &batch_size_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_size()));
+  metrics.batch_tokens =
+      &batch_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
+  metrics.tokens = &tokens_total_->Add(labels);
+  metrics.queue_depth = &queue_depth_->Add(labels);
+  queue_capacity_->Add(labels).Set(info.batching().max_queue_size());
+  model_info_
+      ->Add({{"model", info.name()},
+             {"d_model", absl::StrCat(info.d_model())},
+             {"heads", absl::StrCat(info.num_heads())},
+             {"precision", info.precision() == v1::PRECISION_BF16 ? "bf16" : "fp32"},
+             {"device", info.device()}})
+      .Set(1);
+
+  metrics.device_memory.clear();
+  for (int i = 0; i < std::max(1, info.batching().instances()); ++i) {
+    metrics.device_memory.push_back(
+        &device_memory_->Add({{"model", info.name()},
+                              {"device", info.device()},
+                              {"instance", absl::StrCat(i)}}));
+  }
+
+  ModelMetrics* model = &metrics;
+  BatcherObserver observer;
+  observer.on_batch = [model](int batch_size, int64_t tokens, absl::Duration compute) {
+    auto& totals = *model->totals;
+    const auto nanoseconds = static_cast<uint64_t>(absl::ToInt64Nanoseconds(compute));
+    totals.execution_count.fetch_add(1, std::memory_order_relaxed);
+    totals.inference_count.fetch_add(batch_size, std::memory_order_relaxed);
+    totals.compute_count.fetch_add(batch_size, std::memory_order_relaxed);
+    totals.compute_ns.fetch_add(nanoseconds * batch_size, std::memory_order_relaxed);
+    model->batch_size->Observe(batch_size);
+    model->batch_tokens->Observe(static_cast<double>(tokens));
+    model->tokens->Increment(static_cast<double>(tokens));
+    model->compute_duration->Observe(Seconds(compute));
+  };
+  observer.on_dequeue = [model](absl::Duration queued) {
+    model->totals->queue_count.fetch_add(1, std::memory_order_relaxed);
+    model->totals->queue_ns.fetch_add(
+        static_cast<uint64_t>(absl::ToInt64Nanoseconds(queued)),
+        std::memory_order_relaxed);
+    model->queue_duration->Observe(Seconds(queued));
+  };
+  observer.on_queue_depth = [model](int64_t depth) {
+    model->queue_depth->Set(static_cast<double>(depth));
+  };
+  observer.on_device_memory = [model](int instance, int64_t bytes) {
+    if (instance >= 0 && static_cast<size_t>(instance) < model->device_memory.size()) {
+      model->device_memory[instance]->Set(static_cast<double>(bytes));
+    }
+  };
+  return observer;
+}
+
+ServerMetrics::ModelMetrics* ServerMetrics::FindModel(const std::string& model) {
+  const auto it = models_.find(model.empty() ? kUnknownModelLabel : model);
+  return it == models_.end() ? &models_.find(kUnknownModelLabel)->second : &it->second;
+}
+
+ServerMetrics::RpcMetrics* ServerMetrics::FindRpc(absl::string_view method) {
+  const auto it = rpcs_.find(method);
+  return it == rpcs_.end() ? nullptr : &it->second;
+}
+
+ServiceObserver ServerMetrics::service_observer() {
+  ServiceObserver observer;
+  observer.on_rpc_started = [this](absl::string_view method) {
+    if (RpcMetrics* rpc = FindRpc(method)) rpc->started->Increment();
+  };
+  observer.on_rpc_handled = [this](absl::string_view method, absl::StatusCode code,
+                                   absl::Duration elapsed) {
+    if (RpcMetrics* rpc = FindRpc(method)) {
+      rpc->handled[CodeIndex(code)]->Increment();
+      rpc->handling->Observe(Seconds(elapsed));
+    }
+  };
+  observer.on_internal_error = [this](absl::string_view door) {
+    internal_errors_->Add({{"door", std::string(door)}}).Increment();
+  };
+  observer.on_request_started = [this](const std::string& model) {
+    FindModel(model)->inflight->Increment();
+  };
+  observer.on_request_finished = [this](const std::string& model,
+                                        const absl::Status& status,
+                                        absl::Duration elapsed, int64_t /*tokens*/) {
+    ModelMetrics* metrics = FindModel(model);
+    metrics->inflight->Decrement();
+    metrics->requests_by_code[CodeIndex(status.code())]->Increment();
+    metrics->request_duration->Observe(Seconds(elapsed));
+    auto& totals = *metrics->totals;
+    const auto nanoseconds = static_cast<uint64_t>(absl::ToInt64Nanoseconds(elapsed));
+    if (status.ok()) {
+      totals.success_count.fetch_add(1, std::memory_order_relaxed);
+      totals.success_ns.fetch_add(nanoseconds, std::memory_order_relaxed);
+      totals.last_inference_ms.store(
+          static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())),
+          std::memory_order_relaxed);
+    } else {
+      totals.fail_count.fetch_add(1, std::memory_order_relaxed);
+      totals.fail_ns.fetch_add(nanoseconds, std::memory_order_relaxed);
+    }
+    if (status.code() == absl::StatusCode::kResourceExhausted) {
+      metrics->refusal_duration->Observe(Seconds(elapsed));
+    }
+  };
+  return observer;
+}
+
+std::optional<ServerMetrics::InferenceTotals> ServerMetrics::Totals(
+    const std::string& model) const {
+  const auto it = models_.find(model);
+  if (it == models_.end() || model == kUnknownModelLabel) return std::nullopt;
+  const ModelMetrics::AtomicTotals& totals = *it->second.totals;
+  const auto read = [](const std::atomic<uint64_t>& value) {
+    return value.load(std::memory_order_relaxed);
+  };
+  InferenceTotals snapshot;
+  snapshot.success_count = read(totals.success_count);
+  snapshot.success_ns = read(totals.success_ns);
+  snapshot.fail_count = read(totals.fail_count);
+  snapshot.fail_ns = read(totals.fail_ns);
+  snapshot.queue_count = read(totals.queue_count);
+  snapshot.queue_ns = read(totals.queue_ns);
+  snapshot.compute_count = read(totals.compute_count);
+  snapshot.compute_ns = read(totals.compute_ns);
+  snapshot.inference_count = read(totals.inference_count);
+  snapshot.execution_count = read(totals.execution_count);
+  snapshot.last_inference_ms = read(totals.last_inference_ms);
+  return snapshot;
+}
+
+absl::StatusOr<int> ServerMetrics::StartExposer(const std::string& host, int port) {
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(process_metrics_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError("the /metrics exposer has no port");
+  return ports.front();
+}
+
+std::string ServerMetrics::Render() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (auto& family : process_metrics_->Collect()) families.push_back(std::move(family));
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+}  // namespace attnserve::server

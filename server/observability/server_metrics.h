@@ -1,0 +1,140 @@
+// ServerMetrics: attnserve's Prometheus metrics (the families in DESIGN.md, the
+// go-grpc-prometheus RPC families, process metrics) and the /metrics HTTP exposer.
+#ifndef ATTNSERVE_SERVER_OBSERVABILITY_SERVER_METRICS_H_
+#define ATTNSERVE_SERVER_OBSERVABILITY_SERVER_METRICS_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "attnserve/v1/attention.pb.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/batching/dynamic_batcher.h"
+#include "server/pipeline/request_pipeline.h"
+
+namespace attnserve::server {
+
+// Bucket edges, in seconds, of every duration histogram: 100 us to 25 s.
+const std::vector<double>& DurationBuckets();
+// 1, 2, 4, ... up to and including `max` (rounded up to a power of two).
+std::vector<double> PowerOfTwoBuckets(int64_t max);
+
+// Label value for requests naming a model the server does not serve (bounded
+// cardinality: the name itself is never a label).
+inline constexpr char kUnknownModelLabel[] = "_unknown";
+
+// Thread-safe for recording. Models are added during start-up (AddModel), before any
+// recording for them; every label child is created then, so recording allocates
+// nothing and takes no lock of ours (prometheus-cpp's counters are atomics; its
+// histograms take a per-child mutex).
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // Creates `info.name`'s label children and its attnserve_model_info sample; returns
+  // the observer its batcher reports through. Call once per model, before serving.
+  BatcherObserver AddModel(const v1::ModelInfo& info);
+
+  // The observer the AttentionService reports calls through.
+  ServiceObserver service_observer();
+
+  // Serves GET /metrics on host:port (port 0 picks a free one). Returns the bound port;
+  // Unavailable when it cannot bind. Call at most once.
+  absl::StatusOr<int> StartExposer(const std::string& host, int port);
+
+  // The text exposition /metrics serves.
+  std::string Render() const;
+
+  // A model's cumulative figures as Triton's ModelStatistics reports them: requests
+  // answered OK and not (count, summed end-to-end time), time waited in the queue, and
+  // batches computed (each request is charged its batch's compute time).
+  struct InferenceTotals {
+    uint64_t success_count = 0, success_ns = 0;
+    uint64_t fail_count = 0, fail_ns = 0;
+    uint64_t queue_count = 0, queue_ns = 0;
+    uint64_t compute_count = 0, compute_ns = 0;  // per request
+    uint64_t inference_count = 0;                // requests computed in batches
+    uint64_t execution_count = 0;                // batches
+    uint64_t last_inference_ms = 0;  // Unix time of the last answer, 0 before any
+  };
+  // Nullopt for a model that AddModel has not seen. Thread-safe.
+  std::optional<InferenceTotals> Totals(const std::string& model) const;
+
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+ private:
+  struct ModelMetrics {
+    std::array<prometheus::Counter*, 17> requests_by_code{};
+    prometheus::Histogram* request_duration = nullptr;
+    prometheus::Histogram* refusal_duration = nullptr;
+    prometheus::Histogram* queue_duration = nullptr;
+    prometheus::Histogram* compute_duration = nullptr;
+    prometheus::Histogram* batch_size = nullptr;
+    prometheus::Histogram* batch_tokens = nullptr;
+    prometheus::Counter* tokens = nullptr;
+    prometheus::Gauge* queue_depth = nullptr;
+    prometheus::Gauge* inflight = nullptr;
+    std::vector<prometheus::Gauge*> device_memory;  // per instance
+    // Totals (relaxed atomics: each field is a monotonic sum, read as a snapshot).
+    struct AtomicTotals {
+      std::atomic<uint64_t> success_count{0}, success_ns{0}, fail_count{0}, fail_ns{0},
+          queue_count{0}, queue_ns{0}, compute_count{0}, compute_ns{0},
+          inference_count{0}, execution_count{0}, last_inference_ms{0};
+    };
+    std::unique_ptr<AtomicTotals> totals = std::make_unique<AtomicTotals>();
+  };
+
+  struct RpcMetrics {
+    prometheus::Counter* started = nullptr;
+    std::array<prometheus::Counter*, 17> handled{};
+    prometheus::Histogram* handling = nullptr;
+  };
+
+  ModelMetrics& RequestSide(const std::string& model);
+  ModelMetrics* FindModel(const std::string& model);
+  RpcMetrics* FindRpc(absl::string_view method);
+  void AddRpc(const std::string& method, const std::string& type,
+              const std::string& service = "attnserve.v1.AttentionService");
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>* requests_total_;
+  prometheus::Family<prometheus::Histogram>* request_duration_;
+  prometheus::Family<prometheus::Histogram>* refusal_duration_;
+  prometheus::Family<prometheus::Histogram>* queue_duration_;
+  prometheus::Family<prometheus::Histogram>* compute_duration_;
+  prometheus::Family<prometheus::Histogram>* batch_size_;
+  prometheus::Family<prometheus::Histogram>* batch_tokens_;
+  prometheus::Family<prometheus::Counter>* tokens_total_;
+  prometheus::Family<prometheus::Gauge>* queue_depth_;
+  prometheus::Family<prometheus::Gauge>* device_memory_;
+  prometheus::Family<prometheus::Gauge>* queue_capacity_;
+  prometheus::Family<prometheus::Gauge>* inflight_;
+  prometheus::Family<prometheus::Gauge>* model_info_;
+  prometheus::Family<prometheus::Counter>* internal_errors_;
+  prometheus::Family<prometheus::Counter>* rpc_started_;
+  prometheus::Family<prometheus::Counter>* rpc_handled_;
+  prometheus::Family<prometheus::Histogram>* rpc_handling_;
+
+  // Written during start-up only; read-only while serving.
+  std::map<std::string, ModelMetrics, std::less<>> models_;
+  std::map<std::string, RpcMetrics, std::less<>> rpcs_;
+  std::shared_ptr<prometheus::Collectable> process_metrics_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_OBSERVABILITY_SERVER_METRICS_H_

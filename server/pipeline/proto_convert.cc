@@ -1,0 +1,321 @@
+#include "server/pipeline/proto_convert.h"
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/bfloat16.h"
+#include "core/status_macros.h"
+
+namespace attnserve::server {
+
+namespace {
+
+// Bytes a response carries beyond its tensors (model name, request_id, shapes, timings,
+// protobuf and gRPC framing), counted generously so that the estimate is an upper bound.
+constexpr int64_t kResponseOverheadBytes = 4096;
+
+struct TensorLayout {
+  int64_t count = 1;     // sequences
+  int64_t length = 0;    // tokens per sequence
+  int64_t elements = 0;  // count * length * d_model
+};
+
+std::string ShapeText(const v1::Tensor& tensor) {
+  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
+}
+
+// The product of `factors`, or nullopt when it overflows int64.
+std::optional<int64_t> CheckedProduct(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (int64_t factor : factors) {
+    if (__builtin_mul_overflow(product, factor, &product)) return std::nullopt;
+  }
+  return product;
+}
+
+int64_t ElementSize(v1::DataType dtype) { return dtype == v1::DATA_TYPE_FP32 ? 4 : 2; }
+
+// Validates `tensor` (named `field`) as [L, d] or [n, L, d] without touching its values.
+absl::StatusOr<TensorLayout> CheckSequences(const v1::Tensor& tensor,
+                                            absl::string_view field,
+                                            const core::ModelSpec& spec,
+                                            int64_t max_sequence_length) {
+  if (tensor.dtype() != v1::DATA_TYPE_FP32 && tensor.dtype() != v1::DATA_TYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".dtype must be DATA_TYPE_FP32 or DATA_TYPE_BF16, got ",
+                     v1::DataType_Name(tensor.dtype())));
+  }
+  const int rank = tensor.shape_size();
+  if (rank != 2 && rank != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".shape must have rank 2 [L, d_model] or 3 [n, L, d_model], got rank ",
+        rank, " ", ShapeText(tensor)));
+  }
+  for (int i = 0; i < rank; ++i) {
+    if (tensor.shape(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".shape[", i, "] must be >= 1, got ", tensor.shape(i),
+                       " in shape ", ShapeText(tensor)));
+    }
+  }
+  TensorLayout layout;
+  layout.count = rank == 3 ? tensor.shape(0) : 1;
+  layout.length = tensor.shape(rank - 2);
+  const int64_t width = tensor.shape(rank - 1);
+  if (width != spec.d_model) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape[", rank - 1,
+                                                   "] must equal d_model=", spec.d_model,
+                                                   ", got ", width));
+  }
+  if (layout.length > max_sequence_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " sequence length ", layout.length,
+                     " exceeds max_sequence_length=", max_sequence_length));
+  }
+  const int64_t element_size = ElementSize(tensor.dtype());
+  const std::optional<int64_t> bytes =
+      CheckedProduct({layout.count, layout.length, width, element_size});
+  if (!bytes || *bytes != static_cast<int64_t>(tensor.raw().size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".raw must hold product(shape) * ", element_size, " = ",
+                     bytes ? absl::StrCat(*bytes) : std::string("(over 2^63)"),
+                     " bytes for ", v1::DataType_Name(tensor.dtype()), " shape ",
+                     ShapeText(tensor), ", got ", tensor.raw().size()));
+  }
+  layout.elements = *bytes / element_size;
+  return layout;
+}
+
+// Checks that `tensor`'s values (sizes already checked by CheckSequences) are finite,
+// reading the bytes in place: an exponent of all ones is an infinity or a NaN.
+absl::Status CheckFinite(const v1::Tensor& tensor, absl::string_view field,
+                         const TensorLayout& layout) {
+  const char* raw = tensor.raw().data();
+  const bool bf16 = tensor.dtype() == v1::DATA_TYPE_BF16;
+  const auto first_bad = [&]() -> int64_t {
+    if (bf16) {
+      for (int64_t i = 0; i < layout.elements; ++i) {
+        uint16_t bits;
+        std::memcpy(&bits, raw + 2 * i, 2);
+        if ((bits & 0x7f80u) == 0x7f80u) return i;
+      }
+      return -1;
+    }
+    // Branch-free over blocks so that the compiler vectorizes the common, clean case.
+    constexpr int64_t kBlock = 1024;
+    for (int64_t begin = 0; begin < layout.elements; begin += kBlock) {
+      const int64_t end = std::min(layout.elements, begin + kBlock);
+      uint32_t bad = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, raw + 4 * i, 4);
+        bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      }
+      if (bad == 0) continue;
+      for (int64_t i = begin; i < end; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, raw + 4 * i, 4);
+        if ((bits & 0x7f800000u) == 0x7f800000u) return i;
+      }
+    }
+    return -1;
+  };
+  const int64_t bad = first_bad();
+  if (bad < 0) return absl::OkStatus();
+  float value;
+  if (bf16) {
+    uint16_t bits;
+    std::memcpy(&bits, raw + 2 * bad, 2);
+    value = core::Bf16ToFloat(bits);
+  } else {
+    std::memcpy(&value, raw + 4 * bad, 4);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " must hold finite values; element ", bad, " is ", value));
+}
+
+// The bytes a request's answer and its work will take, from its validated shapes.
+// InvalidArgument when the response could never be sent within max_response_bytes, or
+// the work could never fit in max_work_bytes.
+absl::StatusOr<int64_t> AdmitSizes(const v1::AttendRequest& request,
+                                   const core::ModelSpec& spec, const TensorLayout& query,
+                                   const std::optional<TensorLayout>& memory,
+                                   const AdmissionLimits& limits) {
+  const int64_t key_length = memory ? memory->length : query.length;
+  // Attention weights are float32 [n, h, L_q, L_k]; sizes below are exact products of
+  // dimensions already bounded by max_sequence_length, computed without wrapping.
+  const std::optional<int64_t> attention_bytes =
+      request.return_attention()
+          ? CheckedProduct({query.count, spec.num_heads, query.length, key_length, 4})
+          : std::optional<int64_t>(0);
+  const int64_t output_bytes = query.elements * ElementSize(request.query().dtype());
+  const int64_t overhead = kResponseOverheadBytes + request.request_id().size();
+  if (!attention_bytes ||
+      *attention_bytes > limits.max_response_bytes - output_bytes - overhead) {
+    if (limits.weights_for_statistics) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "head statistics need the attention weights, ",
+          attention_bytes ? absl::StrCat(*attention_bytes) : std::string("over 2^63"),
+          " bytes, over max_message_bytes=", limits.max_response_bytes,
+          " (the most one request's weights may take); send fewer tokens"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the response would be ",
+        attention_bytes ? absl::StrCat(output_bytes + *attention_bytes + overhead)
+                        : std::string("over 2^63"),
+        " bytes (output ", output_bytes, ", attention weights ",
+        attention_bytes ? absl::StrCat(*attention_bytes) : std::string("over 2^63"),
+        "), over the largest message the server sends, max_message_bytes=",
+        limits.max_response_bytes,
+        request.return_attention() ? "; ask without return_attention or send fewer tokens"
+                                   : "; send fewer tokens"));
+  }
+  // Held while queued and computed: float32 inputs and results.
+  const int64_t memory_elements = memory ? memory->elements : 0;
+  const int64_t work_bytes =
+      (2 * query.elements + memory_elements) * int64_t{4} + *attention_bytes;
+  if (work_bytes > limits.max_work_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request needs ", work_bytes,
+        " bytes of working memory, over max_queue_bytes=", limits.max_work_bytes));
+  }
+  return work_bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
+    const v1::AttendRequest& request, const core::ModelSpec& spec,
+    const AdmissionLimits& limits) {
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id must be at most ",
+                                                   kMaxRequestIdBytes, " bytes, got ",
+                                                   request.request_id().size()));
+  }
+  if (!request.has_query()) {
+    return absl::InvalidArgumentError(
+        "query is required: a tensor [L, d_model] or "
+        "[n, L, d_model]");
+  }
+  // Shapes and sizes first: nothing is copied or converted for a request that will be
+  // refused.
+  absl::StatusOr<TensorLayout> query =
+      CheckSequences(request.query(), "query", spec, limits.max_sequence_length);
+  if (!query.ok()) return query.status();
+  std::optional<TensorLayout> memory;
+  if (request.has_memory()) {
+    if (request.causal()) {
+      return absl::InvalidArgumentError(
+          "causal must be false when memory is set: a causal mask is defined for "
+          "self-attention only");
+    }
+    if (request.memory().shape_size() != request.query().shape_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory.shape must have the query's rank ", request.query().shape_size(),
+          ", got rank ", request.memory().shape_size()));
+    }
+    absl::StatusOr<TensorLayout> checked =
+        CheckSequences(request.memory(), "memory", spec, limits.max_sequence_length);
+    if (!checked.ok()) return checked.status();
+    if (checked->count != query->count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("memory.shape[0] must equal query.shape[0]=", query->count,
+                       " (one memory per query sequence), got ", checked->count));
+    }
+    memory = *checked;
+  }
+  if (request.head_mask_size() > 0) {
+    if (request.head_mask_size() != spec.num_heads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("head_mask must have num_heads=", spec.num_heads,
+                       " values or none, got ", request.head_mask_size()));
+    }
+    for (int i = 0; i < request.head_mask_size(); ++i) {
+      const float factor = request.head_mask(i);
+      if (!(factor >= 0.0f && factor <= 1.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("head_mask[", i, "] must be in [0, 1], got ", factor));
+      }
+    }
+  }
+  absl::StatusOr<int64_t> work_bytes = AdmitSizes(request, spec, *query, memory, limits);
+  if (!work_bytes.ok()) return work_bytes.status();
+
+  ATTN_RETURN_IF_ERROR(CheckFinite(request.query(), "query", *query));
+  if (memory) ATTN_RETURN_IF_ERROR(CheckFinite(request.memory(), "memory", *memory));
+
+  auto work = std::make_unique<AttentionWork>();
+  work->reserved_bytes = *work_bytes;
+  work->query =
+      InputTensor(request.query().raw(), request.query().dtype() == v1::DATA_TYPE_BF16);
+  work->query_lengths.assign(query->count, query->length);
+  if (memory) {
+    work->memory = InputTensor(request.memory().raw(),
+                               request.memory().dtype() == v1::DATA_TYPE_BF16);
+    work->memory_lengths.assign(memory->count, memory->length);
+  }
+  work->head_mask.assign(request.head_mask().begin(), request.head_mask().end());
+  work->causal = request.causal();
+  work->return_attention = request.return_attention();
+  return work;
+}
+
+ReplyFormat ReplyFormatOf(const v1::AttendRequest& request) {
+  ReplyFormat format;
+  format.dtype = request.query().dtype();
+  format.shape.assign(request.query().shape().begin(), request.query().shape().end());
+  format.return_attention = request.return_attention();
+  format.request_id = request.request_id();
+  return format;
+}
+
+void FillResponse(const ReplyFormat& format, AttentionWork& work,
+                  const std::string& model_name, int64_t num_heads,
+                  v1::AttendResponse* response) {
+  v1::Tensor* output = response->mutable_output();
+  output->set_dtype(format.dtype);
+  output->mutable_shape()->Add(format.shape.begin(), format.shape.end());
+  if (format.dtype == v1::DATA_TYPE_BF16) {
+    const absl::Span<const float> values = work.output_values();
+    std::string* raw = output->mutable_raw();
+    raw->resize(values.size() * 2);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const uint16_t bits = core::FloatToBf16(values[i]);
+      std::memcpy(raw->data() + 2 * i, &bits, 2);
+    }
+  } else {
+    output->set_raw(std::move(work.output));  // the bytes move; nothing is copied
+  }
+  if (format.return_attention) {
+    v1::Tensor* attention = response->mutable_attention();
+    attention->set_dtype(v1::DATA_TYPE_FP32);
+    const int rank = static_cast<int>(format.shape.size());
+    const int64_t key_length = work.memory_lengths.empty() ? work.query_lengths.front()
+                                                           : work.memory_lengths.front();
+    if (rank == 3) attention->add_shape(static_cast<int64_t>(work.query_lengths.size()));
+    attention->add_shape(num_heads);
+    attention->add_shape(work.query_lengths.front());
+    attention->add_shape(key_length);
+    attention->set_raw(std::move(work.attention));
+  }
+  response->set_model(model_name);
+  response->set_request_id(format.request_id);
+  response->set_queue_time_us(absl::ToInt64Microseconds(work.queue_time));
+  response->set_compute_time_us(absl::ToInt64Microseconds(work.compute_time));
+  response->set_batch_size(work.batch_size);
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  // absl::StatusCode and grpc::StatusCode share the google.rpc.Code numbering.
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,76 @@
+// The one place where wire messages meet core types: validating an AttendRequest into
+// an AttentionWork, writing results back into an AttendResponse, and mapping
+// absl::Status to grpc::Status.
+#ifndef ATTNSERVE_SERVER_PIPELINE_PROTO_CONVERT_H_
+#define ATTNSERVE_SERVER_PIPELINE_PROTO_CONVERT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention.pb.h"
+#include "core/model_spec.h"
+#include "grpcpp/support/status.h"
+#include "server/batching/dynamic_batcher.h"
+
+namespace attnserve::server {
+
+// Most bytes of request_id echoed back.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+
+// The limits a request is admitted under.
+struct AdmissionLimits {
+  // Longest query or memory sequence. Range [1, kMaxSequenceLengthCeiling]
+  // (model_registry.h).
+  int64_t max_sequence_length = 8192;
+  // Largest message the server sends; a response that could exceed it is refused before
+  // any work. Range [1024, 2^31 - 1] (protobuf cannot serialize 2 GiB).
+  int64_t max_response_bytes = 64 << 20;
+  // Most bytes one request may hold while queued and computed (the queue's byte budget).
+  int64_t max_work_bytes = int64_t{1} << 30;
+  // The attention weights are reduced in the server (HeadStatistics) instead of sent.
+  // They are bounded by max_response_bytes all the same; only the refusal's wording
+  // differs.
+  bool weights_for_statistics = false;
+};
+
+// Checks `request` against the model (`spec`) and `limits` and returns its work, whose
+// inputs VIEW the request's tensor bytes: `request` must outlive the work (nothing is
+// copied here; the batcher reads the bytes once). Shapes and sizes are checked (with
+// overflow-checked 64-bit products) before any value is read. InvalidArgument naming the
+// field and the expected value for: a missing query, an unsupported dtype, rank not 2 or
+// 3, a dimension < 1, last dimension != d_model, a sequence longer than
+// max_sequence_length, a raw byte count that does not match the shape, a response larger
+// than max_response_bytes, working memory larger than max_work_bytes, a non-finite value,
+// a memory whose rank or count does not match the query, causal with memory, a head_mask
+// of the wrong length or out of [0, 1], an over-long request_id. The work's
+// reserved_bytes is set.
+absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
+    const v1::AttendRequest& request, const core::ModelSpec& spec,
+    const AdmissionLimits& limits);
+
+// What a response needs from its request, kept instead of the request's bytes.
+struct ReplyFormat {
+  v1::DataType dtype = v1::DATA_TYPE_FP32;
+  std::vector<int64_t> shape;
+  bool return_attention = false;
+  std::string request_id;
+};
+ReplyFormat ReplyFormatOf(const v1::AttendRequest& request);
+
+// Moves `work`'s results into `response` (float32 bytes move without a copy; bf16 is
+// narrowed once): output with the query's shape and dtype,
+// attention weights (float32, [h, L, L_k] or [n, h, L, L_k]) when asked, timings.
+void FillResponse(const ReplyFormat& format, AttentionWork& work,
+                  const std::string& model_name, int64_t num_heads,
+                  v1::AttendResponse* response);
+
+// The same code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_PIPELINE_PROTO_CONVERT_H_

@@ -1,0 +1,289 @@
+#include "server/pipeline/request_pipeline.h"
+
+#include <cassert>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "server/pipeline/proto_convert.h"
+
+namespace attnserve::server {
+
+namespace {
+
+// A unary call, open (RequestPipeline::CallOpened) until gRPC's OnDone deletes it.
+// gRPC's OnCancel (the client went away, or the deadline passed) cancels the call's
+// requests, so an abandoned call stops holding queue space.
+class CountedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  CountedReactor(RequestPipeline* pipeline, std::shared_ptr<Cancellation> cancellation)
+      : pipeline_(pipeline), cancellation_(std::move(cancellation)) {
+    pipeline_->CallOpened();
+  }
+  void OnCancel() override {
+    if (cancellation_ != nullptr) cancellation_->Cancel();
+  }
+  void OnDone() override {
+    pipeline_->CallClosed();
+    delete this;
+  }
+
+ private:
+  RequestPipeline* const pipeline_;
+  const std::shared_ptr<Cancellation> cancellation_;
+};
+
+}  // namespace
+
+void Cancellation::Cancel() {
+  // Sequentially consistent with Attach: either this sees the batcher and wakes it, or
+  // Attach sees the flag and the request is never queued.
+  cancelled_.store(true);
+  if (DynamicBatcher* batcher = batcher_.load()) batcher->Wake();
+}
+
+bool Cancellation::Attach(DynamicBatcher* batcher) {
+  batcher_.store(batcher);
+  return cancelled_.load();
+}
+
+absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(deadline);
+}
+
+RequestPipeline::RequestPipeline(ModelRegistry* registry, const Options& options,
+                                 ServiceObserver observer)
+    : registry_(registry), options_(options), observer_(std::move(observer)) {}
+
+RequestPipeline::~RequestPipeline() {
+  absl::MutexLock lock(&streams_mu_);
+  // The gRPC server is shut down first, and it waits for every stream's OnDone.
+  assert(streams_.empty());
+}
+
+absl::StatusOr<ServedModel*> RequestPipeline::FindModel(absl::string_view name,
+                                                        absl::string_view version) const {
+  ServedModel* model = registry_->Find(name);
+  if (model != nullptr && (version.empty() || version == kModelVersion)) return model;
+  std::vector<std::string> names;
+  for (const ServedModel* served : registry_->models()) names.push_back(served->name);
+  const std::string served =
+      absl::StrCat("served: ", names.empty() ? "none" : absl::StrJoin(names, ", "),
+                   ", each as version ", kModelVersion);
+  if (name.empty() && model == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "model must be set: this server has no default model (", served, ")"));
+  }
+  const std::string asked =
+      absl::StrCat("model \"", name.empty() ? absl::string_view(model->name) : name, "\"",
+                   version.empty() ? "" : absl::StrCat(" version \"", version, "\""));
+  return absl::NotFoundError(absl::StrCat(asked, " is not served (", served, ")"));
+}
+
+absl::Status RequestPipeline::Authorize(absl::string_view authorization) const {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  return options_.auth->Check(authorization);
+}
+
+absl::Status RequestPipeline::Authorize(
+    const grpc::CallbackServerContext* context) const {
+  if (options_.auth == nullptr) return absl::OkStatus();
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find("authorization");
+  return Authorize(it == metadata.end()
+                       ? absl::string_view()
+                       : absl::string_view(it->second.data(), it->second.size()));
+}
+
+absl::Status RequestPipeline::CheckServing() const {
+  if (!draining()) return absl::OkStatus();
+  return absl::UnavailableError("the server is shutting down; retry on another replica");
+}
+
+void RequestPipeline::StartDraining() {
+  draining_.store(true, std::memory_order_release);
+  std::vector<OpenStream*> open;
+  {
+    absl::MutexLock lock(&streams_mu_);
+    streams_draining_ = true;
+    // A registered stream has not seen OnDone, so gRPC's reference keeps it alive
+    // while this one is taken.
+    for (OpenStream* stream : streams_) {
+      stream->Ref();
+      open.push_back(stream);
+    }
+  }
+  for (OpenStream* stream : open) {
+    stream->Drain();
+    stream->Unref();
+  }
+}
+
+bool RequestPipeline::RegisterStream(OpenStream* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.insert(stream);
+  return !streams_draining_;
+}
+
+void RequestPipeline::UnregisterStream(OpenStream* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.erase(stream);
+}
+
+void RequestPipeline::CallOpened() {
+  absl::MutexLock lock(&calls_mu_);
+  ++open_calls_;
+}
+
+void RequestPipeline::CallClosed() {
+  absl::MutexLock lock(&calls_mu_);
+  --open_calls_;
+}
+
+bool RequestPipeline::AwaitNoOpenCalls(absl::Time deadline) {
+  absl::MutexLock lock(&calls_mu_);
+  const auto none_open = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
+    return open_calls_ == 0;
+  };
+  return calls_mu_.AwaitWithDeadline(absl::Condition(&none_open), deadline);
+}
+
+int64_t RequestPipeline::open_calls() const {
+  absl::MutexLock lock(&calls_mu_);
+  return open_calls_;
+}
+
+grpc::ServerUnaryReactor* RequestPipeline::NewUnaryReactor(
+    std::shared_ptr<Cancellation> cancellation) {
+  return new CountedReactor(this, std::move(cancellation));
+}
+
+absl::Time RequestPipeline::StartRpc(absl::string_view method) const {
+  if (observer_.on_rpc_started) observer_.on_rpc_started(method);
+  return absl::Now();
+}
+
+void RequestPipeline::EndRpc(absl::string_view method, absl::StatusCode code,
+                             absl::Time start) const {
+  if (observer_.on_rpc_handled) {
+    observer_.on_rpc_handled(method, code, absl::Now() - start);
+  }
+}
+
+grpc::ServerUnaryReactor* RequestPipeline::FinishNow(absl::string_view method,
+                                                     absl::Time start,
+                                                     const absl::Status& status) {
+  EndRpc(method, status.code(), start);
+  grpc::ServerUnaryReactor* reactor = NewUnaryReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadline,
+                             const std::shared_ptr<Cancellation>& cancellation,
+                             std::function<void(absl::Status, v1::AttendResponse)> done,
+                             v1::HeadStatisticsResponse* statistics, Origin origin) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ServedModel*> found = FindModel(request.model());
+  ServedModel* model = found.ok() ? *found : nullptr;
+  const std::string model_name = model != nullptr ? model->name : "";
+  if (observer_.on_request_started) observer_.on_request_started(model_name);
+  auto finish = [this, start, model_name, done = std::move(done)](
+                    absl::Status status, v1::AttendResponse response, int64_t tokens) {
+    if (observer_.on_request_finished) {
+      observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
+    }
+    done(std::move(status), std::move(response));
+  };
+  if (absl::Status serving = CheckServing(); origin == Origin::kCall && !serving.ok()) {
+    finish(std::move(serving), {}, 0);
+    return;
+  }
+  if (!found.ok()) {
+    finish(found.status(), {}, 0);
+    return;
+  }
+  AdmissionLimits limits;
+  limits.max_sequence_length = model->max_sequence_length;
+  limits.max_response_bytes = options_.max_response_bytes;
+  limits.max_work_bytes = model->max_queue_bytes;
+  limits.weights_for_statistics = statistics != nullptr;
+  absl::StatusOr<std::unique_ptr<AttentionWork>> work =
+      WorkFromRequest(request, model->spec, limits);
+  if (!work.ok()) {
+    // The field's limits are the model's: say which model.
+    finish(absl::Status(
+               work.status().code(),
+               absl::StrCat(work.status().message(), " (model \"", model->name, "\")")),
+           {}, 0);
+    return;
+  }
+  if (deadline <= absl::Now()) {
+    finish(
+        absl::DeadlineExceededError("the deadline passed before the request was queued"),
+        {}, 0);
+    return;
+  }
+  if (cancellation != nullptr) {
+    if (cancellation->Attach(model->batcher.get())) {
+      finish(absl::CancelledError("the call was cancelled before it was queued"), {}, 0);
+      return;
+    }
+    // The work reads the flag; the Cancellation stays alive with it.
+    (*work)->cancelled =
+        std::shared_ptr<const std::atomic<bool>>(cancellation, &cancellation->cancelled_);
+  }
+  (*work)->deadline = deadline;
+  if (statistics != nullptr) {
+    // Admitted above as a request with its attention weights (what the core holds
+    // while measuring); the weights stay inside the core.
+    (*work)->head_statistics = true;
+    (*work)->return_attention = false;
+  }
+  const int64_t tokens = (*work)->tokens();
+  auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(request));
+  // The batcher calls back exactly once, unless Enqueue fails (then never).
+  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
+  const absl::Status enqueued = model->batcher->Enqueue(
+      std::move(work).value(),
+      [this, model, format, tokens, shared_finish, statistics](
+          absl::Status status, std::unique_ptr<AttentionWork> result) {
+        v1::AttendResponse response;
+        if (status.ok() && statistics != nullptr) {
+          statistics->set_model(model->name);
+          statistics->set_tokens(tokens);
+          for (size_t head = 0; head < result->statistics.size(); ++head) {
+            const core::HeadStatistic& figures = result->statistics[head];
+            v1::HeadStatistic* entry = statistics->add_heads();
+            entry->set_head(static_cast<int64_t>(head));
+            entry->set_pruned(model->spec.IsPruned(static_cast<int64_t>(head)));
+            entry->set_mean_entropy(figures.mean_entropy);
+            entry->set_mean_max_weight(figures.mean_max_weight);
+            entry->set_mean_output_norm(figures.mean_output_norm);
+          }
+        } else if (status.ok()) {
+          FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
+          // Admission bounded the size already; this guards the invariant, because gRPC
+          // aborts the process on a message it cannot serialize.
+          const size_t bytes = response.ByteSizeLong();
+          if (bytes > static_cast<size_t>(options_.max_response_bytes)) {
+            status = absl::InternalError(absl::StrCat(
+                "the response is ", bytes,
+                " bytes, over max_message_bytes=", options_.max_response_bytes));
+            response.Clear();
+          }
+        }
+        const int64_t computed = status.ok() ? tokens : 0;
+        (*shared_finish)(std::move(status), std::move(response), computed);
+      });
+  if (!enqueued.ok()) (*shared_finish)(enqueued, {}, 0);
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,203 @@
+// RequestPipeline: the one path every front door's request takes (attnserve.v1 gRPC,
+// KServe v2 gRPC, KServe v2 HTTP). It owns, once for all doors: model lookup (one
+// wording for "not served"), the auth check, validation and admission, the deadline and
+// cancellation, the per-call accounting and metrics, and the drain state. A door only
+// turns its wire format into an AttendRequest and the answer back into its wire format.
+#ifndef ATTNSERVE_SERVER_PIPELINE_REQUEST_PIPELINE_H_
+#define ATTNSERVE_SERVER_PIPELINE_REQUEST_PIPELINE_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "attnserve/v1/attention.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/batching/dynamic_batcher.h"
+#include "server/models/model_registry.h"
+#include "server/pipeline/auth.h"
+
+namespace attnserve::server {
+
+// Hooks for metrics; every member optional. Called on gRPC, HTTP or batcher threads,
+// never under the pipeline's locks; they must be thread-safe and quick.
+struct ServiceObserver {
+  // An RPC began / ended. `method` is the RPC's name ("Attend", "ModelInfer",
+  // "HttpInfer", ...); `elapsed` runs from the handler's start to its answer.
+  std::function<void(absl::string_view method)> on_rpc_started;
+  std::function<void(absl::string_view method, absl::StatusCode code,
+                     absl::Duration elapsed)>
+      on_rpc_handled;
+  // One attention request (a call or one stream message) was received / answered.
+  // `model` is the served model's name, or "" when the request named an unknown model;
+  // `tokens` counts computed query tokens (0 unless OK).
+  std::function<void(const std::string& model)> on_request_started;
+  std::function<void(const std::string& model, const absl::Status& status,
+                     absl::Duration elapsed, int64_t tokens)>
+      on_request_finished;
+  // A door caught an exception at its boundary (a bug: it was answered 500/INTERNAL).
+  std::function<void(absl::string_view door)> on_internal_error;
+};
+
+// The cancellation of one call, shared by its door (which cancels) and its queued
+// requests (which the batcher drops, CANCELLED, before compute). Thread-safe.
+class Cancellation {
+ public:
+  // Marks the call cancelled and wakes the batcher its latest request went to, so that
+  // the request stops holding queue space now. Idempotent; any thread.
+  void Cancel();
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+ private:
+  friend class RequestPipeline;
+  // Remembers the batcher to wake; true when the call was cancelled already (then the
+  // request must not be queued).
+  bool Attach(DynamicBatcher* batcher);
+
+  std::atomic<bool> cancelled_{false};
+  std::atomic<DynamicBatcher*> batcher_{nullptr};
+};
+
+// An open bidirectional stream, as the pipeline tracks it for draining
+// (server/frontends/stream_reactor.h). Thread-safe.
+class OpenStream {
+ public:
+  virtual ~OpenStream() = default;
+  // Keeps the stream alive until the matching Unref.
+  virtual void Ref() = 0;
+  virtual void Unref() = 0;
+  // Stops reading; the stream answers what it holds and ends with UNAVAILABLE.
+  virtual void Drain() = 0;
+};
+
+// The call's deadline (InfiniteFuture when it has none).
+absl::Time CallDeadline(const grpc::CallbackServerContext* context);
+
+// Thread-safe. Does not own the registry, which must outlive the pipeline and every
+// call.
+class RequestPipeline {
+ public:
+  struct Options {
+    // Largest answer a door may send (the gRPC max send size); a request whose
+    // response could be larger is refused with INVALID_ARGUMENT before any work.
+    // Range [1024, 2^31 - 1].
+    int64_t max_response_bytes = 64 << 20;
+    // When set, calls need a valid bearer token (else UNAUTHENTICATED); health and
+    // readiness checks stay open. Not owned.
+    TokenAuthenticator* auth = nullptr;
+  };
+
+  RequestPipeline(ModelRegistry* registry, const Options& options,
+                  ServiceObserver observer = {});
+  ~RequestPipeline();
+  RequestPipeline(const RequestPipeline&) = delete;
+  RequestPipeline& operator=(const RequestPipeline&) = delete;
+
+  // ---- Model lookup.
+  // The served model `name` (empty: the default model, when there is one) at
+  // `version` (empty: the current one). NotFound, worded the same for every door and
+  // every cause, naming what was asked and what is served.
+  absl::StatusOr<ServedModel*> FindModel(absl::string_view name,
+                                         absl::string_view version = "") const;
+  ModelRegistry* registry() const { return registry_; }
+
+  // ---- Auth.
+  // OK when `authorization` ("Bearer <token>") is valid or no tokens are configured;
+  // UNAUTHENTICATED otherwise.
+  absl::Status Authorize(absl::string_view authorization) const;
+  // The same for a gRPC call's "authorization" metadata.
+  absl::Status Authorize(const grpc::CallbackServerContext* context) const;
+
+  // ---- Drain (one state for every door).
+  // From now on new calls are refused UNAVAILABLE before any work; open streams stop
+  // reading, answer the messages they already read, and end UNAVAILABLE; readiness
+  // answers false everywhere. Does not block. Idempotent.
+  void StartDraining();
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
+  // UNAVAILABLE (the words every door uses) once draining has begun; else OK. For a
+  // door to refuse a call before it reads the call's input.
+  absl::Status CheckServing() const;
+  // Streams register while gRPC holds them (until their OnDone), so that draining
+  // reaches them. Returns false when draining: the stream must end at once.
+  bool RegisterStream(OpenStream* stream);
+  void UnregisterStream(OpenStream* stream);
+
+  // ---- Open calls. Every call of every door counts from its handler's start until
+  // its answer has been handed to the transport (gRPC's OnDone; the HTTP write).
+  void CallOpened();
+  void CallClosed();
+  // Blocks until no call is open or `deadline` passes; true when none is open.
+  bool AwaitNoOpenCalls(absl::Time deadline);
+  int64_t open_calls() const;
+  // A reactor for a unary call that is finished from elsewhere (a batcher callback) or
+  // at once: it counts as an open call until its OnDone, then deletes itself. With
+  // `cancellation`, gRPC's OnCancel (client gone, deadline passed) cancels it.
+  grpc::ServerUnaryReactor* NewUnaryReactor(
+      std::shared_ptr<Cancellation> cancellation = nullptr);
+
+  // ---- Accounting. StartRpc counts the call and returns its start time; EndRpc
+  // counts its outcome; FinishNow does EndRpc and finishes a gRPC call at once.
+  absl::Time StartRpc(absl::string_view method) const;
+  void EndRpc(absl::string_view method, absl::StatusCode code, absl::Time start) const;
+  grpc::ServerUnaryReactor* FinishNow(absl::string_view method, absl::Time start,
+                                      const absl::Status& status);
+  const ServiceObserver& observer() const { return observer_; }
+
+  // One call's accounting, for a door's handler: counted as started when made, ended
+  // once by End or FinishNow. Copyable (a batcher callback may hold it). `method` must
+  // be a string literal.
+  class Rpc {
+   public:
+    Rpc(RequestPipeline* pipeline, absl::string_view method)
+        : pipeline_(pipeline), method_(method), start_(pipeline->StartRpc(method)) {}
+    void End(absl::StatusCode code) const { pipeline_->EndRpc(method_, code, start_); }
+    // End, then a reactor finished at once with `status`.
+    grpc::ServerUnaryReactor* FinishNow(const absl::Status& status) const {
+      return pipeline_->FinishNow(method_, start_, status);
+    }
+
+   private:
+    RequestPipeline* pipeline_;
+    absl::string_view method_;
+    absl::Time start_;
+  };
+
+  // ---- The request.
+  // Looks the model up, validates and admits `request`, and enqueues it; `done` gets
+  // the status and, when OK, the filled response. It runs on a batcher thread, or
+  // inline when the request is refused before queueing. `request` must stay alive
+  // until `done` has run: the queued work reads its tensor bytes in place.
+  // `deadline` passes → DEADLINE_EXCEEDED; `cancellation` (may be null) cancelled →
+  // CANCELLED; either drops the work before compute.
+  // With `statistics` (kept alive by the caller until `done`), the request measures the
+  // model's heads instead, and `done` gets an empty response.
+  // Once draining has begun a call's request is refused UNAVAILABLE, while a message of
+  // an open stream is still computed: the stream was accepted before, and it stops
+  // reading instead.
+  enum class Origin { kCall, kStreamMessage };
+  void Submit(const v1::AttendRequest& request, absl::Time deadline,
+              const std::shared_ptr<Cancellation>& cancellation,
+              std::function<void(absl::Status, v1::AttendResponse)> done,
+              v1::HeadStatisticsResponse* statistics = nullptr,
+              Origin origin = Origin::kCall);
+
+ private:
+  ModelRegistry* const registry_;
+  const Options options_;
+  const ServiceObserver observer_;
+  std::atomic<bool> draining_{false};
+  absl::Mutex streams_mu_;
+  absl::flat_hash_set<OpenStream*> streams_ ABSL_GUARDED_BY(streams_mu_);
+  bool streams_draining_ ABSL_GUARDED_BY(streams_mu_) = false;
+  mutable absl::Mutex calls_mu_;
+  int64_t open_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_PIPELINE_REQUEST_PIPELINE_H_
