@@ -118,6 +118,12 @@ absl::Status CheckForwardArguments(const ModelSpec& spec, const AttentionBatch& 
   return absl::OkStatus();
 }
 
+std::string ComputePath(const ModelSpec& spec, const Device& device) {
+  if (device.kind == DeviceKind::kCpu)
+    return MultiHeadAttention::DefaultComputePath(spec);
+  return absl::StrCat(PrecisionName(spec.precision), " (", DeviceName(device), ")");
+}
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options) {

@@ -128,12 +128,17 @@ struct BackendOptions {
 // GPU). Errors: InvalidArgument for a bad `spec`, `weights` shapes or option, naming
 // the field; Unavailable when the device does not exist or this build has no backend
 // for it (the message names the device and what was found); FailedPrecondition for a
-// precision the device cannot run (bf16 on a CPU without AVX512_BF16/AMX);
+// precision the device cannot run;
 // ResourceExhausted when device memory runs out; Internal when the device library
-// fails.
+// fails. A bf16 model runs on every CPU: natively where it has AVX512_BF16 or AMX,
+// else on bf16-valued weights in f32 (ComputePath says which).
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options);
+
+// How a model of `spec` computes on `device`, for logs: "fp32", "bf16 (native, ISA)",
+// "bf16 weights, f32 compute (ISA has no native bf16)", or the CUDA backend's.
+std::string ComputePath(const ModelSpec& spec, const Device& device);
 
 // The attention-row half of head statistics, for any backend: checks that
 // `statistics` has num_heads entries (InvalidArgument), runs Forward with every head

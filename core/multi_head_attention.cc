@@ -106,6 +106,26 @@ absl::StatusOr<dnnl::engine> CreateCpuEngine() {
   }
 }
 
+namespace {
+
+std::string DescribePath(const ModelSpec& spec, bool native_bf16) {
+  if (spec.precision != Precision::kBf16) return "fp32";
+  if (native_bf16) return absl::StrCat("bf16 (native, ", IsaName(), ")");
+  return absl::StrCat("bf16 weights, f32 compute (", IsaName(),
+                      MultiHeadAttention::SupportsBf16() ? ", native bf16 turned off)"
+                                                         : " has no native bf16)");
+}
+
+}  // namespace
+
+std::string MultiHeadAttention::ComputePath() const {
+  return DescribePath(spec_, compute_ == memory::data_type::bf16);
+}
+
+std::string MultiHeadAttention::DefaultComputePath(const ModelSpec& spec) {
+  return DescribePath(spec, SupportsBf16());
+}
+
 bool MultiHeadAttention::SupportsBf16() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
@@ -135,11 +155,25 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "attention_block_bytes must be >= 1024, got ", options.attention_block_bytes));
   }
-  if (spec.precision == Precision::kBf16 && !SupportsBf16()) {
-    // On plain AVX-512 or AVX2 oneDNN emulates bf16 products, slower than fp32.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "precision bf16 needs a CPU with AVX512_BF16 or AMX; oneDNN's ISA here is ",
-        IsaName(), ": use precision fp32"));
+  bool native_bf16 = false;
+  if (spec.precision == Precision::kBf16) {
+    switch (options.bf16_compute) {
+      case Options::Bf16Compute::kAuto:
+        native_bf16 = SupportsBf16();
+        break;
+      case Options::Bf16Compute::kNative:
+        if (!SupportsBf16()) {
+          // On plain AVX-512 or AVX2 oneDNN emulates bf16 products, slower than fp32.
+          return absl::FailedPreconditionError(absl::StrCat(
+              "native bf16 needs a CPU with AVX512_BF16 or AMX; oneDNN's ISA here is ",
+              IsaName(), ": use bf16_compute auto or float32"));
+        }
+        native_bf16 = true;
+        break;
+      case Options::Bf16Compute::kFloat32:
+        native_bf16 = false;
+        break;
+    }
   }
   if (engine.get_kind() != dnnl::engine::kind::cpu) {
     return absl::UnimplementedError(
@@ -148,7 +182,7 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   }
   std::unique_ptr<MultiHeadAttention> attention;
   try {
-    attention.reset(new MultiHeadAttention(spec, engine, options));
+    attention.reset(new MultiHeadAttention(spec, engine, options, native_bf16));
   } catch (const dnnl::error& e) {
     return FromDnnlError(e, "create a stream");
   }
@@ -175,6 +209,15 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
   for (float& w : all.query_weight.plain) w *= scale;
   for (float& b : all.query_bias) b *= scale;
+  if (spec.precision == Precision::kBf16 && !native_bf16) {
+    // The model is a bf16 model on every CPU: its weights take the values the native
+    // path's reorder would give them (round to nearest even, after the scale), and
+    // only the arithmetic is f32.
+    for (Matrix* matrix :
+         {&all.query_weight, &all.key_weight, &all.value_weight, &all.out_weight}) {
+      for (float& w : matrix->plain) w = Bf16ToFloat(FloatToBf16(w));
+    }
+  }
   if (spec.pruned_heads.empty()) {
     attention->model_heads_ = std::move(all);
   } else {
@@ -190,11 +233,10 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
 }
 
 MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine& engine,
-                                       const Options& options)
+                                       const Options& options, bool native_bf16)
     : spec_(spec),
-      compute_(spec.precision == Precision::kBf16 ? memory::data_type::bf16
-                                                  : memory::data_type::f32),
-      compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4),
+      compute_(native_bf16 ? memory::data_type::bf16 : memory::data_type::f32),
+      compute_bytes_(native_bf16 ? 2 : 4),
       engine_(engine),
       stream_(engine),
       options_(options),

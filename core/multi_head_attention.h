@@ -51,17 +51,25 @@ class MultiHeadAttention : public AttentionBackend {
     // runs one head at a time in blocks of query rows (at least 16) of this size, so
     // that it stays in cache. Range >= 1024.
     int64_t attention_block_bytes = 1 << 20;
+    // How a bf16 model computes. kAuto: oneDNN's bf16 path where the CPU has
+    // AVX512_BF16 or AMX; elsewhere the weights keep their bf16 values and every
+    // product runs in f32 (oneDNN would emulate bf16 products, slower than f32).
+    // kNative: the bf16 path or FailedPrecondition. kFloat32: always f32 compute.
+    // Ignored for fp32 models.
+    enum class Bf16Compute { kAuto, kNative, kFloat32 };
+    Bf16Compute bf16_compute = Bf16Compute::kAuto;
   };
 
   // Validates `spec`, `weights` (shapes) and `options` (InvalidArgument naming the
-  // field); FailedPrecondition for bf16 precision on a CPU without AVX512_BF16 or AMX
-  // (the message names oneDNN's ISA there); Unimplemented for an engine other than CPU
-  // (not yet supported by this implementation); Internal when oneDNN fails.
-  // fp32: every product in f32. bf16: weights and activations in bf16, matrix
-  // products accumulate in f32, scores and softmax in f32; inputs and outputs stay f32
-  // at this interface. Weights are reordered once into the layout oneDNN picks for
-  // each projection shape (usually one per matrix). `engine` is copied
-  // (a reference-counted handle).
+  // field); FailedPrecondition for Bf16Compute::kNative on a CPU without AVX512_BF16
+  // or AMX (the message names oneDNN's ISA there); Unimplemented for an engine other than
+  // CPU (not yet supported by this implementation); Internal when oneDNN fails. fp32:
+  // every product in f32. bf16: weights and activations in bf16, matrix products
+  // accumulate in f32, scores and softmax in f32 (or, without native bf16, bf16-valued
+  // weights with f32 activations: see Options::bf16_compute); inputs and outputs stay f32
+  // at this interface. Weights are reordered once into the layout oneDNN picks for each
+  // projection shape (usually one per matrix). `engine` is copied (a reference-counted
+  // handle).
   static absl::StatusOr<std::unique_ptr<MultiHeadAttention>> Create(
       const ModelSpec& spec, const AttentionWeights& weights, const dnnl::engine& engine,
       const Options& options);
@@ -72,6 +80,12 @@ class MultiHeadAttention : public AttentionBackend {
   // Whether this CPU runs bf16 precision (AVX512_BF16 or AMX, as oneDNN sees it:
   // ONEDNN_MAX_CPU_ISA can lower it).
   static bool SupportsBf16();
+
+  // How this object computes, for logs: "fp32", "bf16 (native, <isa>)" or "bf16
+  // weights, f32 compute (<isa> has no native bf16)".
+  std::string ComputePath() const;
+  // The same for a model of `spec` created with default Options on this CPU.
+  static std::string DefaultComputePath(const ModelSpec& spec);
 
   MultiHeadAttention(const MultiHeadAttention&) = delete;
   MultiHeadAttention& operator=(const MultiHeadAttention&) = delete;
@@ -146,7 +160,7 @@ class MultiHeadAttention : public AttentionBackend {
   };
 
   MultiHeadAttention(const ModelSpec& spec, const dnnl::engine& engine,
-                     const Options& options);
+                     const Options& options, bool native_bf16);
 
   absl::Status ForwardImpl(const AttentionBatch& batch, const AttentionOptions& options,
                            absl::Span<float> output, absl::Span<float> attention_weights);

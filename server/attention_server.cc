@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/attention_backend.h"
 #include "core/status_macros.h"
 #include "grpc/health/v1/health.pb.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -126,6 +127,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
               {"d_model", absl::StrCat(model->spec.d_model)},
               {"num_heads", absl::StrCat(model->spec.num_heads)},
               {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
+              {"compute", core::ComputePath(model->spec, options.models.device)},
               {"batching", model->info.batching().ShortDebugString()}});
   }
   if (!options.auth_token_file.empty()) {

@@ -116,8 +116,9 @@ ABSL_FLAG(bool, warm_up, true,
           "Run each model instance's first forward passes before the port opens, so "
           "readiness waits for them and no client pays the one-time set-up.");
 ABSL_FLAG(std::string, precision, "fp32",
-          "Precision of the built-in model: fp32, or bf16 (needs AVX512_BF16 or AMX; "
-          "repository models set theirs in config.pbtxt).");
+          "Precision of the built-in model: fp32, or bf16 (native where the CPU has "
+          "AVX512_BF16 or AMX, else bf16 weights computed in f32; repository models set "
+          "theirs in config.pbtxt).");
 
 namespace {
 

@@ -34,7 +34,9 @@ struct Fixture {
 Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
                     int threads = 0, int64_t block_bytes = 1 << 20,
                     std::vector<int64_t> pruned_heads = {},
-                    Precision precision = Precision::kFp32) {
+                    Precision precision = Precision::kFp32,
+                    MultiHeadAttention::Options::Bf16Compute bf16_compute =
+                        MultiHeadAttention::Options::Bf16Compute::kAuto) {
   Fixture fixture;
   fixture.spec.d_model = d_model;
   fixture.spec.num_heads = num_heads;
@@ -46,6 +48,7 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
   MultiHeadAttention::Options options;
   options.intra_op_threads = threads;
   options.attention_block_bytes = block_bytes;
+  options.bf16_compute = bf16_compute;
   auto attention =
       MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, options);
   EXPECT_TRUE(attention.ok()) << attention.status();
@@ -418,8 +421,8 @@ class Bf16Test : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!MultiHeadAttention::SupportsBf16()) {
-      GTEST_SKIP() << "no AVX512_BF16 or AMX on this host: bf16 is refused here (see "
-                      "RefusesBf16WithoutNativeIsa)";
+      GTEST_SKIP() << "no AVX512_BF16 or AMX on this host: its bf16 models compute in "
+                      "f32 (Bf16Float32ComputeTest)";
     }
   }
 };
@@ -462,6 +465,52 @@ TEST_F(Bf16Test, OutputWithoutWeightsEqualsOutputWithWeights) {
   ASSERT_TRUE(
       fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(without)).ok());
   EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(with), absl::MakeConstSpan(without)), 1e-3);
+}
+
+// A bf16 model where the CPU has no native bf16 (forced here, so that it runs on every
+// host; the ISA-capped run below takes the same path by itself): bf16-valued weights,
+// f32 products, within the same bound as the native path.
+constexpr auto kFloat32Compute = MultiHeadAttention::Options::Bf16Compute::kFloat32;
+
+TEST(Bf16Float32ComputeTest, MatchesReferenceWithinBf16Tolerance) {
+  Fixture fixture =
+      MakeFixture(512, 8, 7, 0, 1 << 20, {}, Precision::kBf16, kFloat32Compute);
+  EXPECT_THAT(fixture.attention->ComputePath(), HasSubstr("bf16 weights, f32 compute"));
+  ExpectMatchesReference(fixture, {128}, {}, false, {}, 60, kBf16Tolerance);
+  ExpectMatchesReference(fixture, {1, 7, 64, 300}, {}, false, {}, 61, kBf16Tolerance);
+  ExpectMatchesReference(fixture, {5, 17}, {9, 40}, false, {}, 62, kBf16Tolerance);
+  ExpectMatchesReference(fixture, {300, 20}, {}, true, {}, 63, kBf16Tolerance);
+  ExpectMatchesReference(fixture, {33}, {}, false, {1, 0, 0.5f, 1, 1, 0, 1, 1}, 64,
+                         kBf16Tolerance);
+  Fixture pruned =
+      MakeFixture(120, 6, 7, 0, 4096, {2}, Precision::kBf16, kFloat32Compute);
+  ExpectMatchesReference(pruned, {200, 3}, {}, false, {}, 65, kBf16Tolerance);
+}
+
+TEST(Bf16Float32ComputeTest, IsTheFp32ModelOfTheBf16RoundedWeights) {
+  // head_dim 64: the 1/8 query scale is exact, so rounding before or after it agrees,
+  // and the two objects must compute bit for bit the same.
+  Fixture bf16 =
+      MakeFixture(256, 4, 9, 1, 1 << 20, {}, Precision::kBf16, kFloat32Compute);
+  Fixture rounded = MakeFixture(256, 4, 9, 1);
+  for (std::vector<float>* matrix :
+       {&rounded.weights.in_proj_weight, &rounded.weights.out_proj_weight}) {
+    for (float& w : *matrix) w = Bf16ToFloat(FloatToBf16(w));
+  }
+  auto engine = CreateCpuEngine();
+  ASSERT_TRUE(engine.ok());
+  MultiHeadAttention::Options one_thread;
+  one_thread.intra_op_threads = 1;
+  auto fp32 =
+      MultiHeadAttention::Create(rounded.spec, rounded.weights, *engine, one_thread);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  const std::vector<int64_t> lengths = {17, 40};
+  const std::vector<float> query = RandomTokens(57 * 256, 68);
+  std::vector<float> from_bf16(57 * 256), from_fp32(57 * 256);
+  ASSERT_TRUE(
+      bf16.attention->Forward({query, lengths}, {}, absl::MakeSpan(from_bf16)).ok());
+  ASSERT_TRUE((*fp32)->Forward({query, lengths}, {}, absl::MakeSpan(from_fp32)).ok());
+  EXPECT_EQ(from_bf16, from_fp32);
 }
 
 // `values` rounded to bf16 bits, and those bits widened back to f32.
@@ -797,24 +846,31 @@ TEST(MultiHeadAttentionCreateTest, RejectsNegativeThreadCount) {
   EXPECT_THAT(attention.status().message(), HasSubstr("intra_op_threads"));
 }
 
-TEST(MultiHeadAttentionCreateTest, RefusesBf16WithoutNativeIsa) {
+TEST(MultiHeadAttentionCreateTest, ServesBf16WithoutNativeIsa) {
   // ctest runs this test a second time with ONEDNN_MAX_CPU_ISA=AVX2 (and
-  // ATTNSERVE_EXPECT_NO_BF16=1), so the refusal is checked on every host.
+  // ATTNSERVE_EXPECT_NO_BF16=1), so the CPU without native bf16 is checked on every
+  // host: a bf16 model is served there, in f32, and only kNative is refused.
   if (std::getenv("ATTNSERVE_EXPECT_NO_BF16") != nullptr) {
     ASSERT_FALSE(MultiHeadAttention::SupportsBf16()) << "ONEDNN_MAX_CPU_ISA not honoured";
   } else if (MultiHeadAttention::SupportsBf16()) {
-    GTEST_SKIP() << "this host runs bf16; the ISA-capped run checks the refusal";
+    GTEST_SKIP() << "this host runs bf16; the ISA-capped run checks the f32 path";
   }
-  ModelSpec spec;
-  spec.precision = Precision::kBf16;
+  Fixture fixture = MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kBf16);
+  ASSERT_NE(fixture.attention, nullptr);
+  EXPECT_EQ(fixture.attention->ComputePath(),
+            "bf16 weights, f32 compute (avx2 has no native bf16)");
+  ExpectMatchesReference(fixture, {5, 30}, {}, true, {}, 70, kBf16Tolerance);
+
   auto engine = CreateCpuEngine();
   ASSERT_TRUE(engine.ok());
-  auto attention =
-      MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0), *engine);
-  EXPECT_EQ(attention.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(attention.status().message(),
-              HasSubstr("precision bf16 needs a CPU with AVX512_BF16 or AMX"));
-  EXPECT_THAT(attention.status().message(), HasSubstr("oneDNN's ISA here is avx2"));
+  MultiHeadAttention::Options native;
+  native.bf16_compute = MultiHeadAttention::Options::Bf16Compute::kNative;
+  auto refused =
+      MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, native);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("native bf16 needs a CPU with AVX512_BF16 or AMX"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("oneDNN's ISA here is avx2"));
 }
 
 }  // namespace

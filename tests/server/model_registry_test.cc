@@ -138,10 +138,6 @@ TEST(ModelRegistryTest, PrunedHeadsAnswerLikeAMaskAndCostNoCompute) {
 }
 
 TEST(ModelRegistryTest, Bf16ModelAnswersWithinBf16ToleranceOfItsFp32Twin) {
-  if (!core::MultiHeadAttention::SupportsBf16()) {
-    GTEST_SKIP() << "no AVX512_BF16 or AMX on this host: bf16 models are refused here "
-                    "(core's RefusesBf16WithoutNativeIsa)";
-  }
   const std::string repository = NewRepository("bf16");
   WriteFile(repository + "/fp32/config.pbtxt",
             "d_model: 128\nnum_heads: 4\ngenerated_weights: true\nseed: 9\n");
