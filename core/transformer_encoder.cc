@@ -1,0 +1,433 @@
+#include "core/transformer_encoder.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/multi_head_attention.h"
+#include "core/status_macros.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace attnserve::core {
+
+namespace {
+
+using dnnl::memory;
+
+constexpr int kMaxThreads = 1024;
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::Status CheckSize(const std::vector<float>& tensor, int64_t expected,
+                       absl::string_view name) {
+  if (static_cast<int64_t>(tensor.size()) != expected) {
+    return Invalid(
+        absl::StrCat(name, " has ", tensor.size(), " values, expected ", expected));
+  }
+  return absl::OkStatus();
+}
+
+dnnl::algorithm ActivationAlgorithm(EncoderSpec::Activation activation) {
+  switch (activation) {
+    case EncoderSpec::Activation::kGeluTanh:
+      return dnnl::algorithm::eltwise_gelu_tanh;
+    case EncoderSpec::Activation::kRelu:
+      return dnnl::algorithm::eltwise_relu;
+    case EncoderSpec::Activation::kGeluErf:
+      break;
+  }
+  return dnnl::algorithm::eltwise_gelu_erf;
+}
+
+memory::desc Plain(int64_t rows, int64_t columns) {
+  return memory::desc({rows, columns}, memory::data_type::f32, memory::format_tag::ab);
+}
+
+memory Wrap(const memory::desc& desc, const dnnl::engine& engine, const float* data) {
+  // oneDNN takes a mutable handle; inputs are only read.
+  return memory(desc, engine, const_cast<float*>(data));
+}
+
+}  // namespace
+
+absl::Status EncoderSpec::Validate() const {
+  const auto at_least_one = [](int64_t value, absl::string_view name) {
+    return value >= 1 ? absl::OkStatus()
+                      : Invalid(absl::StrCat(name, " must be >= 1, got ", value));
+  };
+  ATTN_RETURN_IF_ERROR(at_least_one(num_layers, "num_layers"));
+  ATTN_RETURN_IF_ERROR(at_least_one(d_model, "d_model"));
+  ATTN_RETURN_IF_ERROR(at_least_one(num_heads, "num_heads"));
+  ATTN_RETURN_IF_ERROR(at_least_one(ffn_dim, "ffn_dim"));
+  ATTN_RETURN_IF_ERROR(at_least_one(max_positions, "max_positions"));
+  ATTN_RETURN_IF_ERROR(at_least_one(vocab_size, "vocab_size"));
+  ATTN_RETURN_IF_ERROR(at_least_one(type_vocab_size, "type_vocab_size"));
+  if (d_model % num_heads != 0) {
+    return Invalid(absl::StrCat("d_model (", d_model,
+                                ") must be a multiple of num_heads (", num_heads, ")"));
+  }
+  if (!(layer_norm_eps > 0.0f)) {
+    return Invalid(absl::StrCat("layer_norm_eps must be > 0, got ", layer_norm_eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
+  const int64_t d = spec.d_model;
+  ATTN_RETURN_IF_ERROR(
+      CheckSize(word_embeddings, spec.vocab_size * d, "word_embeddings"));
+  ATTN_RETURN_IF_ERROR(
+      CheckSize(position_embeddings, spec.max_positions * d, "position_embeddings"));
+  ATTN_RETURN_IF_ERROR(CheckSize(token_type_embeddings, spec.type_vocab_size * d,
+                                 "token_type_embeddings"));
+  ATTN_RETURN_IF_ERROR(CheckSize(embedding_norm_scale, d, "embedding_norm_scale"));
+  ATTN_RETURN_IF_ERROR(CheckSize(embedding_norm_shift, d, "embedding_norm_shift"));
+  if (static_cast<int64_t>(layers.size()) != spec.num_layers) {
+    return Invalid(absl::StrCat("layers has ", layers.size(), " entries, expected ",
+                                spec.num_layers));
+  }
+  ModelSpec attention;
+  attention.d_model = d;
+  attention.num_heads = spec.num_heads;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const EncoderLayerWeights& layer = layers[i];
+    const std::string at = absl::StrCat("layers[", i, "].");
+    if (absl::Status status = layer.attention.CheckShapes(attention); !status.ok()) {
+      return Invalid(absl::StrCat(at, "attention: ", status.message()));
+    }
+    ATTN_RETURN_IF_ERROR(
+        CheckSize(layer.attention_norm_scale, d, at + "attention_norm_scale"));
+    ATTN_RETURN_IF_ERROR(
+        CheckSize(layer.attention_norm_shift, d, at + "attention_norm_shift"));
+    ATTN_RETURN_IF_ERROR(
+        CheckSize(layer.ffn_in_weight, spec.ffn_dim * d, at + "ffn_in_weight"));
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.ffn_in_bias, spec.ffn_dim, at + "ffn_in_bias"));
+    ATTN_RETURN_IF_ERROR(
+        CheckSize(layer.ffn_out_weight, d * spec.ffn_dim, at + "ffn_out_weight"));
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.ffn_out_bias, d, at + "ffn_out_bias"));
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.output_norm_scale, d, at + "output_norm_scale"));
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.output_norm_shift, d, at + "output_norm_shift"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
+                                               const EncoderSpec& spec,
+                                               absl::string_view prefix) {
+  ATTN_RETURN_IF_ERROR(spec.Validate());
+  const int64_t d = spec.d_model;
+  std::vector<std::string> used;
+  // The tensor `name` (under the prefix) with `shape`, as float32.
+  const auto read =
+      [&](const std::string& name,
+          std::vector<int64_t> shape) -> absl::StatusOr<std::vector<float>> {
+    const std::string full = absl::StrCat(prefix, name);
+    if (file.Find(full) == nullptr) {
+      return Invalid(absl::StrCat("missing tensor ", full, " (a BERT checkpoint with ",
+                                  spec.num_layers, " layers names it)"));
+    }
+    used.push_back(full);
+    return file.ReadFloat32(full, shape);
+  };
+  EncoderWeights weights;
+  ATTN_ASSIGN_OR_RETURN(weights.word_embeddings,
+                        read("embeddings.word_embeddings.weight", {spec.vocab_size, d}));
+  ATTN_ASSIGN_OR_RETURN(
+      weights.position_embeddings,
+      read("embeddings.position_embeddings.weight", {spec.max_positions, d}));
+  ATTN_ASSIGN_OR_RETURN(
+      weights.token_type_embeddings,
+      read("embeddings.token_type_embeddings.weight", {spec.type_vocab_size, d}));
+  ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_scale,
+                        read("embeddings.LayerNorm.weight", {d}));
+  ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_shift,
+                        read("embeddings.LayerNorm.bias", {d}));
+  for (int64_t n = 0; n < spec.num_layers; ++n) {
+    const std::string at = absl::StrCat("encoder.layer.", n, ".");
+    EncoderLayerWeights layer;
+    layer.attention.in_proj_weight.reserve(static_cast<size_t>(3 * d * d));
+    for (const char* part : {"query", "key", "value"}) {
+      ATTN_ASSIGN_OR_RETURN(
+          std::vector<float> weight,
+          read(absl::StrCat(at, "attention.self.", part, ".weight"), {d, d}));
+      ATTN_ASSIGN_OR_RETURN(
+          std::vector<float> bias,
+          read(absl::StrCat(at, "attention.self.", part, ".bias"), {d}));
+      layer.attention.in_proj_weight.insert(layer.attention.in_proj_weight.end(),
+                                            weight.begin(), weight.end());
+      layer.attention.in_proj_bias.insert(layer.attention.in_proj_bias.end(),
+                                          bias.begin(), bias.end());
+    }
+    ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_weight,
+                          read(at + "attention.output.dense.weight", {d, d}));
+    ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
+                          read(at + "attention.output.dense.bias", {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
+                          read(at + "attention.output.LayerNorm.weight", {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.attention_norm_shift,
+                          read(at + "attention.output.LayerNorm.bias", {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.ffn_in_weight,
+                          read(at + "intermediate.dense.weight", {spec.ffn_dim, d}));
+    ATTN_ASSIGN_OR_RETURN(layer.ffn_in_bias,
+                          read(at + "intermediate.dense.bias", {spec.ffn_dim}));
+    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_weight,
+                          read(at + "output.dense.weight", {d, spec.ffn_dim}));
+    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias, read(at + "output.dense.bias", {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
+                          read(at + "output.LayerNorm.weight", {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift,
+                          read(at + "output.LayerNorm.bias", {d}));
+    weights.layers.push_back(std::move(layer));
+  }
+  // Every other tensor under the prefix is an error naming it: a checkpoint of another
+  // architecture (or with more layers) must not load as if it were this one.
+  for (const std::string& name : file.Names()) {
+    if (!absl::StartsWith(name, prefix)) continue;
+    if (std::find(used.begin(), used.end(), name) != used.end()) continue;
+    const absl::string_view local = absl::string_view(name).substr(prefix.size());
+    // A buffer, not a weight; and BertModel's [CLS] pooler (a dense layer + tanh), which
+    // every BertModel checkpoint carries and no pooling served here uses.
+    if (local == "embeddings.position_ids" || local == "pooler.dense.weight" ||
+        local == "pooler.dense.bias") {
+      continue;
+    }
+    return Invalid(absl::StrCat("unexpected tensor ", name,
+                                ": not part of a BERT encoder of ", spec.num_layers,
+                                " layers (task heads are not served; set a prefix to "
+                                "load the encoder alone)"));
+  }
+  return weights;
+}
+
+struct TransformerEncoder::State {
+  explicit State(dnnl::engine cpu) : engine(std::move(cpu)), stream(engine) {}
+
+  dnnl::engine engine;
+  dnnl::stream stream;
+  EncoderWeights weights;
+  std::vector<std::unique_ptr<MultiHeadAttention>> attention;  // per layer
+  // Scratch, grown to the largest batch seen.
+  std::vector<float> x, attended, inner;
+
+  // dst[rows, out] = act(src[rows, in] W^T + b) (+ dst before, when accumulate), with W
+  // in nn.Linear's [out, in] layout. The primitive comes from oneDNN's primitive cache
+  // after the first call with these sizes.
+  void Linear(int64_t rows, int64_t in, int64_t out, const float* src,
+              const std::vector<float>& weight, const std::vector<float>& bias,
+              const dnnl::algorithm* activation, bool accumulate, float* dst) {
+    const memory::desc weight_desc({in, out}, memory::data_type::f32,
+                                   memory::dims{1, in});
+    const memory::desc bias_desc({1, out}, memory::data_type::f32,
+                                 memory::format_tag::ab);
+    dnnl::post_ops ops;
+    if (accumulate) ops.append_sum(1.0f);
+    if (activation != nullptr) ops.append_eltwise(1.0f, *activation, 0.0f, 0.0f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const dnnl::matmul::primitive_desc desc(
+        dnnl::matmul::desc(Plain(rows, in), weight_desc, bias_desc, Plain(rows, out)),
+        attr, engine);
+    dnnl::matmul(desc).execute(
+        stream, {{DNNL_ARG_SRC, Wrap(Plain(rows, in), engine, src)},
+                 {DNNL_ARG_WEIGHTS, Wrap(weight_desc, engine, weight.data())},
+                 {DNNL_ARG_BIAS, Wrap(bias_desc, engine, bias.data())},
+                 {DNNL_ARG_DST, Wrap(Plain(rows, out), engine, dst)}});
+  }
+
+  // dst = LayerNorm(src) * scale + shift over each row of [rows, width].
+  void LayerNorm(int64_t rows, int64_t width, float epsilon, const float* src,
+                 const std::vector<float>& scale, const std::vector<float>& shift,
+                 float* dst) {
+    const memory::desc data = Plain(rows, width);
+    const memory::desc vector({width}, memory::data_type::f32, memory::format_tag::a);
+    const dnnl::layer_normalization_forward::primitive_desc desc(
+        dnnl::layer_normalization_forward::desc(
+            dnnl::prop_kind::forward_inference, data, epsilon,
+            dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift),
+        engine);
+    dnnl::layer_normalization_forward(desc).execute(
+        stream, {{DNNL_ARG_SRC, Wrap(data, engine, src)},
+                 {DNNL_ARG_DST, Wrap(data, engine, dst)},
+                 {DNNL_ARG_SCALE, Wrap(vector, engine, scale.data())},
+                 {DNNL_ARG_SHIFT, Wrap(vector, engine, shift.data())}});
+  }
+
+  // dst = a + b, elementwise over [rows, width] (the residual connection).
+  void Add(int64_t rows, int64_t width, const float* a, const float* b, float* dst) {
+    const memory::desc data = Plain(rows, width);
+    const dnnl::binary::primitive_desc desc(
+        dnnl::binary::desc(dnnl::algorithm::binary_add, data, data, data), engine);
+    dnnl::binary(desc).execute(stream, {{DNNL_ARG_SRC_0, Wrap(data, engine, a)},
+                                        {DNNL_ARG_SRC_1, Wrap(data, engine, b)},
+                                        {DNNL_ARG_DST, Wrap(data, engine, dst)}});
+  }
+};
+
+TransformerEncoder::TransformerEncoder(const EncoderSpec& spec, const Options& options)
+    : spec_(spec), options_(options) {}
+
+TransformerEncoder::~TransformerEncoder() = default;
+
+absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
+    const EncoderSpec& spec, const EncoderWeights& weights, const Options& options) {
+  ATTN_RETURN_IF_ERROR(spec.Validate());
+  ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
+  if (options.intra_op_threads < 0 || options.intra_op_threads > kMaxThreads) {
+    return Invalid(absl::StrCat("intra_op_threads must be in [0, ", kMaxThreads,
+                                "], got ", options.intra_op_threads));
+  }
+  ATTN_ASSIGN_OR_RETURN(dnnl::engine engine, CreateCpuEngine());
+  std::unique_ptr<TransformerEncoder> encoder(new TransformerEncoder(spec, options));
+  try {
+    encoder->state_ = std::make_unique<State>(engine);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN failed to create a stream: ", e.what()));
+  }
+  ModelSpec attention_spec;
+  attention_spec.d_model = spec.d_model;
+  attention_spec.num_heads = spec.num_heads;
+  MultiHeadAttention::Options attention_options;
+  attention_options.intra_op_threads = options.intra_op_threads;
+  for (const EncoderLayerWeights& layer : weights.layers) {
+    ATTN_ASSIGN_OR_RETURN(std::unique_ptr<MultiHeadAttention> attention,
+                          MultiHeadAttention::Create(attention_spec, layer.attention,
+                                                     engine, attention_options));
+    encoder->state_->attention.push_back(std::move(attention));
+  }
+  encoder->state_->weights = weights;
+  return encoder;
+}
+
+absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
+                                         absl::Span<float> pooled,
+                                         absl::Span<float> hidden) {
+  const int64_t d = spec_.d_model;
+  if (batch.lengths.empty()) return Invalid("lengths must not be empty");
+  int64_t tokens = 0;
+  for (size_t i = 0; i < batch.lengths.size(); ++i) {
+    const int64_t length = batch.lengths[i];
+    if (length < 1 || length > spec_.max_positions) {
+      return Invalid(absl::StrCat("lengths[", i, "] must be in [1, ", spec_.max_positions,
+                                  "] (the model's max_positions), got ", length));
+    }
+    tokens += length;
+  }
+  if (static_cast<int64_t>(batch.token_ids.size()) != tokens) {
+    return Invalid(absl::StrCat("token_ids has ", batch.token_ids.size(),
+                                " ids, expected the lengths' sum ", tokens));
+  }
+  if (!batch.token_types.empty() && batch.token_types.size() != batch.token_ids.size()) {
+    return Invalid(absl::StrCat("token_types has ", batch.token_types.size(),
+                                " entries, expected ", tokens, " (or none)"));
+  }
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= spec_.vocab_size) {
+      return Invalid(absl::StrCat("token_ids[", t, "] must be in [0, ", spec_.vocab_size,
+                                  ") (the vocabulary), got ", batch.token_ids[t]));
+    }
+    if (!batch.token_types.empty() &&
+        (batch.token_types[t] < 0 || batch.token_types[t] >= spec_.type_vocab_size)) {
+      return Invalid(absl::StrCat("token_types[", t, "] must be in [0, ",
+                                  spec_.type_vocab_size, "), got ",
+                                  batch.token_types[t]));
+    }
+  }
+  const int64_t sequences = static_cast<int64_t>(batch.lengths.size());
+  if (spec_.pooling == EncoderSpec::Pooling::kNone && !pooled.empty()) {
+    return Invalid("pooled must be empty: this encoder's pooling is none");
+  }
+  if (!pooled.empty() && static_cast<int64_t>(pooled.size()) != sequences * d) {
+    return Invalid(
+        absl::StrCat("pooled has ", pooled.size(), " values, expected ", sequences * d));
+  }
+  if (!hidden.empty() && static_cast<int64_t>(hidden.size()) != tokens * d) {
+    return Invalid(
+        absl::StrCat("hidden has ", hidden.size(), " values, expected ", tokens * d));
+  }
+  if (options_.intra_op_threads > 0) omp_set_num_threads(options_.intra_op_threads);
+
+  State& state = *state_;
+  const EncoderWeights& weights = state.weights;
+  state.x.resize(static_cast<size_t>(tokens * d));
+  state.attended.resize(static_cast<size_t>(tokens * d));
+  state.inner.resize(static_cast<size_t>(tokens * spec_.ffn_dim));
+  float* x = state.x.data();
+  float* attended = state.attended.data();
+  // Embeddings: word + position (within its sequence) + token type.
+  {
+    int64_t t = 0;
+    for (const int64_t length : batch.lengths) {
+      for (int64_t position = 0; position < length; ++position, ++t) {
+        const int64_t type = batch.token_types.empty() ? 0 : batch.token_types[t];
+        const float* word = &weights.word_embeddings[batch.token_ids[t] * d];
+        const float* where = &weights.position_embeddings[position * d];
+        const float* kind = &weights.token_type_embeddings[type * d];
+        for (int64_t c = 0; c < d; ++c)
+          attended[t * d + c] = word[c] + where[c] + kind[c];
+      }
+    }
+  }
+  const dnnl::algorithm activation = ActivationAlgorithm(spec_.activation);
+  try {
+    state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+                    weights.embedding_norm_scale, weights.embedding_norm_shift, x);
+    for (int64_t n = 0; n < spec_.num_layers; ++n) {
+      const EncoderLayerWeights& layer = weights.layers[n];
+      // x = LayerNorm(x + Attention(x))
+      ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(
+          AttentionBatch{absl::MakeConstSpan(x, tokens * d), batch.lengths}, {},
+          absl::MakeSpan(attended, tokens * d)));
+      state.Add(tokens, d, attended, x, attended);
+      state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+                      layer.attention_norm_scale, layer.attention_norm_shift, x);
+      // x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2): the second product adds into a
+      // copy of x (a sum post-op), so the residual costs no pass of its own.
+      state.Linear(tokens, d, spec_.ffn_dim, x, layer.ffn_in_weight, layer.ffn_in_bias,
+                   &activation, false, state.inner.data());
+      std::memcpy(attended, x, static_cast<size_t>(tokens * d) * sizeof(float));
+      state.Linear(tokens, spec_.ffn_dim, d, state.inner.data(), layer.ffn_out_weight,
+                   layer.ffn_out_bias, nullptr, true, attended);
+      state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended, layer.output_norm_scale,
+                      layer.output_norm_shift, x);
+    }
+    state.stream.wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN failed in the encoder: ", e.what()));
+  }
+  if (!hidden.empty()) std::memcpy(hidden.data(), x, hidden.size() * sizeof(float));
+  if (pooled.empty()) return absl::OkStatus();
+  int64_t first = 0;
+  for (int64_t i = 0; i < sequences; ++i) {
+    const int64_t length = batch.lengths[i];
+    float* out = &pooled[i * d];
+    if (spec_.pooling == EncoderSpec::Pooling::kCls) {
+      std::memcpy(out, &x[first * d], static_cast<size_t>(d) * sizeof(float));
+    } else {
+      // The mean over the sequence's tokens, summed in double.
+      for (int64_t c = 0; c < d; ++c) {
+        double sum = 0.0;
+        for (int64_t t = first; t < first + length; ++t) sum += x[t * d + c];
+        out[c] = static_cast<float>(sum / static_cast<double>(length));
+      }
+    }
+    if (spec_.normalize) {
+      double norm = 0.0;
+      for (int64_t c = 0; c < d; ++c) norm += static_cast<double>(out[c]) * out[c];
+      // sentence-transformers' Normalize divides by max(norm, 1e-12).
+      const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
+      for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(out[c] * scale);
+    }
+    first += length;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::core

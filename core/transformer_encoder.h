@@ -1,0 +1,136 @@
+// TransformerEncoder: a BERT-family transformer encoder on the CPU, around the core's
+// multi-head attention. Token ids in; the last hidden state and a pooled embedding out.
+// Sequences stay packed end to end ([sum(L_i), d], no padding work): the embeddings,
+// every projection, the feed-forward network and the layer norms run over all tokens
+// at once; attention runs per sequence inside MultiHeadAttention.
+//
+// One block (post-LN, as BERT):
+//   x = LayerNorm(x + Attention(x))
+//   x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2)
+// Weights load from Hugging Face BERT safetensors under their own names
+// (LoadBertWeights). The header includes no oneDNN (pimpl).
+#ifndef ATTNSERVE_CORE_TRANSFORMER_ENCODER_H_
+#define ATTNSERVE_CORE_TRANSFORMER_ENCODER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "core/attention_weights.h"
+#include "core/safetensors.h"
+
+namespace attnserve::core {
+
+// The shape and recipe of an encoder.
+struct EncoderSpec {
+  int64_t num_layers = 0;  // >= 1
+  int64_t d_model = 0;     // >= 1, a multiple of num_heads
+  int64_t num_heads = 0;   // >= 1
+  int64_t ffn_dim = 0;     // the feed-forward network's inner width, >= 1
+  // The feed-forward activation: GELU with erf (BERT's "gelu"), GELU's tanh
+  // approximation ("gelu_new"), or ReLU.
+  enum class Activation { kGeluErf, kGeluTanh, kRelu };
+  Activation activation = Activation::kGeluErf;
+  float layer_norm_eps = 1e-12f;  // > 0
+  int64_t max_positions = 512;    // learned absolute positions, >= 1
+  int64_t vocab_size = 0;         // >= 1
+  int64_t type_vocab_size = 2;    // >= 1
+  // How the pooled embedding is made from a sequence's last hidden state: the mean
+  // over its tokens, its first token ([CLS]), or none (only hidden states come out).
+  enum class Pooling { kMean, kCls, kNone };
+  Pooling pooling = Pooling::kMean;
+  // L2-normalize the pooled embedding (sentence-transformers' Normalize module).
+  bool normalize = false;
+
+  // InvalidArgument naming the first field out of its range.
+  absl::Status Validate() const;
+};
+
+// One block's weights, in PyTorch's nn.Linear layout ([out, in], row-major).
+struct EncoderLayerWeights {
+  // Q, K and V fused as nn.MultiheadAttention's in_proj ([3d, d]), and the output
+  // projection.
+  AttentionWeights attention;
+  std::vector<float> attention_norm_scale, attention_norm_shift;  // [d]
+  std::vector<float> ffn_in_weight;                               // [ffn_dim, d]
+  std::vector<float> ffn_in_bias;                                 // [ffn_dim]
+  std::vector<float> ffn_out_weight;                              // [d, ffn_dim]
+  std::vector<float> ffn_out_bias;                                // [d]
+  std::vector<float> output_norm_scale, output_norm_shift;        // [d]
+};
+
+struct EncoderWeights {
+  std::vector<float> word_embeddings;                             // [vocab_size, d]
+  std::vector<float> position_embeddings;                         // [max_positions, d]
+  std::vector<float> token_type_embeddings;                       // [type_vocab_size, d]
+  std::vector<float> embedding_norm_scale, embedding_norm_shift;  // [d]
+  std::vector<EncoderLayerWeights> layers;                        // num_layers
+
+  // InvalidArgument naming the first tensor whose size does not fit `spec`.
+  absl::Status CheckShapes(const EncoderSpec& spec) const;
+};
+
+// The weights of a Hugging Face BERT checkpoint, by the names it uses
+// (`embeddings.word_embeddings.weight`, `encoder.layer.N.attention.self.query.weight`,
+// ...), each behind `prefix` (for example "bert." for a checkpoint saved from a task
+// model). Every tensor under the prefix is used, or named in the error:
+// InvalidArgument for a missing or unexpected tensor or a wrong shape. F32 or BF16
+// tensors (BF16 widened). `embeddings.position_ids` (a buffer) and BertModel's
+// `pooler.dense.*` (the [CLS] pooler no served pooling uses) are accepted and ignored.
+absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
+                                               const EncoderSpec& spec,
+                                               absl::string_view prefix = "");
+
+// A batch of tokenized sequences, packed: sequence i is the next lengths[i] ids.
+struct EncoderBatch {
+  absl::Span<const int64_t> token_ids;    // [sum(lengths)], each in [0, vocab_size)
+  absl::Span<const int64_t> token_types;  // empty (all 0) or [sum(lengths)]
+  absl::Span<const int64_t> lengths;      // each in [1, max_positions]
+};
+
+// Thread-compatible: one thread at a time may call Forward (run several objects for
+// parallel workers). Owns its copy of the weights and its scratch buffers.
+class TransformerEncoder {
+ public:
+  struct Options {
+    // OpenMP threads oneDNN uses inside Forward; 0 keeps OpenMP's default. Range
+    // [0, 1024].
+    int intra_op_threads = 0;
+  };
+
+  // InvalidArgument naming the field for a bad spec, weights or option; Internal when
+  // oneDNN fails.
+  static absl::StatusOr<std::unique_ptr<TransformerEncoder>> Create(
+      const EncoderSpec& spec, const EncoderWeights& weights, const Options& options);
+  ~TransformerEncoder();
+  TransformerEncoder(const TransformerEncoder&) = delete;
+  TransformerEncoder& operator=(const TransformerEncoder&) = delete;
+
+  // Computes the batch. `pooled` receives [n, d] (n = lengths.size()) and must have
+  // exactly that size, or be empty; it must be empty when the spec's pooling is none.
+  // `hidden` receives the last hidden state [sum(lengths), d], or is empty.
+  // InvalidArgument naming the field and the value (an id, type or length out of
+  // range, a size that does not match); Internal when oneDNN fails. Blocks the calling
+  // thread while computing.
+  absl::Status Forward(const EncoderBatch& batch, absl::Span<float> pooled,
+                       absl::Span<float> hidden);
+
+  const EncoderSpec& spec() const { return spec_; }
+
+ private:
+  struct State;
+  TransformerEncoder(const EncoderSpec& spec, const Options& options);
+
+  const EncoderSpec spec_;
+  const Options options_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_TRANSFORMER_ENCODER_H_

