@@ -13,7 +13,8 @@ What is changed before running, and nothing else:
 - `localhost:50051` / `localhost:8080` / `localhost:8000` (and the Kubernetes DNS
   target) become the server's real addresses, and `attnctl` gets `--target` when a line
   has none;
-- `attnctl` and `build/...` resolve to this build; `proto`, `client` and `build` in the
+- `attnctl` and `build/...` resolve to this build, and `build/venv/` to the venv this
+  test runs in (a sanitizer build folder has none of its own); `proto`, `client` and `build` in the
   scratch folder link to the repository's, so the paths read as from a checkout.
 The inputs the snippets name (x.npy, encoder.pt) are made first.
 
@@ -96,6 +97,8 @@ torch.save(Model().state_dict(), "encoder.pt")
         line = line.replace("dns:///attnserve-headless:50051", target)
         line = line.replace("localhost:50051", target).replace("localhost:8080", metrics)
         line = line.replace("localhost:8000", http)
+        # The project venv is where this test's Python runs, whatever the build folder.
+        line = line.replace("build/venv/", os.path.dirname(os.path.dirname(sys.executable)) + "/")
         match = re.match(r"(\s*)(build/client/attnctl|attnctl)(\s)", line)
         if match:
             binary = os.path.join(BUILD, "client", "attnctl")
