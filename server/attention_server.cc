@@ -200,7 +200,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     // JSON text of a tensor is several times its bytes; binary requests are smaller.
     http_options.max_body_bytes = 4 * static_cast<int64_t>(options.max_message_bytes);
     absl::StatusOr<std::unique_ptr<KServeHttp>> http =
-        KServeHttp::Start(http_options, server->pipeline_.get());
+        KServeHttp::Start(http_options, server->pipeline_.get(), metrics);
     if (!http.ok()) return http.status();
     server->http_ = *std::move(http);
   }

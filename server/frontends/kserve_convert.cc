@@ -274,4 +274,34 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
   attention->add_dims(-1);
 }
 
+void FillModelStatistics(const ServerMetrics& metrics,
+                         absl::Span<const ServedModel* const> models,
+                         inference::ModelStatisticsResponse* response) {
+  const auto duration = [](inference::StatisticDuration* out, uint64_t count,
+                           uint64_t nanoseconds) {
+    out->set_count(count);
+    out->set_ns(nanoseconds);
+  };
+  for (const ServedModel* model : models) {
+    const std::optional<ServerMetrics::InferenceTotals> totals =
+        metrics.Totals(model->name);
+    inference::ModelStatistics* stats = response->add_model_stats();
+    stats->set_name(model->name);
+    stats->set_version(kModelVersion);
+    if (!totals.has_value()) continue;
+    stats->set_last_inference(totals->last_inference_ms);
+    stats->set_inference_count(totals->inference_count);
+    stats->set_execution_count(totals->execution_count);
+    inference::InferStatistics* infer = stats->mutable_inference_stats();
+    duration(infer->mutable_success(), totals->success_count, totals->success_ns);
+    duration(infer->mutable_fail(), totals->fail_count, totals->fail_ns);
+    duration(infer->mutable_queue(), totals->queue_count, totals->queue_ns);
+    duration(infer->mutable_compute_infer(), totals->compute_count, totals->compute_ns);
+    // Inputs are viewed and outputs moved, not staged: no time of their own, but the
+    // same count, as clients (perf_analyzer) require of the three compute figures.
+    duration(infer->mutable_compute_input(), totals->compute_count, 0);
+    duration(infer->mutable_compute_output(), totals->compute_count, 0);
+  }
+}
+
 }  // namespace attnserve::server

@@ -8,9 +8,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "attnserve/v1/attention.pb.h"
 #include "inference/grpc_service.pb.h"
 #include "server/models/model_registry.h"
+#include "server/observability/server_metrics.h"
 #include "server/pipeline/request_pipeline.h"
 
 namespace attnserve::server {
@@ -59,6 +61,12 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
 // /v2/models/{m}): inputs query and memory, outputs output and attention.
 void FillModelMetadata(const ServedModel& model,
                        inference::ModelMetadataResponse* response);
+
+// The models' cumulative figures as Triton's ModelStatistics states them (both KServe
+// doors answer with them; perf_analyzer reads them for its server-side figures).
+void FillModelStatistics(const ServerMetrics& metrics,
+                         absl::Span<const ServedModel* const> models,
+                         inference::ModelStatisticsResponse* response);
 
 // The model's configuration as Triton's ModelConfig (minimal): inputs query and memory
 // (optional), outputs output and attention, FP32 with -1 for free dimensions,

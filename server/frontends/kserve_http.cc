@@ -148,6 +148,54 @@ bool HungUp(int socket) {
          (watched.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
+// Triton's JSON for a ModelConfig (model configuration extension over HTTP): field
+// names as in model_config.proto, enums by name, dims as numbers.
+Json ModelConfigJson(const inference::ModelConfig& config) {
+  Json inputs = Json::array();
+  for (const inference::ModelInput& input : config.input()) {
+    inputs.push_back(
+        {{"name", input.name()},
+         {"data_type", inference::DataType_Name(input.data_type())},
+         {"dims", std::vector<int64_t>(input.dims().begin(), input.dims().end())},
+         {"optional", input.optional()}});
+  }
+  Json outputs = Json::array();
+  for (const inference::ModelOutput& output : config.output()) {
+    outputs.push_back(
+        {{"name", output.name()},
+         {"data_type", inference::DataType_Name(output.data_type())},
+         {"dims", std::vector<int64_t>(output.dims().begin(), output.dims().end())}});
+  }
+  return {{"name", config.name()},       {"platform", config.platform()},
+          {"backend", config.backend()}, {"max_batch_size", config.max_batch_size()},
+          {"input", std::move(inputs)},  {"output", std::move(outputs)}};
+}
+
+// Triton's JSON for ModelStatistics (statistics extension over HTTP).
+Json StatisticsJson(const inference::ModelStatisticsResponse& response) {
+  const auto duration = [](const inference::StatisticDuration& figure) {
+    return Json{{"count", figure.count()}, {"ns", figure.ns()}};
+  };
+  Json models = Json::array();
+  for (const inference::ModelStatistics& stats : response.model_stats()) {
+    const inference::InferStatistics& infer = stats.inference_stats();
+    models.push_back({{"name", stats.name()},
+                      {"version", stats.version()},
+                      {"last_inference", stats.last_inference()},
+                      {"inference_count", stats.inference_count()},
+                      {"execution_count", stats.execution_count()},
+                      {"inference_stats",
+                       {{"success", duration(infer.success())},
+                        {"fail", duration(infer.fail())},
+                        {"queue", duration(infer.queue())},
+                        {"compute_input", duration(infer.compute_input())},
+                        {"compute_infer", duration(infer.compute_infer())},
+                        {"compute_output", duration(infer.compute_output())}}},
+                      {"batch_stats", Json::array()}});
+  }
+  return {{"model_stats", std::move(models)}};
+}
+
 int Dispatch(mg_connection* connection, void* self) {
   return static_cast<KServeHttp*>(self)->Handle(connection);
 }
@@ -156,7 +204,7 @@ int Dispatch(mg_connection* connection, void* self) {
 struct ModelRoute {
   std::string model;
   std::string version;
-  std::string action;  // "", "ready" or "infer"
+  std::string action;  // "", "ready", "config", "stats" or "infer"
 };
 
 bool ParseModelRoute(const std::vector<absl::string_view>& parts, ModelRoute* route) {
@@ -168,27 +216,37 @@ bool ParseModelRoute(const std::vector<absl::string_view>& parts, ModelRoute* ro
     next = 5;
   }
   if (next < parts.size()) route->action = std::string(parts[next++]);
-  return next == parts.size() &&
-         (route->action.empty() || route->action == "ready" || route->action == "infer");
+  return next == parts.size() && (route->action.empty() || route->action == "ready" ||
+                                  route->action == "config" || route->action == "stats" ||
+                                  route->action == "infer");
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(const Options& options,
-                                                              RequestPipeline* pipeline) {
+absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
+    const Options& options, RequestPipeline* pipeline, const ServerMetrics* metrics) {
   if (!(options.default_timeout > absl::ZeroDuration())) {
     return absl::InvalidArgumentError("default_timeout must be > 0");
   }
-  std::unique_ptr<KServeHttp> http(new KServeHttp(options, pipeline));
+  std::unique_ptr<KServeHttp> http(new KServeHttp(options, pipeline, metrics));
   const bool ipv6 = absl::StrContains(options.host, ':');
   const std::string address = ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
                                    : absl::StrCat(options.host, ":", options.port);
   const std::string threads = absl::StrCat(options.threads);
   // A client that stops sending or reading mid-request gives its thread back after
   // this long (the wait for an answer is bounded by the request's deadline instead).
-  const char* civet_options[] = {
-      "listening_ports",    address.c_str(), "num_threads", threads.c_str(),
-      "request_timeout_ms", "30000",         nullptr};
+  // Keep-alive on: every answer says "Connection: keep-alive", and clients that reuse
+  // connections (libcurl in perf_analyzer and tritonclient) fail their next request
+  // when civetweb's default closes them after each answer.
+  const char* civet_options[] = {"listening_ports",
+                                 address.c_str(),
+                                 "num_threads",
+                                 threads.c_str(),
+                                 "request_timeout_ms",
+                                 "30000",
+                                 "enable_keep_alive",
+                                 "yes",
+                                 nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
   http->context_ = mg_start(&callbacks, http.get(), civet_options);
@@ -283,6 +341,20 @@ void KServeHttp::Route(mg_connection* connection) {
           pipeline_->Authorize(authorization != nullptr ? authorization : "");
       !allowed.ok()) {
     return SendStatus(connection, allowed);
+  }
+  if (route.action == "config" || route.action == "stats") {
+    if (method != "GET") return wrong_method("GET");
+    absl::StatusOr<ServedModel*> model = pipeline_->FindModel(route.model, route.version);
+    if (!model.ok()) return SendStatus(connection, model.status());
+    if (route.action == "config") {
+      inference::ModelConfig config;
+      FillModelConfig(**model, &config);
+      return Send(connection, 200, JsonBody(ModelConfigJson(config)));
+    }
+    inference::ModelStatisticsResponse statistics;
+    const ServedModel* served = *model;
+    FillModelStatistics(*metrics_, absl::MakeConstSpan(&served, 1), &statistics);
+    return Send(connection, 200, JsonBody(StatisticsJson(statistics)));
   }
   if (route.action.empty()) {
     if (method != "GET") return wrong_method("GET");

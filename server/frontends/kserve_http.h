@@ -9,6 +9,8 @@
 //                                              when not ready
 //   GET  /v2/models/{m}[/versions/1]           model metadata
 //   GET  /v2/models/{m}[/versions/1]/ready     {"name", "ready"}; 503 when not ready
+//   GET  /v2/models/{m}[/versions/1]/config    Triton's ModelConfig as JSON
+//   GET  /v2/models/{m}[/versions/1]/stats     Triton's ModelStatistics as JSON
 //   POST /v2/models/{m}[/versions/1]/infer     JSON tensors (or Triton's binary tensor
 //                                              extension) in and out
 // Errors are {"error": "..."} with the HTTP status of the gRPC code (400, 401, 404,
@@ -23,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/observability/server_metrics.h"
 #include "server/pipeline/request_pipeline.h"
 
 struct mg_connection;
@@ -51,10 +54,12 @@ class KServeHttp {
     std::function<void(absl::string_view uri)> on_request;
   };
 
-  // Listens and serves until Stop. `pipeline` (not owned) must outlive this object.
-  // Unavailable when the port cannot be bound; InvalidArgument for a bad option.
+  // Listens and serves until Stop. `pipeline` and `metrics` (which answers .../stats)
+  // are not owned and must outlive this object. Unavailable when the port cannot be
+  // bound; InvalidArgument for a bad option.
   static absl::StatusOr<std::unique_ptr<KServeHttp>> Start(const Options& options,
-                                                           RequestPipeline* pipeline);
+                                                           RequestPipeline* pipeline,
+                                                           const ServerMetrics* metrics);
   ~KServeHttp();
 
   int port() const { return port_; }
@@ -66,8 +71,9 @@ class KServeHttp {
   int Handle(mg_connection* connection) noexcept;
 
  private:
-  KServeHttp(const Options& options, RequestPipeline* pipeline)
-      : options_(options), pipeline_(pipeline) {}
+  KServeHttp(const Options& options, RequestPipeline* pipeline,
+             const ServerMetrics* metrics)
+      : options_(options), pipeline_(pipeline), metrics_(metrics) {}
 
   // The routes; may throw (Handle catches).
   void Route(mg_connection* connection);
@@ -76,6 +82,7 @@ class KServeHttp {
 
   const Options options_;
   RequestPipeline* const pipeline_;
+  const ServerMetrics* const metrics_;
   mg_context* context_ = nullptr;
   int port_ = 0;
 };

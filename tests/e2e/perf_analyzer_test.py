@@ -41,7 +41,8 @@ def metric_sum(text, name, **labels):
 class PerfAnalyzerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", metrics=True)
+        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", metrics=True,
+                                     http=True)
 
     @classmethod
     def tearDownClass(cls):
@@ -51,15 +52,17 @@ class PerfAnalyzerTest(unittest.TestCase):
         url = f"http://127.0.0.1:{self.server.metrics_port}/metrics"
         return urllib.request.urlopen(url, timeout=30).read().decode()
 
-    def run_perf_analyzer(self, *flags):
+    def run_perf_analyzer(self, *flags, http=False):
         """Runs it over concurrency 1 and 2, 20 requests per window (bounded, no
         stability wait: these machines are noisy); returns the CSV rows."""
+        protocol = (["-u", f"127.0.0.1:{self.server.http_port}", "-i", "http"] if http
+                    else ["-u", self.server.target, "-i", "grpc"])
         library = os.path.join(os.path.dirname(nvidia.cuda_runtime.__file__), "lib")
         env = dict(os.environ, LD_LIBRARY_PATH=library)
         with tempfile.TemporaryDirectory() as scratch:
             report = os.path.join(scratch, "report.csv")
             done = subprocess.run(
-                [PERF_ANALYZER, "-m", "mha-base", "-u", self.server.target, "-i", "grpc",
+                [PERF_ANALYZER, "-m", "mha-base", *protocol,
                  "--shape", "query:128,512", "--shape", "memory:128,512",
                  "--input-data", "zero", "--concurrency-range", "1:2",
                  "--measurement-mode", "count_windows", "--measurement-request-count", "20",
@@ -78,10 +81,10 @@ class PerfAnalyzerTest(unittest.TestCase):
             with open(report) as rows:
                 return list(csv.DictReader(rows))
 
-    def check(self, method, *flags):
+    def check(self, method, *flags, http=False):
         before = metric_sum(self.metrics(), "attnserve_requests_total", model="mha-base",
                             code="OK")
-        rows = self.run_perf_analyzer(*flags)
+        rows = self.run_perf_analyzer(*flags, http=http)
         # perf_analyzer orders its CSV rows by throughput, not by concurrency: under a
         # sanitizer c1 can come out faster than c2.
         self.assertEqual(sorted(row["Concurrency"] for row in rows), ["1", "2"])
@@ -94,8 +97,9 @@ class PerfAnalyzerTest(unittest.TestCase):
         answered = metric_sum(text, "attnserve_requests_total", model="mha-base",
                               code="OK") - before
         self.assertGreaterEqual(answered, 40)
-        self.assertGreater(metric_sum(text, "grpc_server_started_total", grpc_method=method),
-                           0)
+        if method:
+            self.assertGreater(
+                metric_sum(text, "grpc_server_started_total", grpc_method=method), 0)
         self.assertEqual(metric_sum(text, "attnserve_requests_total", model="mha-base",
                                     code="INVALID_ARGUMENT"), 0)
 
@@ -104,6 +108,11 @@ class PerfAnalyzerTest(unittest.TestCase):
 
     def test_streaming_model_stream_infer(self):
         self.check("ModelStreamInfer", "--streaming")
+
+    def test_http_infer_with_binary_tensors(self):
+        # Over KServe HTTP perf_analyzer reads /v2/models/{m}/config and .../stats, and
+        # sends binary tensors.
+        self.check(None, http=True)
 
 
 if __name__ == "__main__":

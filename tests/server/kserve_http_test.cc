@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/models/model_registry.h"
+#include "server/observability/server_metrics.h"
 #include "server/pipeline/request_pipeline.h"
 
 namespace attnserve::server {
@@ -62,7 +63,7 @@ class KServeHttpTest : public ::testing::Test {
       if (uri == "/v2/throw/std") throw std::runtime_error("injected fault");
       if (uri == "/v2/throw/other") throw 7;
     };
-    auto http = KServeHttp::Start(options, pipeline_.get());
+    auto http = KServeHttp::Start(options, pipeline_.get(), &metrics_);
     ASSERT_TRUE(http.ok()) << http.status();
     http_ = *std::move(http);
   }
@@ -101,6 +102,7 @@ class KServeHttpTest : public ::testing::Test {
                         R"("shape":[1,512],"datatype":"FP32","data":[)", data, "]}]}");
   }
 
+  ServerMetrics metrics_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<RequestPipeline> pipeline_;
   std::unique_ptr<KServeHttp> http_;
