@@ -43,8 +43,11 @@ class KServeHttp {
     // Largest request body accepted (bytes, JSON or binary); larger ones get 413
     // before they are read.
     int64_t max_body_bytes = 256 << 20;
-    // Requests served at once (each waits for its answer on its own thread).
-    int threads = 16;
+    // Connections served at once: civetweb gives each open connection a thread while
+    // it is kept alive, and a connection beyond this waits for one to close.
+    // perf_analyzer at concurrency 32 opens 33 (one for statistics). Each waits for its
+    // answer on its thread.
+    int threads = 64;
     // How long an infer request may take when it sets no "timeout" parameter (the
     // HTTP door has no gRPC deadline to inherit). Range (0, inf].
     absl::Duration default_timeout = absl::Seconds(60);
