@@ -177,6 +177,7 @@ torch.save(Model().state_dict(), "encoder.pt")
         self.assertIn('"model_name":"mha-base"', text)
         self.assertIn("(16, 512)", text)
         self.assertIn("output_shape=[8, 64]", text)
+        self.assertIn("(8, 64)", text)
 
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)
