@@ -53,16 +53,22 @@ grpc::ServerUnaryReactor* KServeService::ServerMetadata(
 grpc::ServerUnaryReactor* KServeService::ModelMetadata(
     grpc::CallbackServerContext* context, const inference::ModelMetadataRequest* request,
     inference::ModelMetadataResponse* response) {
-  const RequestPipeline::Rpc rpc(pipeline_, "ModelMetadata");
+  return AnswerForModel(
+      "ModelMetadata", context, request->name(), request->version(),
+      [response](const ServedModel& model) { FillModelMetadata(model, response); });
+}
+
+grpc::ServerUnaryReactor* KServeService::AnswerForModel(
+    absl::string_view method, grpc::CallbackServerContext* context,
+    const std::string& name, const std::string& version,
+    absl::FunctionRef<void(const ServedModel&)> fill) {
+  const RequestPipeline::Rpc rpc(pipeline_, method);
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  const absl::StatusOr<const ServedModel*> model =
-      FindServed(request->name(), request->version());
-  if (!model.ok()) {
-    return rpc.FinishNow(model.status());
-  }
-  FillModelMetadata(**model, response);
+  const absl::StatusOr<const ServedModel*> model = FindServed(name, version);
+  if (!model.ok()) return rpc.FinishNow(model.status());
+  fill(**model);
   return rpc.FinishNow(absl::OkStatus());
 }
 
@@ -76,17 +82,10 @@ absl::StatusOr<const ServedModel*> KServeService::FindServed(
 grpc::ServerUnaryReactor* KServeService::ModelConfig(
     grpc::CallbackServerContext* context, const inference::ModelConfigRequest* request,
     inference::ModelConfigResponse* response) {
-  const RequestPipeline::Rpc rpc(pipeline_, "ModelConfig");
-  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
-    return rpc.FinishNow(allowed);
-  }
-  const absl::StatusOr<const ServedModel*> model =
-      FindServed(request->name(), request->version());
-  if (!model.ok()) {
-    return rpc.FinishNow(model.status());
-  }
-  FillModelConfig(**model, response->mutable_config());
-  return rpc.FinishNow(absl::OkStatus());
+  return AnswerForModel("ModelConfig", context, request->name(), request->version(),
+                        [response](const ServedModel& model) {
+                          FillModelConfig(model, response->mutable_config());
+                        });
 }
 
 grpc::ServerUnaryReactor* KServeService::RepositoryIndex(

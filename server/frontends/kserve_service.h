@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "inference/grpc_service.grpc.pb.h"
 #include "server/frontends/kserve_convert.h"
@@ -72,6 +73,12 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
   // one); NOT_FOUND in the pipeline's words otherwise.
   absl::StatusOr<const ServedModel*> FindServed(const std::string& name,
                                                 const std::string& version) const;
+  // A call about one model (`method` a string literal): checks the token, finds the
+  // model, lets `fill` write the response, and finishes the call.
+  grpc::ServerUnaryReactor* AnswerForModel(
+      absl::string_view method, grpc::CallbackServerContext* context,
+      const std::string& name, const std::string& version,
+      absl::FunctionRef<void(const ServedModel&)> fill);
 
   RequestPipeline* const pipeline_;
   const ServerMetrics* const metrics_;

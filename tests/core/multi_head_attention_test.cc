@@ -427,14 +427,19 @@ class Bf16Test : public ::testing::Test {
   }
 };
 
-TEST_F(Bf16Test, MatchesReferenceWithinBf16Tolerance) {
-  Fixture fixture = MakeFixture(512, 8, 7, 0, 1 << 20, {}, Precision::kBf16);
+// The bf16 cases: one length, mixed lengths, cross, causal, a head mask; for d=512, h=8.
+void ExpectBf16CasesMatchReference(Fixture& fixture) {
   ExpectMatchesReference(fixture, {128}, {}, false, {}, 60, kBf16Tolerance);
   ExpectMatchesReference(fixture, {1, 7, 64, 300}, {}, false, {}, 61, kBf16Tolerance);
   ExpectMatchesReference(fixture, {5, 17}, {9, 40}, false, {}, 62, kBf16Tolerance);
   ExpectMatchesReference(fixture, {300, 20}, {}, true, {}, 63, kBf16Tolerance);
   ExpectMatchesReference(fixture, {33}, {}, false, {1, 0, 0.5f, 1, 1, 0, 1, 1}, 64,
                          kBf16Tolerance);
+}
+
+TEST_F(Bf16Test, MatchesReferenceWithinBf16Tolerance) {
+  Fixture fixture = MakeFixture(512, 8, 7, 0, 1 << 20, {}, Precision::kBf16);
+  ExpectBf16CasesMatchReference(fixture);
 }
 
 TEST_F(Bf16Test, RunsOfEqualLengthsMatchTheReference) {
@@ -476,12 +481,7 @@ TEST(Bf16Float32ComputeTest, MatchesReferenceWithinBf16Tolerance) {
   Fixture fixture =
       MakeFixture(512, 8, 7, 0, 1 << 20, {}, Precision::kBf16, kFloat32Compute);
   EXPECT_THAT(fixture.attention->ComputePath(), HasSubstr("bf16 weights, f32 compute"));
-  ExpectMatchesReference(fixture, {128}, {}, false, {}, 60, kBf16Tolerance);
-  ExpectMatchesReference(fixture, {1, 7, 64, 300}, {}, false, {}, 61, kBf16Tolerance);
-  ExpectMatchesReference(fixture, {5, 17}, {9, 40}, false, {}, 62, kBf16Tolerance);
-  ExpectMatchesReference(fixture, {300, 20}, {}, true, {}, 63, kBf16Tolerance);
-  ExpectMatchesReference(fixture, {33}, {}, false, {1, 0, 0.5f, 1, 1, 0, 1, 1}, 64,
-                         kBf16Tolerance);
+  ExpectBf16CasesMatchReference(fixture);
   Fixture pruned =
       MakeFixture(120, 6, 7, 0, 4096, {2}, Precision::kBf16, kFloat32Compute);
   ExpectMatchesReference(pruned, {200, 3}, {}, false, {}, 65, kBf16Tolerance);
