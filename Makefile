@@ -120,6 +120,7 @@ bench-server: build
 # one server, one run. BENCH_ARGS="--baseline=OTHER/attnserve" adds another build's gRPC
 # figures (no-regression check). Not part of `make test`.
 bench-doors: build
+	deploy/install-deps.sh --test --venv $(VENV)
 	/usr/bin/python3 tests/bench/doors_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
 
 # Instances x intra-op threads on the whole machine (how the defaults were chosen).
