@@ -395,8 +395,10 @@ ServiceObserver ServerMetrics::service_observer() {
                                         const absl::Status& status,
                                         absl::Duration elapsed, int64_t /*tokens*/) {
     ModelMetrics* metrics = FindModel(model);
-    metrics->inflight->Decrement();
+    // Counted as finished before it leaves in-flight, so that a scrape never sees the
+    // request in neither (in flight + finished never dips).
     metrics->requests_by_code[CodeIndex(status.code())]->Increment();
+    metrics->inflight->Decrement();
     metrics->request_duration->Observe(Seconds(elapsed));
     auto& totals = *metrics->totals;
     const auto nanoseconds = static_cast<uint64_t>(absl::ToInt64Nanoseconds(elapsed));

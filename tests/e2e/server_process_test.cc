@@ -117,10 +117,12 @@ TEST(ServerProcessTest, SigtermDrainsInFlightRequestsAndExitsZero) {
         SampleValue(text, "attnserve_requests_total{code=\"OK\",model=\"mha-base\"}");
     return inflight + answered - 1 >= kInFlight;  // minus the warm-up call
   };
-  for (int i = 0; i < 6000 && !all_received(); ++i) {
+  bool received = all_received();
+  for (int i = 0; i < 6000 && !received; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    received = all_received();
   }
-  ASSERT_TRUE(all_received()) << FetchMetrics(metrics_port);
+  ASSERT_TRUE(received) << FetchMetrics(metrics_port);
   server.Signal(SIGTERM);
 
   // New calls are refused once the drain has begun.
