@@ -211,7 +211,7 @@ struct TransformerEncoder::State {
 
   dnnl::engine engine;
   dnnl::stream stream;
-  EncoderWeights weights;
+  EncoderWeights weights;  // without the attention weights (each attention holds its own)
   std::vector<std::unique_ptr<MultiHeadAttention>> attention;  // per layer
   // Scratch, grown to the largest batch seen.
   std::vector<float> x, attended, inner;
@@ -303,6 +303,11 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
     encoder->state_->attention.push_back(std::move(attention));
   }
   encoder->state_->weights = weights;
+  // Each MultiHeadAttention holds its own (prepacked) copy of its layer's attention
+  // weights; a second copy here would only take memory.
+  for (EncoderLayerWeights& layer : encoder->state_->weights.layers) {
+    layer.attention = AttentionWeights();
+  }
   return encoder;
 }
 

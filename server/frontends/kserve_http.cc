@@ -103,10 +103,6 @@ void SendStatus(mg_connection* connection, const absl::Status& status) {
   SendError(connection, HttpStatus(status.code()), status.message());
 }
 
-std::string JsonBody(const Json& json) {
-  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
 // The connection's socket. civetweb 1.15 has no call that returns it, so it is the
 // open socket whose peer is the request's remote address and port; -1 if none is.
 int FindSocket(const mg_request_info* request) {
@@ -315,17 +311,17 @@ void KServeHttp::Route(mg_connection* connection) {
     if (method != "GET") return wrong_method("GET");
     return Send(
         connection, 200,
-        JsonBody({{"name", "attnserve"},
+        JsonText({{"name", "attnserve"},
                   {"version", kServerVersion},
                   {"extensions", std::vector<std::string>(std::begin(kExtensions),
                                                           std::end(kExtensions))}}));
   }
   if (parts.size() == 3 && parts[1] == "health") {
     if (method != "GET") return wrong_method("GET");
-    if (parts[2] == "live") return Send(connection, 200, JsonBody({{"live", true}}));
+    if (parts[2] == "live") return Send(connection, 200, JsonText({{"live", true}}));
     if (parts[2] != "ready") return not_found();
     const bool serving = ready && !pipeline_->registry()->models().empty();
-    return Send(connection, serving ? 200 : 503, JsonBody({{"ready", serving}}));
+    return Send(connection, serving ? 200 : 503, JsonText({{"ready", serving}}));
   }
   ModelRoute route;
   if (!ParseModelRoute(parts, &route)) return not_found();
@@ -333,7 +329,7 @@ void KServeHttp::Route(mg_connection* connection) {
     if (method != "GET") return wrong_method("GET");
     const bool serving = ready && pipeline_->FindModel(route.model, route.version).ok();
     return Send(connection, serving ? 200 : 503,
-                JsonBody({{"name", route.model}, {"ready", serving}}));
+                JsonText({{"name", route.model}, {"ready", serving}}));
   }
   // Metadata and inference need a token when tokens are configured.
   const char* authorization = mg_get_header(connection, "Authorization");
@@ -349,12 +345,12 @@ void KServeHttp::Route(mg_connection* connection) {
     if (route.action == "config") {
       inference::ModelConfig config;
       FillModelConfig(**model, &config);
-      return Send(connection, 200, JsonBody(ModelConfigJson(config)));
+      return Send(connection, 200, JsonText(ModelConfigJson(config)));
     }
     inference::ModelStatisticsResponse statistics;
     const ServedModel* served = *model;
     FillModelStatistics(*metrics_, absl::MakeConstSpan(&served, 1), &statistics);
-    return Send(connection, 200, JsonBody(StatisticsJson(statistics)));
+    return Send(connection, 200, JsonText(StatisticsJson(statistics)));
   }
   if (route.action.empty()) {
     if (method != "GET") return wrong_method("GET");
@@ -374,7 +370,7 @@ void KServeHttp::Route(mg_connection* connection) {
     };
     return Send(
         connection, 200,
-        JsonBody({{"name", metadata.name()},
+        JsonText({{"name", metadata.name()},
                   {"versions", std::vector<std::string>(metadata.versions().begin(),
                                                         metadata.versions().end())},
                   {"platform", metadata.platform()},

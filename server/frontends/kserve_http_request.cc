@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,15 +25,9 @@ absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-// Every dump of this file: bytes that are not UTF-8 (a model name from the URL, say)
-// become U+FFFD instead of a type_error exception.
-std::string Dump(const Json& json) {
-  return json.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
 // A JSON value as a short quoted excerpt for an error message.
 std::string Shown(const Json& value) {
-  std::string text = Dump(value);
+  std::string text = JsonText(value);
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return text;
 }
@@ -73,27 +68,48 @@ const Json* Member(const Json& object, const char* key) {
   return it == object.end() ? nullptr : &*it;
 }
 
-absl::StatusOr<std::string> StringAt(const Json& value, const std::string& path) {
-  if (!value.is_string()) {
-    return Invalid(absl::StrCat(path, " must be a string, got ", Shown(value)));
+// Values are read only through get_ptr, which answers null for another type: nothing
+// here can throw (nlohmann's converting accessors do on a wrong type).
+
+// An integer that fits int64 (nlohmann keeps non-negative ones as unsigned).
+std::optional<int64_t> Int64Of(const Json& value) {
+  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
+    return *integer;
   }
-  return value.get_ref<const std::string&>();
+  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>();
+      count != nullptr &&
+      *count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return static_cast<int64_t>(*count);
+  }
+  return std::nullopt;
+}
+
+// Any JSON number as a double.
+std::optional<double> NumberOf(const Json& value) {
+  if (const auto* real = value.get_ptr<const Json::number_float_t*>()) return *real;
+  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
+    return static_cast<double>(*integer);
+  }
+  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>()) {
+    return static_cast<double>(*count);
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::string> StringAt(const Json& value, const std::string& path) {
+  if (const auto* text = value.get_ptr<const Json::string_t*>()) return *text;
+  return Invalid(absl::StrCat(path, " must be a string, got ", Shown(value)));
 }
 
 absl::StatusOr<bool> BoolAt(const Json& value, const std::string& path) {
-  if (!value.is_boolean()) {
-    return Invalid(absl::StrCat(path, " must be true or false, got ", Shown(value)));
-  }
-  return value.get<bool>();
+  if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) return *flag;
+  return Invalid(absl::StrCat(path, " must be true or false, got ", Shown(value)));
 }
 
 // A non-negative integer that fits int64.
 absl::StatusOr<int64_t> CountAt(const Json& value, const std::string& path) {
-  if (value.is_number_unsigned()) {
-    const uint64_t count = value.get<uint64_t>();
-    if (count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return static_cast<int64_t>(count);
-    }
+  if (const std::optional<int64_t> count = Int64Of(value); count && *count >= 0) {
+    return *count;
   }
   return Invalid(
       absl::StrCat(path, " must be a non-negative integer, got ", Shown(value)));
@@ -122,10 +138,9 @@ absl::Status Flatten(const Json& data, const std::string& path, std::vector<floa
     }
     return absl::OkStatus();
   }
-  if (!data.is_number()) {
-    return Invalid(absl::StrCat(path, " must be a number, got ", Shown(data)));
-  }
-  const double value = data.get<double>();
+  const std::optional<double> number = NumberOf(data);
+  if (!number) return Invalid(absl::StrCat(path, " must be a number, got ", Shown(data)));
+  const double value = *number;
   // A double beyond float's range has no float32 value (converting it is undefined).
   if (!(std::fabs(value) <= std::numeric_limits<float>::max())) {
     return Invalid(
@@ -138,15 +153,12 @@ absl::Status Flatten(const Json& data, const std::string& path, std::vector<floa
 // A JSON parameter as an InferParameter: bool, integer or string.
 absl::Status ToParameter(const Json& value, const std::string& path,
                          inference::InferParameter* parameter) {
-  if (value.is_boolean()) {
-    parameter->set_bool_param(value.get<bool>());
-  } else if (value.is_number_integer() &&
-             !(value.is_number_unsigned() &&
-               value.get<uint64_t>() >
-                   static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))) {
-    parameter->set_int64_param(value.get<int64_t>());
-  } else if (value.is_string()) {
-    parameter->set_string_param(value.get_ref<const std::string&>());
+  if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) {
+    parameter->set_bool_param(*flag);
+  } else if (const std::optional<int64_t> integer = Int64Of(value)) {
+    parameter->set_int64_param(*integer);
+  } else if (const auto* text = value.get_ptr<const Json::string_t*>()) {
+    parameter->set_string_param(*text);
   } else {
     return Invalid(
         absl::StrCat(path, " must be a bool, an int64 or a string, got ", Shown(value)));
@@ -343,7 +355,7 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
     }
     json["outputs"].push_back(std::move(entry));
   }
-  std::string body = Dump(json);
+  std::string body = JsonText(json);
   *header_length = binary ? static_cast<int64_t>(body.size()) : -1;
   if (binary) {
     body.reserve(body.size() + blob_bytes);
@@ -354,8 +366,12 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
   return body;
 }
 
+std::string JsonText(const nlohmann::json& json) {
+  return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string ErrorBody(absl::string_view message) {
-  return Dump(Json{{"error", std::string(message)}});
+  return JsonText(Json{{"error", std::string(message)}});
 }
 
 }  // namespace attnserve::server

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "inference/grpc_service.pb.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace attnserve::server {
 
@@ -52,6 +53,11 @@ absl::StatusOr<HttpInferRequest> ParseInferBody(absl::string_view model,
 // otherwise. Never throws: strings that are not UTF-8 are written with U+FFFD.
 std::string InferResponseBody(const inference::ModelInferResponse& response, bool binary,
                               int64_t* header_length);
+
+// `json` as compact text. Never throws: bytes that are not UTF-8 (a model name from the
+// URL, say) become U+FFFD instead of a type_error exception. Every JSON the HTTP door
+// sends goes through it.
+std::string JsonText(const nlohmann::json& json);
 
 // {"error": message} (invalid UTF-8 replaced, so any message can be sent).
 std::string ErrorBody(absl::string_view message);

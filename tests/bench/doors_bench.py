@@ -13,7 +13,6 @@ the doors (and servers) so that drift on a shared machine hits each alike.
 
 usage: doors_bench.py BUILD_DIR REPO_ROOT [--baseline=PATH_TO_ATTNSERVE] [--rounds=N]
 """
-import csv
 import os
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ SERVER_CORE, CLIENT_CORE = "0", "1"
 CONCURRENCY = (1, 16, 32)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import host_info  # noqa: E402
+import perf_analyzer_run  # noqa: E402
 
 TMP = tempfile.TemporaryDirectory()
 
@@ -43,23 +43,10 @@ def start(binary):
 
 
 def perf_analyzer(protocol, target, concurrency):
-    venv = os.path.join(BUILD, "venv", "bin")
-    library = subprocess.run(
-        [os.path.join(venv, "python"), "-c",
-         "import nvidia.cuda_runtime, os; print(os.path.dirname(nvidia.cuda_runtime.__file__))"],
-        check=True, capture_output=True, text=True).stdout.strip()
-    report = os.path.join(TMP.name, "report.csv")
-    subprocess.run(
-        ["taskset", "-c", CLIENT_CORE, os.path.join(venv, "perf_analyzer"), "-m", "mha-base",
-         "-u", target, "-i", protocol, "--shape", "query:128,512", "--shape",
-         "memory:128,512", "--input-data", "zero", "--concurrency-range",
-         f"{concurrency}:{concurrency}", "--measurement-mode", "count_windows",
-         "--measurement-request-count", str(max(50, 10 * concurrency)),
-         "--stability-percentage", "999", "--max-trials", "3", "-f", report],
-        check=True, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, LD_LIBRARY_PATH=os.path.join(library, "lib")))
-    with open(report) as rows:
-        row = list(csv.DictReader(rows))[0]
+    """(req/s, p50 ms) at one concurrency."""
+    row = perf_analyzer_run.run(BUILD, CLIENT_CORE, protocol, target,
+                                f"{concurrency}:{concurrency}", max(50, 10 * concurrency),
+                                TMP.name)[0]
     return float(row["Inferences/Second"]), float(row["p50 latency"]) / 1000.0
 
 

