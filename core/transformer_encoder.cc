@@ -325,7 +325,16 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     }
     tokens += length;
   }
-  if (static_cast<int64_t>(batch.token_ids.size()) != tokens) {
+  const bool from_hidden = !batch.hidden_states.empty();
+  if (from_hidden) {
+    if (!batch.token_ids.empty() || !batch.token_types.empty()) {
+      return Invalid("token_ids and token_types must be empty with hidden_states");
+    }
+    if (static_cast<int64_t>(batch.hidden_states.size()) != tokens * d) {
+      return Invalid(absl::StrCat("hidden_states has ", batch.hidden_states.size(),
+                                  " values, expected ", tokens * d));
+    }
+  } else if (static_cast<int64_t>(batch.token_ids.size()) != tokens) {
     return Invalid(absl::StrCat("token_ids has ", batch.token_ids.size(),
                                 " ids, expected the lengths' sum ", tokens));
   }
@@ -333,7 +342,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     return Invalid(absl::StrCat("token_types has ", batch.token_types.size(),
                                 " entries, expected ", tokens, " (or none)"));
   }
-  for (int64_t t = 0; t < tokens; ++t) {
+  for (int64_t t = 0; t < (from_hidden ? 0 : tokens); ++t) {
     if (batch.token_ids[t] < 0 || batch.token_ids[t] >= spec_.vocab_size) {
       return Invalid(absl::StrCat("token_ids[", t, "] must be in [0, ", spec_.vocab_size,
                                   ") (the vocabulary), got ", batch.token_ids[t]));
@@ -367,7 +376,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   float* x = state.x.data();
   float* attended = state.attended.data();
   // Embeddings: word + position (within its sequence) + token type.
-  {
+  if (!from_hidden) {
     int64_t t = 0;
     for (const int64_t length : batch.lengths) {
       for (int64_t position = 0; position < length; ++position, ++t) {
@@ -382,8 +391,13 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   }
   const dnnl::algorithm activation = ActivationAlgorithm(spec_.activation);
   try {
-    state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
-                    weights.embedding_norm_scale, weights.embedding_norm_shift, x);
+    if (from_hidden) {
+      std::memcpy(x, batch.hidden_states.data(),
+                  static_cast<size_t>(tokens * d) * sizeof(float));
+    } else {
+      state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+                      weights.embedding_norm_scale, weights.embedding_norm_shift, x);
+    }
     for (int64_t n = 0; n < spec_.num_layers; ++n) {
       const EncoderLayerWeights& layer = weights.layers[n];
       // x = LayerNorm(x + Attention(x))

@@ -91,6 +91,10 @@ struct EncoderBatch {
   absl::Span<const int64_t> token_ids;    // [sum(lengths)], each in [0, vocab_size)
   absl::Span<const int64_t> token_types;  // empty (all 0) or [sum(lengths)]
   absl::Span<const int64_t> lengths;      // each in [1, max_positions]
+  // Instead of token_ids (then empty, as token_types): hidden states
+  // [sum(lengths), d_model] that enter the first block as they are, skipping the
+  // embeddings and their LayerNorm.
+  absl::Span<const float> hidden_states;
 };
 
 // Thread-compatible: one thread at a time may call Forward (run several objects for

@@ -56,6 +56,23 @@ struct BatcherObserver {
   std::function<void(int instance, int64_t bytes)> on_device_memory;
 };
 
+// What the request path needs of a model's batcher, whatever task it batches: a wake-up
+// for a cancelled call, answer bytes held against its budget, flush and shutdown, and
+// its figures. Thread-safe.
+class BatchQueue {
+ public:
+  virtual ~BatchQueue() = default;
+  // See BatchScheduler's members of the same names.
+  virtual void Wake() = 0;
+  virtual void Hold(int64_t bytes) = 0;
+  virtual void Release(int64_t bytes) = 0;
+  virtual void Flush() = 0;
+  virtual void Shutdown() = 0;
+  virtual BatcherStats stats() const = 0;
+  virtual int64_t queue_depth() const = 0;
+  virtual int64_t held_bytes() const = 0;
+};
+
 struct BatchingOptions {
   // Most requests per batch. Range [1, 65536].
   int max_batch_size = 32;

@@ -29,7 +29,7 @@ using WorkCallback = BatchScheduler<AttentionWork>::Callback;
 // Batches attention requests for one model: a BatchScheduler<AttentionWork> (queue,
 // budgets, policy, workers) whose executor packs each batch and runs it on that worker's
 // own AttentionBackend. Thread-safe.
-class DynamicBatcher {
+class DynamicBatcher final : public BatchQueue {
  public:
   using Options = BatchingOptions;
 
@@ -43,7 +43,7 @@ class DynamicBatcher {
   DynamicBatcher(const DynamicBatcher&) = delete;
   DynamicBatcher& operator=(const DynamicBatcher&) = delete;
   // Shuts down (see Shutdown) and joins the workers.
-  ~DynamicBatcher();
+  ~DynamicBatcher() override;
 
   // See BatchScheduler: Enqueue never blocks on compute and fails with
   // RESOURCE_EXHAUSTED (count or bytes) or UNAVAILABLE (shutting down), `done` then not
@@ -53,16 +53,16 @@ class DynamicBatcher {
   absl::Status Enqueue(std::unique_ptr<AttentionWork> work, WorkCallback done) {
     return scheduler_->Enqueue(std::move(work), std::move(done));
   }
-  void Wake() { scheduler_->Wake(); }
-  void Hold(int64_t bytes) { scheduler_->Hold(bytes); }
-  void Release(int64_t bytes) { scheduler_->Release(bytes); }
-  void Flush() { scheduler_->Flush(); }
-  void Shutdown();
+  void Wake() override { scheduler_->Wake(); }
+  void Hold(int64_t bytes) override { scheduler_->Hold(bytes); }
+  void Release(int64_t bytes) override { scheduler_->Release(bytes); }
+  void Flush() override { scheduler_->Flush(); }
+  void Shutdown() override;
 
-  BatcherStats stats() const { return scheduler_->stats(); }
-  int64_t queue_depth() const { return scheduler_->queue_depth(); }
+  BatcherStats stats() const override { return scheduler_->stats(); }
+  int64_t queue_depth() const override { return scheduler_->queue_depth(); }
   // Bytes held now by queued and computing requests.
-  int64_t held_bytes() const { return scheduler_->held_bytes(); }
+  int64_t held_bytes() const override { return scheduler_->held_bytes(); }
 
  private:
   explicit DynamicBatcher(const Options& options) : options_(options) {}

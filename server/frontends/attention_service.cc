@@ -28,6 +28,25 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AttentionService::Encode(grpc::CallbackServerContext* context,
+                                                   const v1::EncodeRequest* request,
+                                                   v1::EncodeResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "Encode");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  auto cancellation = std::make_shared<Cancellation>();
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+  pipeline_->SubmitEncode(
+      *request, CallDeadline(context), cancellation,
+      [rpc, reactor, response](const absl::Status& status, v1::EncodeResponse result) {
+        if (status.ok()) response->Swap(&result);
+        rpc.End(status.code());
+        reactor->Finish(ToGrpcStatus(status));
+      });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
     grpc::CallbackServerContext* context, const v1::HeadStatisticsRequest* request,
     v1::HeadStatisticsResponse* response) {

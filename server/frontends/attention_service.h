@@ -27,6 +27,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
                                      const v1::GetModelRequest* request,
                                      v1::GetModelResponse* response) override;
+  grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
+                                   const v1::EncodeRequest* request,
+                                   v1::EncodeResponse* response) override;
   grpc::ServerUnaryReactor* HeadStatistics(grpc::CallbackServerContext* context,
                                            const v1::HeadStatisticsRequest* request,
                                            v1::HeadStatisticsResponse* response) override;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,24 +23,42 @@ constexpr char kQuery[] = "query";
 constexpr char kMemory[] = "memory";
 constexpr char kOutput[] = "output";
 constexpr char kAttention[] = "attention";
+// An encoder's inputs and outputs (Triton's BERT names for the inputs).
+constexpr char kInputIds[] = "input_ids";
+constexpr char kAttentionMask[] = "attention_mask";
+constexpr char kTokenTypeIds[] = "token_type_ids";
+constexpr char kHiddenStates[] = "hidden_states";
+constexpr char kEmbedding[] = "embedding";
+constexpr char kHidden[] = "hidden";
+constexpr char kLengths[] = "lengths";
 
 absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-// One input as attnserve's Tensor (shape, dtype, little-endian bytes).
+// The datatypes an input may have.
+enum class InputKind { kFloat, kInteger };
+
+// One input as attnserve's Tensor (shape, dtype, little-endian bytes): FP32 or BF16 for
+// a float input, INT64 or INT32 for an integer one.
 absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
                           google::protobuf::RepeatedPtrField<std::string>* movable_raw,
-                          v1::Tensor* tensor) {
+                          InputKind kind, v1::Tensor* tensor) {
   const inference::ModelInferRequest::InferInputTensor& input = infer.inputs(index);
   const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
-  if (input.datatype() == "FP32") {
+  const std::string& type = input.datatype();
+  if (kind == InputKind::kFloat && type == "FP32") {
     tensor->set_dtype(v1::DATA_TYPE_FP32);
-  } else if (input.datatype() == "BF16") {
+  } else if (kind == InputKind::kFloat && type == "BF16") {
     tensor->set_dtype(v1::DATA_TYPE_BF16);
+  } else if (kind == InputKind::kInteger && type == "INT64") {
+    tensor->set_dtype(v1::DATA_TYPE_INT64);
+  } else if (kind == InputKind::kInteger && type == "INT32") {
+    tensor->set_dtype(v1::DATA_TYPE_INT32);
   } else {
-    return Invalid(absl::StrCat(field, ".datatype must be FP32 or BF16, got \"",
-                                input.datatype(), "\""));
+    return Invalid(absl::StrCat(field, ".datatype must be ",
+                                kind == InputKind::kFloat ? "FP32 or BF16" : "INT64 or INT32",
+                                ", got \"", type, "\""));
   }
   tensor->mutable_shape()->Add(input.shape().begin(), input.shape().end());
   if (!infer.raw_input_contents().empty()) {
@@ -55,14 +74,26 @@ absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
     }
     return absl::OkStatus();
   }
-  if (tensor->dtype() != v1::DATA_TYPE_FP32) {
+  if (tensor->dtype() == v1::DATA_TYPE_BF16) {
     return Invalid(absl::StrCat(field, ": BF16 values must come as raw_input_contents ",
                                 "(the protocol has no typed BF16 contents)"));
   }
-  const auto& values = input.contents().fp32_contents();
-  std::string raw(static_cast<size_t>(values.size()) * sizeof(float), '\0');
-  if (!raw.empty()) std::memcpy(raw.data(), values.data(), raw.size());
-  tensor->set_raw(std::move(raw));
+  const auto copy = [tensor](const auto& values) {
+    using Element = typename std::decay_t<decltype(values)>::value_type;
+    std::string raw(static_cast<size_t>(values.size()) * sizeof(Element), '\0');
+    if (!raw.empty()) std::memcpy(raw.data(), values.data(), raw.size());
+    tensor->set_raw(std::move(raw));
+  };
+  switch (tensor->dtype()) {
+    case v1::DATA_TYPE_INT64:
+      copy(input.contents().int64_contents());
+      break;
+    case v1::DATA_TYPE_INT32:
+      copy(input.contents().int_contents());
+      break;
+    default:
+      copy(input.contents().fp32_contents());
+  }
   return absl::OkStatus();
 }
 
@@ -109,7 +140,16 @@ absl::Status ApplyParameter(const std::string& name,
 
 // The datatype name of an attnserve tensor.
 const char* DatatypeName(const v1::Tensor& tensor) {
-  return tensor.dtype() == v1::DATA_TYPE_BF16 ? "BF16" : "FP32";
+  switch (tensor.dtype()) {
+    case v1::DATA_TYPE_BF16:
+      return "BF16";
+    case v1::DATA_TYPE_INT64:
+      return "INT64";
+    case v1::DATA_TYPE_INT32:
+      return "INT32";
+    default:
+      return "FP32";
+  }
 }
 
 }  // namespace
@@ -144,7 +184,7 @@ absl::StatusOr<v1::AttendRequest> Convert(const inference::ModelInferRequest& in
     }
     ATTN_RETURN_IF_ERROR(ConvertInput(
         infer, i, movable != nullptr ? movable->mutable_raw_input_contents() : nullptr,
-        tensor));
+        InputKind::kFloat, tensor));
   }
   if (!has_query) return Invalid("inputs must include \"query\"");
   for (const auto& [name, value] : infer.parameters()) {
@@ -185,6 +225,124 @@ absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
   ATTN_RETURN_IF_ERROR(
       pipeline.FindModel(infer->model_name(), infer->model_version()).status());
   return AttendFromInfer(infer);
+}
+
+absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* infer) {
+  v1::EncodeRequest encode;
+  encode.set_model(infer->model_name());
+  encode.set_request_id(infer->id());
+  if (!infer->raw_input_contents().empty() &&
+      infer->raw_input_contents_size() != infer->inputs_size()) {
+    return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
+                                infer->inputs_size(), "), got ",
+                                infer->raw_input_contents_size()));
+  }
+  for (int i = 0; i < infer->inputs_size(); ++i) {
+    const std::string& name = infer->inputs(i).name();
+    v1::Tensor* tensor = nullptr;
+    InputKind kind = InputKind::kInteger;
+    if (name == kInputIds && !encode.has_input_ids()) {
+      tensor = encode.mutable_input_ids();
+    } else if (name == kAttentionMask && !encode.has_attention_mask()) {
+      tensor = encode.mutable_attention_mask();
+    } else if (name == kTokenTypeIds && !encode.has_token_type_ids()) {
+      tensor = encode.mutable_token_type_ids();
+    } else if (name == kHiddenStates && !encode.has_hidden_states()) {
+      tensor = encode.mutable_hidden_states();
+      kind = InputKind::kFloat;
+    } else {
+      return Invalid(absl::StrCat(
+          "inputs[", i, "].name must be \"input_ids\", \"attention_mask\", "
+          "\"token_type_ids\" or \"hidden_states\" (each once), got \"", name, "\""));
+    }
+    ATTN_RETURN_IF_ERROR(
+        ConvertInput(*infer, i, infer->mutable_raw_input_contents(), kind, tensor));
+  }
+  for (const auto& [name, value] : infer->parameters()) {
+    if (absl::StartsWith(name, "triton_") || name == kTimeout) continue;
+    return Invalid(absl::StrCat("parameters[\"", name,
+                                "\"] is not a parameter of an encoder model (timeout)"));
+  }
+  for (int i = 0; i < infer->outputs_size(); ++i) {
+    const std::string& name = infer->outputs(i).name();
+    if (name == kHidden) {
+      encode.set_return_hidden(true);
+    } else if (name != kEmbedding && name != kLengths) {
+      return Invalid(absl::StrCat("outputs[", i, "].name must be \"embedding\", ",
+                                  "\"hidden\" or \"lengths\", got \"", name, "\""));
+    }
+  }
+  return encode;
+}
+
+void InferResponseFromEncode(const inference::ModelInferRequest& infer,
+                             v1::EncodeResponse& encode,
+                             inference::ModelInferResponse* response) {
+  response->set_model_name(encode.model());
+  response->set_model_version(kModelVersion);
+  response->set_id(infer.id());
+  bool want_embedding = infer.outputs().empty(), want_lengths = false;
+  for (const auto& requested : infer.outputs()) {
+    want_embedding |= requested.name() == kEmbedding;
+    want_lengths |= requested.name() == kLengths;
+  }
+  const auto add = [&](const char* name, v1::Tensor* tensor) {
+    inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
+    output->set_name(name);
+    output->set_datatype(DatatypeName(*tensor));
+    output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
+    response->add_raw_output_contents()->swap(*tensor->mutable_raw());
+  };
+  if (want_embedding && encode.has_embedding()) add(kEmbedding, encode.mutable_embedding());
+  if (encode.has_hidden()) add(kHidden, encode.mutable_hidden());
+  if (want_lengths) {
+    v1::Tensor lengths;
+    lengths.set_dtype(v1::DATA_TYPE_INT64);
+    lengths.add_shape(encode.lengths_size());
+    std::string raw(static_cast<size_t>(encode.lengths_size()) * sizeof(int64_t), '\0');
+    if (!raw.empty()) std::memcpy(raw.data(), encode.lengths().data(), raw.size());
+    lengths.set_raw(std::move(raw));
+    add(kLengths, &lengths);
+  }
+}
+
+void SubmitInfer(RequestPipeline& pipeline,
+                 std::shared_ptr<inference::ModelInferRequest> infer,
+                 absl::Time call_deadline,
+                 const std::shared_ptr<Cancellation>& cancellation,
+                 RequestPipeline::Origin origin,
+                 std::function<void(absl::Status, inference::ModelInferResponse)> done) {
+  const absl::StatusOr<ServedModel*> model =
+      pipeline.FindModel(infer->model_name(), infer->model_version());
+  if (!model.ok()) return done(model.status(), {});
+  const absl::StatusOr<absl::Time> deadline = DeadlineWithTimeout(*infer, call_deadline);
+  if (!deadline.ok()) return done(deadline.status(), {});
+  if ((*model)->is_encoder()) {
+    absl::StatusOr<v1::EncodeRequest> encode = EncodeFromInfer(infer.get());
+    if (!encode.ok()) return done(encode.status(), {});
+    // The work copies the ids: the converted request may go when SubmitEncode returns.
+    pipeline.SubmitEncode(
+        *encode, *deadline, cancellation,
+        [infer, done](absl::Status status, v1::EncodeResponse result) {
+          inference::ModelInferResponse response;
+          if (status.ok()) InferResponseFromEncode(*infer, result, &response);
+          done(std::move(status), std::move(response));
+        },
+        origin);
+    return;
+  }
+  absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(infer.get());
+  if (!attend.ok()) return done(attend.status(), {});
+  // The converted request lives until its answer (the queued work views its bytes).
+  auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
+  pipeline.Submit(
+      *shared, *deadline, cancellation,
+      [infer, shared, done](absl::Status status, v1::AttendResponse result) {
+        inference::ModelInferResponse response;
+        if (status.ok()) InferResponseFromAttend(*infer, result, &response);
+        done(std::move(status), std::move(response));
+      },
+      nullptr, origin);
 }
 
 absl::StatusOr<absl::Time> DeadlineWithTimeout(const inference::ModelInferRequest& infer,

@@ -4,6 +4,8 @@
 #ifndef ATTNSERVE_SERVER_FRONTENDS_KSERVE_CONVERT_H_
 #define ATTNSERVE_SERVER_FRONTENDS_KSERVE_CONVERT_H_
 
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -43,6 +45,33 @@ absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
     const RequestPipeline& pipeline, const inference::ModelInferRequest& infer);
 absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
     const RequestPipeline& pipeline, inference::ModelInferRequest* infer);
+
+// A ModelInferRequest for an encoder model as an EncodeRequest: inputs "input_ids",
+// "attention_mask", "token_type_ids" (INT64 or INT32, raw or typed contents) or
+// "hidden_states" (FP32 or BF16); requesting output "hidden" asks for the last hidden
+// state. Parameters: "timeout" only. InvalidArgument naming the field for anything
+// else. Raw input bytes move out of `*infer`.
+absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* infer);
+
+// The answer of an encoder as a ModelInferResponse: "embedding" FP32 [n, d] (when no
+// outputs are listed, or it is), "hidden" FP32 [tokens, d] when asked, "lengths" INT64
+// [n] when listed. Moves the tensors' bytes out of `encode`.
+void InferResponseFromEncode(const inference::ModelInferRequest& infer,
+                             v1::EncodeResponse& encode,
+                             inference::ModelInferResponse* response);
+
+// One KServe infer request through the pipeline, whatever the model's kind: the model
+// and version are looked up first (NotFound in the pipeline's words), then the
+// "timeout" parameter, the conversion (AttendFromInfer or EncodeFromInfer; raw input
+// bytes move out of `*infer`), and the submission. `done` gets the status and the
+// response, exactly once: on a batcher thread, or inline when refused before queueing.
+// `infer` is kept alive until then.
+void SubmitInfer(RequestPipeline& pipeline,
+                 std::shared_ptr<inference::ModelInferRequest> infer,
+                 absl::Time call_deadline,
+                 const std::shared_ptr<Cancellation>& cancellation,
+                 RequestPipeline::Origin origin,
+                 std::function<void(absl::Status, inference::ModelInferResponse)> done);
 
 // `deadline`, or sooner when the request's "timeout" parameter (Triton's schedule
 // policy: int64 microseconds from now, 0 = none) ends first. InvalidArgument for a

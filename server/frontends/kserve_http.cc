@@ -427,26 +427,21 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
       ParseInferBody(model, version, body, *header_length);
   if (!parsed.ok()) return SendStatus(connection, parsed.status());
   body = std::string();  // the inputs' bytes now live in the request
-  absl::StatusOr<absl::Time> deadline =
-      DeadlineWithTimeout(parsed->infer, absl::Now() + options_.default_timeout);
-  if (!deadline.ok()) return SendStatus(connection, deadline.status());
-  inference::ModelInferRequest& infer = parsed->infer;
-  // The outputs' names and the id stay in `infer`; the raw input bytes move.
-  absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(&infer);
-  if (!attend.ok()) return SendStatus(connection, attend.status());
-
-  // This thread waits for the batcher's answer (the work views `attend`'s bytes),
-  // watching for the client to hang up, which cancels the request.
+  // The outputs' names and the id stay in the request; the raw input bytes move.
+  auto infer = std::make_shared<inference::ModelInferRequest>(std::move(parsed->infer));
+  // This thread waits for the batcher's answer, watching for the client to hang up,
+  // which cancels the request.
   absl::Notification done;
   absl::Status status;
   inference::ModelInferResponse response;
   auto cancellation = std::make_shared<Cancellation>();
-  pipeline_->Submit(*attend, *deadline, cancellation,
-                    [&](absl::Status result_status, v1::AttendResponse result) {
-                      status = std::move(result_status);
-                      if (status.ok()) InferResponseFromAttend(infer, result, &response);
-                      done.Notify();
-                    });
+  SubmitInfer(*pipeline_, std::move(infer), absl::Now() + options_.default_timeout,
+              cancellation, RequestPipeline::Origin::kCall,
+              [&](absl::Status result_status, inference::ModelInferResponse result) {
+                status = std::move(result_status);
+                if (status.ok()) response.Swap(&result);
+                done.Notify();
+              });
   int socket = -2;  // not looked for yet
   while (!done.WaitForNotificationWithTimeout(kHangUpCheckInterval)) {
     if (socket == -2) socket = FindSocket(request);

@@ -150,6 +150,32 @@ absl::Status Flatten(const Json& data, const std::string& path, std::vector<floa
   return absl::OkStatus();
 }
 
+// `data` (nested arrays of integers) flattened in row-major order, each checked to fit
+// `bits` (64 or 32) and written little-endian.
+absl::Status FlattenIntegers(const Json& data, const std::string& path, int bits,
+                             std::string& out) {
+  if (data.is_array()) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      ATTN_RETURN_IF_ERROR(
+          FlattenIntegers(data[i], absl::StrCat(path, "[", i, "]"), bits, out));
+    }
+    return absl::OkStatus();
+  }
+  const std::optional<int64_t> value = Int64Of(data);
+  if (!value || (bits == 32 && (*value < std::numeric_limits<int32_t>::min() ||
+                                *value > std::numeric_limits<int32_t>::max()))) {
+    return Invalid(
+        absl::StrCat(path, " must be an INT", bits, " integer, got ", Shown(data)));
+  }
+  if (bits == 64) {
+    out.append(reinterpret_cast<const char*>(&*value), sizeof(int64_t));
+  } else {
+    const auto narrow = static_cast<int32_t>(*value);
+    out.append(reinterpret_cast<const char*>(&narrow), sizeof(int32_t));
+  }
+  return absl::OkStatus();
+}
+
 // A JSON parameter as an InferParameter: bool, integer or string.
 absl::Status ToParameter(const Json& value, const std::string& path,
                          inference::InferParameter* parameter) {
@@ -212,6 +238,10 @@ absl::Status ReadInput(const Json& input, const std::string& path,
   const Json* data = Member(input, "data");
   if (data == nullptr) {
     return Invalid(absl::StrCat(path, " needs data or parameters.binary_data_size"));
+  }
+  if (tensor->datatype() == "INT64" || tensor->datatype() == "INT32") {
+    return FlattenIntegers(*data, path + ".data", tensor->datatype() == "INT64" ? 64 : 32,
+                           *raw);
   }
   std::vector<float> values;
   ATTN_RETURN_IF_ERROR(Flatten(*data, path + ".data", values));
@@ -340,6 +370,10 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
     if (binary) {
       entry["parameters"] = {{"binary_data_size", raw.size()}};
       blob_bytes += raw.size();
+    } else if (output.datatype() == "INT64") {
+      std::vector<int64_t> values(raw.size() / 8);
+      if (!values.empty()) std::memcpy(values.data(), raw.data(), values.size() * 8);
+      entry["data"] = std::move(values);
     } else if (output.datatype() == "BF16") {
       std::vector<float> values(raw.size() / 2);
       for (size_t j = 0; j < values.size(); ++j) {

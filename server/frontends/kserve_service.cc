@@ -140,24 +140,18 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  absl::StatusOr<v1::AttendRequest> attend = AttendFromServedInfer(*pipeline_, *request);
-  if (!attend.ok()) return rpc.FinishNow(attend.status());
-  absl::StatusOr<absl::Time> deadline =
-      DeadlineWithTimeout(*request, CallDeadline(context));
-  if (!deadline.ok()) return rpc.FinishNow(deadline.status());
-  // The converted request lives until its answer (the queued work views its bytes).
-  auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
+  // One copy of the request (gRPC owns `request`): its raw inputs then move on.
+  auto infer = std::make_shared<inference::ModelInferRequest>(*request);
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
-  pipeline_->Submit(*shared, *deadline, cancellation,
-                    [rpc, shared, request, response, reactor](const absl::Status& status,
-                                                              v1::AttendResponse result) {
-                      if (status.ok()) {
-                        InferResponseFromAttend(*request, result, response);
-                      }
-                      rpc.End(status.code());
-                      reactor->Finish(ToGrpcStatus(status));
-                    });
+  SubmitInfer(*pipeline_, std::move(infer), CallDeadline(context), cancellation,
+              RequestPipeline::Origin::kCall,
+              [rpc, response, reactor](const absl::Status& status,
+                                       inference::ModelInferResponse result) {
+                if (status.ok()) response->Swap(&result);
+                rpc.End(status.code());
+                reactor->Finish(ToGrpcStatus(status));
+              });
   return reactor;
 }
 
@@ -168,25 +162,28 @@ struct ModelStreamInferProtocol {
   using Read = inference::ModelInferRequest;
   using Write = inference::ModelStreamInferResponse;
   static constexpr char kMethod[] = "ModelStreamInfer";
-  static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline& pipeline,
-                                                       Read& read) {
-    return AttendFromServedInfer(pipeline, &read);
-  }
-  static absl::StatusOr<absl::Time> Deadline(const Read& read, absl::Time deadline) {
-    return DeadlineWithTimeout(read, deadline);
-  }
-  static Write Answer(const Read& read, const v1::AttendRequest&,
-                      const absl::Status& status, v1::AttendResponse response) {
-    Write message;
-    if (status.ok()) {
-      InferResponseFromAttend(read, response, message.mutable_infer_response());
-    } else {
-      message.set_error_message(
-          absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message()));
-      message.mutable_infer_response()->set_model_name(read.model_name());
-      message.mutable_infer_response()->set_id(read.id());
-    }
-    return message;
+  static absl::string_view ModelName(const Read& read) { return read.model_name(); }
+  static void Submit(RequestPipeline& pipeline, std::shared_ptr<Read> read,
+                     absl::Time call_deadline,
+                     const std::shared_ptr<Cancellation>& cancellation,
+                     std::function<void(absl::Status, Write)> answer) {
+    // The model's name and the id stay in `read`; SubmitInfer moves only raw inputs.
+    const std::string model = read->model_name(), id = read->id();
+    SubmitInfer(pipeline, std::move(read), call_deadline, cancellation,
+                RequestPipeline::Origin::kStreamMessage,
+                [model, id, answer = std::move(answer)](
+                    absl::Status status, inference::ModelInferResponse response) {
+                  Write message;
+                  if (status.ok()) {
+                    *message.mutable_infer_response() = std::move(response);
+                  } else {
+                    message.set_error_message(absl::StrCat(
+                        absl::StatusCodeToString(status.code()), ": ", status.message()));
+                    message.mutable_infer_response()->set_model_name(model);
+                    message.mutable_infer_response()->set_id(id);
+                  }
+                  answer(std::move(status), std::move(message));
+                });
   }
 };
 

@@ -46,17 +46,18 @@ class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
 
 // A bidirectional stream of attention requests (attnserve's AttendStream, KServe's
 // ModelStreamInfer): reads messages continuously, submits each through
-// RequestPipeline::Submit, and writes the answers in the order the messages came, one
+// the protocol's Submit, and writes the answers in the order the messages came, one
 // write in flight at a time. `Protocol` says what the messages are:
 //   using Read = ...; using Write = ...;          // the stream's message types
 //   static constexpr char kMethod[] = "...";       // the RPC's name, for metrics
-//   static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline&,
-//                                                        Read& read);
-//   static absl::StatusOr<absl::Time> Deadline(const Read& read, absl::Time call);
-//   static Write Answer(const Read& read, const v1::AttendRequest& request,
-//                       const absl::Status& status, v1::AttendResponse response);
-// TakeRequest may move out of `read`; Deadline gives the message's deadline from the
-// call's; an error from either is answered at once, without queueing.
+//   static absl::string_view ModelName(const Read& read);  // the model it names
+//   static void Submit(RequestPipeline& pipeline, std::shared_ptr<Read> read,
+//                      absl::Time call_deadline,
+//                      const std::shared_ptr<Cancellation>& cancellation,
+//                      std::function<void(absl::Status, Write)> answer);
+// Submit converts the message (it may move out of `*read`), submits it with
+// Origin::kStreamMessage and calls `answer` exactly once: on a batcher thread, or inline
+// when the message is refused before queueing; the message written is `answer`'s.
 //
 // Lifetime: a reference count under mu_. gRPC holds one reference from construction to
 // OnDone; each submitted message holds one until its answer has been handed on
@@ -128,34 +129,21 @@ class StreamReactor final
       }
     }
     if (read_more) IssueRead();
-    absl::StatusOr<absl::Time> deadline =
-        Protocol::Deadline(*read, CallDeadline(context_));
-    absl::StatusOr<v1::AttendRequest> taken =
-        deadline.ok() ? Protocol::TakeRequest(*service_, *read)
-                      : absl::StatusOr<v1::AttendRequest>(deadline.status());
-    if (!taken.ok()) {
-      Complete(sequence, Protocol::Answer(*read, v1::AttendRequest(), taken.status(), {}),
-               nullptr, 0);
-      return;
-    }
-    auto request = std::make_shared<const v1::AttendRequest>(*std::move(taken));
-    const ServedModel* model = service_->registry()->Find(request->model());
-    DynamicBatcher* batcher = model != nullptr ? model->batcher.get() : nullptr;
-    auto answer = [this, sequence, read, request, batcher](absl::Status status,
-                                                           v1::AttendResponse response) {
-      int64_t held = 0;
-      // Until it is written, the answer stays counted in the model's queue budget
-      // (taken here, before the batcher returns the request's own bytes): a client
-      // that stops reading keeps new work out instead of growing memory.
-      if (status.ok() && batcher != nullptr) {
-        held = static_cast<int64_t>(response.ByteSizeLong());
-        batcher->Hold(held);
-      }
-      Complete(sequence, Protocol::Answer(*read, *request, status, std::move(response)),
-               status.ok() ? batcher : nullptr, held);
-    };
-    service_->Submit(*request, *deadline, cancellation_, std::move(answer), nullptr,
-                     RequestPipeline::Origin::kStreamMessage);
+    const ServedModel* model = service_->registry()->Find(Protocol::ModelName(*read));
+    BatchQueue* batcher = model != nullptr ? model->queue() : nullptr;
+    Protocol::Submit(
+        *service_, std::move(read), CallDeadline(context_), cancellation_,
+        [this, sequence, batcher](absl::Status status, Write message) {
+          int64_t held = 0;
+          // Until it is written, the answer stays counted in the model's queue budget
+          // (taken here, before the batcher returns the request's own bytes): a client
+          // that stops reading keeps new work out instead of growing memory.
+          if (status.ok() && batcher != nullptr) {
+            held = static_cast<int64_t>(message.ByteSizeLong());
+            batcher->Hold(held);
+          }
+          Complete(sequence, std::move(message), status.ok() ? batcher : nullptr, held);
+        });
   }
 
   void OnWriteDone(bool ok) override {
@@ -208,7 +196,7 @@ class StreamReactor final
     bool ready = false;
     Write message;
     // The answer's bytes counted in `batcher`'s budget until written or discarded.
-    DynamicBatcher* batcher = nullptr;
+    BatchQueue* batcher = nullptr;
     int64_t held_bytes = 0;
   };
 
@@ -220,7 +208,7 @@ class StreamReactor final
 
   // The answer to message `sequence`; runs on a batcher thread (or inline when the
   // message was refused), holding the reference taken in OnReadDone.
-  void Complete(int64_t sequence, Write message, DynamicBatcher* batcher,
+  void Complete(int64_t sequence, Write message, BatchQueue* batcher,
                 int64_t held_bytes) {
     {
       absl::MutexLock lock(&mu_);
@@ -334,25 +322,29 @@ struct AttendStreamProtocol {
   using Read = v1::AttendStreamRequest;
   using Write = v1::AttendStreamResponse;
   static constexpr char kMethod[] = "AttendStream";
-  static absl::StatusOr<v1::AttendRequest> TakeRequest(const RequestPipeline&,
-                                                       Read& read) {
-    return std::move(*read.mutable_request());
-  }
-  static absl::StatusOr<absl::Time> Deadline(const Read&, absl::Time call) {
-    return call;
-  }
-  static Write Answer(const Read&, const v1::AttendRequest& request,
-                      const absl::Status& status, v1::AttendResponse response) {
-    Write message;
-    if (status.ok()) {
-      *message.mutable_response() = std::move(response);
-    } else {
-      v1::StreamError* error = message.mutable_error();
-      error->set_code(static_cast<int>(status.code()));
-      error->set_message(std::string(status.message()));
-      error->set_request_id(request.request_id());
-    }
-    return message;
+  static absl::string_view ModelName(const Read& read) { return read.request().model(); }
+  static void Submit(RequestPipeline& pipeline, std::shared_ptr<Read> read,
+                     absl::Time call_deadline,
+                     const std::shared_ptr<Cancellation>& cancellation,
+                     std::function<void(absl::Status, Write)> answer) {
+    // The work views the request's tensor bytes: the callback keeps the message.
+    const v1::AttendRequest& request = read->request();
+    pipeline.Submit(
+        request, call_deadline, cancellation,
+        [read, answer = std::move(answer)](absl::Status status,
+                                           v1::AttendResponse response) {
+          Write message;
+          if (status.ok()) {
+            *message.mutable_response() = std::move(response);
+          } else {
+            v1::StreamError* error = message.mutable_error();
+            error->set_code(static_cast<int>(status.code()));
+            error->set_message(std::string(status.message()));
+            error->set_request_id(read->request().request_id());
+          }
+          answer(std::move(status), std::move(message));
+        },
+        nullptr, RequestPipeline::Origin::kStreamMessage);
   }
 };
 

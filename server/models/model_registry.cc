@@ -13,6 +13,7 @@
 #include "core/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "server/models/encoder_config.h"
 #include "server/models/host_resources.h"
 
 namespace attnserve::server {
@@ -74,6 +75,16 @@ DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
   return options;
 }
 
+void FillBatchingInfo(const BatchingOptions& batching, int intra_op_threads,
+                      v1::BatchingConfig* info) {
+  info->set_max_batch_size(batching.max_batch_size);
+  info->set_max_batch_tokens(batching.max_batch_tokens);
+  info->set_max_queue_delay_us(absl::ToInt64Microseconds(batching.max_queue_delay));
+  info->set_max_queue_size(batching.max_queue_size);
+  info->set_instances(batching.instances);
+  info->set_intra_op_threads(intra_op_threads);
+}
+
 absl::Status WarmUp(core::AttentionBackend& attention, int64_t max_sequence_length) {
   const int64_t d = attention.spec().d_model;
   for (int64_t length : {int64_t{1}, int64_t{128}}) {
@@ -107,14 +118,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   info.add_input_dtypes(v1::DATA_TYPE_FP32);
   info.add_input_dtypes(v1::DATA_TYPE_BF16);
   info.set_device(core::DeviceName(options.device));
-  v1::BatchingConfig* info_batching = info.mutable_batching();
-  info_batching->set_max_batch_size(batching.max_batch_size);
-  info_batching->set_max_batch_tokens(batching.max_batch_tokens);
-  info_batching->set_max_queue_delay_us(
-      absl::ToInt64Microseconds(batching.max_queue_delay));
-  info_batching->set_max_queue_size(batching.max_queue_size);
-  info_batching->set_instances(batching.instances);
-  info_batching->set_intra_op_threads(intra_op_threads);
+  FillBatchingInfo(batching, intra_op_threads, info.mutable_batching());
 
   batching.clock = options.clock;
   if (options.make_observer) batching.observer = options.make_observer(info);
@@ -136,6 +140,118 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
   return model;
 }
 
+// The text of `path`, or "" when it does not exist.
+absl::StatusOr<std::string> ReadOptionalFile(const std::filesystem::path& path) {
+  std::error_code error;
+  if (!std::filesystem::exists(path, error)) return std::string();
+  std::ifstream stream(path, std::ios::binary);
+  if (!stream) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::stringstream text;
+  text << stream.rdbuf();
+  return text.str();
+}
+
+absl::Status WarmUpEncoder(core::TransformerEncoder& encoder) {
+  const core::EncoderSpec& spec = encoder.spec();
+  for (int64_t length : {int64_t{8}, int64_t{128}}) {
+    length = std::min(length, spec.max_positions);
+    const std::vector<int64_t> ids(static_cast<size_t>(length), 0), lengths = {length};
+    std::vector<float> pooled(
+        spec.pooling == core::EncoderSpec::Pooling::kNone ? 0 : spec.d_model);
+    ATTN_RETURN_IF_ERROR(encoder.Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}));
+  }
+  return absl::OkStatus();
+}
+
+// An encoder model from its folder: config.pbtxt's `encoder` section completed from
+// config.json (and sentence-transformers' modules.json, 1_Pooling/config.json), the
+// weights from model.safetensors under their Hugging Face names.
+absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
+    const std::filesystem::path& folder, v1::ModelConfig config,
+    const ModelRegistry::Options& options) {
+  const std::string name = folder.filename().string();
+  if (config.precision() == v1::PRECISION_BF16) {
+    return absl::InvalidArgumentError(
+        "precision PRECISION_BF16: encoder models compute in FP32 in this version");
+  }
+  if (options.device.kind != core::DeviceKind::kCpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "encoder models run on the CPU in this version, not on ",
+        core::DeviceName(options.device)));
+  }
+  EncoderFiles files;
+  ATTN_ASSIGN_OR_RETURN(files.config_json, ReadOptionalFile(folder / "config.json"));
+  ATTN_ASSIGN_OR_RETURN(files.modules_json, ReadOptionalFile(folder / "modules.json"));
+  ATTN_ASSIGN_OR_RETURN(files.pooling_json,
+                        ReadOptionalFile(folder / "1_Pooling" / "config.json"));
+  ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));
+  ATTN_ASSIGN_OR_RETURN(const core::EncoderSpec spec, EncoderSpecFromConfig(config));
+  if (config.max_sequence_length() > spec.max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_sequence_length (", config.max_sequence_length(),
+        ") must not exceed the encoder's max_positions (", spec.max_positions, ")"));
+  }
+  const std::string weights_file = config.encoder().weights_file().empty()
+                                       ? "model.safetensors"
+                                       : config.encoder().weights_file();
+  if (weights_file.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "encoder.weights_file \"", weights_file, "\" must name a file in the folder"));
+  }
+  ATTN_ASSIGN_OR_RETURN(core::SafetensorsFile file,
+                        core::SafetensorsFile::Read((folder / weights_file).string()));
+  std::string prefix = config.encoder().weights_prefix();
+  if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
+      file.Find("bert.embeddings.word_embeddings.weight") != nullptr) {
+    prefix = "bert.";  // saved from a task model (BertForSequenceClassification, ...)
+  }
+  ATTN_ASSIGN_OR_RETURN(const core::EncoderWeights weights,
+                        core::LoadBertWeights(file, spec, prefix));
+  config.mutable_encoder()->set_weights_prefix(prefix);
+  config.mutable_encoder()->set_weights_file(weights_file);
+
+  int intra_op_threads = 0;
+  BatchingOptions batching = MergeBatching(config.batching(), options.batching,
+                                           options.intra_op_threads, intra_op_threads);
+  auto model = std::make_unique<ServedModel>();
+  model->name = name;
+  model->spec.d_model = spec.d_model;
+  model->spec.num_heads = spec.num_heads;
+  model->encoder_spec = spec;
+  model->max_sequence_length = config.max_sequence_length() != 0
+                                   ? config.max_sequence_length()
+                                   : spec.max_positions;
+  model->max_queue_bytes = batching.max_queue_bytes;
+  v1::ModelInfo& info = model->info;
+  info.set_name(name);
+  info.set_kind(v1::MODEL_KIND_ENCODER);
+  info.set_d_model(spec.d_model);
+  info.set_num_heads(spec.num_heads);
+  info.set_precision(v1::PRECISION_FP32);
+  info.set_max_sequence_length(model->max_sequence_length);
+  info.add_input_dtypes(v1::DATA_TYPE_INT64);
+  info.add_input_dtypes(v1::DATA_TYPE_INT32);
+  info.add_input_dtypes(v1::DATA_TYPE_FP32);
+  info.add_input_dtypes(v1::DATA_TYPE_BF16);
+  info.set_device(core::DeviceName(options.device));
+  *info.mutable_encoder() = config.encoder();
+  FillBatchingInfo(batching, intra_op_threads, info.mutable_batching());
+
+  batching.clock = options.clock;
+  if (options.make_observer) batching.observer = options.make_observer(info);
+  core::TransformerEncoder::Options encoder_options;
+  encoder_options.intra_op_threads = intra_op_threads;
+  const auto make_encoder =
+      [&]() -> absl::StatusOr<std::unique_ptr<core::TransformerEncoder>> {
+    ATTN_ASSIGN_OR_RETURN(auto encoder,
+                          core::TransformerEncoder::Create(spec, weights, encoder_options));
+    if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUpEncoder(*encoder));
+    return encoder;
+  };
+  ATTN_ASSIGN_OR_RETURN(model->encoder, EncoderBatcher::Create(batching, make_encoder));
+  return model;
+}
+
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
     const std::filesystem::path& folder, const ModelRegistry::Options& options) {
   const std::string name = folder.filename().string();
@@ -152,6 +268,16 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
                                                              parsed.status().message()));
   }
   const v1::ModelConfig& config = *parsed;
+  if (config.has_encoder()) {
+    absl::StatusOr<std::unique_ptr<ServedModel>> model =
+        LoadEncoderModel(folder, config, options);
+    if (!model.ok()) {
+      return absl::Status(model.status().code(),
+                          absl::StrCat("model \"", name, "\" (", folder.string(),
+                                       "): ", model.status().message()));
+    }
+    return model;
+  }
   const core::ModelSpec spec = SpecFromConfig(config);
   const int64_t max_sequence_length = config.max_sequence_length() != 0
                                           ? config.max_sequence_length()
@@ -198,8 +324,12 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
     return absl::InvalidArgumentError(absl::StrCat(
         "name \"", config.name(), "\" must equal the folder name \"", folder_name, "\""));
   }
-  const core::ModelSpec spec = SpecFromConfig(config);
-  if (absl::Status status = spec.Validate(); !status.ok()) {
+  if (config.has_encoder()) {
+    if (config.generated_weights() || !config.pruned_heads().empty()) {
+      return absl::InvalidArgumentError(
+          "generated_weights and pruned_heads are for attention models, not encoders");
+    }
+  } else if (absl::Status status = SpecFromConfig(config).Validate(); !status.ok()) {
     return absl::InvalidArgumentError(status.message());
   }
   if (config.max_sequence_length() < 0 ||
@@ -294,11 +424,11 @@ std::vector<const ServedModel*> ModelRegistry::models() const {
 }
 
 void ModelRegistry::Flush() {
-  for (auto& [name, model] : models_) model->batcher->Flush();
+  for (auto& [name, model] : models_) model->queue()->Flush();
 }
 
 void ModelRegistry::Shutdown() {
-  for (auto& [name, model] : models_) model->batcher->Shutdown();
+  for (auto& [name, model] : models_) model->queue()->Shutdown();
 }
 
 }  // namespace attnserve::server

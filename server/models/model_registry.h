@@ -15,7 +15,9 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/device.h"
 #include "core/model_spec.h"
+#include "core/transformer_encoder.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/encoder_batcher.h"
 
 namespace attnserve::server {
 
@@ -40,21 +42,31 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
 // One served model. Immutable after creation except for its batcher (thread-safe).
 struct ServedModel {
   std::string name;
-  core::ModelSpec spec;
+  // What it computes: one attention layer (`spec`, `batcher`) or an encoder
+  // (`encoder_spec`, `encoder`); info.kind() says which.
+  bool is_encoder() const { return encoder != nullptr; }
+  core::ModelSpec spec;  // an encoder's: its attention's d_model and heads
+  core::EncoderSpec encoder_spec;
   int64_t max_sequence_length = 0;
   // The batcher's byte budget; one request needing more is refused as never fitting.
   int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.
   v1::ModelInfo info;
-  std::unique_ptr<DynamicBatcher> batcher;
+  std::unique_ptr<DynamicBatcher> batcher;    // attention models
+  std::unique_ptr<EncoderBatcher> encoder;    // encoder models
+  // The model's batcher, whichever kind.
+  BatchQueue* queue() const {
+    return encoder != nullptr ? static_cast<BatchQueue*>(encoder.get()) : batcher.get();
+  }
 };
 
 // Thread-safe after Create (lookups only); owns the models.
 class ModelRegistry {
  public:
   struct Options {
-    // A folder holding <name>/config.pbtxt + <name>/weights.safetensors per model;
-    // empty serves only the built-in model.
+    // A folder holding <name>/config.pbtxt + <name>/weights.safetensors per model
+    // (an encoder: <name>/config.pbtxt with an `encoder` section, beside Hugging Face's
+    // config.json and model.safetensors); empty serves only the built-in model.
     std::string model_repository;
     // Batching settings for models whose config leaves them unset (and for the
     // built-in model). `clock` and `observer` are ignored here (see below).

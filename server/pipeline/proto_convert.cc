@@ -311,6 +311,271 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
   response->set_batch_size(work.batch_size);
 }
 
+namespace {
+
+// An integer tensor's layout: [L] or [n, L].
+struct IdsLayout {
+  int64_t count = 1;
+  int64_t length = 0;
+};
+
+// Validates `tensor` (named `field`) as INT64/INT32 [L] or [n, L] without reading its
+// values.
+absl::StatusOr<IdsLayout> CheckIds(const v1::Tensor& tensor, absl::string_view field,
+                                   int64_t max_sequence_length) {
+  if (tensor.dtype() != v1::DATA_TYPE_INT64 && tensor.dtype() != v1::DATA_TYPE_INT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".dtype must be DATA_TYPE_INT64 or DATA_TYPE_INT32, got ",
+                     v1::DataType_Name(tensor.dtype())));
+  }
+  const int rank = tensor.shape_size();
+  if (rank != 1 && rank != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape must have rank 1 [L] or 2 [n, L], got rank ", rank,
+                     " ", ShapeText(tensor)));
+  }
+  for (int i = 0; i < rank; ++i) {
+    if (tensor.shape(i) < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".shape[", i, "] must be >= 1, got ", tensor.shape(i),
+                       " in shape ", ShapeText(tensor)));
+    }
+  }
+  IdsLayout layout;
+  layout.count = rank == 2 ? tensor.shape(0) : 1;
+  layout.length = tensor.shape(rank - 1);
+  if (layout.length > max_sequence_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " sequence length ", layout.length,
+                     " exceeds max_sequence_length=", max_sequence_length));
+  }
+  const int64_t element_size = tensor.dtype() == v1::DATA_TYPE_INT64 ? 8 : 4;
+  const std::optional<int64_t> bytes =
+      CheckedProduct({layout.count, layout.length, element_size});
+  if (!bytes || *bytes != static_cast<int64_t>(tensor.raw().size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".raw must hold product(shape) * ", element_size, " = ",
+                     bytes ? absl::StrCat(*bytes) : std::string("(over 2^63)"),
+                     " bytes for ", v1::DataType_Name(tensor.dtype()), " shape ",
+                     ShapeText(tensor), ", got ", tensor.raw().size()));
+  }
+  return layout;
+}
+
+// Element `i` of an INT64 or INT32 tensor whose size was checked.
+int64_t IntAt(const v1::Tensor& tensor, int64_t i) {
+  if (tensor.dtype() == v1::DATA_TYPE_INT64) {
+    int64_t value;
+    std::memcpy(&value, tensor.raw().data() + 8 * i, 8);
+    return value;
+  }
+  int32_t value;
+  std::memcpy(&value, tensor.raw().data() + 4 * i, 4);
+  return value;
+}
+
+// The sequences' lengths from the attention mask (all L without one): each row ones
+// then zeros, at least one one.
+absl::StatusOr<std::vector<int64_t>> MaskLengths(const v1::EncodeRequest& request,
+                                                 absl::string_view input_field,
+                                                 int rank, const IdsLayout& layout,
+                                                 int64_t max_sequence_length) {
+  if (!request.has_attention_mask()) {
+    return std::vector<int64_t>(static_cast<size_t>(layout.count), layout.length);
+  }
+  ATTN_ASSIGN_OR_RETURN(
+      const IdsLayout mask,
+      CheckIds(request.attention_mask(), "attention_mask", max_sequence_length));
+  if (request.attention_mask().shape_size() != rank || mask.count != layout.count ||
+      mask.length != layout.length) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention_mask.shape must be ", input_field, "'s [n, L] ",
+        rank == 1 ? absl::StrCat("[", layout.length, "]")
+                  : absl::StrCat("[", layout.count, ", ", layout.length, "]"),
+        ", got ", ShapeText(request.attention_mask())));
+  }
+  std::vector<int64_t> lengths;
+  for (int64_t row = 0; row < layout.count; ++row) {
+    int64_t length = 0;
+    for (int64_t j = 0; j < layout.length; ++j) {
+      const int64_t value = IntAt(request.attention_mask(), row * layout.length + j);
+      if (value != 0 && value != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("attention_mask[", row, "][", j, "] must be 0 or 1, got ", value));
+      }
+      if (value == 1) {
+        if (length != j) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "attention_mask[", row, "] must be ones then zeros (padding on the right); "
+              "position ", j, " is 1 after a 0"));
+        }
+        ++length;
+      }
+    }
+    if (length == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention_mask[", row, "] has no 1: every sequence needs a token"));
+    }
+    lengths.push_back(length);
+  }
+  return lengths;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
+    const v1::EncodeRequest& request, const core::EncoderSpec& spec,
+    const AdmissionLimits& limits) {
+  if (request.request_id().size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("request_id must be at most ",
+                                                   kMaxRequestIdBytes, " bytes, got ",
+                                                   request.request_id().size()));
+  }
+  const bool ids = request.has_input_ids();
+  if (ids == request.has_hidden_states()) {
+    return absl::InvalidArgumentError(
+        ids ? "set input_ids or hidden_states, not both"
+            : "input_ids is required: token ids [L] or [n, L] (or hidden_states "
+              "[L, d_model] or [n, L, d_model])");
+  }
+  const int64_t d = spec.d_model;
+  IdsLayout layout;
+  int rank = 0;
+  std::optional<TensorLayout> hidden;
+  if (ids) {
+    ATTN_ASSIGN_OR_RETURN(layout, CheckIds(request.input_ids(), "input_ids",
+                                           limits.max_sequence_length));
+    rank = request.input_ids().shape_size();
+  } else {
+    core::ModelSpec attention;
+    attention.d_model = d;
+    attention.num_heads = spec.num_heads;
+    ATTN_ASSIGN_OR_RETURN(hidden, CheckSequences(request.hidden_states(), "hidden_states",
+                                                 attention, limits.max_sequence_length));
+    layout.count = hidden->count;
+    layout.length = hidden->length;
+    rank = request.hidden_states().shape_size() - 1;
+    if (request.has_token_type_ids()) {
+      return absl::InvalidArgumentError(
+          "token_type_ids must be unset with hidden_states (the embeddings are skipped)");
+    }
+  }
+  const absl::string_view input_field = ids ? "input_ids" : "hidden_states";
+  if (request.has_token_type_ids()) {
+    ATTN_ASSIGN_OR_RETURN(
+        const IdsLayout types,
+        CheckIds(request.token_type_ids(), "token_type_ids", limits.max_sequence_length));
+    if (request.token_type_ids().shape_size() != rank || types.count != layout.count ||
+        types.length != layout.length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_type_ids.shape must equal input_ids.shape ",
+                       ShapeText(request.input_ids()), ", got ",
+                       ShapeText(request.token_type_ids())));
+    }
+  }
+  ATTN_ASSIGN_OR_RETURN(std::vector<int64_t> lengths,
+                        MaskLengths(request, input_field, rank,
+                                    layout, limits.max_sequence_length));
+  int64_t tokens = 0;
+  for (const int64_t length : lengths) tokens += length;
+  // Sizes before values. Every product below is of dimensions bounded by the checked
+  // byte count of a message, so none overflows.
+  const bool pools = spec.pooling != core::EncoderSpec::Pooling::kNone;
+  const int64_t embedding_bytes = pools ? layout.count * d * 4 : 0;
+  const int64_t hidden_bytes = request.return_hidden() ? tokens * d * 4 : 0;
+  const int64_t response_bytes = embedding_bytes + hidden_bytes + layout.count * 10 +
+                                 kResponseOverheadBytes +
+                                 static_cast<int64_t>(request.request_id().size());
+  if (response_bytes > limits.max_response_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the response would be ", response_bytes, " bytes (embedding ", embedding_bytes,
+        ", hidden ", hidden_bytes,
+        "), over the largest message the server sends, max_message_bytes=",
+        limits.max_response_bytes,
+        request.return_hidden() ? "; ask without return_hidden or send fewer tokens"
+                                : "; send fewer sequences"));
+  }
+  // Held while queued and computed: the inputs, the results, and the core's activations
+  // for these tokens (hidden state, residual, and the feed-forward's inner width).
+  const int64_t work_bytes = tokens * 16 + (hidden ? tokens * d * 4 : 0) + embedding_bytes +
+                             hidden_bytes + tokens * (2 * d + spec.ffn_dim) * 4;
+  if (work_bytes > limits.max_work_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request needs ", work_bytes,
+        " bytes of working memory, over max_queue_bytes=", limits.max_work_bytes));
+  }
+  auto work = std::make_unique<EncoderWork>();
+  work->reserved_bytes = work_bytes;
+  work->pooled = pools;
+  work->return_hidden = request.return_hidden();
+  if (ids) {
+    work->token_ids.reserve(static_cast<size_t>(tokens));
+    if (request.has_token_type_ids()) work->token_types.reserve(static_cast<size_t>(tokens));
+    for (int64_t row = 0; row < layout.count; ++row) {
+      for (int64_t j = 0; j < lengths[row]; ++j) {
+        const int64_t at = row * layout.length + j;
+        const int64_t id = IntAt(request.input_ids(), at);
+        if (id < 0 || id >= spec.vocab_size) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("input_ids", rank == 2 ? absl::StrCat("[", row, "]") : "",
+                           "[", j, "] must be in [0, ", spec.vocab_size,
+                           ") (the model's vocab_size), got ", id));
+        }
+        work->token_ids.push_back(id);
+        if (request.has_token_type_ids()) {
+          const int64_t type = IntAt(request.token_type_ids(), at);
+          if (type < 0 || type >= spec.type_vocab_size) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "token_type_ids", rank == 2 ? absl::StrCat("[", row, "]") : "", "[", j,
+                "] must be in [0, ", spec.type_vocab_size,
+                ") (the model's type_vocab_size), got ", type));
+          }
+          work->token_types.push_back(type);
+        }
+      }
+    }
+  } else {
+    ATTN_RETURN_IF_ERROR(CheckFinite(request.hidden_states(), "hidden_states", *hidden));
+    const InputTensor values(request.hidden_states().raw(),
+                             request.hidden_states().dtype() == v1::DATA_TYPE_BF16);
+    std::vector<float> all(static_cast<size_t>(values.elements()));
+    values.CopyTo(all.data());
+    work->hidden_states.reserve(static_cast<size_t>(tokens * d));
+    for (int64_t row = 0; row < layout.count; ++row) {
+      const float* begin = all.data() + row * layout.length * d;
+      work->hidden_states.insert(work->hidden_states.end(), begin,
+                                 begin + lengths[row] * d);
+    }
+  }
+  work->lengths = std::move(lengths);
+  return work;
+}
+
+void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
+                        const std::string& request_id, int64_t d_model,
+                        v1::EncodeResponse* response) {
+  if (!work.embedding.empty()) {
+    v1::Tensor* embedding = response->mutable_embedding();
+    embedding->set_dtype(v1::DATA_TYPE_FP32);
+    embedding->add_shape(static_cast<int64_t>(work.lengths.size()));
+    embedding->add_shape(d_model);
+    embedding->set_raw(std::move(work.embedding));
+  }
+  if (work.return_hidden) {
+    v1::Tensor* hidden = response->mutable_hidden();
+    hidden->set_dtype(v1::DATA_TYPE_FP32);
+    hidden->add_shape(work.tokens());
+    hidden->add_shape(d_model);
+    hidden->set_raw(std::move(work.hidden));
+  }
+  response->mutable_lengths()->Add(work.lengths.begin(), work.lengths.end());
+  response->set_model(model_name);
+  response->set_request_id(request_id);
+  response->set_queue_time_us(absl::ToInt64Microseconds(work.queue_time));
+  response->set_compute_time_us(absl::ToInt64Microseconds(work.compute_time));
+  response->set_batch_size(work.batch_size);
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::StatusCode and grpc::StatusCode share the google.rpc.Code numbering.

@@ -14,7 +14,9 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
 #include "grpcpp/support/status.h"
+#include "core/transformer_encoder.h"
 #include "server/batching/dynamic_batcher.h"
+#include "server/batching/encoder_batcher.h"
 
 namespace attnserve::server {
 
@@ -67,6 +69,27 @@ ReplyFormat ReplyFormatOf(const v1::AttendRequest& request);
 void FillResponse(const ReplyFormat& format, AttentionWork& work,
                   const std::string& model_name, int64_t num_heads,
                   v1::AttendResponse* response);
+
+// Checks an encoder request against the model (`spec`, limits.max_sequence_length)
+// and returns its work: token ids (or hidden states) with the padding the attention
+// mask marks removed, one vector per field. Shapes, sizes and the response and work
+// budgets are checked before any value is read. InvalidArgument naming the field, the
+// value and the limit for: neither or both of input_ids and hidden_states, a dtype
+// other than INT64/INT32 (FP32/BF16 for hidden states), a rank other than 1 or 2
+// (2 or 3), a dimension < 1, a sequence longer than max_sequence_length, a byte count
+// not matching the shape, a mask or types tensor of another shape, a mask value other
+// than 0/1 or a row that is not ones then zeros or has no one, an id outside
+// [0, vocab_size), a type outside [0, type_vocab_size), a non-finite hidden state, a
+// response over max_response_bytes, work over max_work_bytes, an over-long request_id.
+absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
+    const v1::EncodeRequest& request, const core::EncoderSpec& spec,
+    const AdmissionLimits& limits);
+
+// Moves `work`'s results into `response`: embedding [n, d] and hidden [tokens, d]
+// (float32), lengths, timings.
+void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
+                        const std::string& request_id, int64_t d_model,
+                        v1::EncodeResponse* response);
 
 // The same code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);

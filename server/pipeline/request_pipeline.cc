@@ -42,10 +42,10 @@ void Cancellation::Cancel() {
   // Sequentially consistent with Attach: either this sees the batcher and wakes it, or
   // Attach sees the flag and the request is never queued.
   cancelled_.store(true);
-  if (DynamicBatcher* batcher = batcher_.load()) batcher->Wake();
+  if (BatchQueue* batcher = batcher_.load()) batcher->Wake();
 }
 
-bool Cancellation::Attach(DynamicBatcher* batcher) {
+bool Cancellation::Attach(BatchQueue* batcher) {
   batcher_.store(batcher);
   return cancelled_.load();
 }
@@ -210,6 +210,13 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
     finish(found.status(), {}, 0);
     return;
   }
+  if (model->is_encoder()) {
+    finish(absl::InvalidArgumentError(absl::StrCat(
+               "model \"", model->name,
+               "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")),
+           {}, 0);
+    return;
+  }
   AdmissionLimits limits;
   limits.max_sequence_length = model->max_sequence_length;
   limits.max_response_bytes = options_.max_response_bytes;
@@ -272,6 +279,90 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
           FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
           // Admission bounded the size already; this guards the invariant, because gRPC
           // aborts the process on a message it cannot serialize.
+          const size_t bytes = response.ByteSizeLong();
+          if (bytes > static_cast<size_t>(options_.max_response_bytes)) {
+            status = absl::InternalError(absl::StrCat(
+                "the response is ", bytes,
+                " bytes, over max_message_bytes=", options_.max_response_bytes));
+            response.Clear();
+          }
+        }
+        const int64_t computed = status.ok() ? tokens : 0;
+        (*shared_finish)(std::move(status), std::move(response), computed);
+      });
+  if (!enqueued.ok()) (*shared_finish)(enqueued, {}, 0);
+}
+
+void RequestPipeline::SubmitEncode(
+    const v1::EncodeRequest& request, absl::Time deadline,
+    const std::shared_ptr<Cancellation>& cancellation,
+    std::function<void(absl::Status, v1::EncodeResponse)> done, Origin origin) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ServedModel*> found = FindModel(request.model());
+  ServedModel* model = found.ok() ? *found : nullptr;
+  const std::string model_name = model != nullptr ? model->name : "";
+  if (observer_.on_request_started) observer_.on_request_started(model_name);
+  auto finish = [this, start, model_name, done = std::move(done)](
+                    absl::Status status, v1::EncodeResponse response, int64_t tokens) {
+    if (observer_.on_request_finished) {
+      observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
+    }
+    done(std::move(status), std::move(response));
+  };
+  if (absl::Status serving = CheckServing(); origin == Origin::kCall && !serving.ok()) {
+    finish(std::move(serving), {}, 0);
+    return;
+  }
+  if (!found.ok()) {
+    finish(found.status(), {}, 0);
+    return;
+  }
+  if (!model->is_encoder()) {
+    finish(absl::InvalidArgumentError(absl::StrCat(
+               "model \"", model->name,
+               "\" is an attention layer, not an encoder: send [L, d_model] queries to "
+               "Attend (KServe: input \"query\")")),
+           {}, 0);
+    return;
+  }
+  AdmissionLimits limits;
+  limits.max_sequence_length = model->max_sequence_length;
+  limits.max_response_bytes = options_.max_response_bytes;
+  limits.max_work_bytes = model->max_queue_bytes;
+  absl::StatusOr<std::unique_ptr<EncoderWork>> work =
+      EncoderWorkFromRequest(request, model->encoder_spec, limits);
+  if (!work.ok()) {
+    finish(absl::Status(
+               work.status().code(),
+               absl::StrCat(work.status().message(), " (model \"", model->name, "\")")),
+           {}, 0);
+    return;
+  }
+  if (deadline <= absl::Now()) {
+    finish(
+        absl::DeadlineExceededError("the deadline passed before the request was queued"),
+        {}, 0);
+    return;
+  }
+  if (cancellation != nullptr) {
+    if (cancellation->Attach(model->encoder.get())) {
+      finish(absl::CancelledError("the call was cancelled before it was queued"), {}, 0);
+      return;
+    }
+    (*work)->cancelled =
+        std::shared_ptr<const std::atomic<bool>>(cancellation, &cancellation->cancelled_);
+  }
+  (*work)->deadline = deadline;
+  const int64_t tokens = (*work)->tokens();
+  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
+  const absl::Status enqueued = model->encoder->Enqueue(
+      std::move(work).value(),
+      [this, model, tokens, shared_finish, request_id = request.request_id()](
+          absl::Status status, std::unique_ptr<EncoderWork> result) {
+        v1::EncodeResponse response;
+        if (status.ok()) {
+          FillEncodeResponse(*result, model->name, request_id, model->spec.d_model,
+                             &response);
           const size_t bytes = response.ByteSizeLong();
           if (bytes > static_cast<size_t>(options_.max_response_bytes)) {
             status = absl::InternalError(absl::StrCat(

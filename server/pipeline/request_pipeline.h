@@ -57,10 +57,10 @@ class Cancellation {
   friend class RequestPipeline;
   // Remembers the batcher to wake; true when the call was cancelled already (then the
   // request must not be queued).
-  bool Attach(DynamicBatcher* batcher);
+  bool Attach(BatchQueue* batcher);
 
   std::atomic<bool> cancelled_{false};
-  std::atomic<DynamicBatcher*> batcher_{nullptr};
+  std::atomic<BatchQueue*> batcher_{nullptr};
 };
 
 // An open bidirectional stream, as the pipeline tracks it for draining
@@ -185,6 +185,15 @@ class RequestPipeline {
               std::function<void(absl::Status, v1::AttendResponse)> done,
               v1::HeadStatisticsResponse* statistics = nullptr,
               Origin origin = Origin::kCall);
+
+  // The same for an encoder model's request (Encode): looked up, validated
+  // (EncoderWorkFromRequest), admitted and queued on the model's encoder batcher.
+  // The work copies what it needs, so `request` may go once this returns. A request
+  // for an attention model is refused INVALID_ARGUMENT, as Submit refuses an encoder.
+  void SubmitEncode(const v1::EncodeRequest& request, absl::Time deadline,
+                    const std::shared_ptr<Cancellation>& cancellation,
+                    std::function<void(absl::Status, v1::EncodeResponse)> done,
+                    Origin origin = Origin::kCall);
 
  private:
   ModelRegistry* const registry_;

@@ -129,6 +129,45 @@ TEST(TransformerEncoderTest, EachSequenceAloneGivesWhatItGaveInTheBatch) {
   }
 }
 
+TEST(TransformerEncoderTest, HiddenStatesEnterTheFirstBlock) {
+  // Block 1 of the golden model fed block 0's output gives the whole model's output:
+  // the hidden-state input skips the embeddings and nothing else.
+  const Golden golden = ReadGolden();
+  auto file = SafetensorsFile::Read(kData + "/encoder_tiny.weights.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto weights = LoadBertWeights(*file, TinySpec());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EncoderSpec one_layer = TinySpec();
+  one_layer.num_layers = 1;
+  EncoderWeights first = *weights, second = *weights;
+  first.layers.resize(1);
+  second.layers.erase(second.layers.begin());
+  TransformerEncoder::Options options;
+  options.intra_op_threads = 1;
+  auto lower = TransformerEncoder::Create(one_layer, first, options);
+  auto upper = TransformerEncoder::Create(one_layer, second, options);
+  ASSERT_TRUE(lower.ok() && upper.ok());
+  std::vector<float> between(golden.hidden.size()), hidden(golden.hidden.size()),
+      pooled(golden.pooled.size());
+  ASSERT_TRUE((*lower)
+                  ->Forward({golden.token_ids, golden.token_types, golden.lengths}, {},
+                            absl::MakeSpan(between))
+                  .ok());
+  EncoderBatch batch;
+  batch.lengths = golden.lengths;
+  batch.hidden_states = between;
+  ASSERT_TRUE(
+      (*upper)->Forward(batch, absl::MakeSpan(pooled), absl::MakeSpan(hidden)).ok());
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(hidden), absl::MakeConstSpan(golden.hidden)),
+            kHiddenTolerance);
+  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
+            kPooledTolerance);
+  // Ids and hidden states together are refused.
+  batch.token_ids = golden.token_ids;
+  EXPECT_THAT(std::string((*upper)->Forward(batch, absl::MakeSpan(pooled), {}).message()),
+              HasSubstr("token_ids and token_types must be empty with hidden_states"));
+}
+
 TEST(TransformerEncoderTest, ClsPoolingIsTheFirstTokensHiddenState) {
   const Golden golden = ReadGolden();
   EncoderSpec spec = TinySpec();

@@ -1,0 +1,94 @@
+// EncoderWork: one encoder request's work as the batcher and the core see it (validated,
+// packed token ids or hidden states, deadline, results), and EncoderBatcher, which
+// batches it by tokens for one encoder model.
+#ifndef ATTNSERVE_SERVER_BATCHING_ENCODER_BATCHER_H_
+#define ATTNSERVE_SERVER_BATCHING_ENCODER_BATCHER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/transformer_encoder.h"
+#include "server/batching/batch_scheduler.h"
+
+namespace attnserve::server {
+
+// One request's work. Owned by the batcher from Enqueue until its callback.
+struct EncoderWork {
+  // Inputs, already validated against the model, padding removed: the sequences'
+  // tokens one after another. Either token ids (with optional types) or hidden states.
+  std::vector<int64_t> token_ids;      // [sum(lengths)], or empty
+  std::vector<int64_t> token_types;    // empty (all 0) or [sum(lengths)]
+  std::vector<float> hidden_states;    // [sum(lengths), d_model], or empty
+  std::vector<int64_t> lengths;        // n sequences
+  // Return the pooled embedding (the model pools) / the last hidden state.
+  bool pooled = true;
+  bool return_hidden = false;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::shared_ptr<const std::atomic<bool>> cancelled;  // may be null
+  // Bytes held from Enqueue until the callback returns (inputs and results).
+  int64_t reserved_bytes = 0;
+
+  // Results, float32 bytes: [n, d] and, when asked, [sum(lengths), d].
+  std::string embedding;
+  std::string hidden;
+  absl::Duration queue_time;
+  absl::Duration compute_time;
+  int batch_size = 0;
+
+  int64_t tokens() const;
+  // Token-id requests batch together, and hidden-state requests together.
+  bool SharesBatchWith(const EncoderWork& other) const;
+};
+
+// Batches encoder requests for one model: a BatchScheduler<EncoderWork> (budgets count
+// tokens: max_batch_tokens) whose executor packs each batch and runs it on that
+// worker's own TransformerEncoder. Thread-safe.
+class EncoderBatcher final : public BatchQueue {
+ public:
+  using Callback = BatchScheduler<EncoderWork>::Callback;
+
+  // One encoder per instance from `make_encoder`, then the workers start.
+  // InvalidArgument naming a bad option; the factory's error otherwise.
+  static absl::StatusOr<std::unique_ptr<EncoderBatcher>> Create(
+      const BatchingOptions& options,
+      const std::function<absl::StatusOr<std::unique_ptr<core::TransformerEncoder>>()>&
+          make_encoder);
+  ~EncoderBatcher() override;
+  EncoderBatcher(const EncoderBatcher&) = delete;
+  EncoderBatcher& operator=(const EncoderBatcher&) = delete;
+
+  // As BatchScheduler::Enqueue.
+  absl::Status Enqueue(std::unique_ptr<EncoderWork> work, Callback done) {
+    return scheduler_->Enqueue(std::move(work), std::move(done));
+  }
+  void Wake() override { scheduler_->Wake(); }
+  void Hold(int64_t bytes) override { scheduler_->Hold(bytes); }
+  void Release(int64_t bytes) override { scheduler_->Release(bytes); }
+  void Flush() override { scheduler_->Flush(); }
+  void Shutdown() override;
+  BatcherStats stats() const override { return scheduler_->stats(); }
+  int64_t queue_depth() const override { return scheduler_->queue_depth(); }
+  int64_t held_bytes() const override { return scheduler_->held_bytes(); }
+
+ private:
+  explicit EncoderBatcher(const BatchingOptions& options) : options_(options) {}
+  absl::Status RunBatch(core::TransformerEncoder* encoder,
+                        absl::Span<EncoderWork* const> batch);
+
+  const BatchingOptions options_;
+  // Declared before scheduler_, so the workers are joined before these are destroyed.
+  std::vector<std::unique_ptr<core::TransformerEncoder>> encoders_;
+  std::unique_ptr<BatchScheduler<EncoderWork>> scheduler_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_BATCHING_ENCODER_BATCHER_H_

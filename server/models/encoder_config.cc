@@ -1,0 +1,285 @@
+#include "server/models/encoder_config.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve::server {
+
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+// Deeper nesting than any of these files has is refused before parsing (the parser
+// recurses).
+constexpr int kMaxDepth = 32;
+
+absl::StatusOr<Json> Parse(const std::string& text, absl::string_view file) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > kMaxDepth) {
+        return Invalid(absl::StrCat(file, ": nested deeper than ", kMaxDepth, " levels"));
+      }
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return Invalid(absl::StrCat(file, ": not valid JSON"));
+  return json;
+}
+
+std::string Shown(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// The integer `key` of `object` (absent: `fallback`), in [1, 2^31).
+absl::StatusOr<int64_t> Count(const Json& object, const char* key, int64_t fallback,
+                              absl::string_view file) {
+  const auto it = object.find(key);
+  if (it == object.end()) return fallback;
+  if (const auto* value = it->get_ptr<const Json::number_unsigned_t*>()) {
+    if (*value >= 1 && *value <= std::numeric_limits<int32_t>::max()) {
+      return static_cast<int64_t>(*value);
+    }
+  } else if (const auto* signed_value = it->get_ptr<const Json::number_integer_t*>()) {
+    if (*signed_value >= 1 && *signed_value <= std::numeric_limits<int32_t>::max()) {
+      return static_cast<int64_t>(*signed_value);
+    }
+  }
+  return Invalid(absl::StrCat(file, ": ", key, " must be an integer in [1, 2^31), got ",
+                              Shown(*it)));
+}
+
+absl::StatusOr<std::string> Text(const Json& object, const char* key,
+                                 absl::string_view fallback, absl::string_view file) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return std::string(fallback);
+  if (const auto* value = it->get_ptr<const Json::string_t*>()) return *value;
+  return Invalid(absl::StrCat(file, ": ", key, " must be a string, got ", Shown(*it)));
+}
+
+absl::StatusOr<bool> Flag(const Json& object, const char* key, absl::string_view file) {
+  const auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return false;
+  if (const auto* value = it->get_ptr<const Json::boolean_t*>()) return *value;
+  return Invalid(absl::StrCat(file, ": ", key, " must be true or false, got ", Shown(*it)));
+}
+
+// Sets `*field` from `from_file` when unset; refuses a set value that differs.
+absl::Status Merge(int64_t from_file, const char* name, int64_t* field) {
+  if (*field == 0) {
+    *field = from_file;
+  } else if (*field != from_file) {
+    return Invalid(absl::StrCat(name, " is ", *field, " in config.pbtxt but ", from_file,
+                                " in config.json"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
+  constexpr absl::string_view kFile = "config.json";
+  if (!json.is_object()) return Invalid("config.json: must be a JSON object");
+  ATTN_ASSIGN_OR_RETURN(const std::string model_type,
+                        Text(json, "model_type", "bert", kFile));
+  if (model_type != "bert") {
+    return Invalid(absl::StrCat(
+        "config.json: model_type \"", model_type,
+        "\" is not served (served: \"bert\", BERT's layout: learned absolute positions "
+        "from 0, post-LN blocks, Hugging Face's BertModel tensor names)"));
+  }
+  ATTN_ASSIGN_OR_RETURN(const std::string positions,
+                        Text(json, "position_embedding_type", "absolute", kFile));
+  if (positions != "absolute") {
+    return Invalid(absl::StrCat("config.json: position_embedding_type \"", positions,
+                                "\" is not served (served: \"absolute\")"));
+  }
+  ATTN_ASSIGN_OR_RETURN(const bool decoder, Flag(json, "is_decoder", kFile));
+  ATTN_ASSIGN_OR_RETURN(const bool cross, Flag(json, "add_cross_attention", kFile));
+  if (decoder || cross) {
+    return Invalid("config.json: is_decoder / add_cross_attention: decoders are not "
+                   "served, only encoders");
+  }
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, "hidden_size", 768, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t heads, Count(json, "num_attention_heads", 12, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t layers, Count(json, "num_hidden_layers", 12, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, "intermediate_size", 3072, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t positions_count,
+                        Count(json, "max_position_embeddings", 512, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t vocab, Count(json, "vocab_size", 30522, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t types, Count(json, "type_vocab_size", 2, kFile));
+  int64_t value = config->d_model();
+  ATTN_RETURN_IF_ERROR(Merge(d, "d_model", &value));
+  config->set_d_model(value);
+  value = config->num_heads();
+  ATTN_RETURN_IF_ERROR(Merge(heads, "num_heads", &value));
+  config->set_num_heads(value);
+  value = encoder->num_layers();
+  ATTN_RETURN_IF_ERROR(Merge(layers, "encoder.num_layers", &value));
+  encoder->set_num_layers(value);
+  value = encoder->ffn_dim();
+  ATTN_RETURN_IF_ERROR(Merge(ffn, "encoder.ffn_dim", &value));
+  encoder->set_ffn_dim(value);
+  value = encoder->max_positions();
+  ATTN_RETURN_IF_ERROR(Merge(positions_count, "encoder.max_positions", &value));
+  encoder->set_max_positions(value);
+  value = encoder->vocab_size();
+  ATTN_RETURN_IF_ERROR(Merge(vocab, "encoder.vocab_size", &value));
+  encoder->set_vocab_size(value);
+  value = encoder->type_vocab_size();
+  ATTN_RETURN_IF_ERROR(Merge(types, "encoder.type_vocab_size", &value));
+  encoder->set_type_vocab_size(value);
+  if (encoder->activation() == v1::EncoderConfig::ACTIVATION_UNSPECIFIED) {
+    ATTN_ASSIGN_OR_RETURN(const std::string act, Text(json, "hidden_act", "gelu", kFile));
+    if (act == "gelu") {
+      encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU);
+    } else if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
+      encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU_TANH);
+    } else if (act == "relu") {
+      encoder->set_activation(v1::EncoderConfig::ACTIVATION_RELU);
+    } else {
+      return Invalid(absl::StrCat("config.json: hidden_act \"", act,
+                                  "\" is not served (served: gelu, gelu_new, "
+                                  "gelu_pytorch_tanh, relu)"));
+    }
+  }
+  if (encoder->layer_norm_eps() == 0.0f) {
+    const auto it = json.find("layer_norm_eps");
+    double eps = 1e-12;
+    if (it != json.end()) {
+      if (!it->is_number() || !(it->get<double>() > 0.0) || it->get<double>() > 1.0) {
+        return Invalid(absl::StrCat(
+            "config.json: layer_norm_eps must be a number in (0, 1], got ", Shown(*it)));
+      }
+      eps = it->get<double>();
+    }
+    encoder->set_layer_norm_eps(static_cast<float>(eps));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplySentenceTransformers(const EncoderFiles& files,
+                                       v1::ModelConfig* config) {
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  if (encoder->normalization() == v1::EncoderConfig::NORMALIZATION_UNSPECIFIED) {
+    bool normalize = false;
+    if (!files.modules_json.empty()) {
+      ATTN_ASSIGN_OR_RETURN(const Json modules, Parse(files.modules_json, "modules.json"));
+      if (!modules.is_array()) return Invalid("modules.json: must be a JSON array");
+      for (size_t i = 0; i < modules.size(); ++i) {
+        if (!modules[i].is_object()) {
+          return Invalid(absl::StrCat("modules.json: [", i, "] must be an object"));
+        }
+        ATTN_ASSIGN_OR_RETURN(const std::string type,
+                              Text(modules[i], "type", "", "modules.json"));
+        normalize |= type == "sentence_transformers.models.Normalize";
+      }
+    }
+    encoder->set_normalization(normalize ? v1::EncoderConfig::NORMALIZATION_L2
+                                         : v1::EncoderConfig::NORMALIZATION_NONE);
+  }
+  if (encoder->pooling() == v1::EncoderConfig::POOLING_UNSPECIFIED) {
+    encoder->set_pooling(v1::EncoderConfig::POOLING_MEAN);
+    if (!files.pooling_json.empty()) {
+      constexpr absl::string_view kFile = "1_Pooling/config.json";
+      ATTN_ASSIGN_OR_RETURN(const Json pooling, Parse(files.pooling_json, kFile));
+      if (!pooling.is_object()) return Invalid("1_Pooling/config.json: must be an object");
+      ATTN_ASSIGN_OR_RETURN(const bool cls, Flag(pooling, "pooling_mode_cls_token", kFile));
+      ATTN_ASSIGN_OR_RETURN(const bool mean,
+                            Flag(pooling, "pooling_mode_mean_tokens", kFile));
+      for (const char* mode : {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                               "pooling_mode_weightedmean_tokens",
+                               "pooling_mode_lasttoken"}) {
+        ATTN_ASSIGN_OR_RETURN(const bool on, Flag(pooling, mode, kFile));
+        if (on) {
+          return Invalid(absl::StrCat(kFile, ": ", mode,
+                                      " is not served (served: mean tokens, CLS token)"));
+        }
+      }
+      if (cls == mean) {
+        return Invalid(absl::StrCat(kFile, ": exactly one of pooling_mode_cls_token and "
+                                           "pooling_mode_mean_tokens must be true"));
+      }
+      encoder->set_pooling(cls ? v1::EncoderConfig::POOLING_CLS
+                               : v1::EncoderConfig::POOLING_MEAN);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config) {
+  Json architecture = Json::object();  // no config.json: BERT-base's defaults
+  if (!files.config_json.empty()) {
+    ATTN_ASSIGN_OR_RETURN(architecture, Parse(files.config_json, "config.json"));
+  }
+  try {
+    ATTN_RETURN_IF_ERROR(ApplyArchitecture(architecture, config));
+    ATTN_RETURN_IF_ERROR(ApplySentenceTransformers(files, config));
+  } catch (const std::exception& e) {
+    // Typed accessors only above; this guards the promise never to throw.
+    return Invalid(absl::StrCat("the encoder's files could not be read: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& config) {
+  const v1::EncoderConfig& encoder = config.encoder();
+  core::EncoderSpec spec;
+  spec.num_layers = encoder.num_layers();
+  spec.d_model = config.d_model();
+  spec.num_heads = config.num_heads();
+  spec.ffn_dim = encoder.ffn_dim();
+  switch (encoder.activation()) {
+    case v1::EncoderConfig::ACTIVATION_GELU_TANH:
+      spec.activation = core::EncoderSpec::Activation::kGeluTanh;
+      break;
+    case v1::EncoderConfig::ACTIVATION_RELU:
+      spec.activation = core::EncoderSpec::Activation::kRelu;
+      break;
+    default:
+      spec.activation = core::EncoderSpec::Activation::kGeluErf;
+  }
+  spec.layer_norm_eps = encoder.layer_norm_eps();
+  spec.max_positions = encoder.max_positions();
+  spec.vocab_size = encoder.vocab_size();
+  spec.type_vocab_size = encoder.type_vocab_size();
+  switch (encoder.pooling()) {
+    case v1::EncoderConfig::POOLING_CLS:
+      spec.pooling = core::EncoderSpec::Pooling::kCls;
+      break;
+    case v1::EncoderConfig::POOLING_NONE:
+      spec.pooling = core::EncoderSpec::Pooling::kNone;
+      break;
+    default:
+      spec.pooling = core::EncoderSpec::Pooling::kMean;
+  }
+  spec.normalize = encoder.normalization() == v1::EncoderConfig::NORMALIZATION_L2;
+  if (absl::Status status = spec.Validate(); !status.ok()) {
+    return Invalid(absl::StrCat("encoder: ", status.message()));
+  }
+  return spec;
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,37 @@
+// An encoder model's recipe from the files Hugging Face and sentence-transformers save
+// beside the weights: config.json (the architecture), modules.json and
+// 1_Pooling/config.json (pooling and normalization). Fields the model's config.pbtxt
+// sets win; the rest come from these files; what neither says takes BERT's defaults.
+#ifndef ATTNSERVE_SERVER_MODELS_ENCODER_CONFIG_H_
+#define ATTNSERVE_SERVER_MODELS_ENCODER_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention.pb.h"
+#include "core/transformer_encoder.h"
+
+namespace attnserve::server {
+
+// The text of the files (empty: the file is absent).
+struct EncoderFiles {
+  std::string config_json;   // config.json
+  std::string modules_json;  // modules.json
+  std::string pooling_json;  // 1_Pooling/config.json (the Pooling module's folder)
+};
+
+// Fills the unset fields of `config` (d_model, num_heads and `config->encoder()`) from
+// `files`. InvalidArgument naming the file, the field and the value: text that is not
+// JSON, a field of the wrong type, an architecture that is not served (model_type
+// other than "bert", relative position embeddings, a decoder), an activation or a
+// pooling mode that is not served, or a config.pbtxt value that contradicts
+// config.json. Never throws.
+absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config);
+
+// The core's spec of a resolved config (ResolveEncoderConfig) and checks it.
+absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& config);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_MODELS_ENCODER_CONFIG_H_
