@@ -8,6 +8,9 @@
 #               debootstrap, clang tools, and the project virtualenv (--venv DIR) with
 #               the PyPI tools pinned in deploy/requirements-test.txt
 #   --bench     the peers `make bench-core` / `make bench-server` compare against
+#   --peers DIR the PyPI peers of `make bench-encoder` (PyTorch 2.x, sentence-transformers,
+#               ONNX Runtime), pinned in deploy/requirements-peers.txt, in their own
+#               virtualenv DIR (several GB; not needed by `make test`)
 #   --list-runtime   print the runtime list, one per line
 #
 # Several groups may be given at once (`--build --test`). With no argument: --build.
@@ -100,12 +103,14 @@ bench_packages=(
 )
 
 usage() {
-  echo "usage: $0 [--build] [--runtime] [--test [--venv DIR]] [--bench] | --list-runtime" >&2
+  echo "usage: $0 [--build] [--runtime] [--test [--venv DIR]] [--bench] [--peers DIR]" \
+    "| --list-runtime" >&2
   exit 2
 }
 
 wanted=()
 venv=""
+peers=""
 with_test=0
 [[ $# -eq 0 ]] && set -- --build
 while [[ $# -gt 0 ]]; do
@@ -124,6 +129,11 @@ while [[ $# -gt 0 ]]; do
     --venv)
       [[ $# -ge 2 ]] || usage
       venv="$2"
+      shift
+      ;;
+    --peers)
+      [[ $# -ge 2 ]] || usage
+      peers="$2"
       shift
       ;;
     *) usage ;;
@@ -175,4 +185,20 @@ if [[ ${with_test} -eq 1 ]]; then
   "${venv}/bin/python" -m pip install -q --disable-pip-version-check --require-virtualenv \
     --no-build-isolation --no-deps --no-index --upgrade "${here}/../client/python"
   echo "install-deps: attnserve Python client installed into ${venv}"
+fi
+
+# The peers' virtualenv: no system site packages, so that PyPI's PyTorch 2.x and
+# Debian's 1.13 never meet.
+if [[ -n "${peers}" ]]; then
+  requirements="${here}/requirements-peers.txt"
+  stamp="${peers}/.requirements"
+  if [[ -f "${stamp}" ]] && cmp -s "${stamp}" "${requirements}"; then
+    echo "install-deps: peers virtualenv ${peers} up to date"
+  else
+    echo "install-deps: peers virtualenv ${peers} from ${requirements}"
+    /usr/bin/python3 -m venv "${peers}"
+    "${peers}/bin/python" -m pip install -q --disable-pip-version-check \
+      --require-virtualenv -r "${requirements}"
+    cp "${requirements}" "${stamp}"
+  fi
 fi

@@ -389,13 +389,25 @@ void FillModelMetadata(const ServedModel& model,
   const int64_t d = model.spec.d_model;
   response->set_name(model.name);
   response->add_versions(kModelVersion);
-  response->set_platform("attnserve_mha");
-  const auto tensor = [](auto* list, const char* name, std::vector<int64_t> shape) {
+  response->set_platform(model.is_encoder() ? "attnserve_encoder" : "attnserve_mha");
+  const auto tensor = [](auto* list, const char* name, std::vector<int64_t> shape,
+                         const char* datatype = "FP32") {
     auto* entry = list->Add();
     entry->set_name(name);
-    entry->set_datatype("FP32");
+    entry->set_datatype(datatype);
     entry->mutable_shape()->Add(shape.begin(), shape.end());
   };
+  if (model.is_encoder()) {
+    // Token ids [n, L] (INT32 accepted too), or hidden states [n, L, d].
+    tensor(response->mutable_inputs(), kInputIds, {-1, -1}, "INT64");
+    tensor(response->mutable_inputs(), kAttentionMask, {-1, -1}, "INT64");
+    tensor(response->mutable_inputs(), kTokenTypeIds, {-1, -1}, "INT64");
+    tensor(response->mutable_inputs(), kHiddenStates, {-1, -1, d});
+    tensor(response->mutable_outputs(), kEmbedding, {-1, d});
+    tensor(response->mutable_outputs(), kHidden, {-1, d});
+    tensor(response->mutable_outputs(), kLengths, {-1}, "INT64");
+    return;
+  }
   // One sequence [L, d] (a leading n for equal-length batches is accepted too).
   tensor(response->mutable_inputs(), kQuery, {-1, d});
   tensor(response->mutable_inputs(), kMemory, {-1, d});
@@ -406,9 +418,30 @@ void FillModelMetadata(const ServedModel& model,
 void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
   const int64_t d = model.spec.d_model;
   config->set_name(model.name);
-  config->set_platform("attnserve_mha");
+  config->set_platform(model.is_encoder() ? "attnserve_encoder" : "attnserve_mha");
   config->set_backend("attnserve");
   config->set_max_batch_size(0);
+  if (model.is_encoder()) {
+    const auto add = [](auto* entry, const char* name, inference::DataType type,
+                        std::vector<int64_t> dims) {
+      entry->set_name(name);
+      entry->set_data_type(type);
+      entry->mutable_dims()->Add(dims.begin(), dims.end());
+      return entry;
+    };
+    add(config->add_input(), kInputIds, inference::TYPE_INT64, {-1, -1})
+        ->set_optional(true);  // or hidden_states
+    add(config->add_input(), kAttentionMask, inference::TYPE_INT64, {-1, -1})
+        ->set_optional(true);
+    add(config->add_input(), kTokenTypeIds, inference::TYPE_INT64, {-1, -1})
+        ->set_optional(true);
+    add(config->add_input(), kHiddenStates, inference::TYPE_FP32, {-1, -1, d})
+        ->set_optional(true);
+    add(config->add_output(), kEmbedding, inference::TYPE_FP32, {-1, d});
+    add(config->add_output(), kHidden, inference::TYPE_FP32, {-1, d});
+    add(config->add_output(), kLengths, inference::TYPE_INT64, {-1});
+    return;
+  }
   const auto input = [&](const char* name, bool optional) {
     inference::ModelInput* entry = config->add_input();
     entry->set_name(name);

@@ -87,7 +87,9 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
                              inference::ModelInferResponse* response);
 
 // The model's metadata as the protocol states it (ModelMetadata, and HTTP GET
-// /v2/models/{m}): inputs query and memory, outputs output and attention.
+// /v2/models/{m}): inputs query and memory, outputs output and attention; an
+// encoder's inputs input_ids, attention_mask, token_type_ids, hidden_states and outputs
+// embedding, hidden, lengths.
 void FillModelMetadata(const ServedModel& model,
                        inference::ModelMetadataResponse* response);
 
@@ -99,7 +101,8 @@ void FillModelStatistics(const ServerMetrics& metrics,
 
 // The model's configuration as Triton's ModelConfig (minimal): inputs query and memory
 // (optional), outputs output and attention, FP32 with -1 for free dimensions,
-// max_batch_size 0, backend "attnserve".
+// max_batch_size 0, backend "attnserve"; an encoder's tensors as FillModelMetadata's,
+// every input optional (input_ids or hidden_states is needed).
 void FillModelConfig(const ServedModel& model, inference::ModelConfig* config);
 
 }  // namespace attnserve::server

@@ -1,7 +1,9 @@
 // libFuzzer target: the KServe v2 HTTP door's request path without the socket. Input:
 // an optional first line "H:<Inference-Header-Content-Length value>\n", then the body.
-// The body goes through ParseInferBody, AttendFromInfer and WorkFromRequest (what the
-// door does before queueing); errors go through ErrorBody, as the door sends them. Any
+// The body goes through ParseInferBody, then both model kinds' conversions: AttendFromInfer
+// and WorkFromRequest, EncodeFromInfer and EncoderWorkFromRequest (what the door does
+// before queueing), and an answer of the admitted shape back out; errors go through
+// ErrorBody, as the door sends them. Any
 // input must give a Status or an answer: never a crash, an exception, a read out of
 // bounds or undefined behaviour.
 #include <cstddef>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/string_view.h"
 #include "core/model_spec.h"
+#include "core/transformer_encoder.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/frontends/kserve_convert.h"
 #include "server/frontends/kserve_http_request.h"
@@ -47,6 +50,44 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       ParseInferBody(model, "", input, *header_length);
   if (!parsed.ok()) return refuse(parsed.status()), 0;
   inference::ModelInferRequest& infer = parsed->infer;
+  {
+    // An encoder model's path, on a copy (each conversion moves the raw inputs out).
+    inference::ModelInferRequest copy = infer;
+    absl::StatusOr<attnserve::v1::EncodeRequest> encode = EncodeFromInfer(&copy);
+    if (!encode.ok()) {
+      refuse(encode.status());
+    } else {
+      attnserve::core::EncoderSpec spec;
+      spec.num_layers = 1;
+      spec.d_model = 8;
+      spec.num_heads = 2;
+      spec.ffn_dim = 16;
+      spec.vocab_size = 100;
+      spec.max_positions = 64;
+      AdmissionLimits limits;
+      limits.max_sequence_length = 64;
+      limits.max_response_bytes = 1 << 16;
+      limits.max_work_bytes = 1 << 18;
+      auto work = EncoderWorkFromRequest(*encode, spec, limits);
+      if (!work.ok()) {
+        refuse(work.status());
+      } else {
+        (*work)->embedding.assign((*work)->lengths.size() * spec.d_model * 4, '\0');
+        if ((*work)->return_hidden) {
+          (*work)->hidden.assign(static_cast<size_t>((*work)->tokens() * spec.d_model * 4),
+                                 '\0');
+        }
+        attnserve::v1::EncodeResponse answer;
+        FillEncodeResponse(**work, model, encode->request_id(), spec.d_model, &answer);
+        inference::ModelInferResponse response;
+        InferResponseFromEncode(copy, answer, &response);
+        int64_t response_header_length = 0;
+        const std::string body =
+            InferResponseBody(response, parsed->binary_outputs, &response_header_length);
+        if (response_header_length > static_cast<int64_t>(body.size())) __builtin_trap();
+      }
+    }
+  }
   absl::StatusOr<attnserve::v1::AttendRequest> attend = AttendFromInfer(&infer);
   if (!attend.ok()) return refuse(attend.status()), 0;
   absl::StatusOr<absl::Time> deadline =

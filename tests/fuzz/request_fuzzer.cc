@@ -1,6 +1,7 @@
-// libFuzzer target: wire bytes -> AttendRequest -> validated AttentionWork, the path
-// every request takes before it is queued. Any input must give a Status, never a crash,
-// an overflow or a read out of bounds.
+// libFuzzer target: wire bytes -> AttendRequest -> validated AttentionWork, and the
+// same bytes -> EncodeRequest -> validated EncoderWork: the paths every request takes
+// before it is queued. Any input must give a Status, never a crash, an overflow or a
+// read out of bounds.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
+#include "core/transformer_encoder.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/pipeline/proto_convert.h"
 
@@ -18,7 +20,49 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+// The encoder's path: what is admitted matches its own lengths and the model's limits.
+void FuzzEncode(const uint8_t* data, size_t size) {
+  attnserve::v1::EncodeRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+  attnserve::core::EncoderSpec spec;
+  spec.num_layers = 1;
+  spec.d_model = 8;
+  spec.num_heads = 2;
+  spec.ffn_dim = 16;
+  spec.vocab_size = 100;
+  spec.max_positions = 64;
+  attnserve::server::AdmissionLimits limits;
+  limits.max_sequence_length = 64;
+  limits.max_response_bytes = 1 << 16;
+  limits.max_work_bytes = 1 << 18;
+  auto work = attnserve::server::EncoderWorkFromRequest(request, spec, limits);
+  if (!work.ok()) return;
+  const int64_t tokens = (*work)->tokens();
+  for (int64_t length : (*work)->lengths) {
+    if (length < 1 || length > limits.max_sequence_length) __builtin_trap();
+  }
+  if ((*work)->token_ids.empty()) {
+    if (static_cast<int64_t>((*work)->hidden_states.size()) != tokens * spec.d_model) {
+      __builtin_trap();
+    }
+    for (float value : (*work)->hidden_states) {
+      if (!std::isfinite(value)) __builtin_trap();
+    }
+  } else {
+    if (static_cast<int64_t>((*work)->token_ids.size()) != tokens) __builtin_trap();
+    for (int64_t id : (*work)->token_ids) {
+      if (id < 0 || id >= spec.vocab_size) __builtin_trap();
+    }
+    if (!(*work)->token_types.empty() &&
+        (*work)->token_types.size() != (*work)->token_ids.size()) {
+      __builtin_trap();
+    }
+  }
+  if ((*work)->reserved_bytes > limits.max_work_bytes) __builtin_trap();
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  FuzzEncode(data, size);
   attnserve::v1::AttendRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   attnserve::core::ModelSpec spec;

@@ -1,0 +1,117 @@
+// ResolveEncoderConfig: Hugging Face's and sentence-transformers' files as the registry
+// reads them, and a matrix of refusals, each naming the file, the field and the value.
+#include "server/models/encoder_config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace attnserve::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kMiniLm[] = R"({"architectures": ["BertModel"], "hidden_act": "gelu",
+  "hidden_size": 384, "intermediate_size": 1536, "layer_norm_eps": 1e-12,
+  "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
+  "num_hidden_layers": 6, "position_embedding_type": "absolute", "type_vocab_size": 2,
+  "vocab_size": 30522})";
+constexpr char kModules[] = R"([{"idx": 0, "type": "sentence_transformers.models.Transformer"},
+  {"idx": 1, "type": "sentence_transformers.models.Pooling"},
+  {"idx": 2, "type": "sentence_transformers.models.Normalize"}])";
+constexpr char kMeanPooling[] =
+    R"({"pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true})";
+
+absl::StatusOr<v1::ModelConfig> Resolve(const EncoderFiles& files,
+                                        v1::ModelConfig config = v1::ModelConfig()) {
+  config.mutable_encoder();
+  absl::Status status = ResolveEncoderConfig(files, &config);
+  if (!status.ok()) return status;
+  return config;
+}
+
+TEST(EncoderConfigTest, ReadsASentenceTransformersFolder) {
+  auto config = Resolve({kMiniLm, kModules, kMeanPooling});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->d_model(), 384);
+  EXPECT_EQ(config->num_heads(), 12);
+  const v1::EncoderConfig& encoder = config->encoder();
+  EXPECT_EQ(encoder.num_layers(), 6);
+  EXPECT_EQ(encoder.ffn_dim(), 1536);
+  EXPECT_EQ(encoder.vocab_size(), 30522);
+  EXPECT_EQ(encoder.max_positions(), 512);
+  EXPECT_FLOAT_EQ(encoder.layer_norm_eps(), 1e-12f);
+  EXPECT_EQ(encoder.activation(), v1::EncoderConfig::ACTIVATION_GELU);
+  EXPECT_EQ(encoder.pooling(), v1::EncoderConfig::POOLING_MEAN);
+  EXPECT_EQ(encoder.normalization(), v1::EncoderConfig::NORMALIZATION_L2);
+  auto spec = EncoderSpecFromConfig(*config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->normalize);
+}
+
+TEST(EncoderConfigTest, ConfigPbtxtWinsAndBertDefaultsFillTheRest) {
+  v1::ModelConfig pbtxt;
+  pbtxt.mutable_encoder()->set_pooling(v1::EncoderConfig::POOLING_CLS);
+  pbtxt.mutable_encoder()->set_normalization(v1::EncoderConfig::NORMALIZATION_NONE);
+  // A bare BERT checkpoint: no sentence-transformers files.
+  auto config = Resolve({R"({"hidden_act": "gelu_new"})", "", ""}, pbtxt);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->d_model(), 768);  // BERT-base's defaults
+  EXPECT_EQ(config->encoder().num_layers(), 12);
+  EXPECT_EQ(config->encoder().activation(), v1::EncoderConfig::ACTIVATION_GELU_TANH);
+  EXPECT_EQ(config->encoder().pooling(), v1::EncoderConfig::POOLING_CLS);
+  EXPECT_EQ(config->encoder().normalization(), v1::EncoderConfig::NORMALIZATION_NONE);
+}
+
+TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
+  const struct {
+    EncoderFiles files;
+    const char* expected;
+  } cases[] = {
+      {{"{", "", ""}, "config.json: not valid JSON"},
+      {{"[1]", "", ""}, "config.json: must be a JSON object"},
+      {{std::string(40, '[') + std::string(40, ']'), "", ""},
+       "config.json: nested deeper than 32 levels"},
+      {{R"({"model_type": "roberta"})", "", ""},
+       "config.json: model_type \"roberta\" is not served (served: \"bert\""},
+      {{R"({"model_type": "distilbert"})", "", ""}, "model_type \"distilbert\""},
+      {{R"({"position_embedding_type": "relative_key"})", "", ""},
+       "position_embedding_type \"relative_key\" is not served"},
+      {{R"({"is_decoder": true})", "", ""}, "decoders are not served"},
+      {{R"({"hidden_act": "silu"})", "", ""}, "hidden_act \"silu\" is not served"},
+      {{R"({"hidden_size": "384"})", "", ""},
+       "config.json: hidden_size must be an integer in [1, 2^31), got \"384\""},
+      {{R"({"num_hidden_layers": 0})", "", ""}, "num_hidden_layers must be an integer"},
+      {{R"({"num_hidden_layers": 1e99})", "", ""}, "num_hidden_layers must be an integer"},
+      {{R"({"layer_norm_eps": -1})", "", ""}, "layer_norm_eps must be a number in (0, 1]"},
+      {{R"({"hidden_size": 100, "num_attention_heads": 12})", "", ""},
+       "d_model (100) must be a multiple of num_heads (12)"},
+      {{kMiniLm, "{}", ""}, "modules.json: must be a JSON array"},
+      {{kMiniLm, R"([{"type": 3}])", ""}, "modules.json: type must be a string, got 3"},
+      {{kMiniLm, "", R"({"pooling_mode_max_tokens": true})"},
+       "pooling_mode_max_tokens is not served"},
+      {{kMiniLm, "", R"({"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": true})"},
+       "exactly one of pooling_mode_cls_token and pooling_mode_mean_tokens"},
+      {{kMiniLm, "", R"({"pooling_mode_cls_token": "yes"})"},
+       "pooling_mode_cls_token must be true or false, got \"yes\""},
+  };
+  for (const auto& test : cases) {
+    auto config = Resolve(test.files);
+    absl::Status status = config.status();
+    if (status.ok()) status = EncoderSpecFromConfig(*config).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << test.expected;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(test.expected));
+  }
+}
+
+TEST(EncoderConfigTest, RefusesAConfigPbtxtThatContradictsConfigJson) {
+  v1::ModelConfig pbtxt;
+  pbtxt.set_d_model(512);
+  auto config = Resolve({kMiniLm, "", ""}, pbtxt);
+  EXPECT_THAT(std::string(config.status().message()),
+              HasSubstr("d_model is 512 in config.pbtxt but 384 in config.json"));
+}
+
+}  // namespace
+}  // namespace attnserve::server
