@@ -562,6 +562,10 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           finish(pd);
           break;
         }
+        case PrimitiveKind::kLinear:
+        case PrimitiveKind::kLayerNorm:
+        case PrimitiveKind::kAdd:
+          return absl::InternalError("the encoder's primitive kinds are not attention's");
         case PrimitiveKind::kConvert: {
           const memory::desc source(
               {dims[0]}, dims[1] != 0 ? memory::data_type::bf16 : memory::data_type::f32,

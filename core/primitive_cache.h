@@ -26,6 +26,10 @@ enum class PrimitiveKind : int32_t {
   kSoftmax,        // per head group and row block: softmax over keys
   kContext,        // per head group and row block: P V
   kConvert,        // f32 to the compute precision
+  // The encoder's (TransformerEncoder):
+  kLinear,     // [rows, in] x packed [in, out] + bias (+ activation, + sum)
+  kLayerNorm,  // [rows, width] layer normalization with scale and shift
+  kAdd,        // [rows, width] + [rows, width]
 };
 
 struct PrimitiveKey {
@@ -52,7 +56,8 @@ struct CachedPrimitive {
   std::unordered_map<int, dnnl::memory> args;
 };
 
-// Not thread-safe: owned by one MultiHeadAttention, used by one thread at a time.
+// Not thread-safe: owned by one MultiHeadAttention (or TransformerEncoder), used by one
+// thread at a time.
 class PrimitiveCache {
  public:
   // REQUIRES: capacity >= 1.

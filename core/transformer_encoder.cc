@@ -9,7 +9,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
 #include "core/multi_head_attention.h"
+#include "core/primitive_cache.h"
 #include "core/status_macros.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -46,8 +48,9 @@ dnnl::algorithm ActivationAlgorithm(EncoderSpec::Activation activation) {
   return dnnl::algorithm::eltwise_gelu_erf;
 }
 
-memory::desc Plain(int64_t rows, int64_t columns) {
-  return memory::desc({rows, columns}, memory::data_type::f32, memory::format_tag::ab);
+memory::desc Plain(int64_t rows, int64_t columns,
+                   memory::data_type type = memory::data_type::f32) {
+  return memory::desc({rows, columns}, type, memory::format_tag::ab);
 }
 
 memory Wrap(const memory::desc& desc, const dnnl::engine& engine, const float* data) {
@@ -206,67 +209,182 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   return weights;
 }
 
+// One nn.Linear's weights, reordered once into the layout the matmul implementation
+// runs fastest from (format_tag::any). The layout may depend on the row count on some
+// CPUs; each layout asked for is made once, from the first, and kept.
+struct PackedLinear {
+  int64_t in = 0, out = 0;
+  std::vector<std::pair<memory::desc, memory>> layouts;
+  std::vector<float> bias;
+};
+
 struct TransformerEncoder::State {
   explicit State(dnnl::engine cpu) : engine(std::move(cpu)), stream(engine) {}
 
   dnnl::engine engine;
   dnnl::stream stream;
-  EncoderWeights weights;  // without the attention weights (each attention holds its own)
+  // The feed-forward products take bf16 sources and weights (f32 accumulation).
+  bool bf16 = false;
+  // The weights the blocks read as vectors (embeddings, layer norms); the attention
+  // and feed-forward weights live packed in `attention` and `ffn_in`/`ffn_out`.
+  EncoderWeights weights;
   std::vector<std::unique_ptr<MultiHeadAttention>> attention;  // per layer
-  // Scratch, grown to the largest batch seen.
+  std::vector<PackedLinear> ffn_in, ffn_out;                     // per layer
+  // Primitives by shape (the row count changes with every batch), bounded.
+  PrimitiveCache cache{256};
+  // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
+  // activations in the compute type (as floats' worth of bytes); `narrow` x in the
+  // compute type (bf16 only).
   std::vector<float> x, attended, inner;
+  std::vector<uint16_t> narrow;
 
-  // dst[rows, out] = act(src[rows, in] W^T + b) (+ dst before, when accumulate), with W
-  // in nn.Linear's [out, in] layout. The primitive comes from oneDNN's primitive cache
-  // after the first call with these sizes.
-  void Linear(int64_t rows, int64_t in, int64_t out, const float* src,
-              const std::vector<float>& weight, const std::vector<float>& bias,
-              const dnnl::algorithm* activation, bool accumulate, float* dst) {
-    const memory::desc weight_desc({in, out}, memory::data_type::f32,
-                                   memory::dims{1, in});
-    const memory::desc bias_desc({1, out}, memory::data_type::f32,
-                                 memory::format_tag::ab);
-    dnnl::post_ops ops;
-    if (accumulate) ops.append_sum(1.0f);
-    if (activation != nullptr) ops.append_eltwise(1.0f, *activation, 0.0f, 0.0f);
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(ops);
-    const dnnl::matmul::primitive_desc desc(
-        dnnl::matmul::desc(Plain(rows, in), weight_desc, bias_desc, Plain(rows, out)),
-        attr, engine);
-    dnnl::matmul(desc).execute(
-        stream, {{DNNL_ARG_SRC, Wrap(Plain(rows, in), engine, src)},
-                 {DNNL_ARG_WEIGHTS, Wrap(weight_desc, engine, weight.data())},
-                 {DNNL_ARG_BIAS, Wrap(bias_desc, engine, bias.data())},
-                 {DNNL_ARG_DST, Wrap(Plain(rows, out), engine, dst)}});
+  memory::data_type Compute() const {
+    return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+  }
+
+  // The matmul for [rows, in] x W^T (+ b, + act, + dst before when accumulate). The
+  // source and weights are in the compute type; the destination is f32, or the compute
+  // type with `narrow_out` (the first feed-forward product, read only by the second).
+  absl::StatusOr<CachedPrimitive*> LinearPrimitive(int64_t rows, int64_t in, int64_t out,
+                                                  const dnnl::algorithm* activation,
+                                                  bool accumulate, bool narrow_out) {
+    const int64_t act = activation == nullptr ? -1 : static_cast<int64_t>(*activation);
+    const int64_t flags = (accumulate ? 1 : 0) | (narrow_out ? 2 : 0) | (bf16 ? 4 : 0);
+    return cache.GetOrCreate(
+        PrimitiveKey{PrimitiveKind::kLinear, {rows, in, out, act, flags}},
+        [&]() -> absl::StatusOr<CachedPrimitive> {
+          dnnl::post_ops ops;
+          if (accumulate) ops.append_sum(1.0f);
+          if (activation != nullptr) ops.append_eltwise(1.0f, *activation, 0.0f, 0.0f);
+          dnnl::primitive_attr attr;
+          attr.set_post_ops(ops);
+          const dnnl::matmul::primitive_desc pd(
+              dnnl::matmul::desc(
+                  Plain(rows, in, Compute()),
+                  memory::desc({in, out}, Compute(), memory::format_tag::any),
+                  Plain(1, out),
+                  Plain(rows, out, narrow_out ? Compute() : memory::data_type::f32)),
+              attr, engine);
+          CachedPrimitive created;
+          created.primitive = dnnl::matmul(pd);
+          created.weights_desc = pd.weights_desc();
+          return created;
+        });
+  }
+
+  // `linear`'s weights in `layout`, made from its first layout on first use.
+  const memory& Layout(PackedLinear& linear, const memory::desc& layout) {
+    for (const auto& [desc, packed] : linear.layouts) {
+      if (desc == layout) return packed;
+    }
+    memory packed(layout, engine);
+    dnnl::reorder(linear.layouts.front().second, packed)
+        .execute(stream, linear.layouts.front().second, packed);
+    linear.layouts.emplace_back(layout, packed);
+    return linear.layouts.back().second;
+  }
+
+  // Packs nn.Linear weights [out, in] for the implementation's layout.
+  absl::StatusOr<PackedLinear> Pack(int64_t in, int64_t out, const std::vector<float>& weight,
+                                   const std::vector<float>& bias) {
+    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                          LinearPrimitive(1, in, out, nullptr, false, false));
+    PackedLinear linear;
+    linear.in = in;
+    linear.out = out;
+    linear.bias = bias;
+    const memory::desc plain({in, out}, memory::data_type::f32, memory::dims{1, in});
+    memory packed(primitive->weights_desc, engine);
+    memory source = Wrap(plain, engine, weight.data());
+    dnnl::reorder(source, packed).execute(stream, source, packed);
+    stream.wait();
+    linear.layouts.emplace_back(primitive->weights_desc, packed);
+    return linear;
+  }
+
+  // dst[rows, out] = act(src[rows, in] W^T + b) (+ dst before, when accumulate). `src`
+  // holds the compute type; `dst` f32, or the compute type with `narrow_out`.
+  absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
+                      const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
+                      void* dst) {
+    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                          LinearPrimitive(rows, linear.in, linear.out, activation,
+                                          accumulate, narrow_out));
+    const memory& weights = Layout(linear, primitive->weights_desc);
+    const memory::desc bias_desc = Plain(1, linear.out);
+    const memory::data_type out_type = narrow_out ? Compute() : memory::data_type::f32;
+    primitive->primitive.execute(
+        stream,
+        {{DNNL_ARG_SRC, memory(Plain(rows, linear.in, Compute()), engine,
+                               const_cast<void*>(src))},
+         {DNNL_ARG_WEIGHTS, weights},
+         {DNNL_ARG_BIAS, Wrap(bias_desc, engine, linear.bias.data())},
+         {DNNL_ARG_DST, memory(Plain(rows, linear.out, out_type), engine, dst)}});
+    return absl::OkStatus();
+  }
+
+  // dst (the compute type) = src (f32), [rows, width]: a copy for bf16.
+  absl::Status Narrow(int64_t rows, int64_t width, const float* src, void* dst) {
+    memory from = Wrap(Plain(rows, width), engine, src);
+    memory to(Plain(rows, width, Compute()), engine, dst);
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        cache.GetOrCreate(PrimitiveKey{PrimitiveKind::kConvert, {rows, width, 1, 0, 0}},
+                          [&]() -> absl::StatusOr<CachedPrimitive> {
+                            CachedPrimitive created;
+                            created.primitive = dnnl::reorder(from, to);
+                            return created;
+                          }));
+    primitive->primitive.execute(stream, {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}});
+    return absl::OkStatus();
   }
 
   // dst = LayerNorm(src) * scale + shift over each row of [rows, width].
-  void LayerNorm(int64_t rows, int64_t width, float epsilon, const float* src,
-                 const std::vector<float>& scale, const std::vector<float>& shift,
-                 float* dst) {
+  absl::Status LayerNorm(int64_t rows, int64_t width, float epsilon, const float* src,
+                         const std::vector<float>& scale, const std::vector<float>& shift,
+                         float* dst) {
     const memory::desc data = Plain(rows, width);
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        cache.GetOrCreate(PrimitiveKey{PrimitiveKind::kLayerNorm, {rows, width, 0, 0, 0}},
+                          [&]() -> absl::StatusOr<CachedPrimitive> {
+                            CachedPrimitive created;
+                            created.primitive = dnnl::layer_normalization_forward(
+                                dnnl::layer_normalization_forward::primitive_desc(
+                                    dnnl::layer_normalization_forward::desc(
+                                        dnnl::prop_kind::forward_inference, data, epsilon,
+                                        dnnl::normalization_flags::use_scale |
+                                            dnnl::normalization_flags::use_shift),
+                                    engine));
+                            return created;
+                          }));
     const memory::desc vector({width}, memory::data_type::f32, memory::format_tag::a);
-    const dnnl::layer_normalization_forward::primitive_desc desc(
-        dnnl::layer_normalization_forward::desc(
-            dnnl::prop_kind::forward_inference, data, epsilon,
-            dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift),
-        engine);
-    dnnl::layer_normalization_forward(desc).execute(
-        stream, {{DNNL_ARG_SRC, Wrap(data, engine, src)},
-                 {DNNL_ARG_DST, Wrap(data, engine, dst)},
-                 {DNNL_ARG_SCALE, Wrap(vector, engine, scale.data())},
-                 {DNNL_ARG_SHIFT, Wrap(vector, engine, shift.data())}});
+    primitive->primitive.execute(stream,
+                                 {{DNNL_ARG_SRC, Wrap(data, engine, src)},
+                                  {DNNL_ARG_DST, Wrap(data, engine, dst)},
+                                  {DNNL_ARG_SCALE, Wrap(vector, engine, scale.data())},
+                                  {DNNL_ARG_SHIFT, Wrap(vector, engine, shift.data())}});
+    return absl::OkStatus();
   }
 
   // dst = a + b, elementwise over [rows, width] (the residual connection).
-  void Add(int64_t rows, int64_t width, const float* a, const float* b, float* dst) {
+  absl::Status Add(int64_t rows, int64_t width, const float* a, const float* b, float* dst) {
     const memory::desc data = Plain(rows, width);
-    const dnnl::binary::primitive_desc desc(
-        dnnl::binary::desc(dnnl::algorithm::binary_add, data, data, data), engine);
-    dnnl::binary(desc).execute(stream, {{DNNL_ARG_SRC_0, Wrap(data, engine, a)},
-                                        {DNNL_ARG_SRC_1, Wrap(data, engine, b)},
-                                        {DNNL_ARG_DST, Wrap(data, engine, dst)}});
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        cache.GetOrCreate(PrimitiveKey{PrimitiveKind::kAdd, {rows, width, 0, 0, 0}},
+                          [&]() -> absl::StatusOr<CachedPrimitive> {
+                            CachedPrimitive created;
+                            created.primitive = dnnl::binary(dnnl::binary::primitive_desc(
+                                dnnl::binary::desc(dnnl::algorithm::binary_add, data, data,
+                                                   data),
+                                engine));
+                            return created;
+                          }));
+    primitive->primitive.execute(stream, {{DNNL_ARG_SRC_0, Wrap(data, engine, a)},
+                                          {DNNL_ARG_SRC_1, Wrap(data, engine, b)},
+                                          {DNNL_ARG_DST, Wrap(data, engine, dst)}});
+    return absl::OkStatus();
   }
 };
 
@@ -276,7 +394,7 @@ TransformerEncoder::TransformerEncoder(const EncoderSpec& spec, const Options& o
 TransformerEncoder::~TransformerEncoder() = default;
 
 absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
-    const EncoderSpec& spec, const EncoderWeights& weights, const Options& options) {
+    const EncoderSpec& spec, EncoderWeights weights, const Options& options) {
   ATTN_RETURN_IF_ERROR(spec.Validate());
   ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
   if (options.intra_op_threads < 0 || options.intra_op_threads > kMaxThreads) {
@@ -294,21 +412,69 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   ModelSpec attention_spec;
   attention_spec.d_model = spec.d_model;
   attention_spec.num_heads = spec.num_heads;
+  attention_spec.precision = spec.precision;
   MultiHeadAttention::Options attention_options;
   attention_options.intra_op_threads = options.intra_op_threads;
+  using Bf16Compute = TransformerEncoder::Options::Bf16Compute;
+  attention_options.bf16_compute =
+      options.bf16_compute == Bf16Compute::kNative
+          ? MultiHeadAttention::Options::Bf16Compute::kNative
+          : options.bf16_compute == Bf16Compute::kFloat32
+                ? MultiHeadAttention::Options::Bf16Compute::kFloat32
+                : MultiHeadAttention::Options::Bf16Compute::kAuto;
+  const bool bf16_model = spec.precision == Precision::kBf16;
+  if (bf16_model && options.bf16_compute == Bf16Compute::kNative &&
+      !MultiHeadAttention::SupportsBf16()) {
+    return absl::FailedPreconditionError(
+        "bf16_compute kNative: this CPU has no native bf16 (AVX512_BF16 or AMX)");
+  }
+  encoder->state_->bf16 = bf16_model && options.bf16_compute != Bf16Compute::kFloat32 &&
+                          MultiHeadAttention::SupportsBf16();
+  if (bf16_model) {
+    // The feed-forward weights take their bf16 values on every path, so that a bf16
+    // model computes the same function whether or not the CPU multiplies in bf16.
+    for (EncoderLayerWeights& layer : weights.layers) {
+      for (std::vector<float>* tensor : {&layer.ffn_in_weight, &layer.ffn_out_weight}) {
+        for (float& value : *tensor) value = Bf16ToFloat(FloatToBf16(value));
+      }
+    }
+  }
   for (const EncoderLayerWeights& layer : weights.layers) {
     ATTN_ASSIGN_OR_RETURN(std::unique_ptr<MultiHeadAttention> attention,
                           MultiHeadAttention::Create(attention_spec, layer.attention,
                                                      engine, attention_options));
     encoder->state_->attention.push_back(std::move(attention));
   }
-  encoder->state_->weights = weights;
+  State& state = *encoder->state_;
+  try {
+    for (const EncoderLayerWeights& layer : weights.layers) {
+      ATTN_ASSIGN_OR_RETURN(PackedLinear in, state.Pack(spec.d_model, spec.ffn_dim,
+                                                        layer.ffn_in_weight,
+                                                        layer.ffn_in_bias));
+      ATTN_ASSIGN_OR_RETURN(PackedLinear out, state.Pack(spec.ffn_dim, spec.d_model,
+                                                         layer.ffn_out_weight,
+                                                         layer.ffn_out_bias));
+      state.ffn_in.push_back(std::move(in));
+      state.ffn_out.push_back(std::move(out));
+    }
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN failed to pack the feed-forward weights: ", e.what()));
+  }
+  state.weights = std::move(weights);
   // Each MultiHeadAttention holds its own (prepacked) copy of its layer's attention
-  // weights; a second copy here would only take memory.
-  for (EncoderLayerWeights& layer : encoder->state_->weights.layers) {
+  // weights, and the feed-forward weights are packed above: a second copy here would
+  // only take memory.
+  for (EncoderLayerWeights& layer : state.weights.layers) {
     layer.attention = AttentionWeights();
+    layer.ffn_in_weight = std::vector<float>();
+    layer.ffn_out_weight = std::vector<float>();
   }
   return encoder;
+}
+
+std::string TransformerEncoder::ComputePath() const {
+  return state_->attention.front()->ComputePath();
 }
 
 absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
@@ -373,6 +539,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   state.x.resize(static_cast<size_t>(tokens * d));
   state.attended.resize(static_cast<size_t>(tokens * d));
   state.inner.resize(static_cast<size_t>(tokens * spec_.ffn_dim));
+  if (state.bf16) state.narrow.resize(static_cast<size_t>(tokens * d));
   float* x = state.x.data();
   float* attended = state.attended.data();
   // Embeddings: word + position (within its sequence) + token type.
@@ -395,8 +562,9 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       std::memcpy(x, batch.hidden_states.data(),
                   static_cast<size_t>(tokens * d) * sizeof(float));
     } else {
-      state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
-                      weights.embedding_norm_scale, weights.embedding_norm_shift, x);
+        ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+                                           weights.embedding_norm_scale,
+                                           weights.embedding_norm_shift, x));
     }
     for (int64_t n = 0; n < spec_.num_layers; ++n) {
       const EncoderLayerWeights& layer = weights.layers[n];
@@ -404,18 +572,25 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(
           AttentionBatch{absl::MakeConstSpan(x, tokens * d), batch.lengths}, {},
           absl::MakeSpan(attended, tokens * d)));
-      state.Add(tokens, d, attended, x, attended);
-      state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
-                      layer.attention_norm_scale, layer.attention_norm_shift, x);
+      ATTN_RETURN_IF_ERROR(state.Add(tokens, d, attended, x, attended));
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+                                           layer.attention_norm_scale,
+                                           layer.attention_norm_shift, x));
       // x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2): the second product adds into a
       // copy of x (a sum post-op), so the residual costs no pass of its own.
-      state.Linear(tokens, d, spec_.ffn_dim, x, layer.ffn_in_weight, layer.ffn_in_bias,
-                   &activation, false, state.inner.data());
+      const void* source = x;
+      if (state.bf16) {
+        ATTN_RETURN_IF_ERROR(state.Narrow(tokens, d, x, state.narrow.data()));
+        source = state.narrow.data();
+      }
+      ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_in[n], source, &activation,
+                                        false, state.bf16, state.inner.data()));
       std::memcpy(attended, x, static_cast<size_t>(tokens * d) * sizeof(float));
-      state.Linear(tokens, spec_.ffn_dim, d, state.inner.data(), layer.ffn_out_weight,
-                   layer.ffn_out_bias, nullptr, true, attended);
-      state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended, layer.output_norm_scale,
-                      layer.output_norm_shift, x);
+      ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_out[n], state.inner.data(),
+                                        nullptr, true, false, attended));
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+                                           layer.output_norm_scale,
+                                           layer.output_norm_shift, x));
     }
     state.stream.wait();
   } catch (const dnnl::error& e) {

@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/attention_weights.h"
+#include "core/model_spec.h"
 #include "core/safetensors.h"
 
 namespace attnserve::core {
@@ -46,6 +47,12 @@ struct EncoderSpec {
   Pooling pooling = Pooling::kMean;
   // L2-normalize the pooled embedding (sentence-transformers' Normalize module).
   bool normalize = false;
+  // fp32: every product in f32. bf16: the attention and feed-forward weights are
+  // rounded to bf16, and their products run in bf16 with f32 accumulation where the
+  // CPU has native bf16 (else in f32 on the bf16-valued weights: see
+  // TransformerEncoder::Options::bf16_compute); embeddings, layer norms, residuals,
+  // softmax and pooling stay f32.
+  Precision precision = Precision::kFp32;
 
   // InvalidArgument naming the first field out of its range.
   absl::Status Validate() const;
@@ -105,12 +112,20 @@ class TransformerEncoder {
     // OpenMP threads oneDNN uses inside Forward; 0 keeps OpenMP's default. Range
     // [0, 1024].
     int intra_op_threads = 0;
+    // How a bf16 encoder computes. kAuto: bf16 products where the CPU has AVX512_BF16
+    // or AMX; elsewhere f32 products on the bf16-valued weights (oneDNN would emulate
+    // bf16, slower than f32). kNative: bf16 products or FailedPrecondition. kFloat32:
+    // always f32 products. Ignored for fp32 encoders.
+    enum class Bf16Compute { kAuto, kNative, kFloat32 };
+    Bf16Compute bf16_compute = Bf16Compute::kAuto;
   };
 
   // InvalidArgument naming the field for a bad spec, weights or option; Internal when
-  // oneDNN fails.
+  // oneDNN fails. The encoder keeps the embeddings and layer norms of `weights` and
+  // packs the attention and feed-forward weights (the plain copies are dropped): pass
+  // an rvalue to spare a copy.
   static absl::StatusOr<std::unique_ptr<TransformerEncoder>> Create(
-      const EncoderSpec& spec, const EncoderWeights& weights, const Options& options);
+      const EncoderSpec& spec, EncoderWeights weights, const Options& options);
   ~TransformerEncoder();
   TransformerEncoder(const TransformerEncoder&) = delete;
   TransformerEncoder& operator=(const TransformerEncoder&) = delete;
@@ -125,6 +140,8 @@ class TransformerEncoder {
                        absl::Span<float> hidden);
 
   const EncoderSpec& spec() const { return spec_; }
+  // How it computes, for logs: MultiHeadAttention::ComputePath's words.
+  std::string ComputePath() const;
 
  private:
   struct State;

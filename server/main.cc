@@ -214,6 +214,7 @@ int Run() {
     server::LogEvent("startup_failed", {{"error", attention_server.status().ToString()}});
     return 1;
   }
+  attnserve::transport::ReturnFreedMemory();
   server::LogEvent("serving", {{"host", options.host},
                                {"port", absl::StrCat((*attention_server)->port())},
                                {"device", absl::GetFlag(FLAGS_device)}});

@@ -12,6 +12,8 @@ bool KeepAllocatorMemory() {
   return ok;
 }
 
+void ReturnFreedMemory() { malloc_trim(0); }
+
 void ApplyTransportDefaults(grpc::ChannelArguments& arguments) {
   arguments.SetInt("grpc.experimental.tcp_read_chunk_size", kTcpReadChunkBytes);
   arguments.SetInt("grpc.experimental.tcp_min_read_chunk_size", kTcpMinReadChunkBytes);

@@ -24,6 +24,11 @@ namespace attnserve::transport {
 // Returns false if glibc refused a setting.
 bool KeepAllocatorMemory();
 
+// Hands the allocator's free memory back to the system now (glibc's malloc_trim): once,
+// after the models are loaded, whose loading frees copies of the weights (tens of MB
+// for an encoder) that KeepAllocatorMemory's thresholds would otherwise keep.
+void ReturnFreedMemory();
+
 inline constexpr int64_t kMallocMmapThreshold = int64_t{32} << 20;  // glibc's maximum
 inline constexpr int64_t kMallocTrimThreshold = int64_t{256} << 20;
 inline constexpr int64_t kMallocTopPad = int64_t{16} << 20;

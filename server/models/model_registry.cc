@@ -170,10 +170,6 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     const std::filesystem::path& folder, v1::ModelConfig config,
     const ModelRegistry::Options& options) {
   const std::string name = folder.filename().string();
-  if (config.precision() == v1::PRECISION_BF16) {
-    return absl::InvalidArgumentError(
-        "precision PRECISION_BF16: encoder models compute in FP32 in this version");
-  }
   if (options.device.kind != core::DeviceKind::kCpu) {
     return absl::InvalidArgumentError(absl::StrCat(
         "encoder models run on the CPU in this version, not on ",
@@ -185,7 +181,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   ATTN_ASSIGN_OR_RETURN(files.pooling_json,
                         ReadOptionalFile(folder / "1_Pooling" / "config.json"));
   ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));
-  ATTN_ASSIGN_OR_RETURN(const core::EncoderSpec spec, EncoderSpecFromConfig(config));
+  ATTN_ASSIGN_OR_RETURN(core::EncoderSpec spec, EncoderSpecFromConfig(config));
+  spec.precision = ToCorePrecision(config.precision());
   if (config.max_sequence_length() > spec.max_positions) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_sequence_length (", config.max_sequence_length(),
@@ -198,15 +195,18 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     return absl::InvalidArgumentError(absl::StrCat(
         "encoder.weights_file \"", weights_file, "\" must name a file in the folder"));
   }
-  ATTN_ASSIGN_OR_RETURN(core::SafetensorsFile file,
-                        core::SafetensorsFile::Read((folder / weights_file).string()));
   std::string prefix = config.encoder().weights_prefix();
-  if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
-      file.Find("bert.embeddings.word_embeddings.weight") != nullptr) {
-    prefix = "bert.";  // saved from a task model (BertForSequenceClassification, ...)
+  core::EncoderWeights weights;
+  {
+    // The file's bytes go as soon as the weights are read out of them.
+    ATTN_ASSIGN_OR_RETURN(core::SafetensorsFile file,
+                          core::SafetensorsFile::Read((folder / weights_file).string()));
+    if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
+        file.Find("bert.embeddings.word_embeddings.weight") != nullptr) {
+      prefix = "bert.";  // saved from a task model (BertForSequenceClassification, ...)
+    }
+    ATTN_ASSIGN_OR_RETURN(weights, core::LoadBertWeights(file, spec, prefix));
   }
-  ATTN_ASSIGN_OR_RETURN(const core::EncoderWeights weights,
-                        core::LoadBertWeights(file, spec, prefix));
   config.mutable_encoder()->set_weights_prefix(prefix);
   config.mutable_encoder()->set_weights_file(weights_file);
 
@@ -217,6 +217,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   model->name = name;
   model->spec.d_model = spec.d_model;
   model->spec.num_heads = spec.num_heads;
+  model->spec.precision = spec.precision;
   model->encoder_spec = spec;
   model->max_sequence_length = config.max_sequence_length() != 0
                                    ? config.max_sequence_length()
@@ -227,7 +228,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   info.set_kind(v1::MODEL_KIND_ENCODER);
   info.set_d_model(spec.d_model);
   info.set_num_heads(spec.num_heads);
-  info.set_precision(v1::PRECISION_FP32);
+  info.set_precision(ToProtoPrecision(spec.precision));
   info.set_max_sequence_length(model->max_sequence_length);
   info.add_input_dtypes(v1::DATA_TYPE_INT64);
   info.add_input_dtypes(v1::DATA_TYPE_INT32);
@@ -241,10 +242,14 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   if (options.make_observer) batching.observer = options.make_observer(info);
   core::TransformerEncoder::Options encoder_options;
   encoder_options.intra_op_threads = intra_op_threads;
+  int made = 0;
   const auto make_encoder =
       [&]() -> absl::StatusOr<std::unique_ptr<core::TransformerEncoder>> {
-    ATTN_ASSIGN_OR_RETURN(auto encoder,
-                          core::TransformerEncoder::Create(spec, weights, encoder_options));
+    // The last instance takes the loaded weights themselves: no copy at the peak.
+    const bool last = ++made == batching.instances;
+    ATTN_ASSIGN_OR_RETURN(auto encoder, core::TransformerEncoder::Create(
+                                            spec, last ? std::move(weights) : weights,
+                                            encoder_options));
     if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUpEncoder(*encoder));
     return encoder;
   };

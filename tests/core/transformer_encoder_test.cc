@@ -168,6 +168,40 @@ TEST(TransformerEncoderTest, HiddenStatesEnterTheFirstBlock) {
               HasSubstr("token_ids and token_types must be empty with hidden_states"));
 }
 
+TEST(TransformerEncoderTest, Bf16IsWithinBf16ToleranceOnEveryPath) {
+  // bf16 products (native where the CPU has them) and the f32 fallback on bf16-valued
+  // weights, both against PyTorch's fp32: bf16 keeps 8 bits of mantissa.
+  constexpr double kBf16Tolerance = 1e-2;
+  const Golden golden = ReadGolden();
+  auto file = SafetensorsFile::Read(kData + "/encoder_tiny.weights.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EncoderSpec spec = TinySpec();
+  spec.precision = Precision::kBf16;
+  auto weights = LoadBertWeights(*file, spec);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  std::vector<std::vector<float>> results;
+  for (const auto path : {TransformerEncoder::Options::Bf16Compute::kAuto,
+                          TransformerEncoder::Options::Bf16Compute::kFloat32}) {
+    TransformerEncoder::Options options;
+    options.intra_op_threads = 1;
+    options.bf16_compute = path;
+    auto encoder = TransformerEncoder::Create(spec, *weights, options);
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> pooled(golden.pooled.size());
+    ASSERT_TRUE((*encoder)
+                    ->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                              absl::MakeSpan(pooled), {})
+                    .ok());
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
+              kBf16Tolerance)
+        << (*encoder)->ComputePath();
+    results.push_back(pooled);
+  }
+  // Not the fp32 answer: the weights did take their bf16 values.
+  EXPECT_GT(MaxAbsDiff(absl::MakeConstSpan(results[1]), absl::MakeConstSpan(golden.pooled)),
+            0.0);
+}
+
 TEST(TransformerEncoderTest, ClsPoolingIsTheFirstTokensHiddenState) {
   const Golden golden = ReadGolden();
   EncoderSpec spec = TinySpec();

