@@ -9,7 +9,7 @@ TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-grid format clean
+.PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-grid format clean
 
 all: build
 
@@ -122,6 +122,15 @@ bench-server: build
 bench-doors: build
 	deploy/install-deps.sh --test --venv $(VENV)
 	/usr/bin/python3 tests/bench/doors_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
+
+# The encoder (all-MiniLM-L6-v2) beside ONNX Runtime and sentence-transformers on PyPI's
+# PyTorch 2.x (a peers venv of several GB, build/peers-venv), core and server, fp32 and
+# bf16, one table with targets. Not part of `make test`.
+PEERS_VENV ?= $(BUILD_DIR)/peers-venv
+bench-encoder: build
+	deploy/install-deps.sh --test --venv $(VENV) --peers $(PEERS_VENV)
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target encoder_bench
+	$(PEERS_VENV)/bin/python tests/bench/encoder_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
 
 # Instances x intra-op threads on the whole machine (how the defaults were chosen).
 bench-grid: build
