@@ -229,7 +229,7 @@ struct TransformerEncoder::State {
   // and feed-forward weights live packed in `attention` and `ffn_in`/`ffn_out`.
   EncoderWeights weights;
   std::vector<std::unique_ptr<MultiHeadAttention>> attention;  // per layer
-  std::vector<PackedLinear> ffn_in, ffn_out;                     // per layer
+  std::vector<PackedLinear> ffn_in, ffn_out;                   // per layer
   // Primitives by shape (the row count changes with every batch), bounded.
   PrimitiveCache cache{256};
   // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
@@ -246,8 +246,8 @@ struct TransformerEncoder::State {
   // source and weights are in the compute type; the destination is f32, or the compute
   // type with `narrow_out` (the first feed-forward product, read only by the second).
   absl::StatusOr<CachedPrimitive*> LinearPrimitive(int64_t rows, int64_t in, int64_t out,
-                                                  const dnnl::algorithm* activation,
-                                                  bool accumulate, bool narrow_out) {
+                                                   const dnnl::algorithm* activation,
+                                                   bool accumulate, bool narrow_out) {
     const int64_t act = activation == nullptr ? -1 : static_cast<int64_t>(*activation);
     const int64_t flags = (accumulate ? 1 : 0) | (narrow_out ? 2 : 0) | (bf16 ? 4 : 0);
     return cache.GetOrCreate(
@@ -285,8 +285,9 @@ struct TransformerEncoder::State {
   }
 
   // Packs nn.Linear weights [out, in] for the implementation's layout.
-  absl::StatusOr<PackedLinear> Pack(int64_t in, int64_t out, const std::vector<float>& weight,
-                                   const std::vector<float>& bias) {
+  absl::StatusOr<PackedLinear> Pack(int64_t in, int64_t out,
+                                    const std::vector<float>& weight,
+                                    const std::vector<float>& bias) {
     ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
                           LinearPrimitive(1, in, out, nullptr, false, false));
     PackedLinear linear;
@@ -307,19 +308,18 @@ struct TransformerEncoder::State {
   absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
                       const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
                       void* dst) {
-    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                          LinearPrimitive(rows, linear.in, linear.out, activation,
-                                          accumulate, narrow_out));
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        LinearPrimitive(rows, linear.in, linear.out, activation, accumulate, narrow_out));
     const memory& weights = Layout(linear, primitive->weights_desc);
     const memory::desc bias_desc = Plain(1, linear.out);
     const memory::data_type out_type = narrow_out ? Compute() : memory::data_type::f32;
     primitive->primitive.execute(
-        stream,
-        {{DNNL_ARG_SRC, memory(Plain(rows, linear.in, Compute()), engine,
-                               const_cast<void*>(src))},
-         {DNNL_ARG_WEIGHTS, weights},
-         {DNNL_ARG_BIAS, Wrap(bias_desc, engine, linear.bias.data())},
-         {DNNL_ARG_DST, memory(Plain(rows, linear.out, out_type), engine, dst)}});
+        stream, {{DNNL_ARG_SRC, memory(Plain(rows, linear.in, Compute()), engine,
+                                       const_cast<void*>(src))},
+                 {DNNL_ARG_WEIGHTS, weights},
+                 {DNNL_ARG_BIAS, Wrap(bias_desc, engine, linear.bias.data())},
+                 {DNNL_ARG_DST, memory(Plain(rows, linear.out, out_type), engine, dst)}});
     return absl::OkStatus();
   }
 
@@ -368,19 +368,20 @@ struct TransformerEncoder::State {
   }
 
   // dst = a + b, elementwise over [rows, width] (the residual connection).
-  absl::Status Add(int64_t rows, int64_t width, const float* a, const float* b, float* dst) {
+  absl::Status Add(int64_t rows, int64_t width, const float* a, const float* b,
+                   float* dst) {
     const memory::desc data = Plain(rows, width);
     ATTN_ASSIGN_OR_RETURN(
         CachedPrimitive * primitive,
-        cache.GetOrCreate(PrimitiveKey{PrimitiveKind::kAdd, {rows, width, 0, 0, 0}},
-                          [&]() -> absl::StatusOr<CachedPrimitive> {
-                            CachedPrimitive created;
-                            created.primitive = dnnl::binary(dnnl::binary::primitive_desc(
-                                dnnl::binary::desc(dnnl::algorithm::binary_add, data, data,
-                                                   data),
-                                engine));
-                            return created;
-                          }));
+        cache.GetOrCreate(
+            PrimitiveKey{PrimitiveKind::kAdd, {rows, width, 0, 0, 0}},
+            [&]() -> absl::StatusOr<CachedPrimitive> {
+              CachedPrimitive created;
+              created.primitive = dnnl::binary(dnnl::binary::primitive_desc(
+                  dnnl::binary::desc(dnnl::algorithm::binary_add, data, data, data),
+                  engine));
+              return created;
+            }));
     primitive->primitive.execute(stream, {{DNNL_ARG_SRC_0, Wrap(data, engine, a)},
                                           {DNNL_ARG_SRC_1, Wrap(data, engine, b)},
                                           {DNNL_ARG_DST, Wrap(data, engine, dst)}});
@@ -419,9 +420,9 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   attention_options.bf16_compute =
       options.bf16_compute == Bf16Compute::kNative
           ? MultiHeadAttention::Options::Bf16Compute::kNative
-          : options.bf16_compute == Bf16Compute::kFloat32
-                ? MultiHeadAttention::Options::Bf16Compute::kFloat32
-                : MultiHeadAttention::Options::Bf16Compute::kAuto;
+      : options.bf16_compute == Bf16Compute::kFloat32
+          ? MultiHeadAttention::Options::Bf16Compute::kFloat32
+          : MultiHeadAttention::Options::Bf16Compute::kAuto;
   const bool bf16_model = spec.precision == Precision::kBf16;
   if (bf16_model && options.bf16_compute == Bf16Compute::kNative &&
       !MultiHeadAttention::SupportsBf16()) {
@@ -448,12 +449,12 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   State& state = *encoder->state_;
   try {
     for (const EncoderLayerWeights& layer : weights.layers) {
-      ATTN_ASSIGN_OR_RETURN(PackedLinear in, state.Pack(spec.d_model, spec.ffn_dim,
-                                                        layer.ffn_in_weight,
-                                                        layer.ffn_in_bias));
-      ATTN_ASSIGN_OR_RETURN(PackedLinear out, state.Pack(spec.ffn_dim, spec.d_model,
-                                                         layer.ffn_out_weight,
-                                                         layer.ffn_out_bias));
+      ATTN_ASSIGN_OR_RETURN(
+          PackedLinear in,
+          state.Pack(spec.d_model, spec.ffn_dim, layer.ffn_in_weight, layer.ffn_in_bias));
+      ATTN_ASSIGN_OR_RETURN(PackedLinear out,
+                            state.Pack(spec.ffn_dim, spec.d_model, layer.ffn_out_weight,
+                                       layer.ffn_out_bias));
       state.ffn_in.push_back(std::move(in));
       state.ffn_out.push_back(std::move(out));
     }
@@ -562,7 +563,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       std::memcpy(x, batch.hidden_states.data(),
                   static_cast<size_t>(tokens * d) * sizeof(float));
     } else {
-        ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
                                            weights.embedding_norm_scale,
                                            weights.embedding_norm_shift, x));
     }

@@ -24,10 +24,10 @@ namespace attnserve::server {
 struct EncoderWork {
   // Inputs, already validated against the model, padding removed: the sequences'
   // tokens one after another. Either token ids (with optional types) or hidden states.
-  std::vector<int64_t> token_ids;      // [sum(lengths)], or empty
-  std::vector<int64_t> token_types;    // empty (all 0) or [sum(lengths)]
-  std::vector<float> hidden_states;    // [sum(lengths), d_model], or empty
-  std::vector<int64_t> lengths;        // n sequences
+  std::vector<int64_t> token_ids;    // [sum(lengths)], or empty
+  std::vector<int64_t> token_types;  // empty (all 0) or [sum(lengths)]
+  std::vector<float> hidden_states;  // [sum(lengths), d_model], or empty
+  std::vector<int64_t> lengths;      // n sequences
   // Return the pooled embedding (the model pools) / the last hidden state.
   bool pooled = true;
   bool return_hidden = false;

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,9 +56,10 @@ absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
   } else if (kind == InputKind::kInteger && type == "INT32") {
     tensor->set_dtype(v1::DATA_TYPE_INT32);
   } else {
-    return Invalid(absl::StrCat(field, ".datatype must be ",
-                                kind == InputKind::kFloat ? "FP32 or BF16" : "INT64 or INT32",
-                                ", got \"", type, "\""));
+    return Invalid(
+        absl::StrCat(field, ".datatype must be ",
+                     kind == InputKind::kFloat ? "FP32 or BF16" : "INT64 or INT32",
+                     ", got \"", type, "\""));
   }
   tensor->mutable_shape()->Add(input.shape().begin(), input.shape().end());
   if (!infer.raw_input_contents().empty()) {
@@ -204,27 +205,8 @@ absl::StatusOr<v1::AttendRequest> Convert(const inference::ModelInferRequest& in
 
 }  // namespace
 
-absl::StatusOr<v1::AttendRequest> AttendFromInfer(
-    const inference::ModelInferRequest& infer) {
-  return Convert(infer, nullptr);
-}
-
 absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer) {
   return Convert(*infer, infer);
-}
-
-absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
-    const RequestPipeline& pipeline, const inference::ModelInferRequest& infer) {
-  ATTN_RETURN_IF_ERROR(
-      pipeline.FindModel(infer.model_name(), infer.model_version()).status());
-  return AttendFromInfer(infer);
-}
-
-absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
-    const RequestPipeline& pipeline, inference::ModelInferRequest* infer) {
-  ATTN_RETURN_IF_ERROR(
-      pipeline.FindModel(infer->model_name(), infer->model_version()).status());
-  return AttendFromInfer(infer);
 }
 
 absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* infer) {
@@ -251,9 +233,11 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
       tensor = encode.mutable_hidden_states();
       kind = InputKind::kFloat;
     } else {
-      return Invalid(absl::StrCat(
-          "inputs[", i, "].name must be \"input_ids\", \"attention_mask\", "
-          "\"token_type_ids\" or \"hidden_states\" (each once), got \"", name, "\""));
+      return Invalid(
+          absl::StrCat("inputs[", i,
+                       "].name must be \"input_ids\", \"attention_mask\", "
+                       "\"token_type_ids\" or \"hidden_states\" (each once), got \"",
+                       name, "\""));
     }
     ATTN_RETURN_IF_ERROR(
         ConvertInput(*infer, i, infer->mutable_raw_input_contents(), kind, tensor));
@@ -293,7 +277,9 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
     output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
     response->add_raw_output_contents()->swap(*tensor->mutable_raw());
   };
-  if (want_embedding && encode.has_embedding()) add(kEmbedding, encode.mutable_embedding());
+  if (want_embedding && encode.has_embedding()) {
+    add(kEmbedding, encode.mutable_embedding());
+  }
   if (encode.has_hidden()) add(kHidden, encode.mutable_hidden());
   if (want_lengths) {
     v1::Tensor lengths;
@@ -306,12 +292,11 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
   }
 }
 
-void SubmitInfer(RequestPipeline& pipeline,
-                 std::shared_ptr<inference::ModelInferRequest> infer,
-                 absl::Time call_deadline,
-                 const std::shared_ptr<Cancellation>& cancellation,
-                 RequestPipeline::Origin origin,
-                 std::function<void(absl::Status, inference::ModelInferResponse)> done) {
+void SubmitInfer(
+    RequestPipeline& pipeline, const std::shared_ptr<inference::ModelInferRequest>& infer,
+    absl::Time call_deadline, const std::shared_ptr<Cancellation>& cancellation,
+    RequestPipeline::Origin origin,
+    const std::function<void(absl::Status, inference::ModelInferResponse)>& done) {
   const absl::StatusOr<ServedModel*> model =
       pipeline.FindModel(infer->model_name(), infer->model_version());
   if (!model.ok()) return done(model.status(), {});

@@ -31,20 +31,9 @@ inline constexpr const char* kExtensions[] = {"model_configuration", "statistics
 // (bool), "head_mask" (string "1,0,0.5,...") and "timeout" (see DeadlineWithTimeout);
 // requesting output "attention" asks for the weights. InvalidArgument naming the field
 // for anything else. The model name and version are the caller's to check
-// (RequestPipeline::FindModel). The pointer overload moves the raw input bytes out of
-// `*infer` instead of copying them; the rest of `*infer` (id, outputs) stays.
-absl::StatusOr<v1::AttendRequest> AttendFromInfer(
-    const inference::ModelInferRequest& infer);
+// (RequestPipeline::FindModel; SubmitInfer does). The raw input bytes move out of
+// `*infer`; the rest of it (id, outputs) stays.
 absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer);
-
-// AttendFromInfer for a model the pipeline serves: the model and version are checked
-// first (NotFound in the pipeline's words), so that every door answers a request for a
-// model it does not serve the same way, whatever else is wrong with it.
-// The pointer overload moves the raw input bytes, as AttendFromInfer's does.
-absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
-    const RequestPipeline& pipeline, const inference::ModelInferRequest& infer);
-absl::StatusOr<v1::AttendRequest> AttendFromServedInfer(
-    const RequestPipeline& pipeline, inference::ModelInferRequest* infer);
 
 // A ModelInferRequest for an encoder model as an EncodeRequest: inputs "input_ids",
 // "attention_mask", "token_type_ids" (INT64 or INT32, raw or typed contents) or
@@ -66,12 +55,11 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
 // bytes move out of `*infer`), and the submission. `done` gets the status and the
 // response, exactly once: on a batcher thread, or inline when refused before queueing.
 // `infer` is kept alive until then.
-void SubmitInfer(RequestPipeline& pipeline,
-                 std::shared_ptr<inference::ModelInferRequest> infer,
-                 absl::Time call_deadline,
-                 const std::shared_ptr<Cancellation>& cancellation,
-                 RequestPipeline::Origin origin,
-                 std::function<void(absl::Status, inference::ModelInferResponse)> done);
+void SubmitInfer(
+    RequestPipeline& pipeline, const std::shared_ptr<inference::ModelInferRequest>& infer,
+    absl::Time call_deadline, const std::shared_ptr<Cancellation>& cancellation,
+    RequestPipeline::Origin origin,
+    const std::function<void(absl::Status, inference::ModelInferResponse)>& done);
 
 // `deadline`, or sooner when the request's "timeout" parameter (Triton's schedule
 // policy: int64 microseconds from now, 0 = none) ends first. InvalidArgument for a

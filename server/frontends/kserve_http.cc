@@ -435,8 +435,8 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   absl::Status status;
   inference::ModelInferResponse response;
   auto cancellation = std::make_shared<Cancellation>();
-  SubmitInfer(*pipeline_, std::move(infer), absl::Now() + options_.default_timeout,
-              cancellation, RequestPipeline::Origin::kCall,
+  SubmitInfer(*pipeline_, infer, absl::Now() + options_.default_timeout, cancellation,
+              RequestPipeline::Origin::kCall,
               [&](absl::Status result_status, inference::ModelInferResponse result) {
                 status = std::move(result_status);
                 if (status.ok()) response.Swap(&result);

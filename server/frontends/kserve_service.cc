@@ -144,7 +144,7 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
   auto infer = std::make_shared<inference::ModelInferRequest>(*request);
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
-  SubmitInfer(*pipeline_, std::move(infer), CallDeadline(context), cancellation,
+  SubmitInfer(*pipeline_, infer, CallDeadline(context), cancellation,
               RequestPipeline::Origin::kCall,
               [rpc, response, reactor](const absl::Status& status,
                                        inference::ModelInferResponse result) {
@@ -163,27 +163,27 @@ struct ModelStreamInferProtocol {
   using Write = inference::ModelStreamInferResponse;
   static constexpr char kMethod[] = "ModelStreamInfer";
   static absl::string_view ModelName(const Read& read) { return read.model_name(); }
-  static void Submit(RequestPipeline& pipeline, std::shared_ptr<Read> read,
+  static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Read>& read,
                      absl::Time call_deadline,
                      const std::shared_ptr<Cancellation>& cancellation,
-                     std::function<void(absl::Status, Write)> answer) {
-    // The model's name and the id stay in `read`; SubmitInfer moves only raw inputs.
-    const std::string model = read->model_name(), id = read->id();
-    SubmitInfer(pipeline, std::move(read), call_deadline, cancellation,
-                RequestPipeline::Origin::kStreamMessage,
-                [model, id, answer = std::move(answer)](
-                    absl::Status status, inference::ModelInferResponse response) {
-                  Write message;
-                  if (status.ok()) {
-                    *message.mutable_infer_response() = std::move(response);
-                  } else {
-                    message.set_error_message(absl::StrCat(
-                        absl::StatusCodeToString(status.code()), ": ", status.message()));
-                    message.mutable_infer_response()->set_model_name(model);
-                    message.mutable_infer_response()->set_id(id);
-                  }
-                  answer(std::move(status), std::move(message));
-                });
+                     const std::function<void(absl::Status, Write)>& answer) {
+    // SubmitInfer moves only the raw inputs out of `read`: its name and id stay for an
+    // error's answer.
+    SubmitInfer(
+        pipeline, read, call_deadline, cancellation,
+        RequestPipeline::Origin::kStreamMessage,
+        [read, answer](absl::Status status, inference::ModelInferResponse response) {
+          Write message;
+          if (status.ok()) {
+            *message.mutable_infer_response() = std::move(response);
+          } else {
+            message.set_error_message(absl::StrCat(
+                absl::StatusCodeToString(status.code()), ": ", status.message()));
+            message.mutable_infer_response()->set_model_name(read->model_name());
+            message.mutable_infer_response()->set_id(read->id());
+          }
+          answer(std::move(status), std::move(message));
+        });
   }
 };
 

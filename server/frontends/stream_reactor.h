@@ -51,10 +51,10 @@ class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
 //   using Read = ...; using Write = ...;          // the stream's message types
 //   static constexpr char kMethod[] = "...";       // the RPC's name, for metrics
 //   static absl::string_view ModelName(const Read& read);  // the model it names
-//   static void Submit(RequestPipeline& pipeline, std::shared_ptr<Read> read,
+//   static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Read>& read,
 //                      absl::Time call_deadline,
 //                      const std::shared_ptr<Cancellation>& cancellation,
-//                      std::function<void(absl::Status, Write)> answer);
+//                      const std::function<void(absl::Status, Write)>& answer);
 // Submit converts the message (it may move out of `*read`), submits it with
 // Origin::kStreamMessage and calls `answer` exactly once: on a batcher thread, or inline
 // when the message is refused before queueing; the message written is `answer`'s.
@@ -132,12 +132,13 @@ class StreamReactor final
     const ServedModel* model = service_->registry()->Find(Protocol::ModelName(*read));
     BatchQueue* batcher = model != nullptr ? model->queue() : nullptr;
     Protocol::Submit(
-        *service_, std::move(read), CallDeadline(context_), cancellation_,
-        [this, sequence, batcher](absl::Status status, Write message) {
+        *service_, read, CallDeadline(context_), cancellation_,
+        [this, sequence, batcher](const absl::Status& status, Write message) {
           int64_t held = 0;
-          // Until it is written, the answer stays counted in the model's queue budget
-          // (taken here, before the batcher returns the request's own bytes): a client
-          // that stops reading keeps new work out instead of growing memory.
+          // Until it is written, the answer stays counted in the model's
+          // queue budget (taken here, before the batcher returns the
+          // request's own bytes): a client that stops reading keeps new work
+          // out instead of growing memory.
           if (status.ok() && batcher != nullptr) {
             held = static_cast<int64_t>(message.ByteSizeLong());
             batcher->Hold(held);
@@ -323,16 +324,15 @@ struct AttendStreamProtocol {
   using Write = v1::AttendStreamResponse;
   static constexpr char kMethod[] = "AttendStream";
   static absl::string_view ModelName(const Read& read) { return read.request().model(); }
-  static void Submit(RequestPipeline& pipeline, std::shared_ptr<Read> read,
+  static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Read>& read,
                      absl::Time call_deadline,
                      const std::shared_ptr<Cancellation>& cancellation,
-                     std::function<void(absl::Status, Write)> answer) {
+                     const std::function<void(absl::Status, Write)>& answer) {
     // The work views the request's tensor bytes: the callback keeps the message.
     const v1::AttendRequest& request = read->request();
     pipeline.Submit(
         request, call_deadline, cancellation,
-        [read, answer = std::move(answer)](absl::Status status,
-                                           v1::AttendResponse response) {
+        [read, answer](absl::Status status, v1::AttendResponse response) {
           Write message;
           if (status.ok()) {
             *message.mutable_response() = std::move(response);

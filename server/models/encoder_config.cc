@@ -82,7 +82,8 @@ absl::StatusOr<bool> Flag(const Json& object, const char* key, absl::string_view
   const auto it = object.find(key);
   if (it == object.end() || it->is_null()) return false;
   if (const auto* value = it->get_ptr<const Json::boolean_t*>()) return *value;
-  return Invalid(absl::StrCat(file, ": ", key, " must be true or false, got ", Shown(*it)));
+  return Invalid(
+      absl::StrCat(file, ": ", key, " must be true or false, got ", Shown(*it)));
 }
 
 // Sets `*field` from `from_file` when unset; refuses a set value that differs.
@@ -116,13 +117,16 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(const bool decoder, Flag(json, "is_decoder", kFile));
   ATTN_ASSIGN_OR_RETURN(const bool cross, Flag(json, "add_cross_attention", kFile));
   if (decoder || cross) {
-    return Invalid("config.json: is_decoder / add_cross_attention: decoders are not "
-                   "served, only encoders");
+    return Invalid(
+        "config.json: is_decoder / add_cross_attention: decoders are not "
+        "served, only encoders");
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, "hidden_size", 768, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t heads, Count(json, "num_attention_heads", 12, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t layers, Count(json, "num_hidden_layers", 12, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t heads,
+                        Count(json, "num_attention_heads", 12, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t layers,
+                        Count(json, "num_hidden_layers", 12, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, "intermediate_size", 3072, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t positions_count,
                         Count(json, "max_position_embeddings", 512, kFile));
@@ -184,7 +188,8 @@ absl::Status ApplySentenceTransformers(const EncoderFiles& files,
   if (encoder->normalization() == v1::EncoderConfig::NORMALIZATION_UNSPECIFIED) {
     bool normalize = false;
     if (!files.modules_json.empty()) {
-      ATTN_ASSIGN_OR_RETURN(const Json modules, Parse(files.modules_json, "modules.json"));
+      ATTN_ASSIGN_OR_RETURN(const Json modules,
+                            Parse(files.modules_json, "modules.json"));
       if (!modules.is_array()) return Invalid("modules.json: must be a JSON array");
       for (size_t i = 0; i < modules.size(); ++i) {
         if (!modules[i].is_object()) {
@@ -203,13 +208,15 @@ absl::Status ApplySentenceTransformers(const EncoderFiles& files,
     if (!files.pooling_json.empty()) {
       constexpr absl::string_view kFile = "1_Pooling/config.json";
       ATTN_ASSIGN_OR_RETURN(const Json pooling, Parse(files.pooling_json, kFile));
-      if (!pooling.is_object()) return Invalid("1_Pooling/config.json: must be an object");
-      ATTN_ASSIGN_OR_RETURN(const bool cls, Flag(pooling, "pooling_mode_cls_token", kFile));
+      if (!pooling.is_object())
+        return Invalid("1_Pooling/config.json: must be an object");
+      ATTN_ASSIGN_OR_RETURN(const bool cls,
+                            Flag(pooling, "pooling_mode_cls_token", kFile));
       ATTN_ASSIGN_OR_RETURN(const bool mean,
                             Flag(pooling, "pooling_mode_mean_tokens", kFile));
-      for (const char* mode : {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                               "pooling_mode_weightedmean_tokens",
-                               "pooling_mode_lasttoken"}) {
+      for (const char* mode :
+           {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+            "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"}) {
         ATTN_ASSIGN_OR_RETURN(const bool on, Flag(pooling, mode, kFile));
         if (on) {
           return Invalid(absl::StrCat(kFile, ": ", mode,
@@ -217,8 +224,9 @@ absl::Status ApplySentenceTransformers(const EncoderFiles& files,
         }
       }
       if (cls == mean) {
-        return Invalid(absl::StrCat(kFile, ": exactly one of pooling_mode_cls_token and "
-                                           "pooling_mode_mean_tokens must be true"));
+        return Invalid(absl::StrCat(kFile,
+                                    ": exactly one of pooling_mode_cls_token and "
+                                    "pooling_mode_mean_tokens must be true"));
       }
       encoder->set_pooling(cls ? v1::EncoderConfig::POOLING_CLS
                                : v1::EncoderConfig::POOLING_MEAN);

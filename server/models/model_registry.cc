@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
 
   v1::ModelInfo& info = model->info;
   info.set_name(name);
+  info.set_kind(v1::MODEL_KIND_ATTENTION);
   info.set_d_model(spec.d_model);
   info.set_num_heads(spec.num_heads);
   info.mutable_pruned_heads()->Add(spec.pruned_heads.begin(), spec.pruned_heads.end());
@@ -171,9 +172,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     const ModelRegistry::Options& options) {
   const std::string name = folder.filename().string();
   if (options.device.kind != core::DeviceKind::kCpu) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "encoder models run on the CPU in this version, not on ",
-        core::DeviceName(options.device)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("encoder models run on the CPU in this version, not on ",
+                     core::DeviceName(options.device)));
   }
   EncoderFiles files;
   ATTN_ASSIGN_OR_RETURN(files.config_json, ReadOptionalFile(folder / "config.json"));
@@ -247,9 +248,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
       [&]() -> absl::StatusOr<std::unique_ptr<core::TransformerEncoder>> {
     // The last instance takes the loaded weights themselves: no copy at the peak.
     const bool last = ++made == batching.instances;
-    ATTN_ASSIGN_OR_RETURN(auto encoder, core::TransformerEncoder::Create(
-                                            spec, last ? std::move(weights) : weights,
-                                            encoder_options));
+    ATTN_ASSIGN_OR_RETURN(
+        auto encoder, core::TransformerEncoder::Create(
+                          spec, last ? std::move(weights) : weights, encoder_options));
     if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUpEncoder(*encoder));
     return encoder;
   };

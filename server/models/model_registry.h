@@ -52,8 +52,8 @@ struct ServedModel {
   int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.
   v1::ModelInfo info;
-  std::unique_ptr<DynamicBatcher> batcher;    // attention models
-  std::unique_ptr<EncoderBatcher> encoder;    // encoder models
+  std::unique_ptr<DynamicBatcher> batcher;  // attention models
+  std::unique_ptr<EncoderBatcher> encoder;  // encoder models
   // The model's batcher, whichever kind.
   BatchQueue* queue() const {
     return encoder != nullptr ? static_cast<BatchQueue*>(encoder.get()) : batcher.get();

@@ -377,8 +377,8 @@ int64_t IntAt(const v1::Tensor& tensor, int64_t i) {
 // The sequences' lengths from the attention mask (all L without one): each row ones
 // then zeros, at least one one.
 absl::StatusOr<std::vector<int64_t>> MaskLengths(const v1::EncodeRequest& request,
-                                                 absl::string_view input_field,
-                                                 int rank, const IdsLayout& layout,
+                                                 absl::string_view input_field, int rank,
+                                                 const IdsLayout& layout,
                                                  int64_t max_sequence_length) {
   if (!request.has_attention_mask()) {
     return std::vector<int64_t>(static_cast<size_t>(layout.count), layout.length);
@@ -400,14 +400,16 @@ absl::StatusOr<std::vector<int64_t>> MaskLengths(const v1::EncodeRequest& reques
     for (int64_t j = 0; j < layout.length; ++j) {
       const int64_t value = IntAt(request.attention_mask(), row * layout.length + j);
       if (value != 0 && value != 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("attention_mask[", row, "][", j, "] must be 0 or 1, got ", value));
+        return absl::InvalidArgumentError(absl::StrCat("attention_mask[", row, "][", j,
+                                                       "] must be 0 or 1, got ", value));
       }
       if (value == 1) {
         if (length != j) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "attention_mask[", row, "] must be ones then zeros (padding on the right); "
-              "position ", j, " is 1 after a 0"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("attention_mask[", row,
+                           "] must be ones then zeros (padding on the right); "
+                           "position ",
+                           j, " is 1 after a 0"));
         }
         ++length;
       }
@@ -443,8 +445,8 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   int rank = 0;
   std::optional<TensorLayout> hidden;
   if (ids) {
-    ATTN_ASSIGN_OR_RETURN(layout, CheckIds(request.input_ids(), "input_ids",
-                                           limits.max_sequence_length));
+    ATTN_ASSIGN_OR_RETURN(
+        layout, CheckIds(request.input_ids(), "input_ids", limits.max_sequence_length));
     rank = request.input_ids().shape_size();
   } else {
     core::ModelSpec attention;
@@ -467,15 +469,14 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
         CheckIds(request.token_type_ids(), "token_type_ids", limits.max_sequence_length));
     if (request.token_type_ids().shape_size() != rank || types.count != layout.count ||
         types.length != layout.length) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token_type_ids.shape must equal input_ids.shape ",
-                       ShapeText(request.input_ids()), ", got ",
-                       ShapeText(request.token_type_ids())));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token_type_ids.shape must equal input_ids.shape ",
+          ShapeText(request.input_ids()), ", got ", ShapeText(request.token_type_ids())));
     }
   }
-  ATTN_ASSIGN_OR_RETURN(std::vector<int64_t> lengths,
-                        MaskLengths(request, input_field, rank,
-                                    layout, limits.max_sequence_length));
+  ATTN_ASSIGN_OR_RETURN(
+      std::vector<int64_t> lengths,
+      MaskLengths(request, input_field, rank, layout, limits.max_sequence_length));
   int64_t tokens = 0;
   for (const int64_t length : lengths) tokens += length;
   // Sizes before values. Every product below is of dimensions bounded by the checked
@@ -497,8 +498,9 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   }
   // Held while queued and computed: the inputs, the results, and the core's activations
   // for these tokens (hidden state, residual, and the feed-forward's inner width).
-  const int64_t work_bytes = tokens * 16 + (hidden ? tokens * d * 4 : 0) + embedding_bytes +
-                             hidden_bytes + tokens * (2 * d + spec.ffn_dim) * 4;
+  const int64_t work_bytes = tokens * 16 + (hidden ? tokens * d * 4 : 0) +
+                             embedding_bytes + hidden_bytes +
+                             tokens * (2 * d + spec.ffn_dim) * 4;
   if (work_bytes > limits.max_work_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the request needs ", work_bytes,
@@ -510,15 +512,17 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   work->return_hidden = request.return_hidden();
   if (ids) {
     work->token_ids.reserve(static_cast<size_t>(tokens));
-    if (request.has_token_type_ids()) work->token_types.reserve(static_cast<size_t>(tokens));
+    if (request.has_token_type_ids()) {
+      work->token_types.reserve(static_cast<size_t>(tokens));
+    }
     for (int64_t row = 0; row < layout.count; ++row) {
       for (int64_t j = 0; j < lengths[row]; ++j) {
         const int64_t at = row * layout.length + j;
         const int64_t id = IntAt(request.input_ids(), at);
         if (id < 0 || id >= spec.vocab_size) {
           return absl::InvalidArgumentError(
-              absl::StrCat("input_ids", rank == 2 ? absl::StrCat("[", row, "]") : "",
-                           "[", j, "] must be in [0, ", spec.vocab_size,
+              absl::StrCat("input_ids", rank == 2 ? absl::StrCat("[", row, "]") : "", "[",
+                           j, "] must be in [0, ", spec.vocab_size,
                            ") (the model's vocab_size), got ", id));
         }
         work->token_ids.push_back(id);

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
-#include "grpcpp/support/status.h"
 #include "core/transformer_encoder.h"
+#include "grpcpp/support/status.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/batching/encoder_batcher.h"
 

@@ -211,10 +211,11 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
     return;
   }
   if (model->is_encoder()) {
-    finish(absl::InvalidArgumentError(absl::StrCat(
-               "model \"", model->name,
-               "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")),
-           {}, 0);
+    finish(
+        absl::InvalidArgumentError(absl::StrCat(
+            "model \"", model->name,
+            "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")),
+        {}, 0);
     return;
   }
   AdmissionLimits limits;

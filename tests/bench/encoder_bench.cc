@@ -33,7 +33,8 @@ ABSL_FLAG(int, batch, 32, "Sentences per Forward call.");
 ABSL_FLAG(int, threads, 1, "OpenMP threads.");
 ABSL_FLAG(int, rounds, 5, "Timed passes over the corpus (after one warm-up pass).");
 ABSL_FLAG(int, sentences, 0, "Use the first N sentences; 0 = all.");
-ABSL_FLAG(std::string, precision, "fp32", "fp32 or bf16 (native bf16 where the CPU has it).");
+ABSL_FLAG(std::string, precision, "fp32",
+          "fp32 or bf16 (native bf16 where the CPU has it).");
 
 namespace {
 
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
   files.pooling_json = Read(dir + "/1_Pooling/config.json");
   attnserve::v1::ModelConfig config;
   config.mutable_encoder();
-  if (auto status = attnserve::server::ResolveEncoderConfig(files, &config); !status.ok()) {
+  if (auto status = attnserve::server::ResolveEncoderConfig(files, &config);
+      !status.ok()) {
     return Fail(status);
   }
   auto spec = attnserve::server::EncoderSpecFromConfig(config);
@@ -114,15 +116,17 @@ int main(int argc, char** argv) {
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     const auto start = std::chrono::steady_clock::now();
     if (auto status = pass(); !status.ok()) return Fail(status);
-    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    const std::chrono::duration<double> seconds =
+        std::chrono::steady_clock::now() - start;
     rates.push_back(static_cast<double>(lengths.size()) / seconds.count());
   }
   std::vector<double> sorted = rates;
   std::sort(sorted.begin(), sorted.end());
-  std::printf("{\"batch\": %zu, \"threads\": %d, \"sentences\": %zu, "
-              "\"compute\": \"%s\", \"sentences_per_s\": %.2f, \"rounds\": [%s]}\n",
-              batch, absl::GetFlag(FLAGS_threads), lengths.size(),
-              (*encoder)->ComputePath().c_str(),
-              sorted[sorted.size() / 2], absl::StrJoin(rates, ", ").c_str());
+  std::printf(
+      "{\"batch\": %zu, \"threads\": %d, \"sentences\": %zu, "
+      "\"compute\": \"%s\", \"sentences_per_s\": %.2f, \"rounds\": [%s]}\n",
+      batch, absl::GetFlag(FLAGS_threads), lengths.size(),
+      (*encoder)->ComputePath().c_str(), sorted[sorted.size() / 2],
+      absl::StrJoin(rates, ", ").c_str());
   return 0;
 }

@@ -198,8 +198,9 @@ TEST(TransformerEncoderTest, Bf16IsWithinBf16ToleranceOnEveryPath) {
     results.push_back(pooled);
   }
   // Not the fp32 answer: the weights did take their bf16 values.
-  EXPECT_GT(MaxAbsDiff(absl::MakeConstSpan(results[1]), absl::MakeConstSpan(golden.pooled)),
-            0.0);
+  EXPECT_GT(
+      MaxAbsDiff(absl::MakeConstSpan(results[1]), absl::MakeConstSpan(golden.pooled)),
+      0.0);
 }
 
 TEST(TransformerEncoderTest, ClsPoolingIsTheFirstTokensHiddenState) {

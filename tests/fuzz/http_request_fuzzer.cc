@@ -1,11 +1,10 @@
 // libFuzzer target: the KServe v2 HTTP door's request path without the socket. Input:
 // an optional first line "H:<Inference-Header-Content-Length value>\n", then the body.
-// The body goes through ParseInferBody, then both model kinds' conversions: AttendFromInfer
-// and WorkFromRequest, EncodeFromInfer and EncoderWorkFromRequest (what the door does
-// before queueing), and an answer of the admitted shape back out; errors go through
-// ErrorBody, as the door sends them. Any
-// input must give a Status or an answer: never a crash, an exception, a read out of
-// bounds or undefined behaviour.
+// The body goes through ParseInferBody, then both model kinds' conversions:
+// AttendFromInfer and WorkFromRequest, EncodeFromInfer and EncoderWorkFromRequest (what
+// the door does before queueing), and an answer of the admitted shape back out; errors go
+// through ErrorBody, as the door sends them. Any input must give a Status or an answer:
+// never a crash, an exception, a read out of bounds or undefined behaviour.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -74,8 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } else {
         (*work)->embedding.assign((*work)->lengths.size() * spec.d_model * 4, '\0');
         if ((*work)->return_hidden) {
-          (*work)->hidden.assign(static_cast<size_t>((*work)->tokens() * spec.d_model * 4),
-                                 '\0');
+          (*work)->hidden.assign(
+              static_cast<size_t>((*work)->tokens() * spec.d_model * 4), '\0');
         }
         attnserve::v1::EncodeResponse answer;
         FillEncodeResponse(**work, model, encode->request_id(), spec.d_model, &answer);

@@ -48,7 +48,8 @@ struct Golden {
 Golden ReadGolden() {
   auto io = core::SafetensorsFile::Read(kData + "/encoder_tiny.io.safetensors");
   EXPECT_TRUE(io.ok()) << io.status();
-  const std::vector<float> ids = Floats(*io, "token_ids"), types = Floats(*io, "token_types"),
+  const std::vector<float> ids = Floats(*io, "token_ids"),
+                           types = Floats(*io, "token_types"),
                            lengths = Floats(*io, "lengths");
   Golden golden;
   golden.pooled = Floats(*io, "pooled");

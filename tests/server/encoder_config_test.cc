@@ -17,7 +17,8 @@ constexpr char kMiniLm[] = R"({"architectures": ["BertModel"], "hidden_act": "ge
   "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
   "num_hidden_layers": 6, "position_embedding_type": "absolute", "type_vocab_size": 2,
   "vocab_size": 30522})";
-constexpr char kModules[] = R"([{"idx": 0, "type": "sentence_transformers.models.Transformer"},
+constexpr char kModules[] =
+    R"([{"idx": 0, "type": "sentence_transformers.models.Transformer"},
   {"idx": 1, "type": "sentence_transformers.models.Pooling"},
   {"idx": 2, "type": "sentence_transformers.models.Normalize"}])";
 constexpr char kMeanPooling[] =
@@ -83,15 +84,18 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
       {{R"({"hidden_size": "384"})", "", ""},
        "config.json: hidden_size must be an integer in [1, 2^31), got \"384\""},
       {{R"({"num_hidden_layers": 0})", "", ""}, "num_hidden_layers must be an integer"},
-      {{R"({"num_hidden_layers": 1e99})", "", ""}, "num_hidden_layers must be an integer"},
-      {{R"({"layer_norm_eps": -1})", "", ""}, "layer_norm_eps must be a number in (0, 1]"},
+      {{R"({"num_hidden_layers": 1e99})", "", ""},
+       "num_hidden_layers must be an integer"},
+      {{R"({"layer_norm_eps": -1})", "", ""},
+       "layer_norm_eps must be a number in (0, 1]"},
       {{R"({"hidden_size": 100, "num_attention_heads": 12})", "", ""},
        "d_model (100) must be a multiple of num_heads (12)"},
       {{kMiniLm, "{}", ""}, "modules.json: must be a JSON array"},
       {{kMiniLm, R"([{"type": 3}])", ""}, "modules.json: type must be a string, got 3"},
       {{kMiniLm, "", R"({"pooling_mode_max_tokens": true})"},
        "pooling_mode_max_tokens is not served"},
-      {{kMiniLm, "", R"({"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": true})"},
+      {{kMiniLm, "",
+        R"({"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": true})"},
        "exactly one of pooling_mode_cls_token and pooling_mode_mean_tokens"},
       {{kMiniLm, "", R"({"pooling_mode_cls_token": "yes"})"},
        "pooling_mode_cls_token must be true or false, got \"yes\""},
