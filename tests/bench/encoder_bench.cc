@@ -35,6 +35,8 @@ ABSL_FLAG(int, rounds, 5, "Timed passes over the corpus (after one warm-up pass)
 ABSL_FLAG(int, sentences, 0, "Use the first N sentences; 0 = all.");
 ABSL_FLAG(std::string, precision, "fp32",
           "fp32 or bf16 (native bf16 where the CPU has it).");
+ABSL_FLAG(std::string, dump, "",
+          "Write the pooled embeddings of the warm-up pass here (float32 [n, d]).");
 
 namespace {
 
@@ -95,6 +97,7 @@ int main(int argc, char** argv) {
   }
   const auto batch = static_cast<size_t>(absl::GetFlag(FLAGS_batch));
   std::vector<float> pooled(batch * spec->d_model);
+  std::string dumped;
   const auto pass = [&]() -> absl::Status {
     size_t first_token = 0;
     for (size_t first = 0; first < lengths.size(); first += batch) {
@@ -107,11 +110,18 @@ int main(int argc, char** argv) {
       packed.lengths = sequence_lengths;
       ATTN_RETURN_IF_ERROR((*encoder)->Forward(
           packed, absl::MakeSpan(pooled.data(), count * spec->d_model), {}));
+      if (dumped.size() < lengths.size() * spec->d_model * sizeof(float)) {
+        dumped.append(reinterpret_cast<const char*>(pooled.data()),
+                      count * spec->d_model * sizeof(float));
+      }
       first_token += tokens;
     }
     return absl::OkStatus();
   };
   if (auto status = pass(); !status.ok()) return Fail(status);  // warm-up
+  if (const std::string path = absl::GetFlag(FLAGS_dump); !path.empty()) {
+    std::ofstream(path, std::ios::binary) << dumped;
+  }
   std::vector<double> rates;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     const auto start = std::chrono::steady_clock::now();

@@ -45,13 +45,14 @@ def model_dir(root):
     return os.path.abspath(found[0])
 
 
-def export_onnx(model_path, out):
+def export_onnx(model_path, out, bert=None):
     """The model as users export it: BertModel + mean pooling + L2 normalize."""
     if os.path.exists(out):
         return
     import torch
-    from sentence_transformers import SentenceTransformer
-    bert = SentenceTransformer(model_path, device="cpu")[0].auto_model.eval()
+    if bert is None:
+        from sentence_transformers import SentenceTransformer
+        bert = SentenceTransformer(model_path, device="cpu")[0].auto_model.eval()
 
     class Embed(torch.nn.Module):
         def __init__(self):
@@ -121,14 +122,27 @@ def peer_rate(engine, session_or_model, sequences, batch, threads, rounds):
     return timed(rounds, len(sequences), run)
 
 
+def bert_base(work):
+    """A BERT-base-shaped model (12 layers, d=768, 12 heads, FFN 3072) initialized by
+    transformers from seed 0 and saved as it saves any checkpoint."""
+    import torch
+    import transformers
+    folder = os.path.join(work, "bert-base-seed0")
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig()).eval()
+    if not os.path.exists(os.path.join(folder, "model.safetensors")):
+        model.save_pretrained(folder)
+    return folder, model
+
+
 def core_rate(build, model_path, files, batch, threads, rounds, sentences=0,
-              precision="fp32"):
+              precision="fp32", dump=""):
     cores = SERVER_CORE if threads == 1 else BOTH
     out = subprocess.run(
         ["taskset", "-c", cores, os.path.join(build, "tests", "bench", "encoder_bench"),
          f"--model_dir={model_path}", f"--ids={files[0]}", f"--lengths={files[1]}",
          f"--batch={batch}", f"--threads={threads}", f"--rounds={rounds}",
-         f"--sentences={sentences}", f"--precision={precision}"],
+         f"--sentences={sentences}", f"--precision={precision}", f"--dump={dump}"],
         check=True, capture_output=True, text=True, env=dict(os.environ, **ALLOCATOR))
     result = json.loads(out.stdout)
     COMPUTE[precision] = result["compute"]
@@ -277,7 +291,41 @@ def main():
     server.wait()
     weights_mib = os.path.getsize(os.path.join(model_path, "model.safetensors")) / 2**20
 
+    # BERT-base (random, seeded): attnserve against transformers' own forward pass, then
+    # the core beside ORT at the speed rows' shapes.
+    base_path, base_model = bert_base(work)
+    base_onnx = os.path.join(work, "bert-base-seed0.onnx")
+    export_onnx(base_path, base_onnx, base_model)
+    checked = 64
+    dump = os.path.join(work, "bert-base-pooled.bin")
+    core_rate(args.build, base_path, files, 16, 2, 1, checked, dump=dump)
+    ours_pooled = np.fromfile(dump, dtype="<f4").reshape(checked, 768)
+    with torch.inference_mode():
+        want = []
+        for ids, mask in padded_batches(sequences[:checked], 16):
+            hidden = base_model(input_ids=torch.from_numpy(ids),
+                                attention_mask=torch.from_numpy(mask)).last_hidden_state
+            m = torch.from_numpy(mask).unsqueeze(-1).float()
+            want.append(((hidden * m).sum(1) / m.sum(1)).numpy())
+    base_error = float(np.abs(ours_pooled - np.concatenate(want)).max())
+    base_sessions = {}
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    base_sessions[1] = onnxruntime.InferenceSession(base_onnx, options,
+                                                    providers=["CPUExecutionProvider"])
+    base_rounds = max(1, args.rounds // 2)
+    for batch, count in ((1, 64), (32, 256)):
+        figures[("base-core", batch)] = core_rate(args.build, base_path, files, batch, 1,
+                                                  base_rounds, count)
+        figures[("base-ort", batch)] = peer_rate("ort", base_sessions, sequences[:count],
+                                                 batch, 1, base_rounds)
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+
     print()
+    print(f"BERT-base (random, seed 0, saved by transformers): attnserve's pooled output "
+          f"against transformers' forward on {checked} sentences, max abs {base_error:.1e}")
     print("| measure | attnserve | peer | target | result |")
     print("| --- | --- | --- | --- | --- |")
     for threads, batch in ((1, 1), (1, 32), (2, 32)):
@@ -287,8 +335,18 @@ def main():
     for batch in (1, 32):
         print(f"| core bf16 ({COMPUTE['bf16']}), 1 thread, B={batch}, sentences/s | "
               f"{figures[('core-bf16', 1, batch)]:.1f} | (peers run fp32) | (figures) | - |")
+    for batch in (1, 32):
+        print(f"| BERT-base core fp32, 1 thread, B={batch}, sentences/s | "
+              f"{figures[('base-core', batch)]:.1f} | ORT {figures[('base-ort', batch)]:.1f} "
+              f"| (figures) | - |")
     ratio = figures[("core", 1, 1)] / figures[("ort", 1, 1)]
     row("core, 1 thread, B=1 vs ORT", f"x{ratio:.2f}", "", ">= 1.0", ratio >= 1.0)
+    ratio = figures[("base-core", 1)] / figures[("base-ort", 1)]
+    row("BERT-base: core, 1 thread, B=1 vs ORT", f"x{ratio:.2f}", "", ">= 1.0",
+        ratio >= 1.0)
+    ratio = figures[("base-core", 32)] / figures[("base-ort", 32)]
+    row("BERT-base: core, 1 thread, B=32 mixed lengths vs ORT padded", f"x{ratio:.2f}", "",
+        ">= 1.3", ratio >= 1.3)
     ratio = figures[("core", 1, 32)] / figures[("ort", 1, 32)]
     row("core, 1 thread, B=32 mixed lengths vs ORT padded", f"x{ratio:.2f}", "", ">= 1.3",
         ratio >= 1.3)
