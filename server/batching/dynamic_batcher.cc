@@ -44,10 +44,6 @@ absl::StatusOr<std::unique_ptr<DynamicBatcher>> DynamicBatcher::Create(
 
 DynamicBatcher::~DynamicBatcher() { Shutdown(); }
 
-void DynamicBatcher::Shutdown() {
-  if (scheduler_ != nullptr) scheduler_->Shutdown();
-}
-
 absl::Status DynamicBatcher::RunBatch(core::AttentionBackend* attention,
                                       absl::Span<AttentionWork* const> batch) {
   const int batch_size = static_cast<int>(batch.size());

@@ -29,7 +29,7 @@ using WorkCallback = BatchScheduler<AttentionWork>::Callback;
 // Batches attention requests for one model: a BatchScheduler<AttentionWork> (queue,
 // budgets, policy, workers) whose executor packs each batch and runs it on that worker's
 // own AttentionBackend. Thread-safe.
-class DynamicBatcher final : public BatchQueue {
+class DynamicBatcher final : public ScheduledBatcher<AttentionWork> {
  public:
   using Options = BatchingOptions;
 
@@ -45,25 +45,6 @@ class DynamicBatcher final : public BatchQueue {
   // Shuts down (see Shutdown) and joins the workers.
   ~DynamicBatcher() override;
 
-  // See BatchScheduler: Enqueue never blocks on compute and fails with
-  // RESOURCE_EXHAUSTED (count or bytes) or UNAVAILABLE (shutting down), `done` then not
-  // being called; Wake re-checks cancellations now; Hold/Release count results held
-  // after their callback against max_queue_bytes; Flush stops waiting for
-  // max_queue_delay; Shutdown computes what is queued and joins the workers.
-  absl::Status Enqueue(std::unique_ptr<AttentionWork> work, WorkCallback done) {
-    return scheduler_->Enqueue(std::move(work), std::move(done));
-  }
-  void Wake() override { scheduler_->Wake(); }
-  void Hold(int64_t bytes) override { scheduler_->Hold(bytes); }
-  void Release(int64_t bytes) override { scheduler_->Release(bytes); }
-  void Flush() override { scheduler_->Flush(); }
-  void Shutdown() override;
-
-  BatcherStats stats() const override { return scheduler_->stats(); }
-  int64_t queue_depth() const override { return scheduler_->queue_depth(); }
-  // Bytes held now by queued and computing requests.
-  int64_t held_bytes() const override { return scheduler_->held_bytes(); }
-
  private:
   explicit DynamicBatcher(const Options& options) : options_(options) {}
   // The executor: packs `batch` and runs it on `attention`.
@@ -71,9 +52,8 @@ class DynamicBatcher final : public BatchQueue {
                         absl::Span<AttentionWork* const> batch);
 
   const Options options_;
-  // Declared before scheduler_, so the workers are joined before these are destroyed.
+  // The destructor joins the workers (Shutdown) before these go.
   std::vector<std::unique_ptr<core::AttentionBackend>> attention_;
-  std::unique_ptr<BatchScheduler<AttentionWork>> scheduler_;
 };
 
 }  // namespace attnserve::server

@@ -39,10 +39,6 @@ absl::StatusOr<std::unique_ptr<EncoderBatcher>> EncoderBatcher::Create(
 
 EncoderBatcher::~EncoderBatcher() { Shutdown(); }
 
-void EncoderBatcher::Shutdown() {
-  if (scheduler_ != nullptr) scheduler_->Shutdown();
-}
-
 absl::Status EncoderBatcher::RunBatch(core::TransformerEncoder* encoder,
                                       absl::Span<EncoderWork* const> batch) {
   const int batch_size = static_cast<int>(batch.size());

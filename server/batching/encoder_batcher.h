@@ -51,7 +51,7 @@ struct EncoderWork {
 // Batches encoder requests for one model: a BatchScheduler<EncoderWork> (budgets count
 // tokens: max_batch_tokens) whose executor packs each batch and runs it on that
 // worker's own TransformerEncoder. Thread-safe.
-class EncoderBatcher final : public BatchQueue {
+class EncoderBatcher final : public ScheduledBatcher<EncoderWork> {
  public:
   using Callback = BatchScheduler<EncoderWork>::Callback;
 
@@ -65,28 +65,14 @@ class EncoderBatcher final : public BatchQueue {
   EncoderBatcher(const EncoderBatcher&) = delete;
   EncoderBatcher& operator=(const EncoderBatcher&) = delete;
 
-  // As BatchScheduler::Enqueue.
-  absl::Status Enqueue(std::unique_ptr<EncoderWork> work, Callback done) {
-    return scheduler_->Enqueue(std::move(work), std::move(done));
-  }
-  void Wake() override { scheduler_->Wake(); }
-  void Hold(int64_t bytes) override { scheduler_->Hold(bytes); }
-  void Release(int64_t bytes) override { scheduler_->Release(bytes); }
-  void Flush() override { scheduler_->Flush(); }
-  void Shutdown() override;
-  BatcherStats stats() const override { return scheduler_->stats(); }
-  int64_t queue_depth() const override { return scheduler_->queue_depth(); }
-  int64_t held_bytes() const override { return scheduler_->held_bytes(); }
-
  private:
   explicit EncoderBatcher(const BatchingOptions& options) : options_(options) {}
   absl::Status RunBatch(core::TransformerEncoder* encoder,
                         absl::Span<EncoderWork* const> batch);
 
   const BatchingOptions options_;
-  // Declared before scheduler_, so the workers are joined before these are destroyed.
+  // The destructor joins the workers (Shutdown) before these go.
   std::vector<std::unique_ptr<core::TransformerEncoder>> encoders_;
-  std::unique_ptr<BatchScheduler<EncoderWork>> scheduler_;
 };
 
 }  // namespace attnserve::server

@@ -39,12 +39,22 @@ absl::Status Invalid(absl::string_view message) {
 // The datatypes an input may have.
 enum class InputKind { kFloat, kInteger };
 
+// InvalidArgument unless the request sends no raw contents or one per input.
+absl::Status CheckRawCount(const inference::ModelInferRequest& infer) {
+  if (infer.raw_input_contents().empty() ||
+      infer.raw_input_contents_size() == infer.inputs_size()) {
+    return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
+                              infer.inputs_size(), "), got ",
+                              infer.raw_input_contents_size()));
+}
+
 // One input as attnserve's Tensor (shape, dtype, little-endian bytes): FP32 or BF16 for
-// a float input, INT64 or INT32 for an integer one.
-absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
-                          google::protobuf::RepeatedPtrField<std::string>* movable_raw,
-                          InputKind kind, v1::Tensor* tensor) {
-  const inference::ModelInferRequest::InferInputTensor& input = infer.inputs(index);
+// a float input, INT64 or INT32 for an integer one. Raw contents move out of `*infer`.
+absl::Status ConvertInput(inference::ModelInferRequest* infer, int index, InputKind kind,
+                          v1::Tensor* tensor) {
+  const inference::ModelInferRequest::InferInputTensor& input = infer->inputs(index);
   const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
   const std::string& type = input.datatype();
   if (kind == InputKind::kFloat && type == "FP32") {
@@ -62,17 +72,13 @@ absl::Status ConvertInput(const inference::ModelInferRequest& infer, int index,
                      ", got \"", type, "\""));
   }
   tensor->mutable_shape()->Add(input.shape().begin(), input.shape().end());
-  if (!infer.raw_input_contents().empty()) {
+  if (!infer->raw_input_contents().empty()) {
     if (input.has_contents()) {
       return Invalid(absl::StrCat(field,
                                   ".contents must be empty when raw_input_contents ",
                                   "is used (the protocol allows one or the other)"));
     }
-    if (movable_raw != nullptr) {
-      tensor->mutable_raw()->swap(*movable_raw->Mutable(index));
-    } else {
-      tensor->set_raw(infer.raw_input_contents(index));
-    }
+    tensor->mutable_raw()->swap(*infer->mutable_raw_input_contents(index));
     return absl::OkStatus();
   }
   if (tensor->dtype() == v1::DATA_TYPE_BF16) {
@@ -153,26 +159,27 @@ const char* DatatypeName(const v1::Tensor& tensor) {
   }
 }
 
+// The output `name` of `response`, from `tensor`, whose bytes move: no copy of a
+// result.
+void AddOutput(const char* name, v1::Tensor* tensor,
+               inference::ModelInferResponse* response) {
+  inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
+  output->set_name(name);
+  output->set_datatype(DatatypeName(*tensor));
+  output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
+  response->add_raw_output_contents()->swap(*tensor->mutable_raw());
+}
+
 }  // namespace
 
-namespace {
-
-// AttendFromInfer; with `movable` (the same message as `infer`), raw input bytes move
-// out of it instead of being copied.
-absl::StatusOr<v1::AttendRequest> Convert(const inference::ModelInferRequest& infer,
-                                          inference::ModelInferRequest* movable) {
+absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer) {
   v1::AttendRequest attend;
-  attend.set_model(infer.model_name());
-  attend.set_request_id(infer.id());
-  if (!infer.raw_input_contents().empty() &&
-      infer.raw_input_contents_size() != infer.inputs_size()) {
-    return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
-                                infer.inputs_size(), "), got ",
-                                infer.raw_input_contents_size()));
-  }
+  attend.set_model(infer->model_name());
+  attend.set_request_id(infer->id());
+  ATTN_RETURN_IF_ERROR(CheckRawCount(*infer));
   bool has_query = false;
-  for (int i = 0; i < infer.inputs_size(); ++i) {
-    const std::string& name = infer.inputs(i).name();
+  for (int i = 0; i < infer->inputs_size(); ++i) {
+    const std::string& name = infer->inputs(i).name();
     v1::Tensor* tensor = nullptr;
     if (name == kQuery && !has_query) {
       tensor = attend.mutable_query();
@@ -183,16 +190,14 @@ absl::StatusOr<v1::AttendRequest> Convert(const inference::ModelInferRequest& in
       return Invalid(absl::StrCat("inputs[", i, "].name must be \"query\" or \"memory\" ",
                                   "(each once), got \"", name, "\""));
     }
-    ATTN_RETURN_IF_ERROR(ConvertInput(
-        infer, i, movable != nullptr ? movable->mutable_raw_input_contents() : nullptr,
-        InputKind::kFloat, tensor));
+    ATTN_RETURN_IF_ERROR(ConvertInput(infer, i, InputKind::kFloat, tensor));
   }
   if (!has_query) return Invalid("inputs must include \"query\"");
-  for (const auto& [name, value] : infer.parameters()) {
+  for (const auto& [name, value] : infer->parameters()) {
     ATTN_RETURN_IF_ERROR(ApplyParameter(name, value, &attend));
   }
-  for (int i = 0; i < infer.outputs_size(); ++i) {
-    const std::string& name = infer.outputs(i).name();
+  for (int i = 0; i < infer->outputs_size(); ++i) {
+    const std::string& name = infer->outputs(i).name();
     if (name == kAttention) {
       attend.set_return_attention(true);
     } else if (name != kOutput) {
@@ -203,22 +208,11 @@ absl::StatusOr<v1::AttendRequest> Convert(const inference::ModelInferRequest& in
   return attend;
 }
 
-}  // namespace
-
-absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer) {
-  return Convert(*infer, infer);
-}
-
 absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* infer) {
   v1::EncodeRequest encode;
   encode.set_model(infer->model_name());
   encode.set_request_id(infer->id());
-  if (!infer->raw_input_contents().empty() &&
-      infer->raw_input_contents_size() != infer->inputs_size()) {
-    return Invalid(absl::StrCat("raw_input_contents must have one entry per input (",
-                                infer->inputs_size(), "), got ",
-                                infer->raw_input_contents_size()));
-  }
+  ATTN_RETURN_IF_ERROR(CheckRawCount(*infer));
   for (int i = 0; i < infer->inputs_size(); ++i) {
     const std::string& name = infer->inputs(i).name();
     v1::Tensor* tensor = nullptr;
@@ -239,8 +233,7 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
                        "\"token_type_ids\" or \"hidden_states\" (each once), got \"",
                        name, "\""));
     }
-    ATTN_RETURN_IF_ERROR(
-        ConvertInput(*infer, i, infer->mutable_raw_input_contents(), kind, tensor));
+    ATTN_RETURN_IF_ERROR(ConvertInput(infer, i, kind, tensor));
   }
   for (const auto& [name, value] : infer->parameters()) {
     if (absl::StartsWith(name, "triton_") || name == kTimeout) continue;
@@ -270,17 +263,10 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
     want_embedding |= requested.name() == kEmbedding;
     want_lengths |= requested.name() == kLengths;
   }
-  const auto add = [&](const char* name, v1::Tensor* tensor) {
-    inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
-    output->set_name(name);
-    output->set_datatype(DatatypeName(*tensor));
-    output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
-    response->add_raw_output_contents()->swap(*tensor->mutable_raw());
-  };
   if (want_embedding && encode.has_embedding()) {
-    add(kEmbedding, encode.mutable_embedding());
+    AddOutput(kEmbedding, encode.mutable_embedding(), response);
   }
-  if (encode.has_hidden()) add(kHidden, encode.mutable_hidden());
+  if (encode.has_hidden()) AddOutput(kHidden, encode.mutable_hidden(), response);
   if (want_lengths) {
     v1::Tensor lengths;
     lengths.set_dtype(v1::DATA_TYPE_INT64);
@@ -288,7 +274,7 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
     std::string raw(static_cast<size_t>(encode.lengths_size()) * sizeof(int64_t), '\0');
     if (!raw.empty()) std::memcpy(raw.data(), encode.lengths().data(), raw.size());
     lengths.set_raw(std::move(raw));
-    add(kLengths, &lengths);
+    AddOutput(kLengths, &lengths, response);
   }
 }
 
@@ -355,17 +341,9 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
     want_output |= requested.name() == kOutput;
     want_attention |= requested.name() == kAttention;
   }
-  const auto add = [&](const char* name, v1::Tensor* tensor) {
-    inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
-    output->set_name(name);
-    output->set_datatype(DatatypeName(*tensor));
-    output->mutable_shape()->Add(tensor->shape().begin(), tensor->shape().end());
-    // The bytes move: no copy of the result.
-    response->add_raw_output_contents()->swap(*tensor->mutable_raw());
-  };
-  if (want_output) add(kOutput, attend.mutable_output());
+  if (want_output) AddOutput(kOutput, attend.mutable_output(), response);
   if (want_attention && attend.has_attention()) {
-    add(kAttention, attend.mutable_attention());
+    AddOutput(kAttention, attend.mutable_attention(), response);
   }
 }
 

@@ -540,15 +540,19 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     }
   } else {
     ATTN_RETURN_IF_ERROR(CheckFinite(request.hidden_states(), "hidden_states", *hidden));
-    const InputTensor values(request.hidden_states().raw(),
-                             request.hidden_states().dtype() == v1::DATA_TYPE_BF16);
-    std::vector<float> all(static_cast<size_t>(values.elements()));
-    values.CopyTo(all.data());
-    work->hidden_states.reserve(static_cast<size_t>(tokens * d));
+    // Each sequence's tokens, read once (widened for bf16) without its padding.
+    const bool bf16 = request.hidden_states().dtype() == v1::DATA_TYPE_BF16;
+    const auto row_bytes = static_cast<size_t>(layout.length * d * (bf16 ? 2 : 4));
+    const absl::string_view raw = request.hidden_states().raw();
+    work->hidden_states.resize(static_cast<size_t>(tokens * d));
+    float* out = work->hidden_states.data();
     for (int64_t row = 0; row < layout.count; ++row) {
-      const float* begin = all.data() + row * layout.length * d;
-      work->hidden_states.insert(work->hidden_states.end(), begin,
-                                 begin + lengths[row] * d);
+      const InputTensor tokens_of_row(
+          raw.substr(row * row_bytes,
+                     static_cast<size_t>(lengths[row] * d * (bf16 ? 2 : 4))),
+          bf16);
+      tokens_of_row.CopyTo(out);
+      out += tokens_of_row.elements();
     }
   }
   work->lengths = std::move(lengths);

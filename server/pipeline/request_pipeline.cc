@@ -186,67 +186,102 @@ grpc::ServerUnaryReactor* RequestPipeline::FinishNow(absl::string_view method,
   return reactor;
 }
 
+template <typename Response>
+ServedModel* RequestPipeline::Open(absl::string_view name, Origin origin,
+                                   std::function<void(absl::Status, Response)> done,
+                                   std::shared_ptr<Finish<Response>>* finish) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ServedModel*> found = FindModel(name);
+  ServedModel* model = found.ok() ? *found : nullptr;
+  std::string model_name = model != nullptr ? model->name : "";
+  if (observer_.on_request_started) observer_.on_request_started(model_name);
+  *finish = std::make_shared<Finish<Response>>(
+      [this, start, model_name = std::move(model_name), done = std::move(done)](
+          absl::Status status, Response response, int64_t tokens) {
+        if (observer_.on_request_finished) {
+          observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
+        }
+        done(std::move(status), std::move(response));
+      });
+  if (absl::Status serving = CheckServing(); origin == Origin::kCall && !serving.ok()) {
+    (**finish)(std::move(serving), {}, 0);
+    return nullptr;
+  }
+  if (!found.ok()) {
+    (**finish)(found.status(), {}, 0);
+    return nullptr;
+  }
+  return model;
+}
+
+AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
+  AdmissionLimits limits;
+  limits.max_sequence_length = model.max_sequence_length;
+  limits.max_response_bytes = options_.max_response_bytes;
+  limits.max_work_bytes = model.max_queue_bytes;
+  return limits;
+}
+
+absl::Status RequestPipeline::CheckQueueable(
+    absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
+    BatchQueue* queue, std::shared_ptr<const std::atomic<bool>>* cancelled) const {
+  if (deadline <= absl::Now()) {
+    return absl::DeadlineExceededError(
+        "the deadline passed before the request was queued");
+  }
+  if (cancellation == nullptr) return absl::OkStatus();
+  if (cancellation->Attach(queue)) {
+    return absl::CancelledError("the call was cancelled before it was queued");
+  }
+  // The work reads the flag; the Cancellation stays alive with it.
+  *cancelled =
+      std::shared_ptr<const std::atomic<bool>>(cancellation, &cancellation->cancelled_);
+  return absl::OkStatus();
+}
+
+absl::Status RequestPipeline::CheckResponseSize(
+    const google::protobuf::Message& response) const {
+  const size_t bytes = response.ByteSizeLong();
+  if (bytes <= static_cast<size_t>(options_.max_response_bytes)) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("the response is ", bytes,
+                   " bytes, over max_message_bytes=", options_.max_response_bytes));
+}
+
+namespace {
+
+// A validation error, naming the model whose limits the field was checked against.
+absl::Status ForModel(const absl::Status& status, const ServedModel& model) {
+  return absl::Status(status.code(),
+                      absl::StrCat(status.message(), " (model \"", model.name, "\")"));
+}
+
+}  // namespace
+
 void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadline,
                              const std::shared_ptr<Cancellation>& cancellation,
                              std::function<void(absl::Status, v1::AttendResponse)> done,
                              v1::HeadStatisticsResponse* statistics, Origin origin) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<ServedModel*> found = FindModel(request.model());
-  ServedModel* model = found.ok() ? *found : nullptr;
-  const std::string model_name = model != nullptr ? model->name : "";
-  if (observer_.on_request_started) observer_.on_request_started(model_name);
-  auto finish = [this, start, model_name, done = std::move(done)](
-                    absl::Status status, v1::AttendResponse response, int64_t tokens) {
-    if (observer_.on_request_finished) {
-      observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
-    }
-    done(std::move(status), std::move(response));
-  };
-  if (absl::Status serving = CheckServing(); origin == Origin::kCall && !serving.ok()) {
-    finish(std::move(serving), {}, 0);
-    return;
-  }
-  if (!found.ok()) {
-    finish(found.status(), {}, 0);
-    return;
-  }
+  std::shared_ptr<Finish<v1::AttendResponse>> finish;
+  ServedModel* model = Open(request.model(), origin, std::move(done), &finish);
+  if (model == nullptr) return;
   if (model->is_encoder()) {
-    finish(
+    (*finish)(
         absl::InvalidArgumentError(absl::StrCat(
             "model \"", model->name,
             "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")),
         {}, 0);
     return;
   }
-  AdmissionLimits limits;
-  limits.max_sequence_length = model->max_sequence_length;
-  limits.max_response_bytes = options_.max_response_bytes;
-  limits.max_work_bytes = model->max_queue_bytes;
+  AdmissionLimits limits = LimitsFor(*model);
   limits.weights_for_statistics = statistics != nullptr;
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
       WorkFromRequest(request, model->spec, limits);
-  if (!work.ok()) {
-    // The field's limits are the model's: say which model.
-    finish(absl::Status(
-               work.status().code(),
-               absl::StrCat(work.status().message(), " (model \"", model->name, "\")")),
-           {}, 0);
-    return;
-  }
-  if (deadline <= absl::Now()) {
-    finish(
-        absl::DeadlineExceededError("the deadline passed before the request was queued"),
-        {}, 0);
-    return;
-  }
-  if (cancellation != nullptr) {
-    if (cancellation->Attach(model->batcher.get())) {
-      finish(absl::CancelledError("the call was cancelled before it was queued"), {}, 0);
-      return;
-    }
-    // The work reads the flag; the Cancellation stays alive with it.
-    (*work)->cancelled =
-        std::shared_ptr<const std::atomic<bool>>(cancellation, &cancellation->cancelled_);
+  if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
+  if (absl::Status queueable = CheckQueueable(deadline, cancellation,
+                                              model->batcher.get(), &(*work)->cancelled);
+      !queueable.ok()) {
+    return (*finish)(std::move(queueable), {}, 0);
   }
   (*work)->deadline = deadline;
   if (statistics != nullptr) {
@@ -258,10 +293,9 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
   const int64_t tokens = (*work)->tokens();
   auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(request));
   // The batcher calls back exactly once, unless Enqueue fails (then never).
-  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
   const absl::Status enqueued = model->batcher->Enqueue(
       std::move(work).value(),
-      [this, model, format, tokens, shared_finish, statistics](
+      [this, model, format, tokens, finish, statistics](
           absl::Status status, std::unique_ptr<AttentionWork> result) {
         v1::AttendResponse response;
         if (status.ok() && statistics != nullptr) {
@@ -278,104 +312,55 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
           }
         } else if (status.ok()) {
           FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
-          // Admission bounded the size already; this guards the invariant, because gRPC
-          // aborts the process on a message it cannot serialize.
-          const size_t bytes = response.ByteSizeLong();
-          if (bytes > static_cast<size_t>(options_.max_response_bytes)) {
-            status = absl::InternalError(absl::StrCat(
-                "the response is ", bytes,
-                " bytes, over max_message_bytes=", options_.max_response_bytes));
-            response.Clear();
-          }
+          status = CheckResponseSize(response);
+          if (!status.ok()) response.Clear();
         }
         const int64_t computed = status.ok() ? tokens : 0;
-        (*shared_finish)(std::move(status), std::move(response), computed);
+        (*finish)(std::move(status), std::move(response), computed);
       });
-  if (!enqueued.ok()) (*shared_finish)(enqueued, {}, 0);
+  if (!enqueued.ok()) (*finish)(enqueued, {}, 0);
 }
 
 void RequestPipeline::SubmitEncode(
     const v1::EncodeRequest& request, absl::Time deadline,
     const std::shared_ptr<Cancellation>& cancellation,
     std::function<void(absl::Status, v1::EncodeResponse)> done, Origin origin) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<ServedModel*> found = FindModel(request.model());
-  ServedModel* model = found.ok() ? *found : nullptr;
-  const std::string model_name = model != nullptr ? model->name : "";
-  if (observer_.on_request_started) observer_.on_request_started(model_name);
-  auto finish = [this, start, model_name, done = std::move(done)](
-                    absl::Status status, v1::EncodeResponse response, int64_t tokens) {
-    if (observer_.on_request_finished) {
-      observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
-    }
-    done(std::move(status), std::move(response));
-  };
-  if (absl::Status serving = CheckServing(); origin == Origin::kCall && !serving.ok()) {
-    finish(std::move(serving), {}, 0);
-    return;
-  }
-  if (!found.ok()) {
-    finish(found.status(), {}, 0);
-    return;
-  }
+  std::shared_ptr<Finish<v1::EncodeResponse>> finish;
+  ServedModel* model = Open(request.model(), origin, std::move(done), &finish);
+  if (model == nullptr) return;
   if (!model->is_encoder()) {
-    finish(absl::InvalidArgumentError(absl::StrCat(
-               "model \"", model->name,
-               "\" is an attention layer, not an encoder: send [L, d_model] queries to "
-               "Attend (KServe: input \"query\")")),
-           {}, 0);
+    (*finish)(absl::InvalidArgumentError(absl::StrCat(
+                  "model \"", model->name,
+                  "\" is an attention layer, not an encoder: send [L, d_model] queries "
+                  "to Attend (KServe: input \"query\")")),
+              {}, 0);
     return;
   }
-  AdmissionLimits limits;
-  limits.max_sequence_length = model->max_sequence_length;
-  limits.max_response_bytes = options_.max_response_bytes;
-  limits.max_work_bytes = model->max_queue_bytes;
   absl::StatusOr<std::unique_ptr<EncoderWork>> work =
-      EncoderWorkFromRequest(request, model->encoder_spec, limits);
-  if (!work.ok()) {
-    finish(absl::Status(
-               work.status().code(),
-               absl::StrCat(work.status().message(), " (model \"", model->name, "\")")),
-           {}, 0);
-    return;
-  }
-  if (deadline <= absl::Now()) {
-    finish(
-        absl::DeadlineExceededError("the deadline passed before the request was queued"),
-        {}, 0);
-    return;
-  }
-  if (cancellation != nullptr) {
-    if (cancellation->Attach(model->encoder.get())) {
-      finish(absl::CancelledError("the call was cancelled before it was queued"), {}, 0);
-      return;
-    }
-    (*work)->cancelled =
-        std::shared_ptr<const std::atomic<bool>>(cancellation, &cancellation->cancelled_);
+      EncoderWorkFromRequest(request, model->encoder_spec, LimitsFor(*model));
+  if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
+  if (absl::Status queueable = CheckQueueable(deadline, cancellation,
+                                              model->encoder.get(), &(*work)->cancelled);
+      !queueable.ok()) {
+    return (*finish)(std::move(queueable), {}, 0);
   }
   (*work)->deadline = deadline;
   const int64_t tokens = (*work)->tokens();
-  auto shared_finish = std::make_shared<decltype(finish)>(std::move(finish));
   const absl::Status enqueued = model->encoder->Enqueue(
       std::move(work).value(),
-      [this, model, tokens, shared_finish, request_id = request.request_id()](
+      [this, model, tokens, finish, request_id = request.request_id()](
           absl::Status status, std::unique_ptr<EncoderWork> result) {
         v1::EncodeResponse response;
         if (status.ok()) {
           FillEncodeResponse(*result, model->name, request_id, model->spec.d_model,
                              &response);
-          const size_t bytes = response.ByteSizeLong();
-          if (bytes > static_cast<size_t>(options_.max_response_bytes)) {
-            status = absl::InternalError(absl::StrCat(
-                "the response is ", bytes,
-                " bytes, over max_message_bytes=", options_.max_response_bytes));
-            response.Clear();
-          }
+          status = CheckResponseSize(response);
+          if (!status.ok()) response.Clear();
         }
         const int64_t computed = status.ok() ? tokens : 0;
-        (*shared_finish)(std::move(status), std::move(response), computed);
+        (*finish)(std::move(status), std::move(response), computed);
       });
-  if (!enqueued.ok()) (*shared_finish)(enqueued, {}, 0);
+  if (!enqueued.ok()) (*finish)(enqueued, {}, 0);
 }
 
 }  // namespace attnserve::server

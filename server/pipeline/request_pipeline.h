@@ -21,6 +21,7 @@
 #include "server/batching/dynamic_batcher.h"
 #include "server/models/model_registry.h"
 #include "server/pipeline/auth.h"
+#include "server/pipeline/proto_convert.h"
 
 namespace attnserve::server {
 
@@ -196,6 +197,32 @@ class RequestPipeline {
                     Origin origin = Origin::kCall);
 
  private:
+  // A request's answer, counted once (on_request_finished) when it is given; `tokens`
+  // are the computed ones.
+  template <typename Response>
+  using Finish = std::function<void(absl::Status, Response, int64_t tokens)>;
+
+  // What every request does first: the model looked up (`name`, empty for the default)
+  // and the request counted; `done` wrapped into `*finish`. Null, with the request
+  // answered, when a call arrives while draining or names no served model.
+  template <typename Response>
+  ServedModel* Open(absl::string_view name, Origin origin,
+                    std::function<void(absl::Status, Response)> done,
+                    std::shared_ptr<Finish<Response>>* finish);
+  // The limits `model`'s requests are admitted under.
+  AdmissionLimits LimitsFor(const ServedModel& model) const;
+  // What every validated request does last before Enqueue: DEADLINE_EXCEEDED when
+  // `deadline` passed, CANCELLED when `cancellation` (may be null) is; else OK, with
+  // `*cancelled` set to the flag the queued work reads and `queue` woken on a cancel.
+  absl::Status CheckQueueable(absl::Time deadline,
+                              const std::shared_ptr<Cancellation>& cancellation,
+                              BatchQueue* queue,
+                              std::shared_ptr<const std::atomic<bool>>* cancelled) const;
+  // OK, or INTERNAL when `response` is larger than max_response_bytes (admission
+  // bounds it already; this guards the invariant, because gRPC aborts the process on
+  // a message it cannot serialize).
+  absl::Status CheckResponseSize(const google::protobuf::Message& response) const;
+
   ModelRegistry* const registry_;
   const Options options_;
   const ServiceObserver observer_;
