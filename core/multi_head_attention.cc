@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/bfloat16.h"
+#include "core/row_chunks.h"
 #include "core/status_macros.h"
 
 namespace attnserve::core {
@@ -88,15 +89,6 @@ memory::desc ScoresDesc(int64_t count, int64_t heads, int64_t rows, int64_t key_
 }
 
 }  // namespace
-
-void* MultiHeadAttention::Buffer::Reserve(size_t bytes) {
-  if (bytes > capacity_) {
-    // Uninitialised: every use writes before it reads.
-    data_.reset(new uint8_t[bytes]);
-    capacity_ = bytes;
-  }
-  return data_.get();
-}
 
 absl::StatusOr<dnnl::engine> CreateCpuEngine() {
   try {
@@ -362,10 +354,11 @@ absl::Status MultiHeadAttention::HeadStatistics(const AttentionBatch& batch, boo
   const int64_t head_dim = spec_.head_dim();
   ATTN_ASSIGN_OR_RETURN(const int64_t tokens,
                         RowStatisticsByForward(*this, batch, causal, statistics));
-  // Output terms: Forward left the context of the model's heads in context_, [tokens,
-  // width] in the compute precision; head p's term is its slice times its W_out columns.
+  // Output terms: Forward left the context of the model's heads in the scratch context,
+  // [tokens, width] in the compute precision; head p's term is its slice times its W_out
+  // columns.
   const HeadSet& set = model_heads_;
-  const auto* context = static_cast<const uint8_t*>(context_.Reserve(0));
+  const auto* context = static_cast<const uint8_t*>(scratch_->context.Reserve(0));
   std::vector<float> slice(static_cast<size_t>(head_dim));
   for (int64_t t = 0; t < tokens; ++t) {
     for (size_t p = 0; p < set.heads.size(); ++p) {
@@ -429,22 +422,26 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
   }
 
   // The inputs in the compute precision (converted once, here, when they are not).
-  ATTN_ASSIGN_OR_RETURN(const void* query,
-                        InComputePrecision(batch.query, batch.query_bf16, query_input_));
+  ATTN_ASSIGN_OR_RETURN(
+      const void* query,
+      InComputePrecision(batch.query, batch.query_bf16, scratch_->query_input));
   const void* key_source = query;
   if (cross) {
-    ATTN_ASSIGN_OR_RETURN(
-        key_source, InComputePrecision(batch.memory, batch.memory_bf16, memory_input_));
+    ATTN_ASSIGN_OR_RETURN(key_source, InComputePrecision(batch.memory, batch.memory_bf16,
+                                                         scratch_->memory_input));
   }
 
   // Projections run once over all packed tokens: Q, K and V of the computed heads land
   // in three dense [tokens, width] planes (strided views of one [T, 3 width] buffer
   // would leave oneDNN's fast path).
-  auto* q = static_cast<uint8_t*>(q_.Reserve(query_tokens * width * compute_bytes_));
-  auto* k = static_cast<uint8_t*>(k_.Reserve(key_tokens * width * compute_bytes_));
-  auto* v = static_cast<uint8_t*>(v_.Reserve(key_tokens * width * compute_bytes_));
-  auto* context =
-      static_cast<uint8_t*>(context_.Reserve(query_tokens * width * compute_bytes_));
+  auto* q =
+      static_cast<uint8_t*>(scratch_->q.Reserve(query_tokens * width * compute_bytes_));
+  auto* k =
+      static_cast<uint8_t*>(scratch_->k.Reserve(key_tokens * width * compute_bytes_));
+  auto* v =
+      static_cast<uint8_t*>(scratch_->v.Reserve(key_tokens * width * compute_bytes_));
+  auto* context = static_cast<uint8_t*>(
+      scratch_->context.Reserve(query_tokens * width * compute_bytes_));
   ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
                                set.query_weight, set.query_bias.data(), width, q));
   ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
@@ -589,10 +586,7 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
 
 absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
                                          std::initializer_list<ExecArg> args) {
-  if (primitive.scratchpad_bytes > scratchpad_bytes_) {
-    scratchpad_ = std::make_unique<uint8_t[]>(primitive.scratchpad_bytes);
-    scratchpad_bytes_ = primitive.scratchpad_bytes;
-  }
+  void* scratchpad = scratch_->scratchpad.Reserve(primitive.scratchpad_bytes);
   // The same id always has the same layout for one primitive (its key fixes the
   // shapes), so a memory object made once is only re-pointed afterwards.
   const auto bind = [&](int id, const memory::desc& desc, void* data) {
@@ -608,7 +602,7 @@ absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
     bind(DNNL_ARG_SCRATCHPAD,
          memory::desc({static_cast<int64_t>(primitive.scratchpad_bytes)},
                       memory::data_type::u8, memory::format_tag::a),
-         scratchpad_.get());
+         scratchpad);
   }
   primitive.primitive.execute(stream_, primitive.args);
   stream_.wait();
@@ -621,29 +615,40 @@ absl::Status MultiHeadAttention::Project(PrimitiveKind kind, const void* in, int
                                          void* out) {
   // In fp32 both kinds are the same primitive.
   if (compute_ == memory::data_type::f32) kind = PrimitiveKind::kProjection;
-  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                        GetPrimitive(kind, {rows, in_width, out_width, 0}));
-  const memory& packed = Packed(weight, in_width, out_width, primitive->weights_desc);
   const memory::data_type out_type =
       kind == PrimitiveKind::kProjection ? compute_ : memory::data_type::f32;
-  return Execute(*primitive,
-                 {{DNNL_ARG_SRC, Plain2d(rows, in_width, compute_), in},
-                  {DNNL_ARG_WEIGHTS, primitive->weights_desc, packed.get_data_handle()},
-                  {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
-                  {DNNL_ARG_DST, Plain2d(rows, out_width, out_type), out}});
+  const int64_t out_bytes = out_type == memory::data_type::f32 ? 4 : 2;
+  // In chunks of a few row counts (row_chunks.h), not one primitive per token count.
+  return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                          GetPrimitive(kind, {chunk, in_width, out_width, 0}));
+    const memory& packed = Packed(weight, in_width, out_width, primitive->weights_desc);
+    return Execute(*primitive,
+                   {{DNNL_ARG_SRC, Plain2d(chunk, in_width, compute_),
+                     static_cast<const uint8_t*>(in) + first * in_width * compute_bytes_},
+                    {DNNL_ARG_WEIGHTS, primitive->weights_desc, packed.get_data_handle()},
+                    {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
+                    {DNNL_ARG_DST, Plain2d(chunk, out_width, out_type),
+                     static_cast<uint8_t*>(out) + first * out_width * out_bytes}});
+  });
 }
 
 absl::Status MultiHeadAttention::Convert(const void* in, bool from_bf16, int64_t count,
                                          void* out) {
-  ATTN_ASSIGN_OR_RETURN(
-      CachedPrimitive * primitive,
-      GetPrimitive(PrimitiveKind::kConvert, {count, from_bf16 ? 1 : 0, 0, 0}));
   const memory::data_type from =
       from_bf16 ? memory::data_type::bf16 : memory::data_type::f32;
-  return Execute(
-      *primitive,
-      {{DNNL_ARG_FROM, memory::desc({count}, from, memory::format_tag::a), in},
-       {DNNL_ARG_TO, memory::desc({count}, compute_, memory::format_tag::a), out}});
+  const int64_t in_bytes = from_bf16 ? 2 : 4;
+  // Elementwise: chunked as rows are, so that the conversions' shapes stay few.
+  return ForEachRowChunk(count, [&](int64_t first, int64_t chunk) -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        GetPrimitive(PrimitiveKind::kConvert, {chunk, from_bf16 ? 1 : 0, 0, 0}));
+    return Execute(*primitive,
+                   {{DNNL_ARG_FROM, memory::desc({chunk}, from, memory::format_tag::a),
+                     static_cast<const uint8_t*>(in) + first * in_bytes},
+                    {DNNL_ARG_TO, memory::desc({chunk}, compute_, memory::format_tag::a),
+                     static_cast<uint8_t*>(out) + first * compute_bytes_}});
+  });
 }
 
 absl::StatusOr<const void*> MultiHeadAttention::InComputePrecision(
@@ -698,12 +703,13 @@ absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t cou
       attention_weights != nullptr && heads == spec_.num_heads && !skip_masked;
   const int64_t scores_count = count * group * block_rows * key_length;
   float* scratch = in_place ? nullptr
-                            : static_cast<float*>(probabilities_.Reserve(
+                            : static_cast<float*>(scratch_->probabilities.Reserve(
                                   scores_count * static_cast<int64_t>(sizeof(float))));
   // bf16: the softmax writes P in bf16 for the P V product (straight from the f32
   // scores, or converted from the f32 weights the caller asked for).
   void* compute_probabilities =
-      f32 ? nullptr : compute_probabilities_.Reserve(scores_count * compute_bytes_);
+      f32 ? nullptr
+          : scratch_->compute_probabilities.Reserve(scores_count * compute_bytes_);
   const auto at = [&](const uint8_t* plane, int64_t row, int64_t column) {
     return plane + (row * width + column) * compute_bytes_;
   };

@@ -26,6 +26,7 @@
 #include "core/attention_weights.h"
 #include "core/model_spec.h"
 #include "core/primitive_cache.h"
+#include "core/scratch_buffer.h"
 #include "dnnl.hpp"
 
 namespace attnserve::core {
@@ -122,6 +123,13 @@ class MultiHeadAttention : public AttentionBackend {
   // Primitives created so far (cache misses); a repeated shape adds none.
   int64_t primitive_creations() const { return cache_.creations(); }
 
+  // From now on this object computes in `other`'s scratch buffers instead of its own,
+  // so that objects that never run at the same time (the layers of an encoder, run one
+  // after another by one thread) hold one set of batch-sized buffers between them, not
+  // one each. REQUIRES: Forward and HeadStatistics are never called on this object and
+  // `other` (or any object sharing with them) at the same time.
+  void ShareScratch(const MultiHeadAttention& other) { scratch_ = other.scratch_; }
+
  private:
   // The heads one Forward computes, with their weights sliced out of the model's: W_q,
   // W_k, W_v rows [width, d] (1/sqrt(head_dim) folded into W_q and b_q) and W_out
@@ -149,15 +157,7 @@ class MultiHeadAttention : public AttentionBackend {
   const dnnl::memory& Packed(Matrix& matrix, int64_t in, int64_t out,
                              const dnnl::memory::desc& desc);
 
-  // A growable scratch buffer that keeps its capacity between calls.
-  class Buffer {
-   public:
-    void* Reserve(size_t bytes);
-
-   private:
-    std::unique_ptr<uint8_t[]> data_;
-    size_t capacity_ = 0;
-  };
+  using Buffer = ScratchBuffer;
 
   MultiHeadAttention(const ModelSpec& spec, const dnnl::engine& engine,
                      const Options& options, bool native_bf16);
@@ -232,10 +232,14 @@ class MultiHeadAttention : public AttentionBackend {
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 
-  Buffer q_, k_, v_, context_, probabilities_, compute_probabilities_;
-  Buffer query_input_, memory_input_;
-  std::unique_ptr<uint8_t[]> scratchpad_;
-  size_t scratchpad_bytes_ = 0;
+  // Scratch, grown to the largest batch seen; shared by objects that run one after
+  // another (ShareScratch).
+  struct Scratch {
+    Buffer q, k, v, context, probabilities, compute_probabilities;
+    Buffer query_input, memory_input;
+    Buffer scratchpad;  // oneDNN's (user mode)
+  };
+  std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
 };
 
 }  // namespace attnserve::core

@@ -12,6 +12,8 @@
 #include "core/bfloat16.h"
 #include "core/multi_head_attention.h"
 #include "core/primitive_cache.h"
+#include "core/row_chunks.h"
+#include "core/scratch_buffer.h"
 #include "core/status_macros.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -233,10 +235,8 @@ struct TransformerEncoder::State {
   // Primitives by shape (the row count changes with every batch), bounded.
   PrimitiveCache cache{256};
   // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
-  // activations in the compute type (as floats' worth of bytes); `narrow` x in the
-  // compute type (bf16 only).
-  std::vector<float> x, attended, inner;
-  std::vector<uint16_t> narrow;
+  // activations in the compute type; `narrow` x in the compute type (bf16 only).
+  ScratchBuffer x, attended, inner, narrow;
 
   memory::data_type Compute() const {
     return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -305,9 +305,9 @@ struct TransformerEncoder::State {
 
   // dst[rows, out] = act(src[rows, in] W^T + b) (+ dst before, when accumulate). `src`
   // holds the compute type; `dst` f32, or the compute type with `narrow_out`.
-  absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
-                      const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
-                      void* dst) {
+  absl::Status LinearChunk(int64_t rows, PackedLinear& linear, const void* src,
+                           const dnnl::algorithm* activation, bool accumulate,
+                           bool narrow_out, void* dst) {
     ATTN_ASSIGN_OR_RETURN(
         CachedPrimitive * primitive,
         LinearPrimitive(rows, linear.in, linear.out, activation, accumulate, narrow_out));
@@ -324,7 +324,7 @@ struct TransformerEncoder::State {
   }
 
   // dst (the compute type) = src (f32), [rows, width]: a copy for bf16.
-  absl::Status Narrow(int64_t rows, int64_t width, const float* src, void* dst) {
+  absl::Status NarrowChunk(int64_t rows, int64_t width, const float* src, void* dst) {
     memory from = Wrap(Plain(rows, width), engine, src);
     memory to(Plain(rows, width, Compute()), engine, dst);
     ATTN_ASSIGN_OR_RETURN(
@@ -340,9 +340,9 @@ struct TransformerEncoder::State {
   }
 
   // dst = LayerNorm(src) * scale + shift over each row of [rows, width].
-  absl::Status LayerNorm(int64_t rows, int64_t width, float epsilon, const float* src,
-                         const std::vector<float>& scale, const std::vector<float>& shift,
-                         float* dst) {
+  absl::Status LayerNormChunk(int64_t rows, int64_t width, float epsilon,
+                              const float* src, const std::vector<float>& scale,
+                              const std::vector<float>& shift, float* dst) {
     const memory::desc data = Plain(rows, width);
     ATTN_ASSIGN_OR_RETURN(
         CachedPrimitive * primitive,
@@ -368,8 +368,8 @@ struct TransformerEncoder::State {
   }
 
   // dst = a + b, elementwise over [rows, width] (the residual connection).
-  absl::Status Add(int64_t rows, int64_t width, const float* a, const float* b,
-                   float* dst) {
+  absl::Status AddChunk(int64_t rows, int64_t width, const float* a, const float* b,
+                        float* dst) {
     const memory::desc data = Plain(rows, width);
     ATTN_ASSIGN_OR_RETURN(
         CachedPrimitive * primitive,
@@ -386,6 +386,47 @@ struct TransformerEncoder::State {
                                           {DNNL_ARG_SRC_1, Wrap(data, engine, b)},
                                           {DNNL_ARG_DST, Wrap(data, engine, dst)}});
     return absl::OkStatus();
+  }
+
+  // The operations over all rows, in chunks of a few row counts (row_chunks.h): the
+  // same results, and a bounded number of primitives however the batches vary.
+  size_t ComputeBytes() const { return bf16 ? 2 : 4; }
+
+  absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
+                      const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
+                      void* dst) {
+    const size_t out_bytes = narrow_out ? ComputeBytes() : sizeof(float);
+    return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
+      return LinearChunk(
+          chunk, linear,
+          static_cast<const uint8_t*>(src) + first * linear.in * ComputeBytes(),
+          activation, accumulate, narrow_out,
+          static_cast<uint8_t*>(dst) + first * linear.out * out_bytes);
+    });
+  }
+
+  absl::Status Narrow(int64_t rows, int64_t width, const float* src, void* dst) {
+    return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
+      return NarrowChunk(chunk, width, src + first * width,
+                         static_cast<uint8_t*>(dst) + first * width * ComputeBytes());
+    });
+  }
+
+  absl::Status LayerNorm(int64_t rows, int64_t width, float epsilon, const float* src,
+                         const std::vector<float>& scale, const std::vector<float>& shift,
+                         float* dst) {
+    return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
+      return LayerNormChunk(chunk, width, epsilon, src + first * width, scale, shift,
+                            dst + first * width);
+    });
+  }
+
+  absl::Status Add(int64_t rows, int64_t width, const float* a, const float* b,
+                   float* dst) {
+    return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
+      const int64_t offset = first * width;
+      return AddChunk(chunk, width, a + offset, b + offset, dst + offset);
+    });
   }
 };
 
@@ -444,6 +485,11 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
     ATTN_ASSIGN_OR_RETURN(std::unique_ptr<MultiHeadAttention> attention,
                           MultiHeadAttention::Create(attention_spec, layer.attention,
                                                      engine, attention_options));
+    // The layers run one after another on one thread: one set of batch-sized
+    // attention buffers serves them all.
+    if (!encoder->state_->attention.empty()) {
+      attention->ShareScratch(*encoder->state_->attention.front());
+    }
     encoder->state_->attention.push_back(std::move(attention));
   }
   State& state = *encoder->state_;
@@ -537,12 +583,12 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
 
   State& state = *state_;
   const EncoderWeights& weights = state.weights;
-  state.x.resize(static_cast<size_t>(tokens * d));
-  state.attended.resize(static_cast<size_t>(tokens * d));
-  state.inner.resize(static_cast<size_t>(tokens * spec_.ffn_dim));
-  if (state.bf16) state.narrow.resize(static_cast<size_t>(tokens * d));
-  float* x = state.x.data();
-  float* attended = state.attended.data();
+  const size_t plane = static_cast<size_t>(tokens * d) * sizeof(float);
+  auto* x = static_cast<float*>(state.x.Reserve(plane));
+  auto* attended = static_cast<float*>(state.attended.Reserve(plane));
+  void* inner = state.inner.Reserve(static_cast<size_t>(tokens * spec_.ffn_dim) *
+                                    (state.bf16 ? sizeof(uint16_t) : sizeof(float)));
+  void* narrow = state.bf16 ? state.narrow.Reserve(plane / 2) : nullptr;
   // Embeddings: word + position (within its sequence) + token type.
   if (!from_hidden) {
     int64_t t = 0;
@@ -581,14 +627,14 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       // copy of x (a sum post-op), so the residual costs no pass of its own.
       const void* source = x;
       if (state.bf16) {
-        ATTN_RETURN_IF_ERROR(state.Narrow(tokens, d, x, state.narrow.data()));
-        source = state.narrow.data();
+        ATTN_RETURN_IF_ERROR(state.Narrow(tokens, d, x, narrow));
+        source = narrow;
       }
       ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_in[n], source, &activation,
-                                        false, state.bf16, state.inner.data()));
+                                        false, state.bf16, inner));
       std::memcpy(attended, x, static_cast<size_t>(tokens * d) * sizeof(float));
-      ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_out[n], state.inner.data(),
-                                        nullptr, true, false, attended));
+      ATTN_RETURN_IF_ERROR(
+          state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, attended));
       ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
                                            layer.output_norm_scale,
                                            layer.output_norm_shift, x));
