@@ -92,8 +92,13 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
       CheckSize(position_embeddings, spec.max_positions * d, "position_embeddings"));
   ATTN_RETURN_IF_ERROR(CheckSize(token_type_embeddings, spec.type_vocab_size * d,
                                  "token_type_embeddings"));
-  ATTN_RETURN_IF_ERROR(CheckSize(embedding_norm_scale, d, "embedding_norm_scale"));
-  ATTN_RETURN_IF_ERROR(CheckSize(embedding_norm_shift, d, "embedding_norm_shift"));
+  const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
+  ATTN_RETURN_IF_ERROR(
+      CheckSize(embedding_norm_scale, pre ? 0 : d, "embedding_norm_scale"));
+  ATTN_RETURN_IF_ERROR(
+      CheckSize(embedding_norm_shift, pre ? 0 : d, "embedding_norm_shift"));
+  ATTN_RETURN_IF_ERROR(CheckSize(final_norm_scale, pre ? d : 0, "final_norm_scale"));
+  ATTN_RETURN_IF_ERROR(CheckSize(final_norm_shift, pre ? d : 0, "final_norm_shift"));
   if (static_cast<int64_t>(layers.size()) != spec.num_layers) {
     return Invalid(absl::StrCat("layers has ", layers.size(), " entries, expected ",
                                 spec.num_layers));
@@ -150,10 +155,21 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   ATTN_ASSIGN_OR_RETURN(
       weights.token_type_embeddings,
       read("embeddings.token_type_embeddings.weight", {spec.type_vocab_size, d}));
-  ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_scale,
-                        read("embeddings.LayerNorm.weight", {d}));
-  ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_shift,
-                        read("embeddings.LayerNorm.bias", {d}));
+  // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
+  // (pre-LN) before each sublayer and after the last block.
+  const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
+  if (pre) {
+    ATTN_ASSIGN_OR_RETURN(weights.final_norm_scale, read("encoder.ln.weight", {d}));
+    ATTN_ASSIGN_OR_RETURN(weights.final_norm_shift, read("encoder.ln.bias", {d}));
+  } else {
+    ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_scale,
+                          read("embeddings.LayerNorm.weight", {d}));
+    ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_shift,
+                          read("embeddings.LayerNorm.bias", {d}));
+  }
+  const std::string attention_norm =
+      pre ? "attention.ln." : "attention.output.LayerNorm.";
+  const std::string output_norm = pre ? "ln." : "output.LayerNorm.";
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const std::string at = absl::StrCat("encoder.layer.", n, ".");
     EncoderLayerWeights layer;
@@ -175,9 +191,9 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
                           read(at + "attention.output.dense.bias", {d}));
     ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
-                          read(at + "attention.output.LayerNorm.weight", {d}));
+                          read(at + attention_norm + "weight", {d}));
     ATTN_ASSIGN_OR_RETURN(layer.attention_norm_shift,
-                          read(at + "attention.output.LayerNorm.bias", {d}));
+                          read(at + attention_norm + "bias", {d}));
     ATTN_ASSIGN_OR_RETURN(layer.ffn_in_weight,
                           read(at + "intermediate.dense.weight", {spec.ffn_dim, d}));
     ATTN_ASSIGN_OR_RETURN(layer.ffn_in_bias,
@@ -186,9 +202,8 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                           read(at + "output.dense.weight", {d, spec.ffn_dim}));
     ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias, read(at + "output.dense.bias", {d}));
     ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
-                          read(at + "output.LayerNorm.weight", {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift,
-                          read(at + "output.LayerNorm.bias", {d}));
+                          read(at + output_norm + "weight", {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift, read(at + output_norm + "bias", {d}));
     weights.layers.push_back(std::move(layer));
   }
   // Every other tensor under the prefix is an error naming it: a checkpoint of another
@@ -236,7 +251,7 @@ struct TransformerEncoder::State {
   PrimitiveCache cache{256};
   // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
   // activations in the compute type; `narrow` x in the compute type (bf16 only).
-  ScratchBuffer x, attended, inner, narrow;
+  ScratchBuffer x, attended, normed, inner, narrow;
 
   memory::data_type Compute() const {
     return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -583,14 +598,20 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
 
   State& state = *state_;
   const EncoderWeights& weights = state.weights;
+  const bool pre = spec_.norm_placement == EncoderSpec::NormPlacement::kPre;
+  const float eps = spec_.layer_norm_eps;
   const size_t plane = static_cast<size_t>(tokens * d) * sizeof(float);
   auto* x = static_cast<float*>(state.x.Reserve(plane));
   auto* attended = static_cast<float*>(state.attended.Reserve(plane));
+  // Pre-LN: the normed copy of x each sublayer reads (x itself carries the residual).
+  auto* normed = pre ? static_cast<float*>(state.normed.Reserve(plane)) : nullptr;
   void* inner = state.inner.Reserve(static_cast<size_t>(tokens * spec_.ffn_dim) *
                                     (state.bf16 ? sizeof(uint16_t) : sizeof(float)));
   void* narrow = state.bf16 ? state.narrow.Reserve(plane / 2) : nullptr;
-  // Embeddings: word + position (within its sequence) + token type.
+  // Embeddings: word + position (within its sequence) + token type; post-LN normalizes
+  // them on the way into x, pre-LN takes them as they are.
   if (!from_hidden) {
+    float* sum = pre ? x : attended;
     int64_t t = 0;
     for (const int64_t length : batch.lengths) {
       for (int64_t position = 0; position < length; ++position, ++t) {
@@ -598,64 +619,87 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
         const float* word = &weights.word_embeddings[batch.token_ids[t] * d];
         const float* where = &weights.position_embeddings[position * d];
         const float* kind = &weights.token_type_embeddings[type * d];
-        for (int64_t c = 0; c < d; ++c)
-          attended[t * d + c] = word[c] + where[c] + kind[c];
+        for (int64_t c = 0; c < d; ++c) sum[t * d + c] = word[c] + where[c] + kind[c];
       }
     }
   }
   const dnnl::algorithm activation = ActivationAlgorithm(spec_.activation);
+  // The feed-forward network over `from` (f32), added into `into` by the second
+  // product's sum post-op, so that the residual costs no pass of its own.
+  const auto feed_forward = [&](int64_t n, const float* from,
+                                float* into) -> absl::Status {
+    const void* source = from;
+    if (state.bf16) {
+      ATTN_RETURN_IF_ERROR(state.Narrow(tokens, d, from, narrow));
+      source = narrow;
+    }
+    ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_in[n], source, &activation, false,
+                                      state.bf16, inner));
+    return state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, into);
+  };
+  const auto attend = [&](int64_t n, const float* from, float* into) {
+    return state.attention[n]->Forward(
+        AttentionBatch{absl::MakeConstSpan(from, tokens * d), batch.lengths}, {},
+        absl::MakeSpan(into, tokens * d));
+  };
+  // The last hidden state: x, or (pre-LN) its final norm.
+  const float* last = x;
   try {
     if (from_hidden) {
-      std::memcpy(x, batch.hidden_states.data(),
-                  static_cast<size_t>(tokens * d) * sizeof(float));
-    } else {
-      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+      std::memcpy(x, batch.hidden_states.data(), plane);
+    } else if (!pre) {
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, attended,
                                            weights.embedding_norm_scale,
                                            weights.embedding_norm_shift, x));
     }
     for (int64_t n = 0; n < spec_.num_layers; ++n) {
       const EncoderLayerWeights& layer = weights.layers[n];
+      if (pre) {
+        // x = x + Attention(LayerNorm(x)); x = x + FFN(LayerNorm(x)).
+        ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x,
+                                             layer.attention_norm_scale,
+                                             layer.attention_norm_shift, normed));
+        ATTN_RETURN_IF_ERROR(attend(n, normed, attended));
+        ATTN_RETURN_IF_ERROR(state.Add(tokens, d, x, attended, x));
+        ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x, layer.output_norm_scale,
+                                             layer.output_norm_shift, normed));
+        ATTN_RETURN_IF_ERROR(feed_forward(n, normed, x));
+        continue;
+      }
       // x = LayerNorm(x + Attention(x))
-      ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(
-          AttentionBatch{absl::MakeConstSpan(x, tokens * d), batch.lengths}, {},
-          absl::MakeSpan(attended, tokens * d)));
+      ATTN_RETURN_IF_ERROR(attend(n, x, attended));
       ATTN_RETURN_IF_ERROR(state.Add(tokens, d, attended, x, attended));
-      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, attended,
                                            layer.attention_norm_scale,
                                            layer.attention_norm_shift, x));
-      // x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2): the second product adds into a
-      // copy of x (a sum post-op), so the residual costs no pass of its own.
-      const void* source = x;
-      if (state.bf16) {
-        ATTN_RETURN_IF_ERROR(state.Narrow(tokens, d, x, narrow));
-        source = narrow;
-      }
-      ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_in[n], source, &activation,
-                                        false, state.bf16, inner));
-      std::memcpy(attended, x, static_cast<size_t>(tokens * d) * sizeof(float));
-      ATTN_RETURN_IF_ERROR(
-          state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, attended));
-      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, spec_.layer_norm_eps, attended,
-                                           layer.output_norm_scale,
-                                           layer.output_norm_shift, x));
+      // x = LayerNorm(x + FFN(x)), the FFN adding into a copy of x.
+      std::memcpy(attended, x, plane);
+      ATTN_RETURN_IF_ERROR(feed_forward(n, x, attended));
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(
+          tokens, d, eps, attended, layer.output_norm_scale, layer.output_norm_shift, x));
+    }
+    if (pre) {
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x, weights.final_norm_scale,
+                                           weights.final_norm_shift, normed));
+      last = normed;
     }
     state.stream.wait();
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN failed in the encoder: ", e.what()));
   }
-  if (!hidden.empty()) std::memcpy(hidden.data(), x, hidden.size() * sizeof(float));
+  if (!hidden.empty()) std::memcpy(hidden.data(), last, hidden.size() * sizeof(float));
   if (pooled.empty()) return absl::OkStatus();
   int64_t first = 0;
   for (int64_t i = 0; i < sequences; ++i) {
     const int64_t length = batch.lengths[i];
     float* out = &pooled[i * d];
     if (spec_.pooling == EncoderSpec::Pooling::kCls) {
-      std::memcpy(out, &x[first * d], static_cast<size_t>(d) * sizeof(float));
+      std::memcpy(out, &last[first * d], static_cast<size_t>(d) * sizeof(float));
     } else {
       // The mean over the sequence's tokens, summed in double.
       for (int64_t c = 0; c < d; ++c) {
         double sum = 0.0;
-        for (int64_t t = first; t < first + length; ++t) sum += x[t * d + c];
+        for (int64_t t = first; t < first + length; ++t) sum += last[t * d + c];
         out[c] = static_cast<float>(sum / static_cast<double>(length));
       }
     }

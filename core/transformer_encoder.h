@@ -4,11 +4,15 @@
 // every projection, the feed-forward network and the layer norms run over all tokens
 // at once; attention runs per sequence inside MultiHeadAttention.
 //
-// One block (post-LN, as BERT):
+// One block, post-LN (BERT):
 //   x = LayerNorm(x + Attention(x))
 //   x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2)
-// Weights load from Hugging Face BERT safetensors under their own names
-// (LoadBertWeights). The header includes no oneDNN (pimpl).
+// or pre-LN (Megatron-BERT), with one more LayerNorm after the last block and none after
+// the embeddings:
+//   x = x + Attention(LayerNorm(x))
+//   x = x + W_2 act(W_1 LayerNorm(x) + b_1) + b_2
+// Weights load from Hugging Face safetensors under their own names (LoadBertWeights).
+// The header includes no oneDNN (pimpl).
 #ifndef ATTNSERVE_CORE_TRANSFORMER_ENCODER_H_
 #define ATTNSERVE_CORE_TRANSFORMER_ENCODER_H_
 
@@ -37,6 +41,11 @@ struct EncoderSpec {
   // approximation ("gelu_new"), or ReLU.
   enum class Activation { kGeluErf, kGeluTanh, kRelu };
   Activation activation = Activation::kGeluErf;
+  // Where the layer norms sit: after each residual add and after the embeddings (BERT),
+  // or before each sublayer, inside its residual, and once after the last block
+  // (Megatron-BERT).
+  enum class NormPlacement { kPost, kPre };
+  NormPlacement norm_placement = NormPlacement::kPost;
   float layer_norm_eps = 1e-12f;  // > 0
   int64_t max_positions = 512;    // learned absolute positions, >= 1
   int64_t vocab_size = 0;         // >= 1
@@ -63,6 +72,9 @@ struct EncoderLayerWeights {
   // Q, K and V fused as nn.MultiheadAttention's in_proj ([3d, d]), and the output
   // projection.
   AttentionWeights attention;
+  // Post-LN: the norm after the attention's residual add, and `output_norm_*` the one
+  // after the feed-forward's. Pre-LN: the norms before the attention and before the
+  // feed-forward network.
   std::vector<float> attention_norm_scale, attention_norm_shift;  // [d]
   std::vector<float> ffn_in_weight;                               // [ffn_dim, d]
   std::vector<float> ffn_in_bias;                                 // [ffn_dim]
@@ -72,11 +84,14 @@ struct EncoderLayerWeights {
 };
 
 struct EncoderWeights {
-  std::vector<float> word_embeddings;                             // [vocab_size, d]
-  std::vector<float> position_embeddings;                         // [max_positions, d]
-  std::vector<float> token_type_embeddings;                       // [type_vocab_size, d]
-  std::vector<float> embedding_norm_scale, embedding_norm_shift;  // [d]
-  std::vector<EncoderLayerWeights> layers;                        // num_layers
+  std::vector<float> word_embeddings;        // [vocab_size, d]
+  std::vector<float> position_embeddings;    // [max_positions, d]
+  std::vector<float> token_type_embeddings;  // [type_vocab_size, d]
+  // Post-LN only ([d]; empty for pre-LN).
+  std::vector<float> embedding_norm_scale, embedding_norm_shift;
+  std::vector<EncoderLayerWeights> layers;  // num_layers
+  // Pre-LN only: the norm after the last block ([d]; empty for post-LN).
+  std::vector<float> final_norm_scale, final_norm_shift;
 
   // InvalidArgument naming the first tensor whose size does not fit `spec`.
   absl::Status CheckShapes(const EncoderSpec& spec) const;
@@ -84,10 +99,11 @@ struct EncoderWeights {
 
 // The weights of a Hugging Face BERT checkpoint, by the names it uses
 // (`embeddings.word_embeddings.weight`, `encoder.layer.N.attention.self.query.weight`,
-// ...), each behind `prefix` (for example "bert." for a checkpoint saved from a task
-// model). Every tensor under the prefix is used, or named in the error:
-// InvalidArgument for a missing or unexpected tensor or a wrong shape. F32 or BF16
-// tensors (BF16 widened). `embeddings.position_ids` (a buffer) and BertModel's
+// ...), or of a Megatron-BERT one for a pre-LN spec (`encoder.layer.N.attention.ln.*`,
+// `encoder.layer.N.ln.*`, `encoder.ln.*`), each behind `prefix` (for example "bert." for
+// a checkpoint saved from a task model). Every tensor under the prefix is used, or named
+// in the error: InvalidArgument for a missing or unexpected tensor or a wrong shape. F32
+// or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) and BertModel's
 // `pooler.dense.*` (the [CLS] pooler no served pooling uses) are accepted and ignored.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,

@@ -102,12 +102,32 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
   ATTN_ASSIGN_OR_RETURN(const std::string model_type,
                         Text(json, "model_type", "bert", kFile));
-  if (model_type != "bert") {
+  using Placement = v1::EncoderConfig::NormPlacement;
+  Placement placement;
+  if (model_type == "bert") {
+    placement = v1::EncoderConfig::NORM_PLACEMENT_POST;
+  } else if (model_type == "megatron-bert") {
+    placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
+  } else {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
-        "\" is not served (served: \"bert\", BERT's layout: learned absolute positions "
-        "from 0, post-LN blocks, Hugging Face's BertModel tensor names)"));
+        "\" is not served (served: \"bert\" and \"megatron-bert\": learned absolute "
+        "positions from 0, post-LN or pre-LN blocks, Hugging Face's BertModel and "
+        "MegatronBertModel tensor names)"));
   }
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  if (!json.contains("model_type") &&
+      encoder->norm_placement() != v1::EncoderConfig::NORM_PLACEMENT_UNSPECIFIED) {
+    placement = encoder->norm_placement();  // no model_type to check it against
+  } else if (encoder->norm_placement() != v1::EncoderConfig::NORM_PLACEMENT_UNSPECIFIED &&
+             encoder->norm_placement() != placement) {
+    return Invalid(
+        absl::StrCat("encoder.norm_placement is ",
+                     v1::EncoderConfig::NormPlacement_Name(encoder->norm_placement()),
+                     " in config.pbtxt but config.json's model_type \"", model_type,
+                     "\" has ", v1::EncoderConfig::NormPlacement_Name(placement)));
+  }
+  encoder->set_norm_placement(placement);
   ATTN_ASSIGN_OR_RETURN(const std::string positions,
                         Text(json, "position_embedding_type", "absolute", kFile));
   if (positions != "absolute") {
@@ -121,7 +141,6 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
         "config.json: is_decoder / add_cross_attention: decoders are not "
         "served, only encoders");
   }
-  v1::EncoderConfig* encoder = config->mutable_encoder();
   ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, "hidden_size", 768, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t heads,
                         Count(json, "num_attention_heads", 12, kFile));
@@ -269,6 +288,9 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
     default:
       spec.activation = core::EncoderSpec::Activation::kGeluErf;
   }
+  spec.norm_placement = encoder.norm_placement() == v1::EncoderConfig::NORM_PLACEMENT_PRE
+                            ? core::EncoderSpec::NormPlacement::kPre
+                            : core::EncoderSpec::NormPlacement::kPost;
   spec.layer_norm_eps = encoder.layer_norm_eps();
   spec.max_positions = encoder.max_positions();
   spec.vocab_size = encoder.vocab_size();

@@ -1,7 +1,9 @@
 // TransformerEncoder against PyTorch: a small BERT-shaped encoder made of PyTorch's own
 // modules (nn.Embedding, nn.LayerNorm, nn.TransformerEncoderLayer with BERT's post-LN
 // GELU block), seeded and saved under Hugging Face's BERT names by
-// tests/tools/make_encoder_golden.py; plus the loader's refusals and bad inputs.
+// tests/tools/make_encoder_golden.py; a pre-LN one (Megatron-BERT) made and run by
+// Hugging Face transformers (tests/tools/make_pre_ln_golden.py); plus the loader's
+// refusals and bad inputs.
 #include "core/transformer_encoder.h"
 
 #include <algorithm>
@@ -68,9 +70,9 @@ struct Golden {
   std::vector<float> hidden, pooled;
 };
 
-Golden ReadGolden() {
+Golden ReadGolden(const std::string& name = "encoder_tiny.io.safetensors") {
   Golden golden;
-  auto io = SafetensorsFile::Read(kData + "/encoder_tiny.io.safetensors");
+  auto io = SafetensorsFile::Read(kData + "/" + name);
   EXPECT_TRUE(io.ok()) << io.status();
   golden.token_ids = Integers(*io, "token_ids");
   golden.token_types = Integers(*io, "token_types");
@@ -221,6 +223,64 @@ TEST(TransformerEncoderTest, ClsPoolingIsTheFirstTokensHiddenState) {
               kHiddenTolerance);
     first += golden.lengths[i];
   }
+}
+
+// As make_pre_ln_golden.py writes it: transformers' MegatronBertModel.
+EncoderSpec PreLnSpec() {
+  EncoderSpec spec = SentenceSpec(2, 64, 4, 128, 100, 64);
+  spec.norm_placement = EncoderSpec::NormPlacement::kPre;
+  return spec;
+}
+
+TEST(TransformerEncoderTest, PreLnMatchesTransformersMegatronBert) {
+  const Golden golden = ReadGolden("megatron_tiny.io.safetensors");
+  auto file = SafetensorsFile::Read(kData + "/megatron_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto weights = LoadBertWeights(*file, PreLnSpec());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(weights->embedding_norm_scale.empty());
+  EXPECT_EQ(weights->final_norm_scale.size(), 64u);
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    EncoderSpec spec = PreLnSpec();
+    spec.precision = precision;
+    TransformerEncoder::Options options;
+    options.intra_op_threads = 1;
+    auto encoder = TransformerEncoder::Create(spec, *weights, options);
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> hidden(golden.hidden.size()), pooled(golden.pooled.size());
+    ASSERT_TRUE((*encoder)
+                    ->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                              absl::MakeSpan(pooled), absl::MakeSpan(hidden))
+                    .ok());
+    // bf16: the weights keep 8 bits of mantissa (as the post-LN bf16 test).
+    const bool fp32 = precision == Precision::kFp32;
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(hidden), absl::MakeConstSpan(golden.hidden)),
+              fp32 ? kHiddenTolerance : 5e-2)
+        << (*encoder)->ComputePath();
+    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
+              fp32 ? kPooledTolerance : 1e-2)
+        << (*encoder)->ComputePath();
+  }
+}
+
+TEST(TransformerEncoderTest, APlacementReadsOnlyItsOwnCheckpoints) {
+  // The norms' names say where they sit: each placement refuses the other's file,
+  // naming the first tensor it lacks.
+  auto megatron = SafetensorsFile::Read(kData + "/megatron_tiny/model.safetensors");
+  auto bert = SafetensorsFile::Read(kData + "/encoder_tiny.weights.safetensors");
+  ASSERT_TRUE(megatron.ok() && bert.ok());
+  EncoderSpec post = PreLnSpec();
+  post.norm_placement = EncoderSpec::NormPlacement::kPost;
+  EXPECT_THAT(std::string(LoadBertWeights(*megatron, post).status().message()),
+              HasSubstr("missing tensor embeddings.LayerNorm.weight"));
+  EXPECT_THAT(std::string(LoadBertWeights(*bert, PreLnSpec()).status().message()),
+              HasSubstr("missing tensor encoder.ln.weight"));
+  // Weights built for one placement do not pass for the other.
+  auto weights = LoadBertWeights(*megatron, PreLnSpec());
+  ASSERT_TRUE(weights.ok());
+  EXPECT_THAT(
+      std::string(TransformerEncoder::Create(post, *weights, {}).status().message()),
+      HasSubstr("embedding_norm_scale has 0 values, expected 64"));
 }
 
 TEST(TransformerEncoderTest, BadInputsAreRefusedNamingTheField) {

@@ -11,6 +11,8 @@ tests/tools/make_encoder_corpus_golden.py).
   attnserve.v1 Encode, KServe gRPC (unary and stream) and KServe HTTP (JSON and binary).
 - The same request gets the same bytes from every door.
 - The last hidden state, and the hidden-state input (the float path).
+- A pre-LN encoder (transformers' MegatronBertModel from a seed) against transformers'
+  own forward pass.
 - A malformed-input matrix: each refused with the field, value and limit named, and the
   server keeps serving; an attention model and an encoder refuse each other's calls.
 
@@ -56,6 +58,23 @@ def padded(sequences, dtype):
         ids[i, :len(s)] = s
         mask[i, :len(s)] = 1
     return ids, mask
+
+
+def read_f32_safetensors(path):
+    """{name: float32 array} of a safetensors file of F32 tensors (the goldens')."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + size])
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        assert entry["dtype"] == "F32", (name, entry["dtype"])
+        begin, end = entry["data_offsets"]
+        tensors[name] = np.frombuffer(blob[8 + size + begin:8 + size + end],
+                                      np.float32).reshape(entry["shape"])
+    return tensors
 
 
 class Failure(Exception):
@@ -184,6 +203,16 @@ class EncoderTest(unittest.TestCase):
                 os.symlink(os.path.join(MODEL_DIR, name), os.path.join(folder, name))
             with open(os.path.join(folder, "config.pbtxt"), "w") as f:
                 f.write(config)
+        # A pre-LN encoder: transformers' MegatronBertModel as save_pretrained wrote it
+        # (tests/tools/make_pre_ln_golden.py); its config.pbtxt asks for the L2 norm the
+        # golden applied.
+        folder = os.path.join(cls.repository.name, "megatron-tiny")
+        os.mkdir(folder)
+        for name in ("config.json", "model.safetensors"):
+            os.symlink(os.path.join(ROOT, "tests", "data", "megatron_tiny", name),
+                       os.path.join(folder, name))
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write("encoder { normalization: NORMALIZATION_L2 }\n")
         cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
                                      "--max_queue_delay=2ms", http=True)
         cls.encoder = Encoder(cls.server)
@@ -280,6 +309,26 @@ class EncoderTest(unittest.TestCase):
             "http_binary", {"hidden_states": padded_states,
                             "attention_mask": np.array([[1] * 5 + [0] * 3], np.int64)})
         np.testing.assert_allclose(with_padding["embedding"], alone, atol=1e-6)
+
+    def test_a_pre_ln_encoder_matches_transformers(self):
+        golden = read_f32_safetensors(
+            os.path.join(ROOT, "tests", "data", "megatron_tiny.io.safetensors"))
+        lengths = golden["lengths"].astype(np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        ids = golden["token_ids"].astype(np.int64)
+        types = golden["token_types"].astype(np.int64)
+        sequences = [ids[offsets[i]:offsets[i + 1]] for i in range(len(lengths))]
+        kinds = [types[offsets[i]:offsets[i + 1]] for i in range(len(lengths))]
+        input_ids, mask = padded(sequences, np.int64)
+        token_types, _ = padded(kinds, np.int64)
+        for door in ("v1", "http_binary"):
+            result = self.encoder.send(
+                door, {"input_ids": input_ids, "attention_mask": mask,
+                       "token_type_ids": token_types}, model="megatron-tiny", hidden=True)
+            np.testing.assert_allclose(result["embedding"], golden["pooled"], atol=1e-6,
+                                       err_msg=door)
+            np.testing.assert_allclose(result["hidden"], golden["hidden"], atol=1e-5,
+                                       err_msg=door)
 
     def test_malformed_requests_are_refused_naming_the_field(self):
         good_ids, good_mask = padded(self.sequences[:2], np.int64)

@@ -75,7 +75,8 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
       {{std::string(40, '[') + std::string(40, ']'), "", ""},
        "config.json: nested deeper than 32 levels"},
       {{R"({"model_type": "roberta"})", "", ""},
-       "config.json: model_type \"roberta\" is not served (served: \"bert\""},
+       "config.json: model_type \"roberta\" is not served (served: \"bert\" and "
+       "\"megatron-bert\""},
       {{R"({"model_type": "distilbert"})", "", ""}, "model_type \"distilbert\""},
       {{R"({"position_embedding_type": "relative_key"})", "", ""},
        "position_embedding_type \"relative_key\" is not served"},
@@ -115,6 +116,33 @@ TEST(EncoderConfigTest, RefusesAConfigPbtxtThatContradictsConfigJson) {
   auto config = Resolve({kMiniLm, "", ""}, pbtxt);
   EXPECT_THAT(std::string(config.status().message()),
               HasSubstr("d_model is 512 in config.pbtxt but 384 in config.json"));
+  v1::ModelConfig pre;
+  pre.mutable_encoder()->set_norm_placement(v1::EncoderConfig::NORM_PLACEMENT_PRE);
+  config = Resolve({kMiniLm, "", ""}, pre);
+  EXPECT_THAT(
+      std::string(config.status().message()),
+      HasSubstr("encoder.norm_placement is NORM_PLACEMENT_PRE in config.pbtxt but "
+                "config.json's model_type \"bert\" has NORM_PLACEMENT_POST"));
+}
+
+TEST(EncoderConfigTest, TheModelTypeSaysWhereTheNormsSit) {
+  auto bert = Resolve({kMiniLm, "", ""});
+  ASSERT_TRUE(bert.ok()) << bert.status();
+  EXPECT_EQ(bert->encoder().norm_placement(), v1::EncoderConfig::NORM_PLACEMENT_POST);
+  auto megatron = Resolve({R"({"model_type": "megatron-bert", "hidden_size": 64,
+      "num_attention_heads": 4})",
+                           "", ""});
+  ASSERT_TRUE(megatron.ok()) << megatron.status();
+  EXPECT_EQ(megatron->encoder().norm_placement(), v1::EncoderConfig::NORM_PLACEMENT_PRE);
+  auto spec = EncoderSpecFromConfig(*megatron);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->norm_placement, core::EncoderSpec::NormPlacement::kPre);
+  // Without a model_type to check against, config.pbtxt decides.
+  v1::ModelConfig pre;
+  pre.mutable_encoder()->set_norm_placement(v1::EncoderConfig::NORM_PLACEMENT_PRE);
+  auto bare = Resolve({"{}", "", ""}, pre);
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_EQ(bare->encoder().norm_placement(), v1::EncoderConfig::NORM_PLACEMENT_PRE);
 }
 
 }  // namespace
