@@ -104,11 +104,14 @@ PREFIX ?= /usr/local
 install: build
 	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
 
-# Core speed: Google Benchmark over the (B, L, d, h) grid, interleaved with PyTorch's
-# nn.MultiheadAttention, printed as one table. Not part of `make test`.
+# Core speed: Google Benchmark over the (B, L, d, h) grid, interleaved with the peers
+# (Debian's PyTorch 1.13 + OpenBLAS; the peers venv's PyTorch 2.x MHA and SDPA and ONNX
+# Runtime), printed as one table with targets. Not part of `make test`.
+PEERS_VENV ?= $(BUILD_DIR)/peers-venv
 bench-core: build
-	deploy/install-deps.sh --test --bench --venv $(VENV)
-	/usr/bin/python3 tests/bench/compare_core.py --core-bench $(BUILD_DIR)/tests/bench/core_bench
+	deploy/install-deps.sh --test --bench --venv $(VENV) --peers $(PEERS_VENV)
+	/usr/bin/python3 tests/bench/compare_core.py --core-bench $(BUILD_DIR)/tests/bench/core_bench \
+	  --peers-python $(PEERS_VENV)/bin/python
 
 # Server speed: attnbench against attnserve, the core, a Python grpcio + torch peer,
 # batching on/off, the latency floor and 8 MiB messages. Not part of `make test`.
@@ -126,7 +129,6 @@ bench-doors: build
 # The encoder (all-MiniLM-L6-v2) beside ONNX Runtime and sentence-transformers on PyPI's
 # PyTorch 2.x (a peers venv of several GB, build/peers-venv), core and server, fp32 and
 # bf16, one table with targets. Not part of `make test`.
-PEERS_VENV ?= $(BUILD_DIR)/peers-venv
 bench-encoder: build
 	deploy/install-deps.sh --test --venv $(VENV) --peers $(PEERS_VENV)
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target encoder_bench

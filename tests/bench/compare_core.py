@@ -1,10 +1,13 @@
 #!/usr/bin/python3
-"""Runs the core benchmark and PyTorch's nn.MultiheadAttention interleaved and prints one
-table: per (B, L, d, h, threads) the median ms and GFLOP/s of each, the speed ratio
-core/torch, and the core's fraction of the in-situ peak (oneDNN's 2048^3 f32 matmul at
-the same thread count, measured in the same run).
+"""Runs the core benchmark beside the peers a user of this CPU would pick, interleaved, and
+prints one table: per (B, L, d, h, threads) the median ms of the core and of each peer
+(Debian's PyTorch 1.13 on OpenBLAS; PyPI's PyTorch 2.x nn.MultiheadAttention and
+scaled_dot_product_attention; ONNX Runtime on the exported module, graph optimizations
+on), the core against the fastest of them (target >= 1.0, PASS/FAIL, the fastest named),
+and the core's fraction of the in-situ peak (oneDNN's 2048^3 f32 matmul at the same
+thread count, measured in the same run).
 
-Rounds alternate core, torch, core, torch, ... so both see the same machine weather;
+Rounds alternate core, peers, core, peers, ... so all see the same machine weather;
 medians are taken over rounds. Invoked by `make bench-core`.
 """
 import argparse
@@ -24,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def run_core(binary, min_time):
     # OMP_WAIT_POLICY is left as the caller set it (unset: libgomp spins briefly after
     # each parallel region, which helps many small primitives at 2 threads).
-    env = dict(os.environ)
+    env = dict(os.environ, **ALLOCATOR)
     out = subprocess.run(
         [binary, "--benchmark_format=json", f"--benchmark_min_time={min_time}",
          "--benchmark_filter=BM_MultiHeadAttention|BM_PeakMatmul|BM_Variant|"
@@ -86,27 +89,38 @@ def cpu_isa():
     return host_info.cpu_description()
 
 
-def run_torch(min_seconds):
-    env = dict(os.environ)
+# What attnserve sets for itself (server/main.cc), for the core and every peer alike:
+# glibc malloc otherwise returns large buffers to the OS on every call (torch ~3x
+# slower), and neither side should win by its allocator settings.
+ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
+             "MALLOC_TOP_PAD_": "16777216"}
+
+
+def peer_environment():
+    env = dict(os.environ, **ALLOCATOR)
     # OpenBLAS picks its best kernel only without these overrides (set on this machine
-    # for old OpenBLAS builds); they are dropped for this command alone.
+    # for old OpenBLAS builds); they are dropped for the peers.
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OPENBLAS_L2_SIZE", None)
-    # glibc malloc otherwise returns torch's large buffers to the OS on every call,
-    # which makes torch ~3x slower and would flatter the core.
-    env["MALLOC_MMAP_THRESHOLD_"] = "67108864"
-    env["MALLOC_TRIM_THRESHOLD_"] = "134217728"
+    return env
+
+
+def run_peers(python, engines, min_seconds):
+    """{(label, B, L, d, h, threads): ms} and the versions line of torch_mha.py."""
     out = subprocess.run(
-        ["/usr/bin/python3", os.path.join(HERE, "torch_mha.py"),
-         f"--min-seconds={min_seconds}"],
-        check=True, capture_output=True, text=True, env=env).stdout
+        [python, os.path.join(HERE, "torch_mha.py"), f"--min-seconds={min_seconds}",
+         f"--engines={engines}"],
+        check=True, capture_output=True, text=True, env=peer_environment()).stdout
     results, info = {}, {}
     for line in out.splitlines():
         row = json.loads(line)
-        if "openblas_core" in row:
+        if "engine" not in row:
             info = row
             continue
-        results[(row["B"], row["L"], row["d"], row["h"], row["threads"])] = row["ms"]
+        torch_version = info["torch"].split("+")[0]
+        label = {"mha": f"torch {torch_version} MHA", "sdpa": f"torch {torch_version} SDPA",
+                 "ort": f"ORT {info.get('onnxruntime')}"}[row["engine"]]
+        results[(label, row["B"], row["L"], row["d"], row["h"], row["threads"])] = row["ms"]
     return results, info
 
 
@@ -117,6 +131,8 @@ def flops(batch, length, d_model):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--core-bench", required=True)
+    parser.add_argument("--peers-python", required=True,
+                        help="the peers venv's python (PyTorch 2.x and ONNX Runtime)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-time", type=float, default=0.5)
     args = parser.parse_args()
@@ -125,38 +141,56 @@ def main():
     print(f"host: {cpu_isa()}")
     print(f"oneDNN effective ISA: {isa}")
     print(f"oneDNN implementations (L=128, d=512): {implementations}")
-    core_rounds, torch_rounds, info = [], [], {}
+    # Debian's PyTorch 1.13 on OpenBLAS, then PyPI's PyTorch 2.x (MKL) two ways and ONNX
+    # Runtime: every peer a user of this CPU would pick, interleaved with the core.
+    peers = [("/usr/bin/python3", "mha"), (args.peers_python, "mha,sdpa,ort")]
+    core_rounds, peer_rounds, infos = [], [], []
     for round_index in range(args.rounds):
         print(f"round {round_index + 1}/{args.rounds}: core", file=sys.stderr, flush=True)
         core_rounds.append(run_core(args.core_bench, args.min_time))
-        print(f"round {round_index + 1}/{args.rounds}: torch", file=sys.stderr, flush=True)
-        torch_result, info = run_torch(args.min_time)
-        torch_rounds.append(torch_result)
+        merged = {}
+        for python, engines in peers:
+            print(f"round {round_index + 1}/{args.rounds}: {python} {engines}",
+                  file=sys.stderr, flush=True)
+            result, info = run_peers(python, engines, args.min_time)
+            merged.update(result)
+            if round_index == 0:
+                infos.append(info)
+        peer_rounds.append(merged)
 
     def median(rounds, key):
         values = [r[key] for r in rounds if key in r]
         return statistics.median(values) if values else float("nan")
 
-    print(f"PyTorch {info.get('torch')} with OpenBLAS core '{info.get('openblas_core')}'; "
-          f"medians of {args.rounds} interleaved rounds")
+    labels = sorted({k[0] for k in peer_rounds[0]})
+    for info in infos:
+        print(f"peer: PyTorch {info.get('torch')} (BLAS: {info.get('blas')})"
+              + (f", ONNX Runtime {info['onnxruntime']}" if "onnxruntime" in info else ""))
+    print(f"medians of {args.rounds} interleaved rounds; the same malloc settings for all")
     peaks = {t: median(core_rounds, ("peak", t)) for t in (1, 2)}
     print(f"in-situ peak (oneDNN 2048^3 f32 matmul): 1 thread {peaks[1]:.1f} GFLOP/s, "
           f"2 threads {peaks[2]:.1f} GFLOP/s")
-    header = (f"{'B':>3} {'L':>5} {'d':>5} {'h':>3} {'thr':>3} | {'core ms':>9} "
-              f"{'GFLOP/s':>8} | {'torch ms':>9} {'GFLOP/s':>8} | {'vs torch':>8} "
-              f"{'vs peak':>7}")
+    print("\nms per call (medians); 'vs fastest' = the fastest peer's ms / the core's, "
+          "target >= 1.0")
+    header = (f"{'B':>3} {'L':>5} {'d':>5} {'h':>3} {'thr':>3} | {'core':>8} "
+              + " ".join(f"{label:>24}" for label in labels)
+              + f" | {'vs fastest':>10} {'vs peak':>7}")
     print(header)
     print("-" * len(header))
     keys = sorted((k for k in core_rounds[0] if isinstance(k[0], int)), key=lambda k: (k[4], k[:4]))
+    versus_fastest = {}
     for key in keys:
         batch, length, d_model, heads, threads = key
         core_ms = median(core_rounds, key)
-        torch_ms = median(torch_rounds, key)
+        peer_ms = {label: median(peer_rounds, (label,) + key) for label in labels}
+        fastest = min((ms, label) for label, ms in peer_ms.items() if ms == ms)
+        versus_fastest[key] = (fastest[0] / core_ms, fastest[1])
         core_gflops = flops(batch, length, d_model) / core_ms / 1e6
-        torch_gflops = flops(batch, length, d_model) / torch_ms / 1e6
+        verdict = "PASS" if fastest[0] / core_ms >= 1.0 else "FAIL"
         print(f"{batch:>3} {length:>5} {d_model:>5} {heads:>3} {threads:>3} | "
-              f"{core_ms:>9.2f} {core_gflops:>8.1f} | {torch_ms:>9.2f} {torch_gflops:>8.1f} | "
-              f"{torch_ms / core_ms:>7.2f}x {core_gflops / peaks[threads]:>7.2f}")
+              f"{core_ms:>8.2f} " + " ".join(f"{peer_ms[label]:>24.2f}" for label in labels)
+              + f" | {fastest[0] / core_ms:>9.2f}x {core_gflops / peaks[threads]:>7.2f} "
+              f"{verdict} (fastest: {fastest[1]})")
     speedups = {}
     for shape in sorted({k[:4] for k in keys}):
         one = median(core_rounds, shape + (1,))
@@ -204,8 +238,7 @@ def main():
                   for k in keys if k[4] == 1 and length_filter(k[1])]
         return min(values) if values else float("nan")
 
-    torch_128 = [median(torch_rounds, k) / median(core_rounds, k)
-                 for k in keys if k[4] == 1 and k[1] == 128]
+    worst_key = min(versus_fastest, key=lambda k: versus_fastest[k][0])
     pruning = [g for (shape, kind), g in gains.items() if kind in (1, 2)]
     causal = [g for (shape, kind), g in gains.items() if kind == 3 and shape[1] == 2048]
     bf16 = [g for (shape, kind), g in gains.items() if kind == 4]
@@ -213,8 +246,9 @@ def main():
         ("fp32, 1 thread, L <= 512: min fraction of peak", vs_peak(lambda L: L <= 512),
          0.90),
         ("fp32, 1 thread, L = 2048: fraction of peak", vs_peak(lambda L: L == 2048), 0.85),
-        ("fp32 vs torch, 1 thread, L=128, B=1..32: min", min(torch_128, default=float("nan")),
-         1.2),
+        (f"fp32 vs the fastest peer, every shape, 1 and 2 threads: min "
+         f"(B, L, d, h, thr = {', '.join(map(str, worst_key))}: "
+         f"{versus_fastest[worst_key][1]})", versus_fastest[worst_key][0], 1.0),
         ("2 threads vs 1: min over shapes", min(speedups.values(), default=float("nan")), 1.8),
         ("half the heads pruned vs all: min", min(pruning, default=float("nan")), 1.7),
         ("causal vs full at L=2048", min(causal, default=float("nan")), 1.6),

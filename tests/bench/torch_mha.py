@@ -1,17 +1,26 @@
-#!/usr/bin/python3
-"""PyTorch nn.MultiheadAttention over the core benchmark's grid: the peer we compare with.
+#!/usr/bin/env python3
+"""The core benchmark's peers over its grid, one engine after another:
+- "mha": PyTorch's nn.MultiheadAttention (its fast path in PyTorch 2.x);
+- "sdpa": F.scaled_dot_product_attention between the same module's projections
+  (PyTorch 2.x; its CPU flash kernel);
+- "ort": ONNX Runtime on the same module exported by torch.onnx, graph optimizations on.
 
-Prints one JSON object per line: {"B", "L", "d", "h", "threads", "ms" (median), "gflops"}
-and first a line {"openblas_core": ...} naming the OpenBLAS kernel in use. Run it
-through `make bench-core` (tests/bench/compare_core.py), which sets the environment
-torch needs to be fast here: OpenBLAS (libopenblas0-pthread), a glibc malloc that does
-not return memory on every free, and no OPENBLAS_CORETYPE override.
+Prints one JSON object per line: first {"torch", "blas", "onnxruntime"}, then
+per engine, shape and thread count {"engine", "B", "L", "d", "h", "threads", "ms"
+(median), "gflops"}. Run through `make bench-core` (tests/bench/compare_core.py), which
+runs Debian's PyTorch 1.13 (OpenBLAS) with --engines=mha and the peers venv's PyTorch 2.x
+and ONNX Runtime with --engines=mha,sdpa,ort, all with the core's allocator settings and
+without OPENBLAS_CORETYPE overrides.
 """
 import argparse
 import ctypes
 import json
+import os
+import re
 import statistics
+import tempfile
 import time
+import warnings
 
 import torch
 
@@ -34,35 +43,122 @@ def flops(batch, length, d_model):
     return 8.0 * batch * length * d_model ** 2 + 4.0 * batch * length ** 2 * d_model
 
 
-def measure(batch, length, d_model, heads, threads, min_seconds):
-    torch.set_num_threads(threads)
+def module(d_model, heads):
     torch.manual_seed(0)
-    module = torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
-    x = torch.rand(batch, length, d_model)
+    return torch.nn.MultiheadAttention(d_model, heads, batch_first=True).eval()
+
+
+class SelfAttention(torch.nn.Module):
+    """nn.MultiheadAttention(x, x, x) without weights: what is exported to ONNX."""
+
+    def __init__(self, mha):
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, x):
+        return self.mha(x, x, x, need_weights=False)[0]
+
+
+class SdpaAttention(torch.nn.Module):
+    """The same projections around F.scaled_dot_product_attention."""
+
+    def __init__(self, mha):
+        super().__init__()
+        self.mha = mha
+
+    def forward(self, x):
+        batch, length, d_model = x.shape
+        heads = self.mha.num_heads
+        qkv = torch.nn.functional.linear(x, self.mha.in_proj_weight, self.mha.in_proj_bias)
+        q, k, v = qkv.view(batch, length, 3, heads, d_model // heads).permute(2, 0, 3, 1, 4)
+        context = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.mha.out_proj(context.transpose(1, 2).reshape(batch, length, d_model))
+
+
+def median_ms(run, min_seconds):
+    for _ in range(2):
+        run()
     times = []
-    with torch.inference_mode():
-        for _ in range(2):
-            module(x, x, x, need_weights=False)
-        start = time.perf_counter()
-        while len(times) < 3 or time.perf_counter() - start < min_seconds:
-            begin = time.perf_counter()
-            module(x, x, x, need_weights=False)
-            times.append(time.perf_counter() - begin)
-    ms = statistics.median(times) * 1e3
-    return {"B": batch, "L": length, "d": d_model, "h": heads, "threads": threads,
-            "ms": ms, "gflops": flops(batch, length, d_model) / ms / 1e6}
+    start = time.perf_counter()
+    while len(times) < 3 or time.perf_counter() - start < min_seconds:
+        begin = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times) * 1e3
+
+
+def ort_sessions(batch, length, d_model, heads, threads_list, folder):
+    """Sessions per thread count on the module exported for this exact shape: the
+    TorchScript exporter bakes nn.MultiheadAttention's reshapes to the example's shape,
+    and a static shape is ORT's best case anyway."""
+    import onnxruntime
+    path = os.path.join(folder, f"mha_{batch}_{length}_{d_model}_{heads}.onnx")
+    x = torch.rand(batch, length, d_model)
+    torch.onnx.export(SelfAttention(module(d_model, heads)), (x,), path, input_names=["x"],
+                      output_names=["y"], opset_version=17, dynamo=False)
+    sessions = {}
+    for threads in threads_list:
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        sessions[threads] = onnxruntime.InferenceSession(path, options,
+                                                         providers=["CPUExecutionProvider"])
+    return sessions
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--engines", default="mha")
     parser.add_argument("--min-seconds", type=float, default=0.5)
     args = parser.parse_args()
-    print(json.dumps({"openblas_core": openblas_core(), "torch": torch.__version__}),
-          flush=True)
-    for threads in [int(t) for t in args.threads.split(",")]:
-        for shape in GRID:
-            print(json.dumps(measure(*shape, threads, args.min_seconds)), flush=True)
+    engines = args.engines.split(",")
+    threads_list = [int(t) for t in args.threads.split(",")]
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=(\w+)", config)
+    blas = blas.group(1) if blas else "unknown"
+    if blas in ("open", "openblas", "blas", "generic"):
+        # Debian's build calls whatever libblas.so.3 the system's alternatives select.
+        blas = f"libblas.so.3: {openblas_core()}"
+    info = {"torch": torch.__version__, "blas": blas}
+    if "ort" in engines:
+        import onnxruntime
+        info["onnxruntime"] = onnxruntime.__version__
+    print(json.dumps(info), flush=True)
+    # The legacy exporter is the one that exports nn.MultiheadAttention as one graph.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    folder = tempfile.TemporaryDirectory()
+    sessions = {}
+    for engine in engines:
+        for threads in threads_list:
+            torch.set_num_threads(threads)
+            for batch, length, d_model, heads in GRID:
+                x = torch.rand(batch, length, d_model)
+                if engine == "ort":
+                    shape = (batch, length, d_model, heads)
+                    if shape not in sessions:
+                        sessions[shape] = ort_sessions(*shape, threads_list, folder.name)
+                    session = sessions[shape][threads]
+                    feed = {"x": x.numpy()}
+
+                    def run():
+                        session.run(None, feed)
+                else:
+                    mha = module(d_model, heads)
+                    peer = mha if engine == "mha" else SdpaAttention(mha).eval()
+
+                    def run():
+                        with torch.inference_mode():
+                            if engine == "mha":
+                                peer(x, x, x, need_weights=False)
+                            else:
+                                peer(x)
+                ms = median_ms(run, args.min_seconds)
+                print(json.dumps({"engine": engine, "B": batch, "L": length, "d": d_model,
+                                  "h": heads, "threads": threads, "ms": ms,
+                                  "gflops": flops(batch, length, d_model) / ms / 1e6}),
+                      flush=True)
 
 
 if __name__ == "__main__":
