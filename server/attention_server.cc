@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   RequestPipeline::Options pipeline_options;
   pipeline_options.auth = server->auth_.get();
   pipeline_options.max_response_bytes = options.max_message_bytes;
+  pipeline_options.reject_non_finite = options.reject_non_finite;
   server->pipeline_ = std::make_unique<RequestPipeline>(
       server->registry_.get(), pipeline_options, metrics->service_observer());
   server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());

@@ -40,6 +40,10 @@ class AttentionServer {
     bool reflection = true;
     // Largest request or response message, bytes, both directions. Range >= 1024.
     int max_message_bytes = 64 << 20;
+    // Refuse float inputs holding NaN or an infinity (INVALID_ARGUMENT naming the
+    // element) instead of computing them through, as PyTorch, ONNX Runtime and Triton
+    // do (NaN in, NaN out).
+    bool reject_non_finite = false;
     // Connections are closed (with GOAWAY) after this age so that clients re-resolve
     // DNS and spread onto new replicas; zero or infinite keeps them open.
     absl::Duration max_connection_age = absl::ZeroDuration();

@@ -61,6 +61,10 @@ ABSL_FLAG(int64_t, max_sequence_length, 8192,
           "1048576.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest gRPC message, both directions, in bytes.");
+ABSL_FLAG(bool, reject_non_finite, false,
+          "Refuse float inputs holding NaN or an infinity (INVALID_ARGUMENT naming the "
+          "element); false computes them through, as PyTorch, ONNX Runtime and Triton do "
+          "(NaN in, NaN out).");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long queued and running calls may take to finish.");
 ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
@@ -155,6 +159,7 @@ int Run() {
   options.host = absl::GetFlag(FLAGS_host);
   options.port = absl::GetFlag(FLAGS_port);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.reject_non_finite = absl::GetFlag(FLAGS_reject_non_finite);
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);

@@ -247,8 +247,10 @@ absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
   absl::StatusOr<int64_t> work_bytes = AdmitSizes(request, spec, *query, memory, limits);
   if (!work_bytes.ok()) return work_bytes.status();
 
-  ATTN_RETURN_IF_ERROR(CheckFinite(request.query(), "query", *query));
-  if (memory) ATTN_RETURN_IF_ERROR(CheckFinite(request.memory(), "memory", *memory));
+  if (limits.reject_non_finite) {
+    ATTN_RETURN_IF_ERROR(CheckFinite(request.query(), "query", *query));
+    if (memory) ATTN_RETURN_IF_ERROR(CheckFinite(request.memory(), "memory", *memory));
+  }
 
   auto work = std::make_unique<AttentionWork>();
   work->reserved_bytes = *work_bytes;
@@ -539,7 +541,10 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
       }
     }
   } else {
-    ATTN_RETURN_IF_ERROR(CheckFinite(request.hidden_states(), "hidden_states", *hidden));
+    if (limits.reject_non_finite) {
+      ATTN_RETURN_IF_ERROR(
+          CheckFinite(request.hidden_states(), "hidden_states", *hidden));
+    }
     // Each sequence's tokens, read once (widened for bf16) without its padding.
     const bool bf16 = request.hidden_states().dtype() == v1::DATA_TYPE_BF16;
     const auto row_bytes = static_cast<size_t>(layout.length * d * (bf16 ? 2 : 4));

@@ -37,6 +37,9 @@ struct AdmissionLimits {
   // They are bounded by max_response_bytes all the same; only the refusal's wording
   // differs.
   bool weights_for_statistics = false;
+  // Refuse a float input holding NaN or an infinity, naming the element. Off, such
+  // values are computed through (NaN in, NaN out), as the peers do.
+  bool reject_non_finite = false;
 };
 
 // Checks `request` against the model (`spec`) and `limits` and returns its work, whose
@@ -46,7 +49,8 @@ struct AdmissionLimits {
 // field and the expected value for: a missing query, an unsupported dtype, rank not 2 or
 // 3, a dimension < 1, last dimension != d_model, a sequence longer than
 // max_sequence_length, a raw byte count that does not match the shape, a response larger
-// than max_response_bytes, working memory larger than max_work_bytes, a non-finite value,
+// than max_response_bytes, working memory larger than max_work_bytes, a non-finite value
+// (with limits.reject_non_finite),
 // a memory whose rank or count does not match the query, causal with memory, a head_mask
 // of the wrong length or out of [0, 1], an over-long request_id. The work's
 // reserved_bytes is set.
@@ -79,7 +83,8 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // (2 or 3), a dimension < 1, a sequence longer than max_sequence_length, a byte count
 // not matching the shape, a mask or types tensor of another shape, a mask value other
 // than 0/1 or a row that is not ones then zeros or has no one, an id outside
-// [0, vocab_size), a type outside [0, type_vocab_size), a non-finite hidden state, a
+// [0, vocab_size), a type outside [0, type_vocab_size), a non-finite hidden state (with
+// limits.reject_non_finite), a
 // response over max_response_bytes, work over max_work_bytes, an over-long request_id.
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,

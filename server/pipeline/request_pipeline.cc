@@ -218,6 +218,7 @@ AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
   AdmissionLimits limits;
   limits.max_sequence_length = model.max_sequence_length;
   limits.max_response_bytes = options_.max_response_bytes;
+  limits.reject_non_finite = options_.reject_non_finite;
   limits.max_work_bytes = model.max_queue_bytes;
   return limits;
 }

@@ -88,6 +88,8 @@ class RequestPipeline {
     // response could be larger is refused with INVALID_ARGUMENT before any work.
     // Range [1024, 2^31 - 1].
     int64_t max_response_bytes = 64 << 20;
+    // Refuse NaN and infinities in float inputs (AdmissionLimits::reject_non_finite).
+    bool reject_non_finite = false;
     // When set, calls need a valid bearer token (else UNAUTHENTICATED); health and
     // readiness checks stay open. Not owned.
     TokenAuthenticator* auth = nullptr;

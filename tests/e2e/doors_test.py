@@ -187,7 +187,10 @@ def metric(port, name, labels):
 class DoorsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", http=True)
+        # Non-finite inputs are refused here (off by default, as the peers do) so that
+        # every door's wording for it is compared.
+        cls.server = stubs.Attnserve(SERVER, "--max_queue_delay=1ms", "--reject_non_finite",
+                                     http=True)
         cls.doors = Doors(cls.server)
 
     @classmethod

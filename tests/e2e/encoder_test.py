@@ -213,8 +213,10 @@ class EncoderTest(unittest.TestCase):
                        os.path.join(folder, name))
         with open(os.path.join(folder, "config.pbtxt"), "w") as f:
             f.write("encoder { normalization: NORMALIZATION_L2 }\n")
+        # --reject_non_finite: the malformed-input matrix includes NaN hidden states.
         cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
-                                     "--max_queue_delay=2ms", http=True)
+                                     "--max_queue_delay=2ms", "--reject_non_finite",
+                                     http=True)
         cls.encoder = Encoder(cls.server)
         golden = np.load(GOLDEN)
         cls.lengths = golden["lengths"].astype(np.int64)

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Triton's perf_analyzer (the binary in PyPI's tritonclient wheel, pinned in
 deploy/requirements-test.txt) against a real attnserve on 127.0.0.1:0, unary ModelInfer
-and streaming ModelStreamInfer: every run completes, reports its client and server-side
-latencies (ModelConfig, ModelStatistics), and the server's own metrics count the calls
-it made.
+and streaming ModelStreamInfer, zero and random (its default) input data: every run
+completes, reports its client and server-side latencies (ModelConfig, ModelStatistics),
+and the server's own metrics count the calls it made.
 
 perf_analyzer links libcudart.so.12 (from the pinned nvidia-cuda-runtime-cu12 wheel; no
 GPU is used) and libb64 (Debian's libb64-0d, deploy/install-deps.sh --test).
@@ -52,7 +52,7 @@ class PerfAnalyzerTest(unittest.TestCase):
         url = f"http://127.0.0.1:{self.server.metrics_port}/metrics"
         return urllib.request.urlopen(url, timeout=30).read().decode()
 
-    def run_perf_analyzer(self, *flags, http=False):
+    def run_perf_analyzer(self, *flags, http=False, data=("--input-data", "zero")):
         """Runs it over concurrency 1 and 2, 20 requests per window (bounded, no
         stability wait: these machines are noisy); returns the CSV rows."""
         protocol = (["-u", f"127.0.0.1:{self.server.http_port}", "-i", "http"] if http
@@ -64,7 +64,7 @@ class PerfAnalyzerTest(unittest.TestCase):
             done = subprocess.run(
                 [PERF_ANALYZER, "-m", "mha-base", *protocol,
                  "--shape", "query:128,512", "--shape", "memory:128,512",
-                 "--input-data", "zero", "--concurrency-range", "1:2",
+                 *data, "--concurrency-range", "1:2",
                  "--measurement-mode", "count_windows", "--measurement-request-count", "20",
                  "--stability-percentage", "999", "--max-trials", "3", "-f", report,
                  *flags],
@@ -81,10 +81,10 @@ class PerfAnalyzerTest(unittest.TestCase):
             with open(report) as rows:
                 return list(csv.DictReader(rows))
 
-    def check(self, method, *flags, http=False):
+    def check(self, method, *flags, http=False, **data):
         before = metric_sum(self.metrics(), "attnserve_requests_total", model="mha-base",
                             code="OK")
-        rows = self.run_perf_analyzer(*flags, http=http)
+        rows = self.run_perf_analyzer(*flags, http=http, **data)
         # perf_analyzer orders its CSV rows by throughput, not by concurrency: under a
         # sanitizer c1 can come out faster than c2.
         self.assertEqual(sorted(row["Concurrency"] for row in rows), ["1", "2"])
@@ -108,6 +108,13 @@ class PerfAnalyzerTest(unittest.TestCase):
 
     def test_streaming_model_stream_infer(self):
         self.check("ModelStreamInfer", "--streaming")
+
+    def test_its_default_random_data_is_computed_through(self):
+        # perf_analyzer's default data is random bytes: as FP32, some are NaN or
+        # infinite. The server computes them through (NaN in, NaN out) as PyTorch, ONNX
+        # Runtime and Triton do, unless started with --reject_non_finite; so every call
+        # answers OK (check() also counts no INVALID_ARGUMENT).
+        self.check("ModelInfer", data=())
 
     def test_http_infer_with_binary_tensors(self):
         # Over KServe HTTP perf_analyzer reads /v2/models/{m}/config and .../stats, and

@@ -1,4 +1,5 @@
 // AttentionService over a real gRPC server on loopback, called with the client library.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <thread>
@@ -362,24 +363,6 @@ TEST_F(BadInputTest, CausalWithCrossAttention) {
                  {"causal must be false when memory is set"});
 }
 
-TEST_F(BadInputTest, NaNInQuery) {
-  std::vector<float> values = RandomValues(3 * kD, 1);
-  values[700] = std::nanf("");
-  v1::AttendRequest request;
-  *request.mutable_query() = Float32Tensor(values, {3, kD});
-  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
-                 {"query must hold finite values; element 700"});
-}
-
-TEST_F(BadInputTest, InfinityInMemory) {
-  v1::AttendRequest request = Request(3, 1);
-  std::vector<float> memory = RandomValues(2 * kD, 2);
-  memory[5] = INFINITY;
-  *request.mutable_memory() = Float32Tensor(memory, {2, kD});
-  ExpectRejected(request, absl::StatusCode::kInvalidArgument,
-                 {"memory must hold finite values; element 5"});
-}
-
 TEST_F(BadInputTest, MemoryRankDiffersFromQuery) {
   v1::AttendRequest request = Request(3, 1);
   *request.mutable_memory() = Float32Tensor(RandomValues(2 * kD, 2), {1, 2, kD});
@@ -480,6 +463,42 @@ TEST(AdmissionTest, MaxSequenceLengthAboveTheCeilingIsRefusedAtStartUp) {
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(server.status().message(), HasSubstr("max_sequence_length must be in [1, "
                                                    "1048576], got 1048577"));
+}
+
+// NaN and infinities: computed through by default (NaN in, NaN out, as PyTorch, ONNX
+// Runtime and Triton do, so that load tools sending random bytes work), refused by name
+// with reject_non_finite.
+TEST(NonFiniteTest, ComputedThroughByDefaultAndRefusedWhenAsked) {
+  std::vector<float> values = RandomValues(3 * kD, 1);
+  values[700] = std::nanf("");
+  v1::AttendRequest with_nan;
+  *with_nan.mutable_query() = Float32Tensor(values, {3, kD});
+  v1::AttendRequest with_infinity = Request(3, 1);
+  std::vector<float> memory = RandomValues(2 * kD, 2);
+  memory[5] = INFINITY;
+  *with_infinity.mutable_memory() = Float32Tensor(memory, {2, kD});
+
+  TestServer passing = StartServer();
+  auto answered = passing.client->Attend(with_nan);
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  const std::vector<float> output = *Float32Values(answered->output());
+  EXPECT_TRUE(std::any_of(output.begin(), output.end(),
+                          [](float value) { return std::isnan(value); }));
+  EXPECT_TRUE(passing.client->Attend(with_infinity).ok());
+
+  TestServer refusing = StartServer(
+      [](AttentionServer::Options& options) { options.reject_non_finite = true; });
+  auto refused = refusing.client->Attend(with_nan);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("query must hold finite values; element 700 is nan"));
+  refused = refusing.client->Attend(with_infinity);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("memory must hold finite values; element 5 is inf"));
+  // Both keep serving.
+  EXPECT_TRUE(refusing.client->Attend(Request(2, 9)).ok());
+  EXPECT_TRUE(passing.client->Attend(Request(2, 9)).ok());
 }
 
 }  // namespace
