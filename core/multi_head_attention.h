@@ -186,6 +186,14 @@ class MultiHeadAttention : public AttentionBackend {
                                const uint8_t* k, const uint8_t* v, int64_t query_length,
                                int64_t key_length, bool causal, float* attention_weights,
                                uint8_t* context);
+  // One sequence's heads one at a time in blocks of `block_rows` query rows (the long
+  // path of AttendSequences, without returned weights), the (head, block) items spread
+  // over OpenMP's threads, each running single-threaded primitives in its own buffers.
+  absl::Status AttendBlocksInParallel(const HeadSet& set, const uint8_t* q,
+                                      const uint8_t* k, const uint8_t* v,
+                                      int64_t query_length, int64_t key_length,
+                                      int64_t block_rows, bool skip_masked, bool causal,
+                                      uint8_t* context);
   // How many sequences from `index` on have the same lengths and may run in one
   // AttendSequences call.
   int64_t RunLength(const HeadSet& set, absl::Span<const int64_t> query_lengths,
@@ -234,7 +242,13 @@ class MultiHeadAttention : public AttentionBackend {
 
   // Scratch, grown to the largest batch seen; shared by objects that run one after
   // another (ShareScratch).
+  // What one thread of AttendBlocksInParallel computes in.
+  struct ThreadScratch {
+    std::unique_ptr<dnnl::stream> stream;
+    Buffer scores, probabilities, scratchpad;
+  };
   struct Scratch {
+    std::vector<std::unique_ptr<ThreadScratch>> per_thread;
     Buffer q, k, v, context, probabilities, compute_probabilities;
     Buffer query_input, memory_input;
     Buffer scratchpad;  // oneDNN's (user mode)
