@@ -21,6 +21,22 @@ using dnnl::memory;
 using Dims = memory::dims;
 
 constexpr int kMaxThreads = 1024;
+
+// ThreadSanitizer cannot see the synchronization inside GCC's OpenMP runtime (libgomp is
+// not instrumented), so code of ours inside a parallel region would be reported as
+// racing with the thread that set its data up. TSan builds take the serial long-sequence
+// path; the parallel one is tested by the other builds.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kParallelBlocks = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kParallelBlocks = false;
+#else
+constexpr bool kParallelBlocks = true;
+#endif
+#else
+constexpr bool kParallelBlocks = true;
+#endif
 // Fewer query rows per block would starve the matmuls; a longer block may exceed the
 // byte budget for very long keys.
 constexpr int64_t kMinBlockRows = 16;
@@ -701,7 +717,7 @@ absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t cou
   // by side, each on one thread, instead of one after another with each small product
   // split across the threads (0.65 of peak at L=2048 on 2 threads that way).
   const int64_t blocks = (query_length + block_rows - 1) / block_rows;
-  if (!all_heads && count == 1 && attention_weights == nullptr &&
+  if (kParallelBlocks && !all_heads && count == 1 && attention_weights == nullptr &&
       omp_get_max_threads() > 1 && 3 * blocks <= options_.primitive_cache_capacity) {
     return AttendBlocksInParallel(set, q, k, v, query_length, key_length, block_rows,
                                   skip_masked, causal, context);
