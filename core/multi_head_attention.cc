@@ -668,7 +668,7 @@ absl::Status MultiHeadAttention::Convert(const void* in, bool from_bf16, int64_t
 }
 
 absl::StatusOr<const void*> MultiHeadAttention::InComputePrecision(
-    absl::Span<const float> f32, absl::Span<const uint16_t> bf16, Buffer& buffer) {
+    absl::Span<const float> f32, absl::Span<const uint16_t> bf16, ScratchBuffer& buffer) {
   const bool from_bf16 = f32.empty();
   if ((compute_ == memory::data_type::bf16) == from_bf16) {
     return from_bf16 ? static_cast<const void*>(bf16.data()) : f32.data();

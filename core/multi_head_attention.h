@@ -157,8 +157,6 @@ class MultiHeadAttention : public AttentionBackend {
   const dnnl::memory& Packed(Matrix& matrix, int64_t in, int64_t out,
                              const dnnl::memory::desc& desc);
 
-  using Buffer = ScratchBuffer;
-
   MultiHeadAttention(const ModelSpec& spec, const dnnl::engine& engine,
                      const Options& options, bool native_bf16);
 
@@ -175,7 +173,7 @@ class MultiHeadAttention : public AttentionBackend {
   // `buffer`.
   absl::StatusOr<const void*> InComputePrecision(absl::Span<const float> f32,
                                                  absl::Span<const uint16_t> bf16,
-                                                 Buffer& buffer);
+                                                 ScratchBuffer& buffer);
   // `count` consecutive sequences of equal lengths (count > 1 only when all heads of
   // one sequence fit the block budget and no causal blocks are needed: see
   // RunLength), the heads of `set`: context[count L_q, width] from q[count L_q, width],
@@ -240,18 +238,18 @@ class MultiHeadAttention : public AttentionBackend {
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 
-  // Scratch, grown to the largest batch seen; shared by objects that run one after
-  // another (ShareScratch).
   // What one thread of AttendBlocksInParallel computes in.
   struct ThreadScratch {
     std::unique_ptr<dnnl::stream> stream;
-    Buffer scores, probabilities, scratchpad;
+    ScratchBuffer scores, probabilities, scratchpad;
   };
+  // Scratch, grown to the largest batch seen; shared by objects that run one after
+  // another (ShareScratch).
   struct Scratch {
     std::vector<std::unique_ptr<ThreadScratch>> per_thread;
-    Buffer q, k, v, context, probabilities, compute_probabilities;
-    Buffer query_input, memory_input;
-    Buffer scratchpad;  // oneDNN's (user mode)
+    ScratchBuffer q, k, v, context, probabilities, compute_probabilities;
+    ScratchBuffer query_input, memory_input;
+    ScratchBuffer scratchpad;  // oneDNN's (user mode)
   };
   std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
 };

@@ -256,6 +256,7 @@ struct TransformerEncoder::State {
   memory::data_type Compute() const {
     return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
   }
+  size_t ComputeBytes() const { return bf16 ? 2 : 4; }
 
   // The matmul for [rows, in] x W^T (+ b, + act, + dst before when accumulate). The
   // source and weights are in the compute type; the destination is f32, or the compute
@@ -405,7 +406,6 @@ struct TransformerEncoder::State {
 
   // The operations over all rows, in chunks of a few row counts (row_chunks.h): the
   // same results, and a bounded number of primitives however the batches vary.
-  size_t ComputeBytes() const { return bf16 ? 2 : 4; }
 
   absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
                       const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
@@ -606,8 +606,11 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   // Pre-LN: the normed copy of x each sublayer reads (x itself carries the residual).
   auto* normed = pre ? static_cast<float*>(state.normed.Reserve(plane)) : nullptr;
   void* inner = state.inner.Reserve(static_cast<size_t>(tokens * spec_.ffn_dim) *
-                                    (state.bf16 ? sizeof(uint16_t) : sizeof(float)));
-  void* narrow = state.bf16 ? state.narrow.Reserve(plane / 2) : nullptr;
+                                    state.ComputeBytes());
+  void* narrow =
+      state.bf16
+          ? state.narrow.Reserve(static_cast<size_t>(tokens * d) * state.ComputeBytes())
+          : nullptr;
   // Embeddings: word + position (within its sequence) + token type; post-LN normalizes
   // them on the way into x, pre-LN takes them as they are.
   if (!from_hidden) {
