@@ -28,6 +28,7 @@ runtime_packages=(
   libc6
   libcivetweb1
   libdnnl2
+  libicu72
   libgcc-s1
   libgomp1
   libgrpc++1.51
@@ -62,6 +63,7 @@ build_packages=(
   prometheus-cpp-dev
   libcivetweb-dev
   nlohmann-json3-dev
+  libicu-dev
   libgtest-dev
   libgmock-dev
   libbenchmark-dev

@@ -121,7 +121,37 @@ def npys():
         write("npy", name, buffer.getvalue())
 
 
+def tokenizer_inputs():
+    """Texts for Encode (byte 0 even: settings and max_tokens) from the adversarial
+    goldens, and a small tokenizer.json (byte 0 odd)."""
+    path = os.path.join(ROOT, "tests", "data", "tokenizer", "adversarial.jsonl")
+    with open(path, encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    for i, text in enumerate(texts[:24]):
+        mode = (i * 2) % 256 & ~1
+        write("tokenizer", f"text_{i:02d}", bytes([mode]) + text.encode()[:512])
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "w", "##orld", "!"]
+    spec = {
+        "added_tokens": [{"id": i, "content": t, "special": True, "normalized": False,
+                          "single_word": False, "lstrip": False, "rstrip": False}
+                         for i, t in enumerate(vocab[:5])],
+        "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                       "handle_chinese_chars": True, "strip_accents": None,
+                       "lowercase": True},
+        "pre_tokenizer": {"type": "BertPreTokenizer"},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "[SEP]", "type_id": 0}}]},
+        "model": {"type": "WordPiece", "unk_token": "[UNK]",
+                  "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
+                  "vocab": {t: i for i, t in enumerate(vocab)}},
+    }
+    write("tokenizer", "tokenizer_json", b"\x01" + json.dumps(spec).encode())
+
+
 if __name__ == "__main__":
+    tokenizer_inputs()
     requests()
     safetensors()
     configs()

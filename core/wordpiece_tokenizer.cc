@@ -1,0 +1,759 @@
+#include "core/wordpiece_tokenizer.h"
+
+#include <unicode/uchar.h>
+#include <unicode/unorm2.h>
+#include <unicode/ustring.h>
+#include <unicode/utf16.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve::core {
+namespace {
+
+using Json = nlohmann::json;
+
+// Hugging Face tokenizers takes general categories (control, format, private use,
+// non-spacing mark, punctuation) from the unicode_categories crate, whose tables are
+// Unicode 8.0's: a character assigned later has no category there (it is kept as it
+// is, never dropped nor split off). ICU knows each character's age, so these rules
+// apply the category only to characters that Unicode 8.0 already had. Whitespace,
+// case and NFD come from Rust's own current tables, as here from ICU's.
+constexpr uint8_t kCategoriesMajorVersion = 8;
+
+// The characters whose general category Unicode changed after 8.0, with their 8.0
+// category, as Hugging Face still sees them. The exhaustive code point test
+// (tests/core/wordpiece_tokenizer_test.cc) finds any character this list misses.
+struct CategoryChange {
+  UChar32 c;
+  int8_t type_in_8;
+};
+constexpr CategoryChange kCategoryChangedSince8[] = {
+    {0x166D, U_OTHER_PUNCTUATION},  // CANADIAN SYLLABICS CHI SIGN, So now
+    {0x1734, U_NON_SPACING_MARK},    // HANUNOO SIGN PAMUDPOD, Mc now
+    {0x1885, U_OTHER_LETTER},        // MONGOLIAN LETTER ALI GALI BALUDA, Mn now
+    {0x1886, U_OTHER_LETTER},        // ... THREE BALUDA, Mn now
+    {0xA9BD, U_COMBINING_SPACING_MARK},  // JAVANESE CONSONANT SIGN KERET, Mn now
+    {0x111C9, U_OTHER_PUNCTUATION},  // SHARADA SANDHI MARK, Mn now
+};
+
+// Its NFD tables (the unicode-normalization-alignments crate) are Unicode 12.1's: a
+// character assigned later is not decomposed there (U+11938, Dives Akuru, is the one
+// ICU 72 knows).
+constexpr uint8_t kDecompositionMajorVersion = 12;
+constexpr uint8_t kDecompositionMinorVersion = 1;
+
+enum Flag : uint8_t {
+  kRemoved = 1,   // dropped by clean_text
+  kSpace = 2,     // whitespace (becomes ' ' under clean_text; splits words)
+  kChinese = 4,   // a CJK ideograph: a word of its own
+  kPunct = 8,     // a word of its own
+  kMark = 16,     // a non-spacing mark: dropped when stripping accents
+  kNoNfd = 32,    // newer than the NFD tables: left as it is
+};
+
+bool IsChinese(UChar32 c) {
+  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
+         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
+         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+bool InOldCategories(UChar32 c) {
+  UVersionInfo age;
+  u_charAge(c, age);
+  // Unassigned characters have age 0.0 and category Cn: nothing applies to them.
+  return age[0] != 0 && age[0] <= kCategoriesMajorVersion;
+}
+
+uint8_t ComputeFlags(UChar32 c) {
+  if (c == '\t' || c == '\n' || c == '\r') return kSpace;
+  uint8_t flags = 0;
+  UVersionInfo age;
+  u_charAge(c, age);
+  if (age[0] > kDecompositionMajorVersion ||
+      (age[0] == kDecompositionMajorVersion && age[1] > kDecompositionMinorVersion)) {
+    flags |= kNoNfd;
+  }
+  const bool old = InOldCategories(c);
+  int8_t type = u_charType(c);
+  for (const CategoryChange& change : kCategoryChangedSince8) {
+    if (change.c == c) type = change.type_in_8;
+  }
+  if (c == 0 || c == 0xFFFD ||
+      (old && (type == U_CONTROL_CHAR || type == U_FORMAT_CHAR ||
+               type == U_PRIVATE_USE_CHAR))) {
+    flags |= kRemoved;
+  }
+  if (u_isUWhiteSpace(c)) flags |= kSpace;
+  if (IsChinese(c)) flags |= kChinese;
+  const bool ascii_punct = c < 128 && ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) ||
+                                       (c >= 91 && c <= 96) || (c >= 123 && c <= 126));
+  const bool unicode_punct =
+      old && (type == U_CONNECTOR_PUNCTUATION || type == U_DASH_PUNCTUATION ||
+              type == U_START_PUNCTUATION || type == U_END_PUNCTUATION ||
+              type == U_INITIAL_PUNCTUATION || type == U_FINAL_PUNCTUATION ||
+              type == U_OTHER_PUNCTUATION);
+  if (ascii_punct || unicode_punct) flags |= kPunct;
+  if (old && type == U_NON_SPACING_MARK) flags |= kMark;
+  return flags;
+}
+
+// The flags of the Basic Multilingual Plane, computed once; others on demand.
+uint8_t Flags(UChar32 c) {
+  static const std::array<uint8_t, 0x10000>* const table = [] {
+    auto* flags = new std::array<uint8_t, 0x10000>();
+    for (UChar32 c = 0; c < 0x10000; ++c) (*flags)[c] = ComputeFlags(c);
+    return flags;
+  }();
+  return c < 0x10000 ? (*table)[c] : ComputeFlags(c);
+}
+
+// The offset of the first byte of `text` that does not start a well-formed UTF-8
+// sequence (as Python's decoder reports it), or -1.
+int64_t FirstInvalidUtf8(absl::string_view text) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t size = text.size();
+  size_t i = 0;
+  while (i < size) {
+    const unsigned char b = bytes[i];
+    if (b < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t length;
+    unsigned char low = 0x80, high = 0xBF;  // the second byte's range
+    if (b >= 0xC2 && b <= 0xDF) {
+      length = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      length = 3;
+      if (b == 0xE0) low = 0xA0;   // overlong
+      if (b == 0xED) high = 0x9F;  // surrogates
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      length = 4;
+      if (b == 0xF0) low = 0x90;  // overlong
+      if (b == 0xF4) high = 0x8F;  // past U+10FFFF
+    } else {
+      return static_cast<int64_t>(i);
+    }
+    // A sequence that is cut short or malformed is reported at its first byte.
+    if (i + 1 >= size || bytes[i + 1] < low || bytes[i + 1] > high) {
+      return static_cast<int64_t>(i);
+    }
+    for (size_t k = 2; k < length; ++k) {
+      if (i + k >= size || (bytes[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
+    }
+    i += length;
+  }
+  return -1;
+}
+
+// Decodes one code point of valid UTF-8 at text[*i], advancing *i.
+UChar32 Decode(absl::string_view text, size_t* i) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
+  const unsigned char b = bytes[*i];
+  if (b < 0x80) {
+    ++*i;
+    return b;
+  }
+  int length = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
+  UChar32 c = b & (0x7F >> length);
+  for (int k = 1; k < length; ++k) c = (c << 6) | (bytes[*i + k] & 0x3F);
+  *i += length;
+  return c;
+}
+
+void AppendUtf8(UChar32 c, std::string* out) {
+  if (c < 0x80) {
+    out->push_back(static_cast<char>(c));
+  } else if (c < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else if (c < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
+  }
+}
+
+// Canonical decomposition (NFD) of `text` in place, through ICU's UTF-16 API. Runs
+// between characters flagged kNoNfd are decomposed each on their own.
+void NfdRun(std::u32string* text);
+void Nfd(std::u32string* text) {
+  const auto newer = std::find_if(text->begin(), text->end(), [](char32_t c) {
+    return (Flags(static_cast<UChar32>(c)) & kNoNfd) != 0;
+  });
+  if (newer == text->end()) {
+    NfdRun(text);
+    return;
+  }
+  std::u32string out, run;
+  for (const char32_t c : *text) {
+    if (Flags(static_cast<UChar32>(c)) & kNoNfd) {
+      NfdRun(&run);
+      out += run;
+      run.clear();
+      out.push_back(c);
+    } else {
+      run.push_back(c);
+    }
+  }
+  NfdRun(&run);
+  out += run;
+  text->swap(out);
+}
+
+void NfdRun(std::u32string* text) {
+  UErrorCode error = U_ZERO_ERROR;
+  const UNormalizer2* nfd = unorm2_getNFDInstance(&error);
+  if (U_FAILURE(error)) return;  // ICU's data is built in; this does not happen
+  std::u16string utf16;
+  utf16.reserve(text->size());
+  for (const char32_t c : *text) {
+    if (c < 0x10000) {
+      utf16.push_back(static_cast<char16_t>(c));
+    } else {
+      utf16.push_back(static_cast<char16_t>(U16_LEAD(c)));
+      utf16.push_back(static_cast<char16_t>(U16_TRAIL(c)));
+    }
+  }
+  const auto* source = reinterpret_cast<const UChar*>(utf16.data());
+  const auto length = static_cast<int32_t>(utf16.size());
+  // Text already in NFD (most of it) is left as it is.
+  const int32_t span = unorm2_spanQuickCheckYes(nfd, source, length, &error);
+  if (U_FAILURE(error) || span == length) return;
+  std::u16string decomposed(static_cast<size_t>(length) * 4 + 16, u'\0');
+  const int32_t written = unorm2_normalize(
+      nfd, source, length, reinterpret_cast<UChar*>(decomposed.data()),
+      static_cast<int32_t>(decomposed.size()), &error);
+  if (U_FAILURE(error)) return;
+  text->clear();
+  for (int32_t i = 0; i < written;) {
+    UChar32 c;
+    U16_NEXT(decomposed.data(), i, written, c);
+    text->push_back(static_cast<char32_t>(c));
+  }
+}
+
+absl::Status Invalid(absl::string_view file, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(file, ": ", message));
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A special token as tokenizer_config.json writes it: a string or {"content": ...}.
+std::optional<std::string> TokenText(const Json& json, const char* key) {
+  if (!json.contains(key)) return std::nullopt;
+  const Json& value = json[key];
+  if (value.is_string()) return value.get<std::string>();
+  if (value.is_object() && value.contains("content") && value["content"].is_string()) {
+    return value["content"].get<std::string>();
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<bool> OptionalBool(const Json& object, const char* key, bool fallback,
+                                  absl::string_view where) {
+  if (!object.contains(key) || object[key].is_null()) return fallback;
+  if (!object[key].is_boolean()) {
+    return Invalid(where, absl::StrCat(key, " must be true or false"));
+  }
+  return object[key].get<bool>();
+}
+
+// The special token of a TemplateProcessing item ({"SpecialToken": {"id": ...}}).
+std::optional<std::string> TemplateSpecial(const Json& item) {
+  if (!item.is_object() || !item.contains("SpecialToken")) return std::nullopt;
+  const Json& special = item["SpecialToken"];
+  if (!special.is_object() || !special.contains("id") || !special["id"].is_string()) {
+    return std::nullopt;
+  }
+  return special["id"].get<std::string>();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromFolder(
+    const std::string& folder) {
+  const std::string json_path = folder + "/tokenizer.json";
+  if (std::ifstream(json_path).good()) {
+    ATTN_ASSIGN_OR_RETURN(const std::string json, ReadFile(json_path));
+    return FromTokenizerJson(json);
+  }
+  const std::string vocab_path = folder + "/vocab.txt";
+  if (!std::ifstream(vocab_path).good()) {
+    return absl::NotFoundError(
+        absl::StrCat(folder, " holds neither tokenizer.json nor vocab.txt"));
+  }
+  Options options;
+  const std::string config_path = folder + "/tokenizer_config.json";
+  if (std::ifstream(config_path).good()) {
+    constexpr absl::string_view kFile = "tokenizer_config.json";
+    ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
+    const Json config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) {
+      return Invalid(kFile, "not a JSON object");
+    }
+    if (config.contains("tokenizer_class") && config["tokenizer_class"].is_string()) {
+      const std::string type = config["tokenizer_class"].get<std::string>();
+      if (type != "BertTokenizer" && type != "BertTokenizerFast") {
+        return Invalid(kFile, absl::StrCat("tokenizer_class \"", type,
+                                           "\" is not supported (BertTokenizer only)"));
+      }
+    }
+    ATTN_ASSIGN_OR_RETURN(options.lowercase,
+                          OptionalBool(config, "do_lower_case", true, kFile));
+    ATTN_ASSIGN_OR_RETURN(options.handle_chinese_chars,
+                          OptionalBool(config, "tokenize_chinese_chars", true, kFile));
+    if (config.contains("strip_accents") && !config["strip_accents"].is_null()) {
+      ATTN_ASSIGN_OR_RETURN(options.strip_accents,
+                            OptionalBool(config, "strip_accents", true, kFile));
+    }
+    options.special_tokens.clear();
+    for (const char* key :
+         {"pad_token", "unk_token", "cls_token", "sep_token", "mask_token"}) {
+      if (const auto token = TokenText(config, key)) {
+        options.special_tokens.push_back(*token);
+        if (std::string(key) == "unk_token") options.unk_token = *token;
+        if (std::string(key) == "cls_token") options.cls_token = *token;
+        if (std::string(key) == "sep_token") options.sep_token = *token;
+      }
+    }
+    for (const std::string& token :
+         {options.unk_token, options.cls_token, options.sep_token}) {
+      if (std::find(options.special_tokens.begin(), options.special_tokens.end(),
+                    token) == options.special_tokens.end()) {
+        options.special_tokens.push_back(token);
+      }
+    }
+  }
+  ATTN_ASSIGN_OR_RETURN(const std::string vocab, ReadFile(vocab_path));
+  return FromVocab(vocab, options);
+}
+
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromTokenizerJson(
+    absl::string_view text) {
+  constexpr absl::string_view kFile = "tokenizer.json";
+  const Json json = Json::parse(text.begin(), text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) return Invalid(kFile, "not a JSON object");
+  Options options;
+
+  const auto type_of = [](const Json& object) -> std::string {
+    if (object.is_object() && object.contains("type") && object["type"].is_string()) {
+      return object["type"].get<std::string>();
+    }
+    return object.is_null() ? "null" : "(none)";
+  };
+  const Json empty = Json::object();
+  const Json& normalizer = json.contains("normalizer") ? json["normalizer"] : empty;
+  if (type_of(normalizer) != "BertNormalizer") {
+    return Invalid(kFile, absl::StrCat("normalizer type \"", type_of(normalizer),
+                                       "\" is not supported (BertNormalizer only)"));
+  }
+  const std::string where = absl::StrCat(kFile, " normalizer");
+  ATTN_ASSIGN_OR_RETURN(options.clean_text,
+                        OptionalBool(normalizer, "clean_text", true, where));
+  ATTN_ASSIGN_OR_RETURN(options.handle_chinese_chars,
+                        OptionalBool(normalizer, "handle_chinese_chars", true, where));
+  ATTN_ASSIGN_OR_RETURN(options.lowercase,
+                        OptionalBool(normalizer, "lowercase", true, where));
+  if (normalizer.contains("strip_accents") && !normalizer["strip_accents"].is_null()) {
+    ATTN_ASSIGN_OR_RETURN(options.strip_accents,
+                          OptionalBool(normalizer, "strip_accents", true, where));
+  }
+  const Json& pre = json.contains("pre_tokenizer") ? json["pre_tokenizer"] : empty;
+  if (type_of(pre) != "BertPreTokenizer") {
+    return Invalid(kFile, absl::StrCat("pre_tokenizer type \"", type_of(pre),
+                                       "\" is not supported (BertPreTokenizer only)"));
+  }
+
+  const Json& model = json.contains("model") ? json["model"] : empty;
+  if (type_of(model) != "WordPiece") {
+    return Invalid(kFile, absl::StrCat("model type \"", type_of(model),
+                                       "\" is not supported (WordPiece only)"));
+  }
+  if (model.contains("unk_token")) {
+    if (!model["unk_token"].is_string()) return Invalid(kFile, "model.unk_token must be a string");
+    options.unk_token = model["unk_token"].get<std::string>();
+  }
+  if (model.contains("continuing_subword_prefix")) {
+    if (!model["continuing_subword_prefix"].is_string()) {
+      return Invalid(kFile, "model.continuing_subword_prefix must be a string");
+    }
+    options.continuing_subword_prefix = model["continuing_subword_prefix"].get<std::string>();
+  }
+  if (model.contains("max_input_chars_per_word")) {
+    if (!model["max_input_chars_per_word"].is_number_unsigned()) {
+      return Invalid(kFile, "model.max_input_chars_per_word must be a positive integer");
+    }
+    options.max_input_chars_per_word = static_cast<int64_t>(std::min<uint64_t>(
+        model["max_input_chars_per_word"].get<uint64_t>(), uint64_t{1} << 40));
+  }
+  if (!model.contains("vocab") || !model["vocab"].is_object()) {
+    return Invalid(kFile, "model.vocab must be an object of token: id");
+  }
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  vocab.reserve(model["vocab"].size());
+  for (const auto& [token, id] : model["vocab"].items()) {
+    if (!id.is_number_unsigned() || id.get<uint64_t>() > (uint64_t{1} << 31)) {
+      return Invalid(kFile, absl::StrCat("model.vocab[\"", token,
+                                         "\"] must be an id in [0, 2^31]"));
+    }
+    vocab.emplace_back(token, static_cast<int64_t>(id.get<uint64_t>()));
+  }
+
+  // [CLS] $A [SEP]: TemplateProcessing's single template, or BertProcessing.
+  const Json& post = json.contains("post_processor") ? json["post_processor"] : empty;
+  const std::string post_type = type_of(post);
+  if (post_type == "TemplateProcessing") {
+    const Json& single = post.contains("single") ? post["single"] : empty;
+    const bool shaped = single.is_array() && single.size() == 3 &&
+                        TemplateSpecial(single[0]) && TemplateSpecial(single[2]) &&
+                        single[1].is_object() && single[1].contains("Sequence");
+    if (!shaped) {
+      return Invalid(kFile,
+                     "post_processor.single must be [SpecialToken, Sequence, SpecialToken] "
+                     "(BERT's [CLS] $A [SEP])");
+    }
+    options.cls_token = *TemplateSpecial(single[0]);
+    options.sep_token = *TemplateSpecial(single[2]);
+  } else if (post_type == "BertProcessing") {
+    for (const char* key : {"cls", "sep"}) {
+      if (!post.contains(key) || !post[key].is_array() || post[key].empty() ||
+          !post[key][0].is_string()) {
+        return Invalid(kFile, absl::StrCat("post_processor.", key,
+                                           " must be [token, id]"));
+      }
+    }
+    options.cls_token = post["cls"][0].get<std::string>();
+    options.sep_token = post["sep"][0].get<std::string>();
+  } else {
+    return Invalid(kFile, absl::StrCat("post_processor type \"", post_type,
+                                       "\" is not supported (TemplateProcessing or "
+                                       "BertProcessing with [CLS] $A [SEP])"));
+  }
+
+  options.special_tokens.clear();
+  if (json.contains("added_tokens")) {
+    if (!json["added_tokens"].is_array()) return Invalid(kFile, "added_tokens must be a list");
+    for (const Json& token : json["added_tokens"]) {
+      if (!token.is_object() || !token.contains("content") || !token["content"].is_string()) {
+        return Invalid(kFile, "each of added_tokens needs a content string");
+      }
+      const std::string content = token["content"].get<std::string>();
+      for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized"}) {
+        ATTN_ASSIGN_OR_RETURN(const bool set,
+                              OptionalBool(token, flag, false, absl::StrCat(kFile, " added_tokens")));
+        if (set) {
+          return Invalid(kFile, absl::StrCat("added token \"", content, "\" sets ", flag,
+                                             ", which is not supported (BERT's special "
+                                             "tokens match the raw text as they are)"));
+        }
+      }
+      options.special_tokens.push_back(content);
+    }
+  }
+  auto tokenizer = std::unique_ptr<WordPieceTokenizer>(new WordPieceTokenizer(options));
+  ATTN_RETURN_IF_ERROR(tokenizer->Build(std::move(vocab)));
+  return tokenizer;
+}
+
+absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVocab(
+    absl::string_view text, const Options& options) {
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  int64_t id = 0;
+  absl::ConsumeSuffix(&text, "\n");
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    absl::ConsumeSuffix(&line, "\r");
+    if (line.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("vocab.txt: line ", id + 1, " is empty"));
+    }
+    vocab.emplace_back(std::string(line), id++);
+  }
+  auto tokenizer = std::unique_ptr<WordPieceTokenizer>(new WordPieceTokenizer(options));
+  ATTN_RETURN_IF_ERROR(tokenizer->Build(std::move(vocab)));
+  return tokenizer;
+}
+
+absl::Status WordPieceTokenizer::Build(std::vector<std::pair<std::string, int64_t>> vocab) {
+  if (options_.max_input_chars_per_word < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_input_chars_per_word must be >= 1, got ",
+                     options_.max_input_chars_per_word));
+  }
+  if (options_.continuing_subword_prefix.empty()) {
+    return absl::InvalidArgumentError("continuing_subword_prefix must not be empty");
+  }
+  if (vocab.empty()) return absl::InvalidArgumentError("the vocabulary is empty");
+  strip_accents_ = options_.strip_accents.value_or(options_.lowercase);
+  const std::string& prefix = options_.continuing_subword_prefix;
+  for (auto& [token, id] : vocab) {
+    if (token.empty()) return absl::InvalidArgumentError("the vocabulary holds an empty token");
+    if (FirstInvalidUtf8(token) >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocabulary token ", id, " is not valid UTF-8"));
+    }
+    max_id_ = std::max(max_id_, id);
+    longest_piece_bytes_ = std::max(longest_piece_bytes_, token.size());
+    if (token.size() > prefix.size() && absl::StartsWith(token, prefix)) {
+      continuations_.emplace(token.substr(prefix.size()), id);
+    }
+    if (!words_.emplace(token, id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the vocabulary holds \"", token, "\" twice"));
+    }
+  }
+  const auto id_of = [this](const std::string& token, const char* role,
+                            int64_t* id) -> absl::Status {
+    const auto found = words_.find(token);
+    if (found == words_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          role, " \"", token, "\" is not in the vocabulary"));
+    }
+    *id = found->second;
+    return absl::OkStatus();
+  };
+  ATTN_RETURN_IF_ERROR(id_of(options_.unk_token, "unk_token", &unk_id_));
+  ATTN_RETURN_IF_ERROR(id_of(options_.cls_token, "cls_token", &cls_id_));
+  ATTN_RETURN_IF_ERROR(id_of(options_.sep_token, "sep_token", &sep_id_));
+  for (const std::string& token : options_.special_tokens) {
+    if (token.empty()) return absl::InvalidArgumentError("a special token is empty");
+    int64_t id = 0;
+    ATTN_RETURN_IF_ERROR(id_of(token, "special token", &id));
+    specials_.emplace_back(token, id);
+    const auto first = static_cast<unsigned char>(token[0]);
+    special_first_bytes_[first / 64] |= uint64_t{1} << (first % 64);
+  }
+  std::stable_sort(specials_.begin(), specials_.end(), [](const auto& a, const auto& b) {
+    return a.first.size() > b.first.size();
+  });
+  return absl::OkStatus();
+}
+
+void WordPieceTokenizer::NormalizeInto(absl::string_view text, std::u32string* out) const {
+  out->clear();
+  bool ascii = true;
+  for (size_t i = 0; i < text.size();) {
+    UChar32 c = Decode(text, &i);
+    const uint8_t flags = Flags(c);
+    if (options_.clean_text) {
+      if (flags & kRemoved) continue;
+      if (flags & kSpace) c = ' ';
+    }
+    if (options_.handle_chinese_chars && (flags & kChinese)) {
+      out->push_back(U' ');
+      out->push_back(static_cast<char32_t>(c));
+      out->push_back(U' ');
+      ascii = false;
+      continue;
+    }
+    if (c >= 0x80) ascii = false;
+    out->push_back(static_cast<char32_t>(c));
+  }
+  if (strip_accents_ && !ascii) {
+    Nfd(out);
+    out->erase(std::remove_if(out->begin(), out->end(),
+                              [](char32_t c) { return (Flags(static_cast<UChar32>(c)) & kMark) != 0; }),
+               out->end());
+  }
+  if (options_.lowercase) {
+    if (ascii) {
+      for (char32_t& c : *out) {
+        if (c >= 'A' && c <= 'Z') c += 'a' - 'A';
+      }
+    } else {
+      std::u32string lowered;
+      lowered.reserve(out->size());
+      for (const char32_t c : *out) {
+        if (c == 0x130) {
+          // Capital I with dot above: its full lowercase is two characters (i + U+0307),
+          // the one unconditional lowercase mapping that is not one-to-one.
+          lowered.push_back(U'i');
+          lowered.push_back(U'\u0307');
+        } else {
+          lowered.push_back(static_cast<char32_t>(u_tolower(static_cast<UChar32>(c))));
+        }
+      }
+      out->swap(lowered);
+    }
+  }
+}
+
+absl::StatusOr<std::string> WordPieceTokenizer::Normalize(absl::string_view text) const {
+  if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "not valid UTF-8 at byte offset %d (0x%02X)", bad,
+        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
+  }
+  std::u32string normalized;
+  NormalizeInto(text, &normalized);
+  std::string out;
+  for (const char32_t c : normalized) AppendUtf8(static_cast<UChar32>(c), &out);
+  return out;
+}
+
+std::vector<std::string> WordPieceTokenizer::PreTokenize(absl::string_view normalized) const {
+  std::vector<std::string> words;
+  std::string word;
+  for (size_t i = 0; i < normalized.size();) {
+    const UChar32 c = Decode(normalized, &i);
+    const uint8_t flags = Flags(c);
+    if (flags & (kSpace | kPunct)) {
+      if (!word.empty()) words.push_back(std::move(word));
+      word.clear();
+      if (flags & kPunct && !(flags & kSpace)) {
+        std::string punct;
+        AppendUtf8(c, &punct);
+        words.push_back(std::move(punct));
+      }
+      continue;
+    }
+    AppendUtf8(c, &word);
+  }
+  if (!word.empty()) words.push_back(std::move(word));
+  return words;
+}
+
+absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
+    absl::string_view text, int64_t max_tokens, std::vector<int64_t>* ids) const {
+  if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "not valid UTF-8 at byte offset %d (0x%02X)", bad,
+        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
+  }
+  ids->push_back(cls_id_);
+  // Room for the pieces: everything but [CLS] and [SEP].
+  const int64_t max_pieces = std::max<int64_t>(max_tokens - 2, 0);
+  int64_t pieces = 0;
+  thread_local std::u32string normalized;
+  // The text between special tokens is normalized and split; each special token is
+  // its own id.
+  size_t start = 0;
+  const auto flush = [&](size_t end) {
+    if (end > start) {
+      NormalizeInto(text.substr(start, end - start), &normalized);
+      AppendPieces(normalized, max_pieces, ids, &pieces);
+    }
+  };
+  for (size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if ((special_first_bytes_[byte / 64] >> (byte % 64)) & 1) {
+      bool matched = false;
+      for (const auto& [token, id] : specials_) {
+        if (text.substr(i, token.size()) == token) {
+          flush(i);
+          if (pieces < max_pieces) ids->push_back(id);
+          ++pieces;
+          i += token.size();
+          start = i;
+          matched = true;
+          break;
+        }
+      }
+      if (matched) continue;
+    }
+    ++i;
+  }
+  flush(text.size());
+  ids->push_back(sep_id_);
+  Encoding encoding;
+  encoding.tokens = pieces + 2;
+  encoding.truncated = pieces > max_pieces;
+  return encoding;
+}
+
+void WordPieceTokenizer::AppendPieces(const std::u32string& normalized, int64_t max_pieces,
+                                      std::vector<int64_t>* ids, int64_t* tokens) const {
+  thread_local std::string word;
+  word.clear();
+  int64_t characters = 0;
+  const auto end_word = [&] {
+    if (characters > 0) AppendWord(word, characters, max_pieces, ids, tokens);
+    word.clear();
+    characters = 0;
+  };
+  for (const char32_t c : normalized) {
+    const uint8_t flags = Flags(static_cast<UChar32>(c));
+    if (flags & (kSpace | kPunct)) {
+      end_word();
+      if ((flags & kPunct) && !(flags & kSpace)) {
+        AppendUtf8(static_cast<UChar32>(c), &word);
+        characters = 1;
+        end_word();
+      }
+      continue;
+    }
+    AppendUtf8(static_cast<UChar32>(c), &word);
+    ++characters;
+  }
+  end_word();
+}
+
+void WordPieceTokenizer::AppendWord(absl::string_view word, int64_t characters,
+                                    int64_t max_pieces, std::vector<int64_t>* ids,
+                                    int64_t* tokens) const {
+  const auto emit = [&](int64_t id) {
+    if (*tokens < max_pieces) ids->push_back(id);
+    ++*tokens;
+  };
+  if (characters > options_.max_input_chars_per_word) {
+    emit(unk_id_);
+    return;
+  }
+  // Greedy longest match first: the longest vocabulary entry that starts the rest of
+  // the word, "##"-continued after the first.
+  thread_local std::vector<int64_t> found;
+  found.clear();
+  size_t start = 0;
+  while (start < word.size()) {
+    const auto& table = start == 0 ? words_ : continuations_;
+    size_t end = std::min(word.size(), start + longest_piece_bytes_);
+    // Back to a character boundary.
+    while (end > start && end < word.size() &&
+           (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80) {
+      --end;
+    }
+    int64_t id = -1;
+    while (end > start) {
+      const auto hit = table.find(word.substr(start, end - start));
+      if (hit != table.end()) {
+        id = hit->second;
+        break;
+      }
+      do {
+        --end;
+      } while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80);
+    }
+    if (id < 0) {
+      emit(unk_id_);
+      return;
+    }
+    found.push_back(id);
+    start = end;
+  }
+  for (const int64_t id : found) emit(id);
+}
+
+}  // namespace attnserve::core

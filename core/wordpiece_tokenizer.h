@@ -1,0 +1,119 @@
+// WordPieceTokenizer: text to BERT token ids, equal to Hugging Face tokenizers' recipe
+// for BERT (BertNormalizer, BertPreTokenizer, WordPiece, a [CLS] $A [SEP] template and
+// special tokens matched in the raw text), read from a model folder's tokenizer.json or
+// vocab.txt + tokenizer_config.json. Unicode properties and normalization come from ICU.
+#ifndef ATTNSERVE_CORE_WORDPIECE_TOKENIZER_H_
+#define ATTNSERVE_CORE_WORDPIECE_TOKENIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace attnserve::core {
+
+// Immutable after creation; Encode is safe to call from any number of threads.
+class WordPieceTokenizer {
+ public:
+  struct Options {
+    // Drop NUL, U+FFFD and control/format/private-use characters; every whitespace
+    // character becomes a space.
+    bool clean_text = true;
+    // Put spaces around CJK ideographs, so that each is a word of its own.
+    bool handle_chinese_chars = true;
+    // Lowercase every character.
+    bool lowercase = true;
+    // NFD, then drop non-spacing marks. Unset: follows `lowercase` (BERT's rule).
+    std::optional<bool> strip_accents;
+    // A word of more characters than this becomes one unk_token; >= 1.
+    int64_t max_input_chars_per_word = 100;
+    // Marks a piece that continues a word; not empty.
+    std::string continuing_subword_prefix = "##";
+    // Must be in the vocabulary.
+    std::string unk_token = "[UNK]";
+    std::string cls_token = "[CLS]";
+    std::string sep_token = "[SEP]";
+    // Tokens matched in the raw text before normalization (leftmost, longest first),
+    // each becoming its own id: the special tokens. Each must be in the vocabulary.
+    std::vector<std::string> special_tokens = {"[PAD]", "[UNK]", "[CLS]", "[SEP]",
+                                               "[MASK]"};
+  };
+
+  // From a model folder: tokenizer.json when present, else vocab.txt with the settings
+  // of tokenizer_config.json (when present). NotFound when the folder has neither
+  // tokenizer.json nor vocab.txt; InvalidArgument naming the file and field for a
+  // recipe other than BERT's (another normalizer, pre-tokenizer, model or template) or
+  // a malformed file.
+  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromFolder(
+      const std::string& folder);
+  // From the text of a tokenizer.json. Errors as FromFolder's.
+  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromTokenizerJson(
+      absl::string_view json);
+  // From the text of a vocab.txt (one token per line; its id is the line's number).
+  // InvalidArgument for an empty or duplicated token or a bad option.
+  static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromVocab(
+      absl::string_view vocab, const Options& options);
+
+  // What Encode says of one text.
+  struct Encoding {
+    // The text's tokens with [CLS] and [SEP], counted before any truncation.
+    int64_t tokens = 0;
+    // Whether pieces were left out to fit max_tokens.
+    bool truncated = false;
+  };
+  // Appends the ids of [CLS], the text's pieces and [SEP] to `ids`: at most
+  // max_tokens of them (the last pieces are left out, [SEP] stays), while every piece is
+  // still counted. REQUIRES: max_tokens >= 2. InvalidArgument "not valid UTF-8 at
+  // byte offset N (0xXX)" for the first byte that is not part of a well-formed
+  // sequence (overlong forms, surrogates and values past U+10FFFF included); `ids` is
+  // then unchanged.
+  absl::StatusOr<Encoding> Encode(absl::string_view text, int64_t max_tokens,
+                                  std::vector<int64_t>* ids) const;
+
+  // The steps, for tests: the normalized text (UTF-8) of a text holding no special
+  // token, and the words a normalized text is split into.
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const;
+  std::vector<std::string> PreTokenize(absl::string_view normalized) const;
+
+  // The largest id in the vocabulary.
+  int64_t max_id() const { return max_id_; }
+  const Options& options() const { return options_; }
+
+ private:
+  explicit WordPieceTokenizer(Options options) : options_(std::move(options)) {}
+  absl::Status Build(std::vector<std::pair<std::string, int64_t>> vocab);
+  // The code points of `text` (valid UTF-8) after normalization, into `out`.
+  void NormalizeInto(absl::string_view text, std::u32string* out) const;
+  // Appends the pieces of one normalized span; counts every piece in *tokens.
+  void AppendPieces(const std::u32string& normalized, int64_t max_pieces,
+                    std::vector<int64_t>* ids, int64_t* tokens) const;
+  void AppendWord(absl::string_view word, int64_t characters, int64_t max_pieces,
+                  std::vector<int64_t>* ids, int64_t* tokens) const;
+
+  Options options_;
+  bool strip_accents_ = true;
+  // Whole words, and pieces that continue a word (keyed without the prefix).
+  absl::flat_hash_map<std::string, int64_t> words_;
+  absl::flat_hash_map<std::string, int64_t> continuations_;
+  // The longest vocabulary entry in bytes (no piece looked up is longer).
+  size_t longest_piece_bytes_ = 0;
+  int64_t unk_id_ = 0;
+  int64_t cls_id_ = 0;
+  int64_t sep_id_ = 0;
+  int64_t max_id_ = 0;
+  // special_tokens with their ids, longest first.
+  std::vector<std::pair<std::string, int64_t>> specials_;
+  // Bit b of special_first_bytes_[c / 64] says whether a special token starts with c.
+  uint64_t special_first_bytes_[4] = {0, 0, 0, 0};
+};
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_WORDPIECE_TOKENIZER_H_
