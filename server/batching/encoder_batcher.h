@@ -31,6 +31,9 @@ struct EncoderWork {
   // Return the pooled embedding (the model pools) / the last hidden state.
   bool pooled = true;
   bool return_hidden = false;
+  // Text in: return the token ids; how many texts were truncated.
+  bool return_token_ids = false;
+  int64_t truncated = 0;
   absl::Time deadline = absl::InfiniteFuture();
   std::shared_ptr<const std::atomic<bool>> cancelled;  // may be null
   // Bytes held from Enqueue until the callback returns (inputs and results).

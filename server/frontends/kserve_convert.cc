@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
@@ -28,6 +29,7 @@ constexpr char kInputIds[] = "input_ids";
 constexpr char kAttentionMask[] = "attention_mask";
 constexpr char kTokenTypeIds[] = "token_type_ids";
 constexpr char kHiddenStates[] = "hidden_states";
+constexpr char kText[] = "text";
 constexpr char kEmbedding[] = "embedding";
 constexpr char kHidden[] = "hidden";
 constexpr char kLengths[] = "lengths";
@@ -101,6 +103,67 @@ absl::Status ConvertInput(inference::ModelInferRequest* infer, int index, InputK
     default:
       copy(input.contents().fp32_contents());
   }
+  return absl::OkStatus();
+}
+
+// A BYTES input "text" of shape [n] (or [n, 1]) as EncodeRequest.text: raw contents
+// hold each element as a 4-byte little-endian length and its bytes (Triton's layout);
+// typed contents hold bytes_contents.
+absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
+                              v1::EncodeRequest* encode) {
+  const inference::ModelInferRequest::InferInputTensor& input = infer->inputs(index);
+  const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
+  if (input.datatype() != "BYTES") {
+    return Invalid(absl::StrCat(field, ".datatype must be BYTES, got \"", input.datatype(),
+                                "\""));
+  }
+  const bool shaped = (input.shape_size() == 1 && input.shape(0) >= 1) ||
+                      (input.shape_size() == 2 && input.shape(0) >= 1 && input.shape(1) == 1);
+  if (!shaped) {
+    std::vector<std::string> dims;
+    for (const int64_t dim : input.shape()) dims.push_back(absl::StrCat(dim));
+    return Invalid(absl::StrCat(field, ".shape must be [n] or [n, 1] with n >= 1, got [",
+                                absl::StrJoin(dims, ", "), "]"));
+  }
+  const int64_t count = input.shape(0);
+  if (!infer->raw_input_contents().empty()) {
+    if (input.has_contents()) {
+      return Invalid(absl::StrCat(field,
+                                  ".contents must be empty when raw_input_contents ",
+                                  "is used (the protocol allows one or the other)"));
+    }
+    absl::string_view raw = infer->raw_input_contents(index);
+    // Each element takes at least its 4-byte length: the count is bounded by the bytes.
+    if (count > static_cast<int64_t>(raw.size() / 4)) {
+      return Invalid(absl::StrCat(field, " holds ", raw.size(), " bytes, too few for ",
+                                  count, " length-prefixed elements"));
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      if (raw.size() < 4) {
+        return Invalid(absl::StrCat(field, ": element ", i, " has no 4-byte length"));
+      }
+      uint32_t length = 0;
+      std::memcpy(&length, raw.data(), 4);  // little-endian, as on every served host
+      raw.remove_prefix(4);
+      if (length > raw.size()) {
+        return Invalid(absl::StrCat(field, ": element ", i, " says ", length,
+                                    " bytes, but ", raw.size(), " are left"));
+      }
+      encode->add_text(std::string(raw.substr(0, length)));
+      raw.remove_prefix(length);
+    }
+    if (!raw.empty()) {
+      return Invalid(absl::StrCat(field, ": ", raw.size(), " bytes left after its ", count,
+                                  " elements (shape ", count, ")"));
+    }
+    return absl::OkStatus();
+  }
+  const auto& contents = input.contents().bytes_contents();
+  if (contents.size() != count) {
+    return Invalid(absl::StrCat(field, ".contents.bytes_contents must hold ", count,
+                                " elements (the shape), got ", contents.size()));
+  }
+  for (const std::string& text : contents) encode->add_text(text);
   return absl::OkStatus();
 }
 
@@ -226,19 +289,31 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
     } else if (name == kHiddenStates && !encode.has_hidden_states()) {
       tensor = encode.mutable_hidden_states();
       kind = InputKind::kFloat;
+    } else if (name == kText && encode.text().empty()) {
+      ATTN_RETURN_IF_ERROR(ConvertTextInput(infer, i, &encode));
+      continue;
     } else {
       return Invalid(
           absl::StrCat("inputs[", i,
                        "].name must be \"input_ids\", \"attention_mask\", "
-                       "\"token_type_ids\" or \"hidden_states\" (each once), got \"",
+                       "\"token_type_ids\", \"hidden_states\" or \"text\" (each once), "
+                       "got \"",
                        name, "\""));
     }
     ATTN_RETURN_IF_ERROR(ConvertInput(infer, i, kind, tensor));
   }
   for (const auto& [name, value] : infer->parameters()) {
     if (absl::StartsWith(name, "triton_") || name == kTimeout) continue;
+    if (name == "truncate") {
+      if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
+        return Invalid("parameters[\"truncate\"] must be a bool_param");
+      }
+      encode.set_truncate(value.bool_param());
+      continue;
+    }
     return Invalid(absl::StrCat("parameters[\"", name,
-                                "\"] is not a parameter of an encoder model (timeout)"));
+                                "\"] is not a parameter of an encoder model (timeout, "
+                                "truncate)"));
   }
   for (int i = 0; i < infer->outputs_size(); ++i) {
     const std::string& name = infer->outputs(i).name();
@@ -366,6 +441,7 @@ void FillModelMetadata(const ServedModel& model,
     tensor(response->mutable_inputs(), kAttentionMask, {-1, -1}, "INT64");
     tensor(response->mutable_inputs(), kTokenTypeIds, {-1, -1}, "INT64");
     tensor(response->mutable_inputs(), kHiddenStates, {-1, -1, d});
+    if (model.tokenizer != nullptr) tensor(response->mutable_inputs(), kText, {-1}, "BYTES");
     tensor(response->mutable_outputs(), kEmbedding, {-1, d});
     tensor(response->mutable_outputs(), kHidden, {-1, d});
     tensor(response->mutable_outputs(), kLengths, {-1}, "INT64");
@@ -400,6 +476,9 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
         ->set_optional(true);
     add(config->add_input(), kHiddenStates, inference::TYPE_FP32, {-1, -1, d})
         ->set_optional(true);
+    if (model.tokenizer != nullptr) {
+      add(config->add_input(), kText, inference::TYPE_STRING, {-1})->set_optional(true);
+    }
     add(config->add_output(), kEmbedding, inference::TYPE_FP32, {-1, d});
     add(config->add_output(), kHidden, inference::TYPE_FP32, {-1, d});
     add(config->add_output(), kLengths, inference::TYPE_INT64, {-1});

@@ -196,6 +196,14 @@ int Dispatch(mg_connection* connection, void* self) {
   return static_cast<KServeHttp*>(self)->Handle(connection);
 }
 
+int DispatchOpenAi(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kOpenAi);
+}
+
+int DispatchTei(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kTei);
+}
+
 // The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
 struct ModelRoute {
   std::string model;
@@ -250,6 +258,8 @@ absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
     return absl::UnavailableError(absl::StrCat("cannot listen on ", address, " (HTTP)"));
   }
   mg_set_request_handler(http->context_, "/v2", Dispatch, http.get());
+  mg_set_request_handler(http->context_, "/v1/embeddings$", DispatchOpenAi, http.get());
+  mg_set_request_handler(http->context_, "/embed$", DispatchTei, http.get());
   mg_server_port ports[1];
   if (mg_get_server_ports(http->context_, 1, ports) < 1) {
     http->Stop();
@@ -268,7 +278,8 @@ void KServeHttp::Stop() {
   }
 }
 
-int KServeHttp::Handle(mg_connection* connection) noexcept {
+int KServeHttp::Handle(mg_connection* connection,
+                       std::optional<EmbeddingsCall::Api> api) noexcept {
   // Nothing may unwind into civetweb's C code: that would end the process.
   const auto fail = [&](const char* what) {
     const mg_request_info* request = mg_get_request_info(connection);
@@ -284,7 +295,11 @@ int KServeHttp::Handle(mg_connection* connection) noexcept {
     SendError(connection, 500, absl::StrCat("internal error: ", what));
   };
   try {
-    Route(connection);
+    if (api.has_value()) {
+      Embeddings(connection, *api);
+    } else {
+      Route(connection);
+    }
   } catch (const std::exception& error) {
     fail(error.what());
   } catch (...) {
@@ -393,29 +408,12 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
     return SendStatus(connection, serving);
   }
-  // The size is checked before a byte of the body is read.
-  if (request->content_length > options_.max_body_bytes) {
-    return SendError(connection, 413,
-                     absl::StrCat("the body is ", request->content_length,
-                                  " bytes, over the limit of ", options_.max_body_bytes));
-  }
   absl::StatusOr<int64_t> header_length =
       ParseHeaderLength(mg_get_header(connection, "Inference-Header-Content-Length"));
   if (!header_length.ok()) return SendStatus(connection, header_length.status());
   std::string body;
-  body.reserve(request->content_length > 0 ? static_cast<size_t>(request->content_length)
-                                           : 0);
-  // civetweb's worker threads have small stacks (fixed at its build; Debian's cannot
-  // be changed at run time): nothing large lives on them.
-  std::vector<char> chunk(65536);
-  int read = 0;
-  while ((read = mg_read(connection, chunk.data(), chunk.size())) > 0) {
-    if (static_cast<int64_t>(body.size()) + read > options_.max_body_bytes) {
-      return SendError(connection, 413,
-                       absl::StrCat("the body is over the limit of ",
-                                    options_.max_body_bytes, " bytes"));
-    }
-    body.append(chunk.data(), static_cast<size_t>(read));
+  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
+    return SendError(connection, 413, read.message());
   }
   // The model first, then the body: every door answers a request for a model it does
   // not serve the same way.
@@ -442,15 +440,7 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
                 if (status.ok()) response.Swap(&result);
                 done.Notify();
               });
-  int socket = -2;  // not looked for yet
-  while (!done.WaitForNotificationWithTimeout(kHangUpCheckInterval)) {
-    if (socket == -2) socket = FindSocket(request);
-    if (socket >= 0 && HungUp(socket)) {
-      cancellation->Cancel();
-      done.WaitForNotification();  // the batcher answers CANCELLED now
-      break;
-    }
-  }
+  AwaitAnswer(request, done, *cancellation);
   if (!status.ok()) return SendStatus(connection, status);
   int64_t response_header_length = -1;
   const std::string out =
@@ -463,6 +453,100 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   } else {
     Send(connection, 200, out);
   }
+}
+
+absl::Status KServeHttp::ReadBody(mg_connection* connection, std::string* body) const {
+  const mg_request_info* request = mg_get_request_info(connection);
+  // The size is checked before a byte of the body is read.
+  if (request->content_length > options_.max_body_bytes) {
+    return absl::OutOfRangeError(absl::StrCat("the body is ", request->content_length,
+                                              " bytes, over the limit of ",
+                                              options_.max_body_bytes));
+  }
+  body->reserve(request->content_length > 0 ? static_cast<size_t>(request->content_length)
+                                            : 0);
+  // civetweb's worker threads have small stacks (fixed at its build; Debian's cannot
+  // be changed at run time): nothing large lives on them.
+  std::vector<char> chunk(65536);
+  int read = 0;
+  while ((read = mg_read(connection, chunk.data(), chunk.size())) > 0) {
+    if (static_cast<int64_t>(body->size()) + read > options_.max_body_bytes) {
+      return absl::OutOfRangeError(absl::StrCat("the body is over the limit of ",
+                                                options_.max_body_bytes, " bytes"));
+    }
+    body->append(chunk.data(), static_cast<size_t>(read));
+  }
+  return absl::OkStatus();
+}
+
+void KServeHttp::AwaitAnswer(const mg_request_info* request, absl::Notification& done,
+                             Cancellation& cancellation) const {
+  int socket = -2;  // not looked for yet
+  while (!done.WaitForNotificationWithTimeout(kHangUpCheckInterval)) {
+    if (socket == -2) socket = FindSocket(request);
+    if (socket >= 0 && HungUp(socket)) {
+      cancellation.Cancel();
+      done.WaitForNotification();  // the batcher answers CANCELLED now
+      return;
+    }
+  }
+}
+
+void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const auto fail = [&](const absl::Status& status, int http_status) {
+    const auto [code, body] = EmbeddingsError(api, status, http_status);
+    Send(connection, code, body);
+  };
+  const auto refuse = [&](const absl::Status& status) {
+    fail(status, HttpStatus(status.code()));
+  };
+  if (std::string(request->request_method) != "POST") {
+    return fail(absl::InvalidArgumentError(absl::StrCat(request->request_method, " ",
+                                                        request->local_uri, ": use POST")),
+                405);
+  }
+  pipeline_->CallOpened();
+  struct Closer {
+    RequestPipeline* pipeline;
+    ~Closer() { pipeline->CallClosed(); }
+  } closer{pipeline_};
+  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) return refuse(serving);
+  const char* authorization = mg_get_header(connection, "Authorization");
+  if (absl::Status allowed =
+          pipeline_->Authorize(authorization != nullptr ? authorization : "");
+      !allowed.ok()) {
+    return refuse(allowed);
+  }
+  std::string body;
+  if (absl::Status read = ReadBody(connection, &body); !read.ok()) return fail(read, 413);
+  absl::StatusOr<EmbeddingsCall> call = api == EmbeddingsCall::Api::kOpenAi
+                                            ? ParseOpenAiEmbeddings(body)
+                                            : ParseTeiEmbed(body);
+  body = std::string();
+  if (!call.ok()) return refuse(call.status());
+  absl::StatusOr<ServedModel*> model = pipeline_->FindModel(call->encode.model(), "");
+  if (!model.ok()) return refuse(model.status());
+  if (absl::Status fits = CheckEmbeddingsCall(*call, **model); !fits.ok()) {
+    return refuse(fits);
+  }
+  const bool model_normalizes =
+      (*model)->info.encoder().normalization() == v1::EncoderConfig::NORMALIZATION_L2;
+  // This thread waits for the batcher's answer, watching for the client to hang up.
+  absl::Notification done;
+  absl::Status status;
+  v1::EncodeResponse response;
+  auto cancellation = std::make_shared<Cancellation>();
+  pipeline_->SubmitEncode(call->encode, absl::Now() + options_.default_timeout,
+                          cancellation, [&](absl::Status result_status,
+                                            v1::EncodeResponse result) {
+                            status = std::move(result_status);
+                            if (status.ok()) response.Swap(&result);
+                            done.Notify();
+                          });
+  AwaitAnswer(request, done, *cancellation);
+  if (!status.ok()) return refuse(status);
+  Send(connection, 200, EmbeddingsBody(*call, response, model_normalizes));
 }
 
 }  // namespace attnserve::server

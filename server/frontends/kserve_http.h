@@ -13,23 +13,30 @@
 //   GET  /v2/models/{m}[/versions/1]/stats     Triton's ModelStatistics as JSON
 //   POST /v2/models/{m}[/versions/1]/infer     JSON tensors (or Triton's binary tensor
 //                                              extension) in and out
+//   POST /v1/embeddings                        OpenAI's embeddings API
+//   POST /embed                                text-embeddings-inference's /embed
 // Errors are {"error": "..."} with the HTTP status of the gRPC code (400, 401, 404,
-// 413, 429, 499, 503, 504, 500), and the same message text as the gRPC doors.
+// 413, 429, 499, 503, 504, 500), and the same message text as the gRPC doors; the
+// embedding APIs send the same text in their own error shapes (embeddings_api.h).
 #ifndef ATTNSERVE_SERVER_FRONTENDS_KSERVE_HTTP_H_
 #define ATTNSERVE_SERVER_FRONTENDS_KSERVE_HTTP_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "server/frontends/embeddings_api.h"
 #include "server/observability/server_metrics.h"
 #include "server/pipeline/request_pipeline.h"
 
 struct mg_connection;
 struct mg_context;
+struct mg_request_info;
 
 namespace attnserve::server {
 
@@ -69,9 +76,11 @@ class KServeHttp {
   // Closes the port and waits for requests in flight. Idempotent.
   void Stop();
 
-  // The civetweb handler; public for its C callback. Never throws: an exception from
-  // the routes is answered 500, logged, and counted (ServiceObserver::on_internal_error).
-  int Handle(mg_connection* connection) noexcept;
+  // The civetweb handler; public for its C callbacks: the /v2 routes, or one of the
+  // embedding APIs (`api`). Never throws: an exception from the routes is answered 500,
+  // logged, and counted (ServiceObserver::on_internal_error).
+  int Handle(mg_connection* connection,
+             std::optional<EmbeddingsCall::Api> api = std::nullopt) noexcept;
 
  private:
   KServeHttp(const Options& options, RequestPipeline* pipeline,
@@ -82,6 +91,13 @@ class KServeHttp {
   void Route(mg_connection* connection);
   void Infer(mg_connection* connection, const std::string& model,
              const std::string& version);
+  void Embeddings(mg_connection* connection, EmbeddingsCall::Api api);
+  // The whole body into `body`; OutOfRange (answered 413) past max_body_bytes, checked
+  // against Content-Length before a byte is read.
+  absl::Status ReadBody(mg_connection* connection, std::string* body) const;
+  // Blocks until `done`; cancels the call if the client hangs up first.
+  void AwaitAnswer(const mg_request_info* request, absl::Notification& done,
+                   Cancellation& cancellation) const;
 
   const Options options_;
   RequestPipeline* const pipeline_;

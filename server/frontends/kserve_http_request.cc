@@ -176,6 +176,25 @@ absl::Status FlattenIntegers(const Json& data, const std::string& path, int bits
   return absl::OkStatus();
 }
 
+// `data` (nested arrays of strings) flattened in row-major order into Triton's BYTES
+// layout: each element a 4-byte little-endian length, then its bytes.
+absl::Status FlattenStrings(const Json& data, const std::string& path, std::string& out) {
+  if (data.is_array()) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      ATTN_RETURN_IF_ERROR(FlattenStrings(data[i], absl::StrCat(path, "[", i, "]"), out));
+    }
+    return absl::OkStatus();
+  }
+  const auto* text = data.get_ptr<const Json::string_t*>();
+  if (text == nullptr) {
+    return Invalid(absl::StrCat(path, " must be a BYTES string, got ", Shown(data)));
+  }
+  const auto length = static_cast<uint32_t>(text->size());  // bounded by the body
+  out.append(reinterpret_cast<const char*>(&length), sizeof(length));
+  out += *text;
+  return absl::OkStatus();
+}
+
 // A JSON parameter as an InferParameter: bool, integer or string.
 absl::Status ToParameter(const Json& value, const std::string& path,
                          inference::InferParameter* parameter) {
@@ -239,6 +258,7 @@ absl::Status ReadInput(const Json& input, const std::string& path,
   if (data == nullptr) {
     return Invalid(absl::StrCat(path, " needs data or parameters.binary_data_size"));
   }
+  if (tensor->datatype() == "BYTES") return FlattenStrings(*data, path + ".data", *raw);
   if (tensor->datatype() == "INT64" || tensor->datatype() == "INT32") {
     return FlattenIntegers(*data, path + ".data", tensor->datatype() == "INT64" ? 64 : 32,
                            *raw);
@@ -303,13 +323,7 @@ absl::StatusOr<HttpInferRequest> ParseInferBody(absl::string_view model,
       header_length >= 0 ? body.substr(0, static_cast<size_t>(header_length)) : body;
   absl::string_view binary =
       header_length >= 0 ? body.substr(static_cast<size_t>(header_length)) : "";
-  if (const int depth = NestingDepth(header, kMaxJsonDepth); depth > kMaxJsonDepth) {
-    return Invalid(
-        absl::StrCat("the JSON body nests more than ", kMaxJsonDepth, " levels deep"));
-  }
-  const Json json = Json::parse(header.begin(), header.end(), nullptr,
-                                /*allow_exceptions=*/false);
-  if (json.is_discarded()) return Invalid("the body is not valid JSON");
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonBody(header));
   ATTN_RETURN_IF_ERROR(ObjectAt(json, "the body"));
 
   HttpInferRequest request;
@@ -402,6 +416,16 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
 
 std::string JsonText(const nlohmann::json& json) {
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+absl::StatusOr<Json> ParseJsonBody(absl::string_view text) {
+  if (const int depth = NestingDepth(text, kMaxJsonDepth); depth > kMaxJsonDepth) {
+    return Invalid(
+        absl::StrCat("the JSON body nests more than ", kMaxJsonDepth, " levels deep"));
+  }
+  Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return Invalid("the body is not valid JSON");
+  return json;
 }
 
 std::string ErrorBody(absl::string_view message) {

@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "inference/grpc_service.pb.h"
-#include "nlohmann/json_fwd.hpp"
+#include "nlohmann/json.hpp"
 
 namespace attnserve::server {
 
@@ -58,6 +58,11 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
 // URL, say) become U+FFFD instead of a type_error exception. Every JSON the HTTP door
 // sends goes through it.
 std::string JsonText(const nlohmann::json& json);
+
+// `text` parsed as JSON, after checking that it nests at most kMaxJsonDepth levels.
+// InvalidArgument "the JSON body nests more than 32 levels deep" / "the body is not
+// valid JSON". Never throws.
+absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view text);
 
 // {"error": message} (invalid UTF-8 replaced, so any message can be sent).
 std::string ErrorBody(absl::string_view message);

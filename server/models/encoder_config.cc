@@ -1,5 +1,6 @@
 #include "server/models/encoder_config.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -254,6 +255,28 @@ absl::Status ApplySentenceTransformers(const EncoderFiles& files,
   return absl::OkStatus();
 }
 
+// max_text_tokens: config.pbtxt's, else sentence-transformers' max_seq_length, else
+// max_positions; never above max_positions (no position embedding exists past it).
+absl::Status ApplyTextLimit(const EncoderFiles& files, v1::ModelConfig* config) {
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  const int64_t positions = encoder->max_positions();
+  if (encoder->max_text_tokens() == 0) {
+    int64_t limit = positions;
+    if (!files.sentence_bert_json.empty()) {
+      constexpr absl::string_view kFile = "sentence_bert_config.json";
+      ATTN_ASSIGN_OR_RETURN(const Json json, Parse(files.sentence_bert_json, kFile));
+      if (!json.is_object()) return Invalid(absl::StrCat(kFile, ": must be an object"));
+      ATTN_ASSIGN_OR_RETURN(limit, Count(json, "max_seq_length", positions, kFile));
+    }
+    encoder->set_max_text_tokens(std::min(limit, positions));
+  }
+  if (encoder->max_text_tokens() < 2 || encoder->max_text_tokens() > positions) {
+    return Invalid(absl::StrCat("encoder.max_text_tokens must be in [2, ", positions,
+                                "] (max_positions), got ", encoder->max_text_tokens()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config) {
@@ -264,6 +287,7 @@ absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* co
   try {
     ATTN_RETURN_IF_ERROR(ApplyArchitecture(architecture, config));
     ATTN_RETURN_IF_ERROR(ApplySentenceTransformers(files, config));
+    ATTN_RETURN_IF_ERROR(ApplyTextLimit(files, config));
   } catch (const std::exception& e) {
     // Typed accessors only above; this guards the promise never to throw.
     return Invalid(absl::StrCat("the encoder's files could not be read: ", e.what()));

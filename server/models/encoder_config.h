@@ -19,6 +19,7 @@ struct EncoderFiles {
   std::string config_json;   // config.json
   std::string modules_json;  // modules.json
   std::string pooling_json;  // 1_Pooling/config.json (the Pooling module's folder)
+  std::string sentence_bert_json;  // sentence_bert_config.json (max_seq_length)
 };
 
 // Fills the unset fields of `config` (d_model, num_heads and `config->encoder()`) from

@@ -181,6 +181,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   ATTN_ASSIGN_OR_RETURN(files.modules_json, ReadOptionalFile(folder / "modules.json"));
   ATTN_ASSIGN_OR_RETURN(files.pooling_json,
                         ReadOptionalFile(folder / "1_Pooling" / "config.json"));
+  ATTN_ASSIGN_OR_RETURN(files.sentence_bert_json,
+                        ReadOptionalFile(folder / "sentence_bert_config.json"));
   ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));
   ATTN_ASSIGN_OR_RETURN(core::EncoderSpec spec, EncoderSpecFromConfig(config));
   spec.precision = ToCorePrecision(config.precision());
@@ -210,6 +212,19 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   }
   config.mutable_encoder()->set_weights_prefix(prefix);
   config.mutable_encoder()->set_weights_file(weights_file);
+  // Text in when the folder has a tokenizer; a tokenizer that is there but cannot be
+  // served fails the load, naming its file.
+  std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
+  if (auto loaded = core::WordPieceTokenizer::FromFolder(folder.string()); loaded.ok()) {
+    if ((*loaded)->max_id() >= spec.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the tokenizer's largest id ", (*loaded)->max_id(),
+          " is outside the model's vocab_size ", spec.vocab_size));
+    }
+    tokenizer = *std::move(loaded);
+  } else if (!absl::IsNotFound(loaded.status())) {
+    return loaded.status();
+  }
 
   int intra_op_threads = 0;
   BatchingOptions batching = MergeBatching(config.batching(), options.batching,
@@ -220,9 +235,13 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   model->spec.num_heads = spec.num_heads;
   model->spec.precision = spec.precision;
   model->encoder_spec = spec;
+  model->tokenizer = std::move(tokenizer);
   model->max_sequence_length = config.max_sequence_length() != 0
                                    ? config.max_sequence_length()
                                    : spec.max_positions;
+  model->max_text_tokens =
+      std::min(config.encoder().max_text_tokens(), model->max_sequence_length);
+  config.mutable_encoder()->set_max_text_tokens(model->max_text_tokens);
   model->max_queue_bytes = batching.max_queue_bytes;
   v1::ModelInfo& info = model->info;
   info.set_name(name);
@@ -237,6 +256,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   info.add_input_dtypes(v1::DATA_TYPE_BF16);
   info.set_device(core::DeviceName(options.device));
   *info.mutable_encoder() = config.encoder();
+  info.set_accepts_text(model->tokenizer != nullptr);
   FillBatchingInfo(batching, intra_op_threads, info.mutable_batching());
 
   batching.clock = options.clock;

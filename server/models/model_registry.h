@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/model_spec.h"
 #include "core/transformer_encoder.h"
+#include "core/wordpiece_tokenizer.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/batching/encoder_batcher.h"
 
@@ -48,6 +49,10 @@ struct ServedModel {
   core::ModelSpec spec;  // an encoder's: its attention's d_model and heads
   core::EncoderSpec encoder_spec;
   int64_t max_sequence_length = 0;
+  // An encoder's tokenizer (null: it takes token ids only) and the most tokens a text
+  // may become.
+  std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
+  int64_t max_text_tokens = 0;
   // The batcher's byte budget; one request needing more is refused as never fitting.
   int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.

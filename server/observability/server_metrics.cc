@@ -205,6 +205,16 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                        .Name("attnserve_tokens_total")
                        .Help("Query tokens computed.")
                        .Register(*registry_);
+  request_tokens_ = &prometheus::BuildHistogram()
+                         .Name("attnserve_request_tokens")
+                         .Help("Tokens per answered request (query tokens; an encoder's "
+                               "tokens after tokenizing its text).")
+                         .Register(*registry_);
+  truncated_texts_ = &prometheus::BuildCounter()
+                          .Name("attnserve_truncated_texts_total")
+                          .Help("Texts cut to the model's max_text_tokens because the "
+                                "request asked to truncate.")
+                          .Register(*registry_);
   queue_depth_ = &prometheus::BuildGauge()
                       .Name("attnserve_queue_depth")
                       .Help("Requests waiting in the batcher queue now.")
@@ -313,6 +323,9 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   metrics.batch_tokens =
       &batch_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
   metrics.tokens = &tokens_total_->Add(labels);
+  metrics.request_tokens =
+      &request_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
+  if (info.accepts_text()) metrics.truncated_texts = &truncated_texts_->Add(labels);
   metrics.queue_depth = &queue_depth_->Add(labels);
   queue_capacity_->Add(labels).Set(info.batching().max_queue_size());
   model_info_
@@ -388,13 +401,22 @@ ServiceObserver ServerMetrics::service_observer() {
   observer.on_internal_error = [this](absl::string_view door) {
     internal_errors_->Add({{"door", std::string(door)}}).Increment();
   };
+  observer.on_texts_truncated = [this](const std::string& model, int64_t texts) {
+    ModelMetrics* metrics = FindModel(model);
+    if (metrics->truncated_texts != nullptr) {
+      metrics->truncated_texts->Increment(static_cast<double>(texts));
+    }
+  };
   observer.on_request_started = [this](const std::string& model) {
     FindModel(model)->inflight->Increment();
   };
   observer.on_request_finished = [this](const std::string& model,
                                         const absl::Status& status,
-                                        absl::Duration elapsed, int64_t /*tokens*/) {
+                                        absl::Duration elapsed, int64_t tokens) {
     ModelMetrics* metrics = FindModel(model);
+    if (status.ok() && tokens > 0 && metrics->request_tokens != nullptr) {
+      metrics->request_tokens->Observe(static_cast<double>(tokens));
+    }
     // Counted as finished before it leaves in-flight, so that a scrape never sees the
     // request in neither (in flight + finished never dips).
     metrics->requests_by_code[CodeIndex(status.code())]->Increment();

@@ -85,6 +85,8 @@ class ServerMetrics {
     prometheus::Histogram* batch_size = nullptr;
     prometheus::Histogram* batch_tokens = nullptr;
     prometheus::Counter* tokens = nullptr;
+    prometheus::Histogram* request_tokens = nullptr;
+    prometheus::Counter* truncated_texts = nullptr;  // models that take text
     prometheus::Gauge* queue_depth = nullptr;
     prometheus::Gauge* inflight = nullptr;
     std::vector<prometheus::Gauge*> device_memory;  // per instance
@@ -118,6 +120,8 @@ class ServerMetrics {
   prometheus::Family<prometheus::Histogram>* batch_size_;
   prometheus::Family<prometheus::Histogram>* batch_tokens_;
   prometheus::Family<prometheus::Counter>* tokens_total_;
+  prometheus::Family<prometheus::Histogram>* request_tokens_;
+  prometheus::Family<prometheus::Counter>* truncated_texts_;
   prometheus::Family<prometheus::Gauge>* queue_depth_;
   prometheus::Family<prometheus::Gauge>* device_memory_;
   prometheus::Family<prometheus::Gauge>* queue_capacity_;

@@ -425,15 +425,115 @@ absl::StatusOr<std::vector<int64_t>> MaskLengths(const v1::EncodeRequest& reques
   return lengths;
 }
 
+// The bytes an encoder request's answer takes (embedding, hidden states, lengths,
+// token ids) and the bytes it holds while queued and computed (inputs, results, and the
+// core's activations for its tokens: hidden state, residual, feed-forward width).
+struct EncodeBytes {
+  int64_t embedding = 0;
+  int64_t hidden = 0;
+  int64_t response = 0;
+  int64_t work = 0;
+};
+EncodeBytes EncodeBytesFor(int64_t count, int64_t tokens, bool hidden_in,
+                           const v1::EncodeRequest& request, const core::EncoderSpec& spec) {
+  const int64_t d = spec.d_model;
+  EncodeBytes bytes;
+  bytes.embedding = spec.pooling != core::EncoderSpec::Pooling::kNone ? count * d * 4 : 0;
+  bytes.hidden = request.return_hidden() ? tokens * d * 4 : 0;
+  bytes.response = bytes.embedding + bytes.hidden + count * 10 +
+                   (request.return_token_ids() ? tokens * 10 : 0) + kResponseOverheadBytes +
+                   static_cast<int64_t>(request.request_id().size());
+  bytes.work = tokens * 16 + (hidden_in ? tokens * d * 4 : 0) + bytes.embedding +
+               bytes.hidden + tokens * (2 * d + spec.ffn_dim) * 4;
+  return bytes;
+}
+
+absl::Status CheckEncodeBytes(const EncodeBytes& bytes, const v1::EncodeRequest& request,
+                              const AdmissionLimits& limits) {
+  if (bytes.response > limits.max_response_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the response would be ", bytes.response, " bytes (embedding ", bytes.embedding,
+        ", hidden ", bytes.hidden,
+        "), over the largest message the server sends, max_message_bytes=",
+        limits.max_response_bytes,
+        request.return_hidden() ? "; ask without return_hidden or send fewer tokens"
+                                : "; send fewer sequences"));
+  }
+  if (bytes.work > limits.max_work_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the request needs ", bytes.work,
+        " bytes of working memory, over max_queue_bytes=", limits.max_work_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Text in: each text tokenized and checked in turn.
+absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
+    const v1::EncodeRequest& request, const core::EncoderSpec& spec,
+    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer) {
+  if (tokenizer == nullptr) {
+    return absl::InvalidArgumentError(
+        "text needs a tokenizer, and this model's folder has neither tokenizer.json nor "
+        "vocab.txt: send input_ids");
+  }
+  if (request.has_input_ids() || request.has_hidden_states()) {
+    return absl::InvalidArgumentError(
+        "set one of text, input_ids and hidden_states, not several");
+  }
+  if (request.has_attention_mask() || request.has_token_type_ids()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.has_attention_mask() ? "attention_mask" : "token_type_ids",
+        " must be unset with text (the tokenizer makes the ids)"));
+  }
+  auto work = std::make_unique<EncoderWork>();
+  work->lengths.reserve(static_cast<size_t>(request.text_size()));
+  const int64_t limit = limits.max_text_tokens;
+  for (int i = 0; i < request.text_size(); ++i) {
+    const size_t before = work->token_ids.size();
+    absl::StatusOr<core::WordPieceTokenizer::Encoding> encoding =
+        tokenizer->Encode(request.text(i), limit, &work->token_ids);
+    if (!encoding.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("text[", i, "] is ", encoding.status().message()));
+    }
+    if (encoding->truncated) {
+      if (!request.truncate()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "text[", i, "] is ", encoding->tokens, " tokens, over the model's limit of ",
+            limit, " (max_text_tokens): shorten it, or set truncate to cut it"));
+      }
+      ++work->truncated;
+    }
+    work->lengths.push_back(static_cast<int64_t>(work->token_ids.size() - before));
+    ATTN_RETURN_IF_ERROR(CheckEncodeBytes(
+        EncodeBytesFor(i + 1, static_cast<int64_t>(work->token_ids.size()), false, request,
+                       spec),
+        request, limits));
+  }
+  const EncodeBytes bytes = EncodeBytesFor(
+      request.text_size(), static_cast<int64_t>(work->token_ids.size()), false, request, spec);
+  work->reserved_bytes = bytes.work;
+  work->pooled = bytes.embedding > 0;
+  work->return_hidden = request.return_hidden();
+  work->return_token_ids = request.return_token_ids();
+  return work;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits) {
+    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer) {
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("request_id must be at most ",
                                                    kMaxRequestIdBytes, " bytes, got ",
                                                    request.request_id().size()));
+  }
+  if (request.text_size() > 0) return TextWork(request, spec, limits, tokenizer);
+  if (request.truncate() || request.return_token_ids()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.truncate() ? "truncate" : "return_token_ids",
+        " applies to text input only; it is set, and text is empty"));
   }
   const bool ids = request.has_input_ids();
   if (ids == request.has_hidden_states()) {
@@ -483,34 +583,11 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   for (const int64_t length : lengths) tokens += length;
   // Sizes before values. Every product below is of dimensions bounded by the checked
   // byte count of a message, so none overflows.
-  const bool pools = spec.pooling != core::EncoderSpec::Pooling::kNone;
-  const int64_t embedding_bytes = pools ? layout.count * d * 4 : 0;
-  const int64_t hidden_bytes = request.return_hidden() ? tokens * d * 4 : 0;
-  const int64_t response_bytes = embedding_bytes + hidden_bytes + layout.count * 10 +
-                                 kResponseOverheadBytes +
-                                 static_cast<int64_t>(request.request_id().size());
-  if (response_bytes > limits.max_response_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the response would be ", response_bytes, " bytes (embedding ", embedding_bytes,
-        ", hidden ", hidden_bytes,
-        "), over the largest message the server sends, max_message_bytes=",
-        limits.max_response_bytes,
-        request.return_hidden() ? "; ask without return_hidden or send fewer tokens"
-                                : "; send fewer sequences"));
-  }
-  // Held while queued and computed: the inputs, the results, and the core's activations
-  // for these tokens (hidden state, residual, and the feed-forward's inner width).
-  const int64_t work_bytes = tokens * 16 + (hidden ? tokens * d * 4 : 0) +
-                             embedding_bytes + hidden_bytes +
-                             tokens * (2 * d + spec.ffn_dim) * 4;
-  if (work_bytes > limits.max_work_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the request needs ", work_bytes,
-        " bytes of working memory, over max_queue_bytes=", limits.max_work_bytes));
-  }
+  const EncodeBytes bytes = EncodeBytesFor(layout.count, tokens, hidden.has_value(), request, spec);
+  ATTN_RETURN_IF_ERROR(CheckEncodeBytes(bytes, request, limits));
   auto work = std::make_unique<EncoderWork>();
-  work->reserved_bytes = work_bytes;
-  work->pooled = pools;
+  work->reserved_bytes = bytes.work;
+  work->pooled = bytes.embedding > 0;
   work->return_hidden = request.return_hidden();
   if (ids) {
     work->token_ids.reserve(static_cast<size_t>(tokens));
@@ -582,6 +659,10 @@ void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
     hidden->set_raw(std::move(work.hidden));
   }
   response->mutable_lengths()->Add(work.lengths.begin(), work.lengths.end());
+  if (work.return_token_ids) {
+    response->mutable_token_ids()->Add(work.token_ids.begin(), work.token_ids.end());
+  }
+  response->set_truncated(static_cast<int32_t>(work.truncated));
   response->set_model(model_name);
   response->set_request_id(request_id);
   response->set_queue_time_us(absl::ToInt64Microseconds(work.queue_time));

@@ -14,6 +14,7 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
 #include "core/transformer_encoder.h"
+#include "core/wordpiece_tokenizer.h"
 #include "grpcpp/support/status.h"
 #include "server/batching/dynamic_batcher.h"
 #include "server/batching/encoder_batcher.h"
@@ -40,6 +41,9 @@ struct AdmissionLimits {
   // Refuse a float input holding NaN or an infinity, naming the element. Off, such
   // values are computed through (NaN in, NaN out), as the peers do.
   bool reject_non_finite = false;
+  // An encoder's text input: the most tokens one text becomes ([CLS] and [SEP]
+  // included). Range [2, max_sequence_length].
+  int64_t max_text_tokens = 512;
 };
 
 // Checks `request` against the model (`spec`) and `limits` and returns its work, whose
@@ -86,9 +90,17 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // [0, vocab_size), a type outside [0, type_vocab_size), a non-finite hidden state (with
 // limits.reject_non_finite), a
 // response over max_response_bytes, work over max_work_bytes, an over-long request_id.
+//
+// Text (request.text, instead of input_ids) is tokenized by `tokenizer` (null: the model
+// takes no text, refused as such), one text at a time, each checked before the next:
+// InvalidArgument for an empty list, text that is not valid UTF-8 (naming the text and
+// the byte offset), a text of more than limits.max_text_tokens tokens unless
+// request.truncate (naming the text, its count and the limit), attention_mask or
+// token_type_ids beside text, and the response and work budgets as for ids (checked as
+// the tokens add up, so no more than the budget is ever held).
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits);
+    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer = nullptr);
 
 // Moves `work`'s results into `response`: embedding [n, d] and hidden [tokens, d]
 // (float32), lengths, timings.

@@ -220,6 +220,7 @@ AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
   limits.max_response_bytes = options_.max_response_bytes;
   limits.reject_non_finite = options_.reject_non_finite;
   limits.max_work_bytes = model.max_queue_bytes;
+  if (model.max_text_tokens > 0) limits.max_text_tokens = model.max_text_tokens;
   return limits;
 }
 
@@ -338,7 +339,8 @@ void RequestPipeline::SubmitEncode(
     return;
   }
   absl::StatusOr<std::unique_ptr<EncoderWork>> work =
-      EncoderWorkFromRequest(request, model->encoder_spec, LimitsFor(*model));
+      EncoderWorkFromRequest(request, model->encoder_spec, LimitsFor(*model),
+                             model->tokenizer.get());
   if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
   if (absl::Status queueable = CheckQueueable(deadline, cancellation,
                                               model->encoder.get(), &(*work)->cancelled);
@@ -346,6 +348,9 @@ void RequestPipeline::SubmitEncode(
     return (*finish)(std::move(queueable), {}, 0);
   }
   (*work)->deadline = deadline;
+  if ((*work)->truncated > 0 && observer_.on_texts_truncated) {
+    observer_.on_texts_truncated(model->name, (*work)->truncated);
+  }
   const int64_t tokens = (*work)->tokens();
   const absl::Status enqueued = model->encoder->Enqueue(
       std::move(work).value(),

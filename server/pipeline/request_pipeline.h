@@ -41,6 +41,8 @@ struct ServiceObserver {
   std::function<void(const std::string& model, const absl::Status& status,
                      absl::Duration elapsed, int64_t tokens)>
       on_request_finished;
+  // An encoder request's texts were admitted, `texts` of them truncated (> 0).
+  std::function<void(const std::string& model, int64_t texts)> on_texts_truncated;
   // A door caught an exception at its boundary (a bug: it was answered 500/INTERNAL).
   std::function<void(absl::string_view door)> on_internal_error;
 };

@@ -1,0 +1,344 @@
+#include "server/frontends/embeddings_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "server/frontends/kserve_http_request.h"
+
+namespace attnserve::server {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+// A JSON value as a short excerpt for an error message.
+std::string Shown(const Json& value) {
+  std::string text = JsonText(value);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
+
+std::optional<int64_t> Int64Of(const Json& value) {
+  if (const auto* number = value.get_ptr<const Json::number_integer_t*>()) return *number;
+  if (const auto* number = value.get_ptr<const Json::number_unsigned_t*>()) {
+    if (*number <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(*number);
+  }
+  return std::nullopt;
+}
+
+// The input of either API: a text, a list of texts, one token array or a list of token
+// arrays, into `encode` (text, or input_ids [n, L] padded with an attention_mask).
+absl::Status ReadInput(const Json& input, const std::string& field, size_t body_bytes,
+                       v1::EncodeRequest* encode) {
+  if (const auto* text = input.get_ptr<const Json::string_t*>()) {
+    encode->add_text(*text);
+    return absl::OkStatus();
+  }
+  if (!input.is_array()) {
+    return Invalid(absl::StrCat(field, " must be a string, a list of strings or token ",
+                                "ids ([ids] or [[ids]]), got ", Shown(input)));
+  }
+  if (input.empty()) return Invalid(absl::StrCat(field, " must not be an empty list"));
+  const Json& first = input[0];
+  if (first.is_string()) {
+    for (size_t i = 0; i < input.size(); ++i) {
+      const auto* text = input[i].get_ptr<const Json::string_t*>();
+      if (text == nullptr) {
+        return Invalid(absl::StrCat(field, "[", i, "] must be a string like ", field,
+                                    "[0], got ", Shown(input[i])));
+      }
+      encode->add_text(*text);
+    }
+    return absl::OkStatus();
+  }
+  // Token ids: one array of integers, or a list of them.
+  const bool nested = first.is_array();
+  std::vector<const Json*> rows;
+  if (nested) {
+    for (const Json& row : input) rows.push_back(&row);
+  } else {
+    rows.push_back(&input);
+  }
+  size_t longest = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const std::string row_field = nested ? absl::StrCat(field, "[", i, "]") : field;
+    if (!rows[i]->is_array()) {
+      return Invalid(absl::StrCat(row_field, " must be a list of token ids like ", field,
+                                  "[0], got ", Shown(*rows[i])));
+    }
+    if (rows[i]->empty()) {
+      return Invalid(absl::StrCat(row_field, " must hold at least one token id"));
+    }
+    longest = std::max(longest, rows[i]->size());
+  }
+  // Padded to the longest, the ids take rows * longest slots: never more than the body
+  // has bytes, so that padding cannot cost more memory than the request brought.
+  if (rows.size() * longest > std::max<size_t>(body_bytes, 1 << 16)) {
+    return Invalid(absl::StrCat(field, ": ", rows.size(), " token arrays padded to the ",
+                                "longest (", longest, ") would be ", rows.size() * longest,
+                                " ids, more than the body's ", body_bytes,
+                                " bytes: send arrays of similar lengths together"));
+  }
+  v1::Tensor* ids = encode->mutable_input_ids();
+  ids->set_dtype(v1::DATA_TYPE_INT64);
+  ids->add_shape(static_cast<int64_t>(rows.size()));
+  ids->add_shape(static_cast<int64_t>(longest));
+  std::string raw(rows.size() * longest * sizeof(int64_t), '\0');
+  std::string mask_raw(rows.size() * longest * sizeof(int64_t), '\0');
+  bool ragged = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Json& row = *rows[i];
+    ragged |= row.size() != longest;
+    for (size_t j = 0; j < row.size(); ++j) {
+      const std::optional<int64_t> id = Int64Of(row[j]);
+      if (!id) {
+        return Invalid(absl::StrCat(nested ? absl::StrCat(field, "[", i, "]") : field, "[",
+                                    j, "] must be an integer token id, got ",
+                                    Shown(row[j])));
+      }
+      const int64_t one = 1;
+      std::memcpy(raw.data() + (i * longest + j) * sizeof(int64_t), &*id, sizeof(int64_t));
+      std::memcpy(mask_raw.data() + (i * longest + j) * sizeof(int64_t), &one,
+                  sizeof(int64_t));
+    }
+  }
+  ids->set_raw(std::move(raw));
+  if (ragged) {
+    v1::Tensor* mask = encode->mutable_attention_mask();
+    mask->set_dtype(v1::DATA_TYPE_INT64);
+    mask->add_shape(static_cast<int64_t>(rows.size()));
+    mask->add_shape(static_cast<int64_t>(longest));
+    mask->set_raw(std::move(mask_raw));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> BoolAt(const Json& value, const std::string& field) {
+  if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) return *flag;
+  return Invalid(absl::StrCat(field, " must be true or false, got ", Shown(value)));
+}
+
+absl::StatusOr<int64_t> DimensionsAt(const Json& value) {
+  const std::optional<int64_t> count = Int64Of(value);
+  if (!count || *count < 1) {
+    return Invalid(absl::StrCat("dimensions must be a positive integer, got ", Shown(value)));
+  }
+  return *count;
+}
+
+absl::StatusOr<Json> BodyObject(absl::string_view body) {
+  ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
+  if (!json.is_object()) return Invalid("the body must be a JSON object");
+  return json;
+}
+
+// The L2 norm of `values`, in double so that long vectors lose nothing.
+double Norm(const float* values, int64_t count) {
+  double sum = 0;
+  for (int64_t i = 0; i < count; ++i) sum += static_cast<double>(values[i]) * values[i];
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
+  ATTN_ASSIGN_OR_RETURN(const Json json, BodyObject(body));
+  EmbeddingsCall call;
+  call.api = EmbeddingsCall::Api::kOpenAi;
+  bool has_input = false, has_model = false;
+  for (const auto& [key, value] : json.items()) {
+    if (key == "input") {
+      ATTN_RETURN_IF_ERROR(ReadInput(value, "input", body.size(), &call.encode));
+      has_input = true;
+    } else if (key == "model") {
+      const auto* name = value.get_ptr<const Json::string_t*>();
+      if (name == nullptr) {
+        return Invalid(absl::StrCat("model must be a string, got ", Shown(value)));
+      }
+      call.encode.set_model(*name);
+      has_model = true;
+    } else if (key == "encoding_format") {
+      const auto* format = value.get_ptr<const Json::string_t*>();
+      if (format == nullptr || (*format != "float" && *format != "base64")) {
+        return Invalid(absl::StrCat("encoding_format must be \"float\" or \"base64\", got ",
+                                    Shown(value)));
+      }
+      call.base64 = *format == "base64";
+    } else if (key == "dimensions") {
+      ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));
+    } else if (key == "user") {
+      if (!value.is_string()) {
+        return Invalid(absl::StrCat("user must be a string, got ", Shown(value)));
+      }
+    } else {
+      return Invalid(absl::StrCat("unrecognized request argument supplied: ", key,
+                                  " (accepted: input, model, encoding_format, dimensions, "
+                                  "user)"));
+    }
+  }
+  if (!has_input) return Invalid("input is required: a string, a list of strings or token ids");
+  if (!has_model) return Invalid("model is required: the name of a served encoder");
+  return call;
+}
+
+absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
+  ATTN_ASSIGN_OR_RETURN(const Json json, BodyObject(body));
+  EmbeddingsCall call;
+  call.api = EmbeddingsCall::Api::kTei;
+  bool has_input = false;
+  for (const auto& [key, value] : json.items()) {
+    if (key == "inputs") {
+      ATTN_RETURN_IF_ERROR(ReadInput(value, "inputs", body.size(), &call.encode));
+      has_input = true;
+    } else if (key == "normalize") {
+      ATTN_ASSIGN_OR_RETURN(call.normalize, BoolAt(value, "normalize"));
+    } else if (key == "truncate") {
+      ATTN_ASSIGN_OR_RETURN(const bool truncate, BoolAt(value, "truncate"));
+      call.encode.set_truncate(truncate);
+    } else if (key == "truncation_direction") {
+      const auto* direction = value.get_ptr<const Json::string_t*>();
+      if (direction == nullptr || (*direction != "Right" && *direction != "right")) {
+        return Invalid(absl::StrCat("truncation_direction must be \"Right\" (the end of ",
+                                    "a text is cut), got ", Shown(value)));
+      }
+    } else if (key == "dimensions") {
+      ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));
+    } else {
+      return Invalid(absl::StrCat("unknown field \"", key, "\" (accepted: inputs, ",
+                                  "normalize, truncate, truncation_direction, dimensions)"));
+    }
+  }
+  if (!has_input) return Invalid("inputs is required: a string or a list of strings");
+  // Token ids carry no text to cut.
+  if (call.encode.truncate() && call.encode.text().empty()) call.encode.set_truncate(false);
+  return call;
+}
+
+absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& model) {
+  if (!model.is_encoder()) {
+    return Invalid(absl::StrCat("model \"", model.name,
+                                "\" is an attention layer, not an encoder: it makes no "
+                                "embeddings"));
+  }
+  if (model.encoder_spec.pooling == core::EncoderSpec::Pooling::kNone) {
+    return Invalid(absl::StrCat("model \"", model.name,
+                                "\" pools nothing (pooling NONE): it has no embedding"));
+  }
+  if (call.dimensions > model.encoder_spec.d_model) {
+    return Invalid(absl::StrCat("dimensions must be at most ", model.encoder_spec.d_model,
+                                " (the model's d_model), got ", call.dimensions));
+  }
+  const bool model_normalizes =
+      model.info.encoder().normalization() == v1::EncoderConfig::NORMALIZATION_L2;
+  if (call.api == EmbeddingsCall::Api::kTei && !call.normalize && model_normalizes) {
+    return Invalid(absl::StrCat("normalize=false: model \"", model.name,
+                                "\" L2-normalizes its embeddings by its recipe "
+                                "(modules.json), so unnormalized ones do not exist"));
+  }
+  return absl::OkStatus();
+}
+
+std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
+                           bool model_normalizes) {
+  const v1::Tensor& embedding = response.embedding();
+  const int64_t count = embedding.shape_size() == 2 ? embedding.shape(0) : 0;
+  const int64_t d = embedding.shape_size() == 2 ? embedding.shape(1) : 0;
+  const int64_t kept = call.dimensions > 0 ? std::min(call.dimensions, d) : d;
+  // Re-normalized when shortened (a normalized model's) or when TEI asks for it and the
+  // model does not normalize; left bit for bit as the model made it otherwise.
+  const bool normalize =
+      (kept < d && model_normalizes) ||
+      (call.api == EmbeddingsCall::Api::kTei && call.normalize && !model_normalizes);
+  std::vector<float> row(static_cast<size_t>(kept));
+  Json data = Json::array();
+  for (int64_t i = 0; i < count; ++i) {
+    if (kept > 0) {
+      std::memcpy(row.data(), embedding.raw().data() + i * d * sizeof(float),
+                  static_cast<size_t>(kept) * sizeof(float));
+    }
+    if (normalize) {
+      const double norm = Norm(row.data(), kept);
+      if (norm > 0) {
+        for (float& value : row) value = static_cast<float>(value / norm);
+      }
+    }
+    if (call.api == EmbeddingsCall::Api::kTei) {
+      data.push_back(row);
+      continue;
+    }
+    Json values;
+    if (call.base64) {
+      values = absl::Base64Escape(absl::string_view(
+          reinterpret_cast<const char*>(row.data()), row.size() * sizeof(float)));
+    } else {
+      values = row;
+    }
+    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(values)}});
+  }
+  if (call.api == EmbeddingsCall::Api::kTei) return JsonText(data);
+  int64_t tokens = 0;
+  for (const int64_t length : response.lengths()) tokens += length;
+  return JsonText({{"object", "list"},
+                   {"data", std::move(data)},
+                   {"model", response.model()},
+                   {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}});
+}
+
+std::pair<int, std::string> EmbeddingsError(EmbeddingsCall::Api api,
+                                            const absl::Status& status, int http_status) {
+  const std::string message(status.message());
+  if (api == EmbeddingsCall::Api::kTei) {
+    const char* type = "Backend";
+    switch (status.code()) {
+      case absl::StatusCode::kInvalidArgument:
+        return {422, JsonText({{"error", message}, {"error_type", "Validation"}})};
+      case absl::StatusCode::kResourceExhausted:
+        type = "Overloaded";
+        break;
+      case absl::StatusCode::kUnavailable:
+        type = "Unhealthy";
+        break;
+      default:
+        break;
+    }
+    return {http_status, JsonText({{"error", message}, {"error_type", type}})};
+  }
+  Json code = nullptr;
+  const char* type = "invalid_request_error";
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+      code = "model_not_found";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+      code = "invalid_api_key";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      type = "rate_limit_exceeded";
+      break;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+      break;
+    default:
+      type = "server_error";
+  }
+  return {http_status,
+          JsonText({{"error",
+                     {{"message", message}, {"type", type}, {"param", nullptr},
+                      {"code", code}}}})};
+}
+
+}  // namespace attnserve::server
