@@ -195,6 +195,16 @@ absl::StatusOr<v1::ModelInfo> AttentionClient::GetModel(const std::string& name)
   return response.model();
 }
 
+absl::StatusOr<v1::EncodeResponse> AttentionClient::Encode(
+    const v1::EncodeRequest& request) const {
+  grpc::ClientContext context;
+  PrepareContext(context, options_.timeout);
+  v1::EncodeResponse response;
+  const grpc::Status status = stub_->Encode(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<v1::HeadStatisticsResponse> AttentionClient::HeadStatistics(
     const v1::HeadStatisticsRequest& request) const {
   grpc::ClientContext context;

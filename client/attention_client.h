@@ -1,5 +1,5 @@
 // AttentionClient: a small C++ client for attnserve: Attend (blocking and async),
-// health checks, model listing and head statistics over one gRPC channel.
+// Encode, health checks, model listing and head statistics over one gRPC channel.
 #ifndef ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
 #define ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
 
@@ -60,6 +60,10 @@ class AttentionClient {
   void AttendAsync(v1::AttendRequest request, absl::Duration timeout,
                    std::function<void(absl::StatusOr<v1::AttendResponse>)> done,
                    grpc::ClientContext* context = nullptr) const;
+
+  // Blocking Encode (an encoder model): token ids, hidden states or text in,
+  // embeddings out. The server's status on failure.
+  absl::StatusOr<v1::EncodeResponse> Encode(const v1::EncodeRequest& request) const;
 
   // grpc.health.v1 Check for `service` ("" = the server, or a model name, or
   // "attnserve.v1.AttentionService"): true when SERVING.

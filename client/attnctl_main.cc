@@ -6,6 +6,7 @@
 //   attnctl infer [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])
 //                 [--memory=m.npy] [--causal] [--head_mask=1,1,0,...]
 //                 [--output=y.npy] [--attention_out=a.npy]
+//   attnctl encode [--model=M] [--truncate] [--token_ids] [--output=e.npy] TEXT...
 //
 // Exit codes: 0 ok; 1 the call failed (gRPC code name and message printed); 2 usage.
 #include <algorithm>
@@ -37,7 +38,7 @@ ABSL_FLAG(std::string, target, "localhost:50051",
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Deadline of each call.");
 ABSL_FLAG(std::string, lb, "pick_first",
           "Load balancing over resolved addresses: pick_first or round_robin.");
-ABSL_FLAG(std::string, model, "", "Model name (infer, health); empty = server default.");
+ABSL_FLAG(std::string, model, "", "Model name (infer, heads, encode, health); empty = server default.");
 ABSL_FLAG(std::string, input, "", "infer: query .npy, float32 [L, d] or [n, L, d].");
 ABSL_FLAG(bool, random, false, "infer: send a random query instead of --input.");
 ABSL_FLAG(int64_t, seq_len, 128, "infer --random: sequence length L.");
@@ -48,7 +49,11 @@ ABSL_FLAG(std::string, memory, "", "infer: cross-attention keys/values .npy.");
 ABSL_FLAG(bool, causal, false, "infer: causal mask (self-attention only).");
 ABSL_FLAG(std::string, head_mask, "",
           "infer: comma-separated factor per head, e.g. 1,1,0,1.");
-ABSL_FLAG(std::string, output, "", "infer: write the output here (.npy).");
+ABSL_FLAG(std::string, output, "",
+          "infer: write the output here (.npy); encode: the embeddings [n, d].");
+ABSL_FLAG(bool, truncate, false,
+          "encode: cut texts longer than the model's max_text_tokens instead of failing.");
+ABSL_FLAG(bool, token_ids, false, "encode: also print the token ids of each text.");
 ABSL_FLAG(std::string, attention_out, "",
           "infer: also ask for per-head attention weights and write them here (.npy).");
 
@@ -297,6 +302,51 @@ int Heads(const AttentionClient& client) {
 
 }  // namespace
 
+// Texts in, embeddings out: one line per text (its tokens and first values), or the
+// embeddings [n, d] as .npy with --output.
+int Encode(const AttentionClient& client, const std::vector<char*>& texts) {
+  attnserve::v1::EncodeRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  for (const char* text : texts) request.add_text(text);
+  request.set_truncate(absl::GetFlag(FLAGS_truncate));
+  request.set_return_token_ids(absl::GetFlag(FLAGS_token_ids));
+  absl::StatusOr<attnserve::v1::EncodeResponse> response = client.Encode(request);
+  if (!response.ok()) return Failed(response.status());
+  absl::StatusOr<std::vector<float>> embedding =
+      attnserve::client::Float32Values(response->embedding());
+  if (!embedding.ok()) return Failed(embedding.status());
+  const std::vector<int64_t> shape(response->embedding().shape().begin(),
+                                   response->embedding().shape().end());
+  std::printf("model=%s embedding_shape=[%s] truncated=%d queue_us=%lld compute_us=%lld\n",
+              response->model().c_str(), absl::StrJoin(shape, ", ").c_str(),
+              response->truncated(), static_cast<long long>(response->queue_time_us()),
+              static_cast<long long>(response->compute_time_us()));
+  const int64_t d = shape.size() == 2 ? shape[1] : 0;
+  int64_t first_id = 0;
+  for (int i = 0; i < response->lengths_size(); ++i) {
+    std::printf("text[%d]: %lld tokens", i, static_cast<long long>(response->lengths(i)));
+    if (request.return_token_ids()) {
+      const auto begin = response->token_ids().begin() + first_id;
+      std::printf(" ids=[%s]",
+                  absl::StrJoin(begin, begin + response->lengths(i), ", ").c_str());
+      first_id += response->lengths(i);
+    }
+    if (absl::GetFlag(FLAGS_output).empty() && d > 0) {
+      const auto row = embedding->begin() + i * d;
+      std::printf(" embedding[:8]=[%s]",
+                  absl::StrJoin(row, row + std::min<int64_t>(8, d), ", ").c_str());
+    }
+    std::printf("\n");
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_output); !path.empty()) {
+    if (absl::Status status = attnserve::client::WriteNpy(path, shape, *embedding);
+        !status.ok()) {
+      return Failed(status);
+    }
+  }
+  return kOk;
+}
+
 int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
@@ -313,6 +363,8 @@ int main(int argc, char** argv) {
       "                [--output=y.npy] [--attention_out=a.npy]\n"
       "  attnctl heads [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])\n"
       "                [--memory=m.npy] [--causal]   (per-head figures, to prune by)\n"
+      "  attnctl encode [--model=M] [--truncate] [--token_ids] [--output=e.npy] TEXT...\n"
+      "                (an encoder: texts in, embeddings out)\n"
       "Exit codes: 0 ok, 1 the call failed, 2 usage.");
   std::string problem;
   if (attnserve::cli::PrintHelpIfAsked(
@@ -322,7 +374,7 @@ int main(int argc, char** argv) {
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   if (positional.size() < 2)
-    return Usage("missing command: health, models, model, infer or heads");
+    return Usage("missing command: health, models, model, infer, heads or encode");
   const std::string command = positional[1];
 
   AttentionClient::Options options;
@@ -342,5 +394,8 @@ int main(int argc, char** argv) {
   if (command == "model" && positional.size() == 3) return Model(**client, positional[2]);
   if (command == "infer" && positional.size() == 2) return Infer(**client);
   if (command == "heads" && positional.size() == 2) return Heads(**client);
+  if (command == "encode" && positional.size() >= 3) {
+    return Encode(**client, std::vector<char*>(positional.begin() + 2, positional.end()));
+  }
   return Usage(absl::StrCat("bad command line for '", command, "'"));
 }

@@ -90,6 +90,42 @@ class Client:
             return output, from_tensor(reply.attention)
         return output
 
+    def encode(self, text=None, input_ids=None, model="", truncate=False,
+               return_token_ids=False):
+        """An encoder's embeddings, float32 [n, d], of `text` (a string or a list of
+        strings, tokenized by the server) or of `input_ids` (a list of token-id lists).
+        truncate: cut texts past the model's max_text_tokens instead of failing. With
+        return_token_ids, returns (embeddings, the token ids of each text as lists).
+        Raises grpc.RpcError with the server's status."""
+        if (text is None) == (input_ids is None):
+            raise ValueError("pass text or input_ids")
+        request = attention_pb2.EncodeRequest(model=model, truncate=truncate,
+                                              return_token_ids=return_token_ids)
+        if text is not None:
+            request.text.extend([text] if isinstance(text, str) else list(text))
+        else:
+            rows = [list(row) for row in input_ids]
+            longest = max(len(row) for row in rows)
+            ids = np.zeros((len(rows), longest), dtype="<i8")
+            mask = np.zeros((len(rows), longest), dtype="<i8")
+            for i, row in enumerate(rows):
+                ids[i, :len(row)] = row
+                mask[i, :len(row)] = 1
+            request.input_ids.CopyFrom(tensor_pb2.Tensor(
+                dtype=tensor_pb2.DATA_TYPE_INT64, shape=list(ids.shape), raw=ids.tobytes()))
+            request.attention_mask.CopyFrom(tensor_pb2.Tensor(
+                dtype=tensor_pb2.DATA_TYPE_INT64, shape=list(mask.shape),
+                raw=mask.tobytes()))
+        reply = self.stub.Encode(request, timeout=self.timeout)
+        embeddings = from_tensor(reply.embedding)
+        if not return_token_ids:
+            return embeddings
+        ids, start = [], 0
+        for length in reply.lengths:
+            ids.append(list(reply.token_ids[start:start + length]))
+            start += length
+        return embeddings, ids
+
     def head_statistics(self, query, memory=None, model="", causal=False):
         """[{head, pruned, mean_entropy, mean_max_weight, mean_output_norm}, ...]."""
         request = attention_pb2.HeadStatisticsRequest(model=model, query=to_tensor(query),
