@@ -150,7 +150,28 @@ def tokenizer_inputs():
     write("tokenizer", "tokenizer_json", b"\x01" + json.dumps(spec).encode())
 
 
+def embeddings_bodies():
+    """OpenAI bodies (byte 0 even) and TEI bodies (odd)."""
+    openai_bodies = [
+        {"model": "tiny", "input": "hello worlds!"},
+        {"model": "tiny", "input": ["hello", "world \u00e9"], "encoding_format": "base64",
+         "dimensions": 4, "user": "u"},
+        {"model": "tiny", "input": [[2, 5, 3], [2, 6, 7, 3]]},
+        {"model": "tiny", "input": [2, 5, 3], "encoding_format": "float"},
+    ]
+    for i, body in enumerate(openai_bodies):
+        write("embeddings", f"openai_{i}", b"\x00" + json.dumps(body).encode())
+    tei_bodies = [
+        {"inputs": "hello world"},
+        {"inputs": ["hello", "worlds"], "normalize": True, "truncate": True,
+         "truncation_direction": "Right", "dimensions": 2},
+    ]
+    for i, body in enumerate(tei_bodies):
+        write("embeddings", f"tei_{i}", b"\x01" + json.dumps(body).encode())
+
+
 if __name__ == "__main__":
+    embeddings_bodies()
     tokenizer_inputs()
     requests()
     safetensors()

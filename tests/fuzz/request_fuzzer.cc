@@ -1,6 +1,6 @@
 // libFuzzer target: wire bytes -> AttendRequest -> validated AttentionWork, and the
-// same bytes -> EncodeRequest -> validated EncoderWork: the paths every request takes
-// before it is queued. Any input must give a Status, never a crash, an overflow or a
+// same bytes -> EncodeRequest -> validated EncoderWork (text through a tokenizer
+// included): the paths every request takes before it is queued. Any input must give a Status, never a crash, an overflow or a
 // read out of bounds.
 #include <cmath>
 #include <cstddef>
@@ -10,6 +10,7 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
 #include "core/transformer_encoder.h"
+#include "core/wordpiece_tokenizer.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/pipeline/proto_convert.h"
 
@@ -35,13 +36,21 @@ void FuzzEncode(const uint8_t* data, size_t size) {
   limits.max_sequence_length = 64;
   limits.max_response_bytes = 1 << 16;
   limits.max_work_bytes = 1 << 18;
+  limits.max_text_tokens = 16;
   // Both policies for NaN and infinities, chosen by the input.
   limits.reject_non_finite = size % 2 == 0;
-  auto work = attnserve::server::EncoderWorkFromRequest(request, spec, limits);
+  // Text goes through a small vocabulary's tokenizer.
+  static const auto* const tokenizer =
+      attnserve::core::WordPieceTokenizer::FromVocab(
+          "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\n##b\nab\n,\n\xc3\xa9\n", {})
+          ->release();
+  auto work = attnserve::server::EncoderWorkFromRequest(request, spec, limits, tokenizer);
   if (!work.ok()) return;
   const int64_t tokens = (*work)->tokens();
+  const int64_t longest =
+      request.text_size() > 0 ? limits.max_text_tokens : limits.max_sequence_length;
   for (int64_t length : (*work)->lengths) {
-    if (length < 1 || length > limits.max_sequence_length) __builtin_trap();
+    if (length < 1 || length > longest) __builtin_trap();
   }
   if ((*work)->token_ids.empty()) {
     if (static_cast<int64_t>((*work)->hidden_states.size()) != tokens * spec.d_model) {
