@@ -131,7 +131,7 @@ bench-doors: build
 # bf16, one table with targets. Not part of `make test`.
 bench-encoder: build
 	deploy/install-deps.sh --test --venv $(VENV) --peers $(PEERS_VENV)
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target encoder_bench
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target encoder_bench tokenizer_bench
 	$(PEERS_VENV)/bin/python tests/bench/encoder_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
 
 # Instances x intra-op threads on the whole machine (how the defaults were chosen).

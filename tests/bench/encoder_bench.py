@@ -10,8 +10,13 @@ Corpus: the 1,019 real sentences of tests/data/sentences.en.txt, tokenized
 consecutive sentences; the core packs them without padding, the peers pad each batch to
 its longest sentence, as their users batch.
 
+Text in: the tokenizer's tokens/s on the multilingual corpus
+(tests/data/tokenizer/corpus.jsonl) beside Hugging Face's `tokenizers`, and the server
+fed text through gRPC and POST /v1/embeddings beside the Python server tokenizing with
+`tokenizers` (--only text runs these rows alone).
+
 usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/encoder_bench.py
-       BUILD_DIR REPO_ROOT [--rounds 5]
+       BUILD_DIR REPO_ROOT [--rounds 5] [--only all|text]
 """
 import argparse
 import glob
@@ -162,12 +167,100 @@ def start_server(command, marker):
     return process, line.strip().rsplit(" ", 1)[1]
 
 
-def load(root, target, npz, concurrency, window=8.0):
+def load(root, target, npz, concurrency, window=8.0, mode="ids"):
     out = subprocess.run(
         ["taskset", "-c", CLIENT_CORE, sys.executable, os.path.join(HERE, "encode_load.py"),
-         root, target, npz, f"--concurrency={concurrency}", f"--window={window}"],
+         root, target, npz, f"--concurrency={concurrency}", f"--window={window}",
+         f"--mode={mode}"],
         check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tokenizer_rates(build, model_path, corpus):
+    """Tokens/s on one core over the multilingual corpus: attnserve's tokenizer, and
+    Hugging Face's `tokenizers` (encode_batch on one thread, and encode per text)."""
+    ours = json.loads(subprocess.run(
+        ["taskset", "-c", SERVER_CORE, os.path.join(build, "tests", "bench", "tokenizer_bench"),
+         model_path, corpus], check=True, capture_output=True, text=True).stdout)
+    script = (
+        "import json, sys, time\n"
+        "from tokenizers import Tokenizer\n"
+        "t = Tokenizer.from_file(sys.argv[1]); t.no_padding(); t.no_truncation()\n"
+        "texts = [json.loads(l)['text'] for l in open(sys.argv[2]).readlines()[1:]]\n"
+        "out = {}\n"
+        "for mode in ('batch', 'each'):\n"
+        "    rates = []\n"
+        "    for p in range(6):\n"
+        "        s = time.perf_counter()\n"
+        "        if mode == 'batch':\n"
+        "            n = sum(len(e.ids) for e in t.encode_batch(texts))\n"
+        "        else:\n"
+        "            n = sum(len(t.encode(x).ids) for x in texts)\n"
+        "        if p: rates.append(n / (time.perf_counter() - s))\n"
+        "    out[mode] = sorted(rates)[len(rates) // 2]\n"
+        "print(json.dumps(out))\n")
+    theirs = json.loads(subprocess.run(
+        ["taskset", "-c", SERVER_CORE, sys.executable, "-c", script,
+         os.path.join(model_path, "tokenizer.json"), corpus],
+        check=True, capture_output=True, text=True,
+        env=dict(os.environ, RAYON_NUM_THREADS="1")).stdout)
+    return ours, theirs
+
+
+def text_rows(args, model_path, npz, onnx_path, faster):
+    """Text in: the tokenizer's speed, then attnserve fed text (gRPC and the OpenAI
+    door) beside the same Python server, now tokenizing with `tokenizers`."""
+    import tokenizers
+    corpus = os.path.join(args.root, "tests", "data", "tokenizer", "corpus.jsonl")
+    ours_tokens, hf_tokens = tokenizer_rates(args.build, model_path, corpus)
+    repository = tempfile.TemporaryDirectory()
+    folder = os.path.join(repository.name, "minilm")
+    os.mkdir(folder)
+    for name in os.listdir(model_path):  # the whole folder: tokenizer.json included
+        os.symlink(os.path.join(model_path, name), os.path.join(folder, name))
+    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+        f.write("encoder {}\n")
+    attnserve = os.path.join(args.build, "server", "attnserve")
+    server, target = start_server(
+        [attnserve, "--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--http_port=0",
+         f"--model_repository={repository.name}", "--instances=1", "--builtin_model=false",
+         "--intra_op_threads=1"], "listening on")
+    http_line = server.stdout.readline()
+    http_target = "127.0.0.1:" + http_line.strip().rsplit(":", 1)[1]
+    figures = {mode: load(args.root, http_target if mode == "openai" else target, npz, 16,
+                          mode=mode) for mode in ("ids", "text", "openai")}
+    server.terminate()
+    server.wait()
+    peer, peer_target = start_server(
+        [sys.executable, os.path.join(HERE, "python_encoder_peer.py"), args.root, model_path,
+         onnx_path, f"--engine={faster}"], "listening on")
+    theirs = load(args.root, peer_target, npz, 16, mode="text")
+    peer.terminate()
+    peer.wait()
+
+    print()
+    print(f"Text in ({corpus}: {ours_tokens['texts']} texts in 61 languages, "
+          f"{ours_tokens['tokens']} tokens, {ours_tokens['bytes']} bytes; tokenizers "
+          f"{tokenizers.__version__}, one core)")
+    print("| measure | attnserve | peer | target | result |")
+    print("| --- | --- | --- | --- | --- |")
+    rate = ours_tokens["tokens_per_s"]
+    row("tokenizer, 1 core, tokens/s", f"{rate / 1e6:.2f} M",
+        f"tokenizers encode_batch {hf_tokens['batch'] / 1e6:.2f} M, encode "
+        f"{hf_tokens['each'] / 1e6:.2f} M", ">= 1 M", rate >= 1e6,
+        f"x{rate / hf_tokens['batch']:.1f} encode_batch")
+    for mode, door in (("text", "gRPC text"), ("openai", "POST /v1/embeddings")):
+        ratio = figures[mode]["sentences_per_s"] / theirs["sentences_per_s"]
+        row(f"server c16 {door} vs Python server around {faster} + tokenizers (gRPC text)",
+            f"{figures[mode]['sentences_per_s']:.1f} (p99 {figures[mode]['p99_ms']:.1f} ms)",
+            f"{theirs['sentences_per_s']:.1f} (p99 {theirs['p99_ms']:.1f} ms)",
+            ">= x1.5, lower p99",
+            ratio >= 1.5 and figures[mode]["p99_ms"] < theirs["p99_ms"], f"x{ratio:.2f}")
+    ratio = figures["text"]["sentences_per_s"] / figures["ids"]["sentences_per_s"]
+    row("server c16: gRPC text vs token ids (what tokenizing costs)",
+        f"{figures['text']['sentences_per_s']:.1f}",
+        f"ids {figures['ids']['sentences_per_s']:.1f}", ">= x0.95", ratio >= 0.95,
+        f"x{ratio:.2f}")
 
 
 def peak_rss_mib(process):
@@ -185,6 +278,8 @@ def main():
     parser.add_argument("build")
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", choices=("all", "text"), default="all",
+                        help="text: only the text-in rows (the peer around ORT)")
     args = parser.parse_args()
     import onnxruntime
     import sentence_transformers
@@ -204,6 +299,13 @@ def main():
     golden["lengths"].astype("<i4").tofile(files[1])
     onnx_path = os.path.join(work, "minilm.onnx")
     export_onnx(model_path, onnx_path)
+    if args.only == "text":
+        print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+              f"server core {SERVER_CORE}, client core {CLIENT_CORE}")
+        print(f"versions: onnxruntime {onnxruntime.__version__}")
+        os.sched_setaffinity(0, {int(CLIENT_CORE)})
+        text_rows(args, model_path, npz, onnx_path, "ort")
+        return
     dnnl = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libdnnl2"],
                           capture_output=True, text=True).stdout
     print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
@@ -373,6 +475,7 @@ def main():
         f"weights {weights_mib:.0f} + queue {budget >> 20} + 64", f"<= {limit:.0f}",
         rss <= limit, f"({under_c64['sentences_per_s']:.0f} sentences/s; while loading "
         f"{loading_rss:.0f})")
+    text_rows(args, model_path, npz, onnx_path, faster)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 """The Python peer for `make bench-encoder`: a plain grpcio server answering attnserve's
 own Encode RPC with the faster of ONNX Runtime (the exported model, graph optimizations
 on) and sentence-transformers (PyTorch 2.x), one request at a time per worker thread,
-no batching: what a team would write around the model without attnserve.
+no batching: what a team would write around the model without attnserve. Text comes in
+as EncodeRequest.text and goes through Hugging Face's `tokenizers` (the model's
+tokenizer.json, cut at 256 tokens as sentence-transformers does), texts of one request
+padded together.
 
 usage: python_encoder_peer.py REPO_ROOT MODEL_DIR ONNX_FILE --engine ort|torch
        [--port 0] [--threads 16]
@@ -59,8 +62,27 @@ def main():
                               "token_type_ids": torch.zeros_like(ids)})[
                     "sentence_embedding"].numpy()
 
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.path.join(args.model_dir, "tokenizer.json"))
+    tokenizer.enable_truncation(256)
+    tokenizer.no_padding()
+
     class Peer(attention_pb2_grpc.AttentionServiceServicer):
         def Encode(self, request, context):
+            if request.text:
+                encodings = tokenizer.encode_batch(list(request.text))
+                longest = max(len(e.ids) for e in encodings)
+                values = np.zeros((len(encodings), longest), dtype=np.int64)
+                for i, e in enumerate(encodings):
+                    values[i, :len(e.ids)] = e.ids
+                if len(encodings) > 1:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "one text per request")
+                embedding = embed(values).astype("<f4")
+                return attention_pb2.EncodeResponse(
+                    embedding=tensor_pb2.Tensor(dtype=tensor_pb2.DATA_TYPE_FP32,
+                                                shape=list(embedding.shape),
+                                                raw=embedding.tobytes()),
+                    lengths=[longest], model="peer")
             ids = request.input_ids
             if ids.dtype != tensor_pb2.DATA_TYPE_INT64:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "INT64 input_ids only")

@@ -229,6 +229,33 @@ class TextTest(unittest.TestCase):
         self.assertEqual(status, 200, body)
         self.assertMatches(body, [7], "TEI /embed one string")
 
+    def test_the_same_text_gets_the_same_bytes_from_every_door(self):
+        text = self.sentences[42]
+        got = {}
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(model="minilm", text=[text]),
+                               timeout=60)
+        got["v1"] = np.frombuffer(reply.embedding.raw, np.float32)
+        grpc_client = triton_grpc.InferenceServerClient(self.server.target)
+        entry = triton_grpc.InferInput("text", [1], "BYTES")
+        entry.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        got["kserve"] = grpc_client.infer("minilm", [entry]).as_numpy("embedding")[0]
+        grpc_client.close()
+        status, body = self.post("/v2/models/minilm/infer", {"inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]})
+        self.assertEqual(status, 200, body)
+        got["kserve_http"] = np.array(body["outputs"][0]["data"], np.float32)
+        status, body = self.post("/v1/embeddings", {"model": "minilm", "input": text})
+        got["openai"] = np.array(body["data"][0]["embedding"], np.float32)
+        status, body = self.post("/v1/embeddings", {"model": "minilm", "input": text,
+                                                    "encoding_format": "base64"})
+        got["openai_base64"] = np.frombuffer(
+            base64.b64decode(body["data"][0]["embedding"]), np.float32)
+        status, body = self.post("/embed", {"inputs": text})
+        got["tei"] = np.array(body[0], np.float32)
+        for door, values in got.items():
+            with self.subTest(door=door):
+                np.testing.assert_array_equal(values, got["v1"])
+
     def test_truncation_is_asked_for_and_counted(self):
         long_text = " ".join(["word"] * 400)  # 402 tokens with [CLS] and [SEP]
         before = self.metric("attnserve_truncated_texts_total") or 0.0
