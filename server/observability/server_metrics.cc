@@ -325,7 +325,9 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   metrics.tokens = &tokens_total_->Add(labels);
   metrics.request_tokens =
       &request_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
-  if (info.accepts_text()) metrics.truncated_texts = &truncated_texts_->Add(labels);
+  // Every model has the series (0 where no text comes in), so that dashboards and the
+  // documented list do not depend on which models are loaded.
+  metrics.truncated_texts = &truncated_texts_->Add(labels);
   metrics.queue_depth = &queue_depth_->Add(labels);
   queue_capacity_->Add(labels).Set(info.batching().max_queue_size());
   model_info_

@@ -86,7 +86,7 @@ class ServerMetrics {
     prometheus::Histogram* batch_tokens = nullptr;
     prometheus::Counter* tokens = nullptr;
     prometheus::Histogram* request_tokens = nullptr;
-    prometheus::Counter* truncated_texts = nullptr;  // models that take text
+    prometheus::Counter* truncated_texts = nullptr;
     prometheus::Gauge* queue_depth = nullptr;
     prometheus::Gauge* inflight = nullptr;
     std::vector<prometheus::Gauge*> device_memory;  // per instance
