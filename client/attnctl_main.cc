@@ -38,7 +38,8 @@ ABSL_FLAG(std::string, target, "localhost:50051",
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(30), "Deadline of each call.");
 ABSL_FLAG(std::string, lb, "pick_first",
           "Load balancing over resolved addresses: pick_first or round_robin.");
-ABSL_FLAG(std::string, model, "", "Model name (infer, heads, encode, health); empty = server default.");
+ABSL_FLAG(std::string, model, "",
+          "Model name (infer, heads, encode, health); empty = server default.");
 ABSL_FLAG(std::string, input, "", "infer: query .npy, float32 [L, d] or [n, L, d].");
 ABSL_FLAG(bool, random, false, "infer: send a random query instead of --input.");
 ABSL_FLAG(int64_t, seq_len, 128, "infer --random: sequence length L.");
@@ -51,8 +52,9 @@ ABSL_FLAG(std::string, head_mask, "",
           "infer: comma-separated factor per head, e.g. 1,1,0,1.");
 ABSL_FLAG(std::string, output, "",
           "infer: write the output here (.npy); encode: the embeddings [n, d].");
-ABSL_FLAG(bool, truncate, false,
-          "encode: cut texts longer than the model's max_text_tokens instead of failing.");
+ABSL_FLAG(
+    bool, truncate, false,
+    "encode: cut texts longer than the model's max_text_tokens instead of failing.");
 ABSL_FLAG(bool, token_ids, false, "encode: also print the token ids of each text.");
 ABSL_FLAG(std::string, attention_out, "",
           "infer: also ask for per-head attention weights and write them here (.npy).");
@@ -317,10 +319,11 @@ int Encode(const AttentionClient& client, const std::vector<char*>& texts) {
   if (!embedding.ok()) return Failed(embedding.status());
   const std::vector<int64_t> shape(response->embedding().shape().begin(),
                                    response->embedding().shape().end());
-  std::printf("model=%s embedding_shape=[%s] truncated=%d queue_us=%lld compute_us=%lld\n",
-              response->model().c_str(), absl::StrJoin(shape, ", ").c_str(),
-              response->truncated(), static_cast<long long>(response->queue_time_us()),
-              static_cast<long long>(response->compute_time_us()));
+  std::printf(
+      "model=%s embedding_shape=[%s] truncated=%d queue_us=%lld compute_us=%lld\n",
+      response->model().c_str(), absl::StrJoin(shape, ", ").c_str(),
+      response->truncated(), static_cast<long long>(response->queue_time_us()),
+      static_cast<long long>(response->compute_time_us()));
   const int64_t d = shape.size() == 2 ? shape[1] : 0;
   int64_t first_id = 0;
   for (int i = 0; i < response->lengths_size(); ++i) {

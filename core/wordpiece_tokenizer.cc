@@ -39,12 +39,12 @@ struct CategoryChange {
   int8_t type_in_8;
 };
 constexpr CategoryChange kCategoryChangedSince8[] = {
-    {0x166D, U_OTHER_PUNCTUATION},  // CANADIAN SYLLABICS CHI SIGN, So now
-    {0x1734, U_NON_SPACING_MARK},    // HANUNOO SIGN PAMUDPOD, Mc now
-    {0x1885, U_OTHER_LETTER},        // MONGOLIAN LETTER ALI GALI BALUDA, Mn now
-    {0x1886, U_OTHER_LETTER},        // ... THREE BALUDA, Mn now
+    {0x166D, U_OTHER_PUNCTUATION},       // CANADIAN SYLLABICS CHI SIGN, So now
+    {0x1734, U_NON_SPACING_MARK},        // HANUNOO SIGN PAMUDPOD, Mc now
+    {0x1885, U_OTHER_LETTER},            // MONGOLIAN LETTER ALI GALI BALUDA, Mn now
+    {0x1886, U_OTHER_LETTER},            // ... THREE BALUDA, Mn now
     {0xA9BD, U_COMBINING_SPACING_MARK},  // JAVANESE CONSONANT SIGN KERET, Mn now
-    {0x111C9, U_OTHER_PUNCTUATION},  // SHARADA SANDHI MARK, Mn now
+    {0x111C9, U_OTHER_PUNCTUATION},      // SHARADA SANDHI MARK, Mn now
 };
 
 // Its NFD tables (the unicode-normalization-alignments crate) are Unicode 12.1's: a
@@ -54,12 +54,12 @@ constexpr uint8_t kDecompositionMajorVersion = 12;
 constexpr uint8_t kDecompositionMinorVersion = 1;
 
 enum Flag : uint8_t {
-  kRemoved = 1,   // dropped by clean_text
-  kSpace = 2,     // whitespace (becomes ' ' under clean_text; splits words)
-  kChinese = 4,   // a CJK ideograph: a word of its own
-  kPunct = 8,     // a word of its own
-  kMark = 16,     // a non-spacing mark: dropped when stripping accents
-  kNoNfd = 32,    // newer than the NFD tables: left as it is
+  kRemoved = 1,  // dropped by clean_text
+  kSpace = 2,    // whitespace (becomes ' ' under clean_text; splits words)
+  kChinese = 4,  // a CJK ideograph: a word of its own
+  kPunct = 8,    // a word of its own
+  kMark = 16,    // a non-spacing mark: dropped when stripping accents
+  kNoNfd = 32,   // newer than the NFD tables: left as it is
 };
 
 bool IsChinese(UChar32 c) {
@@ -91,8 +91,8 @@ uint8_t ComputeFlags(UChar32 c) {
     if (change.c == c) type = change.type_in_8;
   }
   if (c == 0 || c == 0xFFFD ||
-      (old && (type == U_CONTROL_CHAR || type == U_FORMAT_CHAR ||
-               type == U_PRIVATE_USE_CHAR))) {
+      (old &&
+       (type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_PRIVATE_USE_CHAR))) {
     flags |= kRemoved;
   }
   if (u_isUWhiteSpace(c)) flags |= kSpace;
@@ -141,7 +141,7 @@ int64_t FirstInvalidUtf8(absl::string_view text) {
       if (b == 0xED) high = 0x9F;  // surrogates
     } else if (b >= 0xF0 && b <= 0xF4) {
       length = 4;
-      if (b == 0xF0) low = 0x90;  // overlong
+      if (b == 0xF0) low = 0x90;   // overlong
       if (b == 0xF4) high = 0x8F;  // past U+10FFFF
     } else {
       return static_cast<int64_t>(i);
@@ -238,9 +238,9 @@ void NfdRun(std::u32string* text) {
   const int32_t span = unorm2_spanQuickCheckYes(nfd, source, length, &error);
   if (U_FAILURE(error) || span == length) return;
   std::u16string decomposed(static_cast<size_t>(length) * 4 + 16, u'\0');
-  const int32_t written = unorm2_normalize(
-      nfd, source, length, reinterpret_cast<UChar*>(decomposed.data()),
-      static_cast<int32_t>(decomposed.size()), &error);
+  const int32_t written =
+      unorm2_normalize(nfd, source, length, reinterpret_cast<UChar*>(decomposed.data()),
+                       static_cast<int32_t>(decomposed.size()), &error);
   if (U_FAILURE(error)) return;
   text->clear();
   for (int32_t i = 0; i < written;) {
@@ -357,7 +357,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
   constexpr absl::string_view kFile = "tokenizer.json";
   const Json json = Json::parse(text.begin(), text.end(), nullptr,
                                 /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.is_object()) return Invalid(kFile, "not a JSON object");
+  if (json.is_discarded() || !json.is_object())
+    return Invalid(kFile, "not a JSON object");
   Options options;
 
   const auto type_of = [](const Json& object) -> std::string {
@@ -395,14 +396,16 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
                                        "\" is not supported (WordPiece only)"));
   }
   if (model.contains("unk_token")) {
-    if (!model["unk_token"].is_string()) return Invalid(kFile, "model.unk_token must be a string");
+    if (!model["unk_token"].is_string())
+      return Invalid(kFile, "model.unk_token must be a string");
     options.unk_token = model["unk_token"].get<std::string>();
   }
   if (model.contains("continuing_subword_prefix")) {
     if (!model["continuing_subword_prefix"].is_string()) {
       return Invalid(kFile, "model.continuing_subword_prefix must be a string");
     }
-    options.continuing_subword_prefix = model["continuing_subword_prefix"].get<std::string>();
+    options.continuing_subword_prefix =
+        model["continuing_subword_prefix"].get<std::string>();
   }
   if (model.contains("max_input_chars_per_word")) {
     if (!model["max_input_chars_per_word"].is_number_unsigned()) {
@@ -418,8 +421,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
   vocab.reserve(model["vocab"].size());
   for (const auto& [token, id] : model["vocab"].items()) {
     if (!id.is_number_unsigned() || id.get<uint64_t>() > (uint64_t{1} << 31)) {
-      return Invalid(kFile, absl::StrCat("model.vocab[\"", token,
-                                         "\"] must be an id in [0, 2^31]"));
+      return Invalid(
+          kFile, absl::StrCat("model.vocab[\"", token, "\"] must be an id in [0, 2^31]"));
     }
     vocab.emplace_back(token, static_cast<int64_t>(id.get<uint64_t>()));
   }
@@ -433,9 +436,10 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
                         TemplateSpecial(single[0]) && TemplateSpecial(single[2]) &&
                         single[1].is_object() && single[1].contains("Sequence");
     if (!shaped) {
-      return Invalid(kFile,
-                     "post_processor.single must be [SpecialToken, Sequence, SpecialToken] "
-                     "(BERT's [CLS] $A [SEP])");
+      return Invalid(
+          kFile,
+          "post_processor.single must be [SpecialToken, Sequence, SpecialToken] "
+          "(BERT's [CLS] $A [SEP])");
     }
     options.cls_token = *TemplateSpecial(single[0]);
     options.sep_token = *TemplateSpecial(single[2]);
@@ -443,8 +447,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
     for (const char* key : {"cls", "sep"}) {
       if (!post.contains(key) || !post[key].is_array() || post[key].empty() ||
           !post[key][0].is_string()) {
-        return Invalid(kFile, absl::StrCat("post_processor.", key,
-                                           " must be [token, id]"));
+        return Invalid(kFile,
+                       absl::StrCat("post_processor.", key, " must be [token, id]"));
       }
     }
     options.cls_token = post["cls"][0].get<std::string>();
@@ -457,15 +461,18 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
 
   options.special_tokens.clear();
   if (json.contains("added_tokens")) {
-    if (!json["added_tokens"].is_array()) return Invalid(kFile, "added_tokens must be a list");
+    if (!json["added_tokens"].is_array())
+      return Invalid(kFile, "added_tokens must be a list");
     for (const Json& token : json["added_tokens"]) {
-      if (!token.is_object() || !token.contains("content") || !token["content"].is_string()) {
+      if (!token.is_object() || !token.contains("content") ||
+          !token["content"].is_string()) {
         return Invalid(kFile, "each of added_tokens needs a content string");
       }
       const std::string content = token["content"].get<std::string>();
       for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized"}) {
-        ATTN_ASSIGN_OR_RETURN(const bool set,
-                              OptionalBool(token, flag, false, absl::StrCat(kFile, " added_tokens")));
+        ATTN_ASSIGN_OR_RETURN(
+            const bool set,
+            OptionalBool(token, flag, false, absl::StrCat(kFile, " added_tokens")));
         if (set) {
           return Invalid(kFile, absl::StrCat("added token \"", content, "\" sets ", flag,
                                              ", which is not supported (BERT's special "
@@ -488,7 +495,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVoca
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     absl::ConsumeSuffix(&line, "\r");
     if (line.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("vocab.txt: line ", id + 1, " is empty"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("vocab.txt: line ", id + 1, " is empty"));
     }
     vocab.emplace_back(std::string(line), id++);
   }
@@ -497,7 +505,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVoca
   return tokenizer;
 }
 
-absl::Status WordPieceTokenizer::Build(std::vector<std::pair<std::string, int64_t>> vocab) {
+absl::Status WordPieceTokenizer::Build(
+    std::vector<std::pair<std::string, int64_t>> vocab) {
   if (options_.max_input_chars_per_word < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_input_chars_per_word must be >= 1, got ",
@@ -510,7 +519,8 @@ absl::Status WordPieceTokenizer::Build(std::vector<std::pair<std::string, int64_
   strip_accents_ = options_.strip_accents.value_or(options_.lowercase);
   const std::string& prefix = options_.continuing_subword_prefix;
   for (auto& [token, id] : vocab) {
-    if (token.empty()) return absl::InvalidArgumentError("the vocabulary holds an empty token");
+    if (token.empty())
+      return absl::InvalidArgumentError("the vocabulary holds an empty token");
     if (FirstInvalidUtf8(token) >= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("vocabulary token ", id, " is not valid UTF-8"));
@@ -529,8 +539,8 @@ absl::Status WordPieceTokenizer::Build(std::vector<std::pair<std::string, int64_
                             int64_t* id) -> absl::Status {
     const auto found = words_.find(token);
     if (found == words_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          role, " \"", token, "\" is not in the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(role, " \"", token, "\" is not in the vocabulary"));
     }
     *id = found->second;
     return absl::OkStatus();
@@ -552,7 +562,8 @@ absl::Status WordPieceTokenizer::Build(std::vector<std::pair<std::string, int64_
   return absl::OkStatus();
 }
 
-void WordPieceTokenizer::NormalizeInto(absl::string_view text, std::u32string* out) const {
+void WordPieceTokenizer::NormalizeInto(absl::string_view text,
+                                       std::u32string* out) const {
   out->clear();
   bool ascii = true;
   for (size_t i = 0; i < text.size();) {
@@ -575,7 +586,9 @@ void WordPieceTokenizer::NormalizeInto(absl::string_view text, std::u32string* o
   if (strip_accents_ && !ascii) {
     Nfd(out);
     out->erase(std::remove_if(out->begin(), out->end(),
-                              [](char32_t c) { return (Flags(static_cast<UChar32>(c)) & kMark) != 0; }),
+                              [](char32_t c) {
+                                return (Flags(static_cast<UChar32>(c)) & kMark) != 0;
+                              }),
                out->end());
   }
   if (options_.lowercase) {
@@ -603,9 +616,9 @@ void WordPieceTokenizer::NormalizeInto(absl::string_view text, std::u32string* o
 
 absl::StatusOr<std::string> WordPieceTokenizer::Normalize(absl::string_view text) const {
   if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "not valid UTF-8 at byte offset %d (0x%02X)", bad,
-        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not valid UTF-8 at byte offset %d (0x%02X)", bad,
+                        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
   }
   std::u32string normalized;
   NormalizeInto(text, &normalized);
@@ -614,7 +627,8 @@ absl::StatusOr<std::string> WordPieceTokenizer::Normalize(absl::string_view text
   return out;
 }
 
-std::vector<std::string> WordPieceTokenizer::PreTokenize(absl::string_view normalized) const {
+std::vector<std::string> WordPieceTokenizer::PreTokenize(
+    absl::string_view normalized) const {
   std::vector<std::string> words;
   std::string word;
   for (size_t i = 0; i < normalized.size();) {
@@ -639,9 +653,9 @@ std::vector<std::string> WordPieceTokenizer::PreTokenize(absl::string_view norma
 absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
     absl::string_view text, int64_t max_tokens, std::vector<int64_t>* ids) const {
   if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "not valid UTF-8 at byte offset %d (0x%02X)", bad,
-        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("not valid UTF-8 at byte offset %d (0x%02X)", bad,
+                        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
   }
   ids->push_back(cls_id_);
   // Room for the pieces: everything but [CLS] and [SEP].
@@ -684,8 +698,9 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
   return encoding;
 }
 
-void WordPieceTokenizer::AppendPieces(const std::u32string& normalized, int64_t max_pieces,
-                                      std::vector<int64_t>* ids, int64_t* tokens) const {
+void WordPieceTokenizer::AppendPieces(const std::u32string& normalized,
+                                      int64_t max_pieces, std::vector<int64_t>* ids,
+                                      int64_t* tokens) const {
   thread_local std::string word;
   word.clear();
   int64_t characters = 0;

@@ -86,10 +86,10 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
   // Padded to the longest, the ids take rows * longest slots: never more than the body
   // has bytes, so that padding cannot cost more memory than the request brought.
   if (rows.size() * longest > std::max<size_t>(body_bytes, 1 << 16)) {
-    return Invalid(absl::StrCat(field, ": ", rows.size(), " token arrays padded to the ",
-                                "longest (", longest, ") would be ", rows.size() * longest,
-                                " ids, more than the body's ", body_bytes,
-                                " bytes: send arrays of similar lengths together"));
+    return Invalid(absl::StrCat(
+        field, ": ", rows.size(), " token arrays padded to the ", "longest (", longest,
+        ") would be ", rows.size() * longest, " ids, more than the body's ", body_bytes,
+        " bytes: send arrays of similar lengths together"));
   }
   v1::Tensor* ids = encode->mutable_input_ids();
   ids->set_dtype(v1::DATA_TYPE_INT64);
@@ -104,12 +104,13 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
     for (size_t j = 0; j < row.size(); ++j) {
       const std::optional<int64_t> id = Int64Of(row[j]);
       if (!id) {
-        return Invalid(absl::StrCat(nested ? absl::StrCat(field, "[", i, "]") : field, "[",
-                                    j, "] must be an integer token id, got ",
+        return Invalid(absl::StrCat(nested ? absl::StrCat(field, "[", i, "]") : field,
+                                    "[", j, "] must be an integer token id, got ",
                                     Shown(row[j])));
       }
       const int64_t one = 1;
-      std::memcpy(raw.data() + (i * longest + j) * sizeof(int64_t), &*id, sizeof(int64_t));
+      std::memcpy(raw.data() + (i * longest + j) * sizeof(int64_t), &*id,
+                  sizeof(int64_t));
       std::memcpy(mask_raw.data() + (i * longest + j) * sizeof(int64_t), &one,
                   sizeof(int64_t));
     }
@@ -133,7 +134,8 @@ absl::StatusOr<bool> BoolAt(const Json& value, const std::string& field) {
 absl::StatusOr<int64_t> DimensionsAt(const Json& value) {
   const std::optional<int64_t> count = Int64Of(value);
   if (!count || *count < 1) {
-    return Invalid(absl::StrCat("dimensions must be a positive integer, got ", Shown(value)));
+    return Invalid(
+        absl::StrCat("dimensions must be a positive integer, got ", Shown(value)));
   }
   return *count;
 }
@@ -172,8 +174,8 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
     } else if (key == "encoding_format") {
       const auto* format = value.get_ptr<const Json::string_t*>();
       if (format == nullptr || (*format != "float" && *format != "base64")) {
-        return Invalid(absl::StrCat("encoding_format must be \"float\" or \"base64\", got ",
-                                    Shown(value)));
+        return Invalid(absl::StrCat(
+            "encoding_format must be \"float\" or \"base64\", got ", Shown(value)));
       }
       call.base64 = *format == "base64";
     } else if (key == "dimensions") {
@@ -183,12 +185,15 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
         return Invalid(absl::StrCat("user must be a string, got ", Shown(value)));
       }
     } else {
-      return Invalid(absl::StrCat("unrecognized request argument supplied: ", key,
-                                  " (accepted: input, model, encoding_format, dimensions, "
-                                  "user)"));
+      return Invalid(
+          absl::StrCat("unrecognized request argument supplied: ", key,
+                       " (accepted: input, model, encoding_format, dimensions, "
+                       "user)"));
     }
   }
-  if (!has_input) return Invalid("input is required: a string, a list of strings or token ids");
+  if (!has_input) {
+    return Invalid("input is required: a string, a list of strings or token ids");
+  }
   if (!has_model) return Invalid("model is required: the name of a served encoder");
   return call;
 }
@@ -216,13 +221,16 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
     } else if (key == "dimensions") {
       ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));
     } else {
-      return Invalid(absl::StrCat("unknown field \"", key, "\" (accepted: inputs, ",
-                                  "normalize, truncate, truncation_direction, dimensions)"));
+      return Invalid(
+          absl::StrCat("unknown field \"", key, "\" (accepted: inputs, ",
+                       "normalize, truncate, truncation_direction, dimensions)"));
     }
   }
   if (!has_input) return Invalid("inputs is required: a string or a list of strings");
   // Token ids carry no text to cut.
-  if (call.encode.truncate() && call.encode.text().empty()) call.encode.set_truncate(false);
+  if (call.encode.truncate() && call.encode.text().empty()) {
+    call.encode.set_truncate(false);
+  }
   return call;
 }
 
@@ -285,7 +293,8 @@ std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse&
     } else {
       values = row;
     }
-    data.push_back({{"object", "embedding"}, {"index", i}, {"embedding", std::move(values)}});
+    data.push_back(
+        {{"object", "embedding"}, {"index", i}, {"embedding", std::move(values)}});
   }
   if (call.api == EmbeddingsCall::Api::kTei) return JsonText(data);
   int64_t tokens = 0;
@@ -335,10 +344,11 @@ std::pair<int, std::string> EmbeddingsError(EmbeddingsCall::Api api,
     default:
       type = "server_error";
   }
-  return {http_status,
-          JsonText({{"error",
-                     {{"message", message}, {"type", type}, {"param", nullptr},
-                      {"code", code}}}})};
+  return {http_status, JsonText({{"error",
+                                  {{"message", message},
+                                   {"type", type},
+                                   {"param", nullptr},
+                                   {"code", code}}}})};
 }
 
 }  // namespace attnserve::server

@@ -114,11 +114,12 @@ absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
   const inference::ModelInferRequest::InferInputTensor& input = infer->inputs(index);
   const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
   if (input.datatype() != "BYTES") {
-    return Invalid(absl::StrCat(field, ".datatype must be BYTES, got \"", input.datatype(),
-                                "\""));
+    return Invalid(
+        absl::StrCat(field, ".datatype must be BYTES, got \"", input.datatype(), "\""));
   }
-  const bool shaped = (input.shape_size() == 1 && input.shape(0) >= 1) ||
-                      (input.shape_size() == 2 && input.shape(0) >= 1 && input.shape(1) == 1);
+  const bool shaped =
+      (input.shape_size() == 1 && input.shape(0) >= 1) ||
+      (input.shape_size() == 2 && input.shape(0) >= 1 && input.shape(1) == 1);
   if (!shaped) {
     std::vector<std::string> dims;
     for (const int64_t dim : input.shape()) dims.push_back(absl::StrCat(dim));
@@ -153,8 +154,8 @@ absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
       raw.remove_prefix(length);
     }
     if (!raw.empty()) {
-      return Invalid(absl::StrCat(field, ": ", raw.size(), " bytes left after its ", count,
-                                  " elements (shape ", count, ")"));
+      return Invalid(absl::StrCat(field, ": ", raw.size(), " bytes left after its ",
+                                  count, " elements (shape ", count, ")"));
     }
     return absl::OkStatus();
   }
@@ -441,7 +442,9 @@ void FillModelMetadata(const ServedModel& model,
     tensor(response->mutable_inputs(), kAttentionMask, {-1, -1}, "INT64");
     tensor(response->mutable_inputs(), kTokenTypeIds, {-1, -1}, "INT64");
     tensor(response->mutable_inputs(), kHiddenStates, {-1, -1, d});
-    if (model.tokenizer != nullptr) tensor(response->mutable_inputs(), kText, {-1}, "BYTES");
+    if (model.tokenizer != nullptr) {
+      tensor(response->mutable_inputs(), kText, {-1}, "BYTES");
+    }
     tensor(response->mutable_outputs(), kEmbedding, {-1, d});
     tensor(response->mutable_outputs(), kHidden, {-1, d});
     tensor(response->mutable_outputs(), kLengths, {-1}, "INT64");

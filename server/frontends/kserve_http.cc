@@ -502,8 +502,8 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
     fail(status, HttpStatus(status.code()));
   };
   if (std::string(request->request_method) != "POST") {
-    return fail(absl::InvalidArgumentError(absl::StrCat(request->request_method, " ",
-                                                        request->local_uri, ": use POST")),
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    request->request_method, " ", request->local_uri, ": use POST")),
                 405);
   }
   pipeline_->CallOpened();
@@ -511,7 +511,9 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
     RequestPipeline* pipeline;
     ~Closer() { pipeline->CallClosed(); }
   } closer{pipeline_};
-  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) return refuse(serving);
+  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
+    return refuse(serving);
+  }
   const char* authorization = mg_get_header(connection, "Authorization");
   if (absl::Status allowed =
           pipeline_->Authorize(authorization != nullptr ? authorization : "");
@@ -538,8 +540,8 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
   v1::EncodeResponse response;
   auto cancellation = std::make_shared<Cancellation>();
   pipeline_->SubmitEncode(call->encode, absl::Now() + options_.default_timeout,
-                          cancellation, [&](absl::Status result_status,
-                                            v1::EncodeResponse result) {
+                          cancellation,
+                          [&](absl::Status result_status, v1::EncodeResponse result) {
                             status = std::move(result_status);
                             if (status.ok()) response.Swap(&result);
                             done.Notify();

@@ -16,9 +16,9 @@ namespace attnserve::server {
 
 // The text of the files (empty: the file is absent).
 struct EncoderFiles {
-  std::string config_json;   // config.json
-  std::string modules_json;  // modules.json
-  std::string pooling_json;  // 1_Pooling/config.json (the Pooling module's folder)
+  std::string config_json;         // config.json
+  std::string modules_json;        // modules.json
+  std::string pooling_json;        // 1_Pooling/config.json (the Pooling module's folder)
   std::string sentence_bert_json;  // sentence_bert_config.json (max_seq_length)
 };
 

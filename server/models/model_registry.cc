@@ -217,9 +217,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
   if (auto loaded = core::WordPieceTokenizer::FromFolder(folder.string()); loaded.ok()) {
     if ((*loaded)->max_id() >= spec.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the tokenizer's largest id ", (*loaded)->max_id(),
-          " is outside the model's vocab_size ", spec.vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the tokenizer's largest id ", (*loaded)->max_id(),
+                       " is outside the model's vocab_size ", spec.vocab_size));
     }
     tokenizer = *std::move(loaded);
   } else if (!absl::IsNotFound(loaded.status())) {

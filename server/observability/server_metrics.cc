@@ -207,13 +207,15 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                        .Register(*registry_);
   request_tokens_ = &prometheus::BuildHistogram()
                          .Name("attnserve_request_tokens")
-                         .Help("Tokens per answered request (query tokens; an encoder's "
-                               "tokens after tokenizing its text).")
+                         .Help(
+                             "Tokens per answered request (query tokens; an encoder's "
+                             "tokens after tokenizing its text).")
                          .Register(*registry_);
   truncated_texts_ = &prometheus::BuildCounter()
                           .Name("attnserve_truncated_texts_total")
-                          .Help("Texts cut to the model's max_text_tokens because the "
-                                "request asked to truncate.")
+                          .Help(
+                              "Texts cut to the model's max_text_tokens because the "
+                              "request asked to truncate.")
                           .Register(*registry_);
   queue_depth_ = &prometheus::BuildGauge()
                       .Name("attnserve_queue_depth")
@@ -323,8 +325,8 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   metrics.batch_tokens =
       &batch_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
   metrics.tokens = &tokens_total_->Add(labels);
-  metrics.request_tokens =
-      &request_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
+  metrics.request_tokens = &request_tokens_->Add(
+      labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
   // Every model has the series (0 where no text comes in), so that dashboards and the
   // documented list do not depend on which models are loaded.
   metrics.truncated_texts = &truncated_texts_->Add(labels);

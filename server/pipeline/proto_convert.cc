@@ -435,13 +435,15 @@ struct EncodeBytes {
   int64_t work = 0;
 };
 EncodeBytes EncodeBytesFor(int64_t count, int64_t tokens, bool hidden_in,
-                           const v1::EncodeRequest& request, const core::EncoderSpec& spec) {
+                           const v1::EncodeRequest& request,
+                           const core::EncoderSpec& spec) {
   const int64_t d = spec.d_model;
   EncodeBytes bytes;
   bytes.embedding = spec.pooling != core::EncoderSpec::Pooling::kNone ? count * d * 4 : 0;
   bytes.hidden = request.return_hidden() ? tokens * d * 4 : 0;
   bytes.response = bytes.embedding + bytes.hidden + count * 10 +
-                   (request.return_token_ids() ? tokens * 10 : 0) + kResponseOverheadBytes +
+                   (request.return_token_ids() ? tokens * 10 : 0) +
+                   kResponseOverheadBytes +
                    static_cast<int64_t>(request.request_id().size());
   bytes.work = tokens * 16 + (hidden_in ? tokens * d * 4 : 0) + bytes.embedding +
                bytes.hidden + tokens * (2 * d + spec.ffn_dim) * 4;
@@ -481,9 +483,9 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
         "set one of text, input_ids and hidden_states, not several");
   }
   if (request.has_attention_mask() || request.has_token_type_ids()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        request.has_attention_mask() ? "attention_mask" : "token_type_ids",
-        " must be unset with text (the tokenizer makes the ids)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.has_attention_mask() ? "attention_mask" : "token_type_ids",
+                     " must be unset with text (the tokenizer makes the ids)"));
   }
   auto work = std::make_unique<EncoderWork>();
   work->lengths.reserve(static_cast<size_t>(request.text_size()));
@@ -506,12 +508,13 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
     }
     work->lengths.push_back(static_cast<int64_t>(work->token_ids.size() - before));
     ATTN_RETURN_IF_ERROR(CheckEncodeBytes(
-        EncodeBytesFor(i + 1, static_cast<int64_t>(work->token_ids.size()), false, request,
-                       spec),
+        EncodeBytesFor(i + 1, static_cast<int64_t>(work->token_ids.size()), false,
+                       request, spec),
         request, limits));
   }
-  const EncodeBytes bytes = EncodeBytesFor(
-      request.text_size(), static_cast<int64_t>(work->token_ids.size()), false, request, spec);
+  const EncodeBytes bytes =
+      EncodeBytesFor(request.text_size(), static_cast<int64_t>(work->token_ids.size()),
+                     false, request, spec);
   work->reserved_bytes = bytes.work;
   work->pooled = bytes.embedding > 0;
   work->return_hidden = request.return_hidden();
@@ -531,9 +534,9 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   }
   if (request.text_size() > 0) return TextWork(request, spec, limits, tokenizer);
   if (request.truncate() || request.return_token_ids()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        request.truncate() ? "truncate" : "return_token_ids",
-        " applies to text input only; it is set, and text is empty"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(request.truncate() ? "truncate" : "return_token_ids",
+                     " applies to text input only; it is set, and text is empty"));
   }
   const bool ids = request.has_input_ids();
   if (ids == request.has_hidden_states()) {
@@ -583,7 +586,8 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   for (const int64_t length : lengths) tokens += length;
   // Sizes before values. Every product below is of dimensions bounded by the checked
   // byte count of a message, so none overflows.
-  const EncodeBytes bytes = EncodeBytesFor(layout.count, tokens, hidden.has_value(), request, spec);
+  const EncodeBytes bytes =
+      EncodeBytesFor(layout.count, tokens, hidden.has_value(), request, spec);
   ATTN_RETURN_IF_ERROR(CheckEncodeBytes(bytes, request, limits));
   auto work = std::make_unique<EncoderWork>();
   work->reserved_bytes = bytes.work;

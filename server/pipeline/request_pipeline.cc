@@ -338,9 +338,8 @@ void RequestPipeline::SubmitEncode(
               {}, 0);
     return;
   }
-  absl::StatusOr<std::unique_ptr<EncoderWork>> work =
-      EncoderWorkFromRequest(request, model->encoder_spec, LimitsFor(*model),
-                             model->tokenizer.get());
+  absl::StatusOr<std::unique_ptr<EncoderWork>> work = EncoderWorkFromRequest(
+      request, model->encoder_spec, LimitsFor(*model), model->tokenizer.get());
   if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
   if (absl::Status queueable = CheckQueueable(deadline, cancellation,
                                               model->encoder.get(), &(*work)->cancelled);

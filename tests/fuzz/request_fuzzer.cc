@@ -1,7 +1,7 @@
 // libFuzzer target: wire bytes -> AttendRequest -> validated AttentionWork, and the
 // same bytes -> EncodeRequest -> validated EncoderWork (text through a tokenizer
-// included): the paths every request takes before it is queued. Any input must give a Status, never a crash, an overflow or a
-// read out of bounds.
+// included): the paths every request takes before it is queued. Any input must give a
+// Status, never a crash, an overflow or a read out of bounds.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

@@ -22,10 +22,12 @@ using attnserve::core::WordPieceTokenizer;
 
 constexpr char kVocab[] =
     "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\nc\nab\n##b\n##c\n##bc\nthe\n##s\n,\n.\n!\n"
-    "caf\n##e\ncafe\n\xc3\xa9\n##\xc3\xa9\n\xe6\x9d\xb1\n\xe4\xba\xac\n\xd0\xbc\xd0\xb8\xd1\x80\n"
+    "caf\n##e\ncafe\n\xc3\xa9\n##"
+    "\xc3\xa9\n\xe6\x9d\xb1\n\xe4\xba\xac\n\xd0\xbc\xd0\xb8\xd1\x80\n"
     "##\xd0\xb8\n\xd9\x85\n##\xd8\xb1\ni\n##\xcc\x87\n\xf0\x9f\x91\x8d\n##\n";
 
-void Check(const WordPieceTokenizer& tokenizer, absl::string_view text, int64_t max_tokens) {
+void Check(const WordPieceTokenizer& tokenizer, absl::string_view text,
+           int64_t max_tokens) {
   std::vector<int64_t> ids;
   const auto encoding = tokenizer.Encode(text, max_tokens, &ids);
   if (!encoding.ok()) {
