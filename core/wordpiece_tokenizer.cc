@@ -282,6 +282,22 @@ absl::StatusOr<bool> OptionalBool(const Json& object, const char* key, bool fall
   return object[key].get<bool>();
 }
 
+// Lowercasing, CJK spacing and accent stripping, under the names `object` gives them
+// (tokenizer_config.json's and tokenizer.json's differ).
+absl::Status ReadCaseAndScripts(const Json& object, const char* lowercase_key,
+                                const char* chinese_key, absl::string_view where,
+                                WordPieceTokenizer::Options* options) {
+  ATTN_ASSIGN_OR_RETURN(options->lowercase,
+                        OptionalBool(object, lowercase_key, true, where));
+  ATTN_ASSIGN_OR_RETURN(options->handle_chinese_chars,
+                        OptionalBool(object, chinese_key, true, where));
+  if (object.contains("strip_accents") && !object["strip_accents"].is_null()) {
+    ATTN_ASSIGN_OR_RETURN(options->strip_accents,
+                          OptionalBool(object, "strip_accents", true, where));
+  }
+  return absl::OkStatus();
+}
+
 // The special token of a TemplateProcessing item ({"SpecialToken": {"id": ...}}).
 std::optional<std::string> TemplateSpecial(const Json& item) {
   if (!item.is_object() || !item.contains("SpecialToken")) return std::nullopt;
@@ -322,14 +338,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromFold
                                            "\" is not supported (BertTokenizer only)"));
       }
     }
-    ATTN_ASSIGN_OR_RETURN(options.lowercase,
-                          OptionalBool(config, "do_lower_case", true, kFile));
-    ATTN_ASSIGN_OR_RETURN(options.handle_chinese_chars,
-                          OptionalBool(config, "tokenize_chinese_chars", true, kFile));
-    if (config.contains("strip_accents") && !config["strip_accents"].is_null()) {
-      ATTN_ASSIGN_OR_RETURN(options.strip_accents,
-                            OptionalBool(config, "strip_accents", true, kFile));
-    }
+    ATTN_RETURN_IF_ERROR(ReadCaseAndScripts(config, "do_lower_case",
+                                            "tokenize_chinese_chars", kFile, &options));
     options.special_tokens.clear();
     for (const char* key :
          {"pad_token", "unk_token", "cls_token", "sep_token", "mask_token"}) {
@@ -376,14 +386,8 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
   const std::string where = absl::StrCat(kFile, " normalizer");
   ATTN_ASSIGN_OR_RETURN(options.clean_text,
                         OptionalBool(normalizer, "clean_text", true, where));
-  ATTN_ASSIGN_OR_RETURN(options.handle_chinese_chars,
-                        OptionalBool(normalizer, "handle_chinese_chars", true, where));
-  ATTN_ASSIGN_OR_RETURN(options.lowercase,
-                        OptionalBool(normalizer, "lowercase", true, where));
-  if (normalizer.contains("strip_accents") && !normalizer["strip_accents"].is_null()) {
-    ATTN_ASSIGN_OR_RETURN(options.strip_accents,
-                          OptionalBool(normalizer, "strip_accents", true, where));
-  }
+  ATTN_RETURN_IF_ERROR(ReadCaseAndScripts(normalizer, "lowercase", "handle_chinese_chars",
+                                          where, &options));
   const Json& pre = json.contains("pre_tokenizer") ? json["pre_tokenizer"] : empty;
   if (type_of(pre) != "BertPreTokenizer") {
     return Invalid(kFile, absl::StrCat("pre_tokenizer type \"", type_of(pre),

@@ -23,21 +23,6 @@ absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-// A JSON value as a short excerpt for an error message.
-std::string Shown(const Json& value) {
-  std::string text = JsonText(value);
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return text;
-}
-
-std::optional<int64_t> Int64Of(const Json& value) {
-  if (const auto* number = value.get_ptr<const Json::number_integer_t*>()) return *number;
-  if (const auto* number = value.get_ptr<const Json::number_unsigned_t*>()) {
-    if (*number <= static_cast<uint64_t>(INT64_MAX)) return static_cast<int64_t>(*number);
-  }
-  return std::nullopt;
-}
-
 // The input of either API: a text, a list of texts, one token array or a list of token
 // arrays, into `encode` (text, or input_ids [n, L] padded with an attention_mask).
 absl::Status ReadInput(const Json& input, const std::string& field, size_t body_bytes,
@@ -48,7 +33,7 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
   }
   if (!input.is_array()) {
     return Invalid(absl::StrCat(field, " must be a string, a list of strings or token ",
-                                "ids ([ids] or [[ids]]), got ", Shown(input)));
+                                "ids ([ids] or [[ids]]), got ", JsonExcerpt(input)));
   }
   if (input.empty()) return Invalid(absl::StrCat(field, " must not be an empty list"));
   const Json& first = input[0];
@@ -57,7 +42,7 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
       const auto* text = input[i].get_ptr<const Json::string_t*>();
       if (text == nullptr) {
         return Invalid(absl::StrCat(field, "[", i, "] must be a string like ", field,
-                                    "[0], got ", Shown(input[i])));
+                                    "[0], got ", JsonExcerpt(input[i])));
       }
       encode->add_text(*text);
     }
@@ -76,7 +61,7 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
     const std::string row_field = nested ? absl::StrCat(field, "[", i, "]") : field;
     if (!rows[i]->is_array()) {
       return Invalid(absl::StrCat(row_field, " must be a list of token ids like ", field,
-                                  "[0], got ", Shown(*rows[i])));
+                                  "[0], got ", JsonExcerpt(*rows[i])));
     }
     if (rows[i]->empty()) {
       return Invalid(absl::StrCat(row_field, " must hold at least one token id"));
@@ -102,11 +87,11 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
     const Json& row = *rows[i];
     ragged |= row.size() != longest;
     for (size_t j = 0; j < row.size(); ++j) {
-      const std::optional<int64_t> id = Int64Of(row[j]);
+      const std::optional<int64_t> id = JsonInt64(row[j]);
       if (!id) {
         return Invalid(absl::StrCat(nested ? absl::StrCat(field, "[", i, "]") : field,
                                     "[", j, "] must be an integer token id, got ",
-                                    Shown(row[j])));
+                                    JsonExcerpt(row[j])));
       }
       const int64_t one = 1;
       std::memcpy(raw.data() + (i * longest + j) * sizeof(int64_t), &*id,
@@ -128,14 +113,14 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
 
 absl::StatusOr<bool> BoolAt(const Json& value, const std::string& field) {
   if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) return *flag;
-  return Invalid(absl::StrCat(field, " must be true or false, got ", Shown(value)));
+  return Invalid(absl::StrCat(field, " must be true or false, got ", JsonExcerpt(value)));
 }
 
 absl::StatusOr<int64_t> DimensionsAt(const Json& value) {
-  const std::optional<int64_t> count = Int64Of(value);
+  const std::optional<int64_t> count = JsonInt64(value);
   if (!count || *count < 1) {
     return Invalid(
-        absl::StrCat("dimensions must be a positive integer, got ", Shown(value)));
+        absl::StrCat("dimensions must be a positive integer, got ", JsonExcerpt(value)));
   }
   return *count;
 }
@@ -167,7 +152,7 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
     } else if (key == "model") {
       const auto* name = value.get_ptr<const Json::string_t*>();
       if (name == nullptr) {
-        return Invalid(absl::StrCat("model must be a string, got ", Shown(value)));
+        return Invalid(absl::StrCat("model must be a string, got ", JsonExcerpt(value)));
       }
       call.encode.set_model(*name);
       has_model = true;
@@ -175,14 +160,14 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
       const auto* format = value.get_ptr<const Json::string_t*>();
       if (format == nullptr || (*format != "float" && *format != "base64")) {
         return Invalid(absl::StrCat(
-            "encoding_format must be \"float\" or \"base64\", got ", Shown(value)));
+            "encoding_format must be \"float\" or \"base64\", got ", JsonExcerpt(value)));
       }
       call.base64 = *format == "base64";
     } else if (key == "dimensions") {
       ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));
     } else if (key == "user") {
       if (!value.is_string()) {
-        return Invalid(absl::StrCat("user must be a string, got ", Shown(value)));
+        return Invalid(absl::StrCat("user must be a string, got ", JsonExcerpt(value)));
       }
     } else {
       return Invalid(
@@ -216,7 +201,7 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
       const auto* direction = value.get_ptr<const Json::string_t*>();
       if (direction == nullptr || (*direction != "Right" && *direction != "right")) {
         return Invalid(absl::StrCat("truncation_direction must be \"Right\" (the end of ",
-                                    "a text is cut), got ", Shown(value)));
+                                    "a text is cut), got ", JsonExcerpt(value)));
       }
     } else if (key == "dimensions") {
       ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));

@@ -192,6 +192,21 @@ Json StatisticsJson(const inference::ModelStatisticsResponse& response) {
   return {{"model_stats", std::move(models)}};
 }
 
+// A call counted as open from its construction until its answer is written, so that a
+// drain waits for it.
+class OpenCall {
+ public:
+  explicit OpenCall(RequestPipeline* pipeline) : pipeline_(pipeline) {
+    pipeline_->CallOpened();
+  }
+  ~OpenCall() { pipeline_->CallClosed(); }
+  OpenCall(const OpenCall&) = delete;
+  OpenCall& operator=(const OpenCall&) = delete;
+
+ private:
+  RequestPipeline* const pipeline_;
+};
+
 int Dispatch(mg_connection* connection, void* self) {
   return static_cast<KServeHttp*>(self)->Handle(connection);
 }
@@ -399,12 +414,7 @@ void KServeHttp::Route(mg_connection* connection) {
 void KServeHttp::Infer(mg_connection* connection, const std::string& model,
                        const std::string& version) {
   const mg_request_info* request = mg_get_request_info(connection);
-  // Counted as an open call until its answer is written, so that a drain waits for it.
-  pipeline_->CallOpened();
-  struct Closer {
-    RequestPipeline* pipeline;
-    ~Closer() { pipeline->CallClosed(); }
-  } closer{pipeline_};
+  const OpenCall call(pipeline_);
   if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
     return SendStatus(connection, serving);
   }
@@ -506,11 +516,7 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
                     request->request_method, " ", request->local_uri, ": use POST")),
                 405);
   }
-  pipeline_->CallOpened();
-  struct Closer {
-    RequestPipeline* pipeline;
-    ~Closer() { pipeline->CallClosed(); }
-  } closer{pipeline_};
+  const OpenCall open_call(pipeline_);
   if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
     return refuse(serving);
   }

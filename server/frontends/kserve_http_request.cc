@@ -25,13 +25,6 @@ absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-// A JSON value as a short quoted excerpt for an error message.
-std::string Shown(const Json& value) {
-  std::string text = JsonText(value);
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return text;
-}
-
 // The deepest nesting of arrays and objects in `text`, counting only brackets outside
 // strings; stops counting once past `limit`.
 int NestingDepth(absl::string_view text, int limit) {
@@ -72,18 +65,6 @@ const Json* Member(const Json& object, const char* key) {
 // here can throw (nlohmann's converting accessors do on a wrong type).
 
 // An integer that fits int64 (nlohmann keeps non-negative ones as unsigned).
-std::optional<int64_t> Int64Of(const Json& value) {
-  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
-    return *integer;
-  }
-  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>();
-      count != nullptr &&
-      *count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return static_cast<int64_t>(*count);
-  }
-  return std::nullopt;
-}
-
 // Any JSON number as a double.
 std::optional<double> NumberOf(const Json& value) {
   if (const auto* real = value.get_ptr<const Json::number_float_t*>()) return *real;
@@ -98,33 +79,33 @@ std::optional<double> NumberOf(const Json& value) {
 
 absl::StatusOr<std::string> StringAt(const Json& value, const std::string& path) {
   if (const auto* text = value.get_ptr<const Json::string_t*>()) return *text;
-  return Invalid(absl::StrCat(path, " must be a string, got ", Shown(value)));
+  return Invalid(absl::StrCat(path, " must be a string, got ", JsonExcerpt(value)));
 }
 
 absl::StatusOr<bool> BoolAt(const Json& value, const std::string& path) {
   if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) return *flag;
-  return Invalid(absl::StrCat(path, " must be true or false, got ", Shown(value)));
+  return Invalid(absl::StrCat(path, " must be true or false, got ", JsonExcerpt(value)));
 }
 
 // A non-negative integer that fits int64.
 absl::StatusOr<int64_t> CountAt(const Json& value, const std::string& path) {
-  if (const std::optional<int64_t> count = Int64Of(value); count && *count >= 0) {
+  if (const std::optional<int64_t> count = JsonInt64(value); count && *count >= 0) {
     return *count;
   }
   return Invalid(
-      absl::StrCat(path, " must be a non-negative integer, got ", Shown(value)));
+      absl::StrCat(path, " must be a non-negative integer, got ", JsonExcerpt(value)));
 }
 
 absl::Status ObjectAt(const Json& value, const std::string& path) {
   if (!value.is_object()) {
-    return Invalid(absl::StrCat(path, " must be an object, got ", Shown(value)));
+    return Invalid(absl::StrCat(path, " must be an object, got ", JsonExcerpt(value)));
   }
   return absl::OkStatus();
 }
 
 absl::Status ArrayAt(const Json& value, const std::string& path) {
   if (!value.is_array()) {
-    return Invalid(absl::StrCat(path, " must be an array, got ", Shown(value)));
+    return Invalid(absl::StrCat(path, " must be an array, got ", JsonExcerpt(value)));
   }
   return absl::OkStatus();
 }
@@ -139,12 +120,14 @@ absl::Status Flatten(const Json& data, const std::string& path, std::vector<floa
     return absl::OkStatus();
   }
   const std::optional<double> number = NumberOf(data);
-  if (!number) return Invalid(absl::StrCat(path, " must be a number, got ", Shown(data)));
+  if (!number) {
+    return Invalid(absl::StrCat(path, " must be a number, got ", JsonExcerpt(data)));
+  }
   const double value = *number;
   // A double beyond float's range has no float32 value (converting it is undefined).
   if (!(std::fabs(value) <= std::numeric_limits<float>::max())) {
-    return Invalid(
-        absl::StrCat(path, " is ", Shown(data), ", beyond float32's range (3.4e38)"));
+    return Invalid(absl::StrCat(path, " is ", JsonExcerpt(data),
+                                ", beyond float32's range (3.4e38)"));
   }
   out.push_back(static_cast<float>(value));
   return absl::OkStatus();
@@ -161,11 +144,11 @@ absl::Status FlattenIntegers(const Json& data, const std::string& path, int bits
     }
     return absl::OkStatus();
   }
-  const std::optional<int64_t> value = Int64Of(data);
+  const std::optional<int64_t> value = JsonInt64(data);
   if (!value || (bits == 32 && (*value < std::numeric_limits<int32_t>::min() ||
                                 *value > std::numeric_limits<int32_t>::max()))) {
     return Invalid(
-        absl::StrCat(path, " must be an INT", bits, " integer, got ", Shown(data)));
+        absl::StrCat(path, " must be an INT", bits, " integer, got ", JsonExcerpt(data)));
   }
   if (bits == 64) {
     out.append(reinterpret_cast<const char*>(&*value), sizeof(int64_t));
@@ -187,7 +170,8 @@ absl::Status FlattenStrings(const Json& data, const std::string& path, std::stri
   }
   const auto* text = data.get_ptr<const Json::string_t*>();
   if (text == nullptr) {
-    return Invalid(absl::StrCat(path, " must be a BYTES string, got ", Shown(data)));
+    return Invalid(
+        absl::StrCat(path, " must be a BYTES string, got ", JsonExcerpt(data)));
   }
   const auto length = static_cast<uint32_t>(text->size());  // bounded by the body
   out.append(reinterpret_cast<const char*>(&length), sizeof(length));
@@ -200,13 +184,13 @@ absl::Status ToParameter(const Json& value, const std::string& path,
                          inference::InferParameter* parameter) {
   if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) {
     parameter->set_bool_param(*flag);
-  } else if (const std::optional<int64_t> integer = Int64Of(value)) {
+  } else if (const std::optional<int64_t> integer = JsonInt64(value)) {
     parameter->set_int64_param(*integer);
   } else if (const auto* text = value.get_ptr<const Json::string_t*>()) {
     parameter->set_string_param(*text);
   } else {
-    return Invalid(
-        absl::StrCat(path, " must be a bool, an int64 or a string, got ", Shown(value)));
+    return Invalid(absl::StrCat(path, " must be a bool, an int64 or a string, got ",
+                                JsonExcerpt(value)));
   }
   return absl::OkStatus();
 }
@@ -416,6 +400,24 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
 
 std::string JsonText(const nlohmann::json& json) {
   return json.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string JsonExcerpt(const Json& value) {
+  std::string text = JsonText(value);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return text;
+}
+
+std::optional<int64_t> JsonInt64(const Json& value) {
+  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
+    return *integer;
+  }
+  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>();
+      count != nullptr &&
+      *count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    return static_cast<int64_t>(*count);
+  }
+  return std::nullopt;
 }
 
 absl::StatusOr<Json> ParseJsonBody(absl::string_view text) {

@@ -64,6 +64,12 @@ std::string JsonText(const nlohmann::json& json);
 // valid JSON". Never throws.
 absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view text);
 
+// A JSON value as a short excerpt for an error message (at most 40 characters).
+std::string JsonExcerpt(const nlohmann::json& value);
+
+// A JSON integer that fits int64 (a float or a larger number does not).
+std::optional<int64_t> JsonInt64(const nlohmann::json& value);
+
 // {"error": message} (invalid UTF-8 replaced, so any message can be sent).
 std::string ErrorBody(absl::string_view message);
 
