@@ -94,6 +94,7 @@ test_packages=(
   python3-torch
   openssl
   libb64-0d
+  chromium   # status_page_test: the status page in a real headless browser
 )
 
 bench_packages=(

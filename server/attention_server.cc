@@ -148,10 +148,17 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());
   server->kserve_ = std::make_unique<KServeService>(server->pipeline_.get(), metrics);
   if (options.metrics_port >= 0) {
-    absl::StatusOr<int> metrics_port =
-        metrics->StartExposer(options.metrics_host, options.metrics_port);
-    if (!metrics_port.ok()) return metrics_port.status();
-    server->metrics_port_ = *metrics_port;
+    MetricsHttp::Options metrics_options;
+    metrics_options.host = options.metrics_host;
+    metrics_options.port = options.metrics_port;
+    metrics_options.version = kServerVersion;
+    metrics_options.flags = options.status_flags;
+    metrics_options.sample_interval = options.status_interval;
+    absl::StatusOr<std::unique_ptr<MetricsHttp>> metrics_http = MetricsHttp::Start(
+        metrics_options, metrics, server->registry_.get(), server->auth_.get());
+    if (!metrics_http.ok()) return metrics_http.status();
+    server->metrics_http_ = *std::move(metrics_http);
+    server->metrics_port_ = server->metrics_http_->port();
   }
 
   grpc::EnableDefaultHealthCheckService(true);

@@ -16,6 +16,7 @@
 #include "server/frontends/kserve_http.h"
 #include "server/frontends/kserve_service.h"
 #include "server/models/model_registry.h"
+#include "server/observability/metrics_http.h"
 #include "server/observability/server_metrics.h"
 
 namespace attnserve::server {
@@ -57,10 +58,15 @@ class AttentionServer {
     int max_concurrent_streams = 256;
     // The models.
     ModelRegistry::Options models;
-    // Where /metrics is served (Prometheus text format): port 0 picks a free one
-    // (see metrics_port()); -1 serves none (the metrics are still recorded).
+    // Where /metrics (Prometheus text format) and the status page (/) are served:
+    // port 0 picks a free one (see metrics_port()); -1 serves none (the metrics are
+    // still recorded).
     std::string metrics_host = "0.0.0.0";
     int metrics_port = -1;
+    // How often the status page samples the histograms it draws. > 0.
+    absl::Duration status_interval = absl::Seconds(10);
+    // The flags the status page lists (name, value); main fills it.
+    std::vector<std::pair<std::string, std::string>> status_flags;
     // KServe v2 HTTP/REST endpoints (KServeHttp) on this port; 0 picks a free one (see
     // http_port()); -1 serves none. They listen on `host`.
     int http_port = -1;
@@ -106,6 +112,7 @@ class AttentionServer {
   std::unique_ptr<ServerMetrics> metrics_;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<TokenAuthenticator> auth_;
+  std::unique_ptr<MetricsHttp> metrics_http_;
   std::unique_ptr<RequestPipeline> pipeline_;
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<KServeService> kserve_;

@@ -2,11 +2,15 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
@@ -70,9 +74,14 @@ ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, max_connection_age, absl::ZeroDuration(),
           "Close client connections after this age (GOAWAY) so clients re-resolve DNS "
           "and spread onto new replicas; 0 = never. 5m suits Kubernetes.");
-ABSL_FLAG(int, metrics_port, 8080,
-          "HTTP port serving /metrics (Prometheus text format); 0 picks a free port "
-          "(printed at start-up); -1 turns it off.");
+ABSL_FLAG(
+    int, metrics_port, 8080,
+    "HTTP port serving /metrics (Prometheus text format) and the status page (/); 0 "
+    "picks a free port "
+    "(printed at start-up); -1 turns it off.");
+ABSL_FLAG(absl::Duration, status_interval, absl::Seconds(10),
+          "How often the status page (GET / on the metrics port) samples the latency and "
+          "batch-size histograms; its charts show the last 30 intervals.");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
           "Address the /metrics server listens on.");
 ABSL_FLAG(std::string, grpc_args, "",
@@ -176,6 +185,14 @@ int Run() {
     return 2;
   }
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  options.status_interval = absl::GetFlag(FLAGS_status_interval);
+  // The status page lists this binary's flags as they are set now.
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), "server/main.cc")) {
+      options.status_flags.emplace_back(std::string(name), flag->CurrentValue());
+    }
+  }
+  std::sort(options.status_flags.begin(), options.status_flags.end());
   options.models.model_repository = absl::GetFlag(FLAGS_model_repository);
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);

@@ -468,18 +468,38 @@ std::optional<ServerMetrics::InferenceTotals> ServerMetrics::Totals(
   return snapshot;
 }
 
-absl::StatusOr<int> ServerMetrics::StartExposer(const std::string& host, int port) {
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve /metrics on ", host, ":", port, ": ", e.what()));
+namespace {
+
+ServerMetrics::HistogramCounts CountsOf(const prometheus::Histogram* histogram) {
+  ServerMetrics::HistogramCounts counts;
+  if (histogram == nullptr) return counts;
+  const prometheus::ClientMetric metric = histogram->Collect();
+  counts.count = metric.histogram.sample_count;
+  counts.sum = metric.histogram.sample_sum;
+  for (const auto& bucket : metric.histogram.bucket) {
+    counts.upper_bounds.push_back(bucket.upper_bound);
+    counts.cumulative.push_back(bucket.cumulative_count);
   }
-  exposer_->RegisterCollectable(registry_);
-  exposer_->RegisterCollectable(process_metrics_);
-  const std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError("the /metrics exposer has no port");
-  return ports.front();
+  return counts;
+}
+
+}  // namespace
+
+std::optional<ServerMetrics::ModelSnapshot> ServerMetrics::Snapshot(
+    const std::string& model) const {
+  const auto it = models_.find(model);
+  if (it == models_.end() || model == kUnknownModelLabel) return std::nullopt;
+  const ModelMetrics& metrics = it->second;
+  ModelSnapshot snapshot;
+  snapshot.request_duration = CountsOf(metrics.request_duration);
+  snapshot.batch_size = CountsOf(metrics.batch_size);
+  if (metrics.queue_depth != nullptr) {
+    snapshot.queue_depth = static_cast<int64_t>(metrics.queue_depth->Value());
+  }
+  if (metrics.inflight != nullptr) {
+    snapshot.inflight = static_cast<int64_t>(metrics.inflight->Value());
+  }
+  return snapshot;
 }
 
 std::string ServerMetrics::Render() const {

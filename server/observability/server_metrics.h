@@ -1,5 +1,6 @@
 // ServerMetrics: attnserve's Prometheus metrics (the families in DESIGN.md, the
-// go-grpc-prometheus RPC families, process metrics) and the /metrics HTTP exposer.
+// go-grpc-prometheus RPC families, process metrics), their text exposition and the
+// snapshots the status page draws.
 #ifndef ATTNSERVE_SERVER_OBSERVABILITY_SERVER_METRICS_H_
 #define ATTNSERVE_SERVER_OBSERVABILITY_SERVER_METRICS_H_
 
@@ -16,7 +17,6 @@
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/attention.pb.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
@@ -51,11 +51,7 @@ class ServerMetrics {
   // The observer the AttentionService reports calls through.
   ServiceObserver service_observer();
 
-  // Serves GET /metrics on host:port (port 0 picks a free one). Returns the bound port;
-  // Unavailable when it cannot bind. Call at most once.
-  absl::StatusOr<int> StartExposer(const std::string& host, int port);
-
-  // The text exposition /metrics serves.
+  // The text exposition GET /metrics serves (MetricsHttp).
   std::string Render() const;
 
   // A model's cumulative figures as Triton's ModelStatistics reports them: requests
@@ -72,6 +68,25 @@ class ServerMetrics {
   };
   // Nullopt for a model that AddModel has not seen. Thread-safe.
   std::optional<InferenceTotals> Totals(const std::string& model) const;
+
+  // A histogram's counts now: its buckets' upper bounds (the last is +Inf) with the
+  // cumulative count of each, the number of samples and their sum.
+  struct HistogramCounts {
+    std::vector<double> upper_bounds;
+    std::vector<uint64_t> cumulative;
+    uint64_t count = 0;
+    double sum = 0;
+  };
+  // What the status page draws of a model: end-to-end latency (answered requests) and
+  // batch sizes, cumulative since start, and the queue depth and requests in flight
+  // now. Nullopt for a model that AddModel has not seen. Thread-safe.
+  struct ModelSnapshot {
+    HistogramCounts request_duration;
+    HistogramCounts batch_size;
+    int64_t queue_depth = 0;
+    int64_t inflight = 0;
+  };
+  std::optional<ModelSnapshot> Snapshot(const std::string& model) const;
 
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
@@ -136,7 +151,6 @@ class ServerMetrics {
   std::map<std::string, ModelMetrics, std::less<>> models_;
   std::map<std::string, RpcMetrics, std::less<>> rpcs_;
   std::shared_ptr<prometheus::Collectable> process_metrics_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
 };
 
 }  // namespace attnserve::server

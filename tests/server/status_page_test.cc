@@ -1,0 +1,67 @@
+// The status page's arithmetic and escaping: percentiles between two histogram
+// snapshots (as Prometheus's histogram_quantile interpolates), and model names and flags
+// that cannot inject markup.
+#include "server/observability/status_page.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+
+namespace attnserve::server {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+ServerMetrics::HistogramCounts Counts(std::vector<uint64_t> cumulative) {
+  ServerMetrics::HistogramCounts counts;
+  counts.upper_bounds = {0.001, 0.01, 0.1, std::numeric_limits<double>::infinity()};
+  counts.cumulative = std::move(cumulative);
+  counts.count = counts.cumulative.back();
+  return counts;
+}
+
+TEST(StatusPageTest, QuantilesInterpolateInsideTheBucketOfTheIntervalsSamples) {
+  // Before: 10 samples <= 1 ms. After: 10 more <= 1 ms, and 20 in (1 ms, 10 ms].
+  const auto before = Counts({10, 10, 10, 10});
+  const auto after = Counts({20, 40, 40, 40});
+  // 30 samples in the interval: the median (rank 15) is the 5th of the 20 in the second
+  // bucket: 1 ms + 9 ms * 5 / 20.
+  EXPECT_NEAR(QuantileBetween(before, after, 0.5), 0.001 + 0.009 * 5.0 / 20.0, 1e-12);
+  // Rank 9 of 30 falls in the first bucket: 0 + 1 ms * 9 / 10.
+  EXPECT_NEAR(QuantileBetween(before, after, 0.3), 0.0009, 1e-12);
+  EXPECT_EQ(QuantileBetween(after, after, 0.5), -1) << "no samples in between";
+  // Past the last finite bound: its lower edge.
+  EXPECT_EQ(QuantileBetween(Counts({0, 0, 0, 0}), Counts({0, 0, 0, 5}), 0.99), 0.1);
+}
+
+TEST(StatusPageTest, TextFromModelsAndFlagsIsEscaped) {
+  StatusView view;
+  view.version = "0.1.0";
+  view.started = absl::Now() - absl::Minutes(3);
+  view.flags = {{"model_repository", "/srv/<models>&\"x\""}};
+  v1::ModelInfo model;
+  model.set_name("m<script>alert(1)</script>");
+  model.set_device("cpu");
+  view.models.push_back(model);
+  StatusSample first, last;
+  first.time = absl::Now() - absl::Seconds(10);
+  last.time = absl::Now();
+  first.models[model.name()].request_duration = Counts({0, 0, 0, 0});
+  last.models[model.name()].request_duration = Counts({4, 4, 4, 4});
+  first.models[model.name()].batch_size = Counts({0, 0, 0, 0});
+  last.models[model.name()].batch_size = Counts({3, 4, 4, 4});
+  view.samples = {first, last};
+  const std::string html = RenderStatusPage(view);
+  EXPECT_THAT(html, Not(HasSubstr("<script>")));
+  EXPECT_THAT(html, HasSubstr("m&lt;script&gt;alert(1)&lt;/script&gt;"));
+  EXPECT_THAT(html, HasSubstr("/srv/&lt;models&gt;&amp;&quot;x&quot;"));
+  EXPECT_THAT(html, HasSubstr("class=\"series p50\" data-points=\"1\""));
+  EXPECT_THAT(html, HasSubstr("class=\"bar\" data-count=\"3\""));
+  EXPECT_THAT(html, HasSubstr("class=\"bar\" data-count=\"1\""));
+  EXPECT_THAT(html, HasSubstr("up 3m"));
+}
+
+}  // namespace
+}  // namespace attnserve::server
