@@ -7,7 +7,7 @@ CMAKE_ARGS ?=
 SANITIZE_DIR := $(BUILD_DIR)/asan
 TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 40
 
 .PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-grid format clean
 
@@ -62,7 +62,7 @@ test-tsan: tsan-build
 	cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
 	  ignore_noninstrumented_modules=1 suppressions=$(abspath tests/sanitizers/tsan.supp)" \
 	  ctest --output-on-failure -j $(JOBS) -L 'server|client|e2e' -LE lint \
-	  -E '^(readme_test|perf_analyzer_test|tritonclient_test|prometheus_scrape_test|export_test|python_package_test)$$'
+	  -E '^(readme_test|perf_analyzer_test|tritonclient_test|prometheus_scrape_test|export_test|python_package_test|text_test)$$'
 
 tsan-build: deps
 	deploy/tsan-abseil.sh --build $(BUILD_DIR)
