@@ -81,7 +81,6 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
   ids->add_shape(static_cast<int64_t>(rows.size()));
   ids->add_shape(static_cast<int64_t>(longest));
   std::string raw(rows.size() * longest * sizeof(int64_t), '\0');
-  std::string mask_raw(rows.size() * longest * sizeof(int64_t), '\0');
   bool ragged = false;
   for (size_t i = 0; i < rows.size(); ++i) {
     const Json& row = *rows[i];
@@ -93,15 +92,21 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
                                     "[", j, "] must be an integer token id, got ",
                                     JsonExcerpt(row[j])));
       }
-      const int64_t one = 1;
       std::memcpy(raw.data() + (i * longest + j) * sizeof(int64_t), &*id,
-                  sizeof(int64_t));
-      std::memcpy(mask_raw.data() + (i * longest + j) * sizeof(int64_t), &one,
                   sizeof(int64_t));
     }
   }
   ids->set_raw(std::move(raw));
+  // A mask only when the rows differ in length: each row's ones, then zeros.
   if (ragged) {
+    std::string mask_raw(rows.size() * longest * sizeof(int64_t), '\0');
+    const int64_t one = 1;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (size_t j = 0; j < rows[i]->size(); ++j) {
+        std::memcpy(mask_raw.data() + (i * longest + j) * sizeof(int64_t), &one,
+                    sizeof(int64_t));
+      }
+    }
     v1::Tensor* mask = encode->mutable_attention_mask();
     mask->set_dtype(v1::DATA_TYPE_INT64);
     mask->add_shape(static_cast<int64_t>(rows.size()));
