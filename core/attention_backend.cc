@@ -139,6 +139,11 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
                           MultiHeadAttention::Create(spec, weights, engine, cpu_options));
     return std::unique_ptr<AttentionBackend>(std::move(attention));
   }
+  if (spec.precision == Precision::kInt8) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("precision int8 runs on the CPU only; device ", DeviceName(device),
+                     " runs fp32 and bf16"));
+  }
 #ifdef ATTNSERVE_HAVE_CUDA
   cuda::CudaAttentionOptions cuda_options;
   cuda_options.allow_tf32 = options.allow_tf32;

@@ -128,7 +128,7 @@ struct BackendOptions {
 // GPU). Errors: InvalidArgument for a bad `spec`, `weights` shapes or option, naming
 // the field; Unavailable when the device does not exist or this build has no backend
 // for it (the message names the device and what was found); FailedPrecondition for a
-// precision the device cannot run;
+// precision the device cannot run (int8 off the CPU);
 // ResourceExhausted when device memory runs out; Internal when the device library
 // fails. A bf16 model runs on every CPU: natively where it has AVX512_BF16 or AMX,
 // else on bf16-valued weights in f32 (ComputePath says which).

@@ -17,6 +17,8 @@ absl::string_view PrecisionName(Precision precision) {
       return "fp32";
     case Precision::kBf16:
       return "bf16";
+    case Precision::kInt8:
+      return "int8";
   }
   return "unknown";
 }
@@ -35,8 +37,9 @@ absl::Status ModelSpec::Validate() const {
         absl::StrCat("num_heads must divide d_model: d_model=", d_model,
                      " is not a multiple of num_heads=", num_heads));
   }
-  if (precision != Precision::kFp32 && precision != Precision::kBf16) {
-    return absl::InvalidArgumentError("precision must be fp32 or bf16");
+  if (precision != Precision::kFp32 && precision != Precision::kBf16 &&
+      precision != Precision::kInt8) {
+    return absl::InvalidArgumentError("precision must be fp32, bf16 or int8");
   }
   for (size_t i = 0; i < pruned_heads.size(); ++i) {
     const int64_t head = pruned_heads[i];

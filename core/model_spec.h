@@ -15,9 +15,12 @@ namespace attnserve::core {
 enum class Precision {
   kFp32,
   kBf16,
+  // Dynamic quantization: weights int8 per output channel, activations uint8 per token
+  // at run time, int32 accumulation; attention scores, softmax and outputs in f32.
+  kInt8,
 };
 
-// "fp32" / "bf16".
+// "fp32" / "bf16" / "int8".
 absl::string_view PrecisionName(Precision precision);
 
 // A value type describing a multi-head attention layer. Plain data; copy freely.

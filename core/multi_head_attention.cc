@@ -117,6 +117,13 @@ absl::StatusOr<dnnl::engine> CreateCpuEngine() {
 namespace {
 
 std::string DescribePath(const ModelSpec& spec, bool native_bf16) {
+  if (spec.precision == Precision::kInt8) {
+    const Int8Levels levels = Int8LevelsForCpu();
+    return absl::StrCat(
+        "int8 projections (u8s8 with int32 sums, ", IsaName(),
+        levels.weight == 127 ? ": VNNI, 8-bit weights" : ": no VNNI, 7-bit weights",
+        "), attention in f32");
+  }
   if (spec.precision != Precision::kBf16) return "fp32";
   if (native_bf16) return absl::StrCat("bf16 (native, ", IsaName(), ")");
   return absl::StrCat("bf16 weights, f32 compute (", IsaName(),
@@ -245,6 +252,8 @@ MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine
     : spec_(spec),
       compute_(native_bf16 ? memory::data_type::bf16 : memory::data_type::f32),
       compute_bytes_(native_bf16 ? 2 : 4),
+      int8_(spec.precision == Precision::kInt8),
+      int8_levels_(Int8LevelsForCpu()),
       engine_(engine),
       stream_(engine),
       options_(options),
@@ -316,6 +325,19 @@ const dnnl::memory& MultiHeadAttention::Packed(Matrix& matrix, int64_t in, int64
                                                const memory::desc& desc) {
   for (const auto& [layout, packed] : matrix.packed) {
     if (layout == desc) return packed;
+  }
+  if (desc.data_type() == memory::data_type::s8) {
+    if (matrix.quantized.values.empty()) {
+      matrix.quantized =
+          QuantizeWeights(matrix.plain.data(), out, in, int8_levels_.weight);
+    }
+    memory codes(memory::desc({in, out}, memory::data_type::s8, memory::format_tag::ba),
+                 engine_, matrix.quantized.values.data());
+    memory packed(desc, engine_);
+    dnnl::reorder(codes, packed).execute(stream_, codes, packed);
+    stream_.wait();
+    matrix.packed.emplace_back(desc, std::move(packed));
+    return matrix.packed.back().second;
   }
   memory plain(ProjectionWeights(in, out), engine_, matrix.plain.data());
   memory packed(desc, engine_);
@@ -458,12 +480,32 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
       static_cast<uint8_t*>(scratch_->v.Reserve(key_tokens * width * compute_bytes_));
   auto* context = static_cast<uint8_t*>(
       scratch_->context.Reserve(query_tokens * width * compute_bytes_));
-  ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
-                               set.query_weight, set.query_bias.data(), width, q));
-  ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
-                               set.key_weight, set.key_bias.data(), width, k));
-  ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
-                               set.value_weight, set.value_bias.data(), width, v));
+  if (int8_) {
+    // Each input quantized once for the projections that read it.
+    const QuantizedRows query_codes =
+        QuantizeInput(static_cast<const float*>(query), query_tokens, d,
+                      scratch_->query_codes, scratch_->query_parameters);
+    const QuantizedRows key_codes =
+        cross ? QuantizeInput(static_cast<const float*>(key_source), key_tokens, d,
+                              scratch_->memory_codes, scratch_->memory_parameters)
+              : query_codes;
+    ATTN_RETURN_IF_ERROR(ProjectInt8(query_codes, query_tokens, d, set.query_weight,
+                                     set.query_bias.data(), width,
+                                     reinterpret_cast<float*>(q)));
+    ATTN_RETURN_IF_ERROR(ProjectInt8(key_codes, key_tokens, d, set.key_weight,
+                                     set.key_bias.data(), width,
+                                     reinterpret_cast<float*>(k)));
+    ATTN_RETURN_IF_ERROR(ProjectInt8(key_codes, key_tokens, d, set.value_weight,
+                                     set.value_bias.data(), width,
+                                     reinterpret_cast<float*>(v)));
+  } else {
+    ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
+                                 set.query_weight, set.query_bias.data(), width, q));
+    ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
+                                 set.key_weight, set.key_bias.data(), width, k));
+    ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
+                                 set.value_weight, set.value_bias.data(), width, v));
+  }
 
   int64_t query_offset = 0;
   int64_t key_offset = 0;
@@ -487,6 +529,13 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     i += static_cast<size_t>(count);
   }
   // The heads' factors are folded into the set's W_out columns.
+  if (int8_) {
+    const QuantizedRows context_codes =
+        QuantizeInput(reinterpret_cast<const float*>(context), query_tokens, width,
+                      scratch_->query_codes, scratch_->query_parameters);
+    return ProjectInt8(context_codes, query_tokens, width, set.out_weight,
+                       out_bias_.data(), d, output.data());
+  }
   return Project(PrimitiveKind::kOutProjection, context, query_tokens, width,
                  set.out_weight, out_bias_.data(), d, output.data());
 }
@@ -575,9 +624,22 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           finish(pd);
           break;
         }
+        case PrimitiveKind::kInt8Projection: {
+          const auto [rows, in, out, unused, unused_count] = dims;
+          const memory::desc weights({in, out}, memory::data_type::s8,
+                                     memory::format_tag::any);
+          const dnnl::matmul::desc desc(Plain2d(rows, in, memory::data_type::u8), weights,
+                                        Plain2d(rows, out, memory::data_type::s32));
+          const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+          created.primitive = dnnl::matmul(pd);
+          created.weights_desc = pd.weights_desc();
+          finish(pd);
+          break;
+        }
         case PrimitiveKind::kLinear:
         case PrimitiveKind::kLayerNorm:
         case PrimitiveKind::kAdd:
+        case PrimitiveKind::kActivation:
           return absl::InternalError("the encoder's primitive kinds are not attention's");
         case PrimitiveKind::kConvert: {
           const memory::desc source(
@@ -646,6 +708,44 @@ absl::Status MultiHeadAttention::Project(PrimitiveKind kind, const void* in, int
                     {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
                     {DNNL_ARG_DST, Plain2d(chunk, out_width, out_type),
                      static_cast<uint8_t*>(out) + first * out_width * out_bytes}});
+  });
+}
+
+MultiHeadAttention::QuantizedRows MultiHeadAttention::QuantizeInput(
+    const float* in, int64_t rows, int64_t width, ScratchBuffer& codes,
+    ScratchBuffer& parameters) {
+  QuantizedRows quantized;
+  auto* code_data = static_cast<uint8_t*>(codes.Reserve(rows * width));
+  auto* scales = static_cast<float*>(parameters.Reserve(rows * 2 * sizeof(float)));
+  auto* zero_points = reinterpret_cast<int32_t*>(scales + rows);
+  QuantizeRows(in, rows, width, int8_levels_.activation, code_data, scales, zero_points);
+  quantized.codes = code_data;
+  quantized.scales = scales;
+  quantized.zero_points = zero_points;
+  return quantized;
+}
+
+absl::Status MultiHeadAttention::ProjectInt8(const QuantizedRows& in, int64_t rows,
+                                             int64_t in_width, Matrix& weight,
+                                             const float* bias, int64_t out_width,
+                                             float* out) {
+  return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        GetPrimitive(PrimitiveKind::kInt8Projection, {chunk, in_width, out_width, 0}));
+    const memory& packed = Packed(weight, in_width, out_width, primitive->weights_desc);
+    auto* sums = static_cast<int32_t*>(
+        scratch_->accumulators.Reserve(chunk * out_width * sizeof(int32_t)));
+    ATTN_RETURN_IF_ERROR(Execute(
+        *primitive,
+        {{DNNL_ARG_SRC, Plain2d(chunk, in_width, memory::data_type::u8),
+          in.codes + first * in_width},
+         {DNNL_ARG_WEIGHTS, primitive->weights_desc, packed.get_data_handle()},
+         {DNNL_ARG_DST, Plain2d(chunk, out_width, memory::data_type::s32), sums}}));
+    // y = s_x s_w (acc - z_x sum_k Wq) + b: quantization.h.
+    Dequantize(sums, chunk, weight.quantized, in.scales + first, in.zero_points + first,
+               bias, out + first * out_width);
+    return absl::OkStatus();
   });
 }
 

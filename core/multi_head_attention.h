@@ -26,6 +26,7 @@
 #include "core/attention_weights.h"
 #include "core/model_spec.h"
 #include "core/primitive_cache.h"
+#include "core/quantization.h"
 #include "core/scratch_buffer.h"
 #include "dnnl.hpp"
 
@@ -56,7 +57,7 @@ class MultiHeadAttention : public AttentionBackend {
     // AVX512_BF16 or AMX; elsewhere the weights keep their bf16 values and every
     // product runs in f32 (oneDNN would emulate bf16 products, slower than f32).
     // kNative: the bf16 path or FailedPrecondition. kFloat32: always f32 compute.
-    // Ignored for fp32 models.
+    // Ignored for fp32 and int8 models.
     enum class Bf16Compute { kAuto, kNative, kFloat32 };
     Bf16Compute bf16_compute = Bf16Compute::kAuto;
   };
@@ -68,7 +69,8 @@ class MultiHeadAttention : public AttentionBackend {
   // every product in f32. bf16: weights and activations in bf16, matrix products
   // accumulate in f32, scores and softmax in f32 (or, without native bf16, bf16-valued
   // weights with f32 activations: see Options::bf16_compute); inputs and outputs stay f32
-  // at this interface. Weights are reordered once into the layout oneDNN picks for each
+  // at this interface. int8: the four projections' products in int8 (quantization.h), the
+  // rest in f32. Weights are reordered once into the layout oneDNN picks for each
   // projection shape (usually one per matrix). `engine` is copied (a reference-counted
   // handle).
   static absl::StatusOr<std::unique_ptr<MultiHeadAttention>> Create(
@@ -82,8 +84,9 @@ class MultiHeadAttention : public AttentionBackend {
   // ONEDNN_MAX_CPU_ISA can lower it).
   static bool SupportsBf16();
 
-  // How this object computes, for logs: "fp32", "bf16 (native, <isa>)" or "bf16
-  // weights, f32 compute (<isa> has no native bf16)".
+  // How this object computes, for logs: "fp32", "bf16 (native, <isa>)", "bf16
+  // weights, f32 compute (<isa> has no native bf16)" or "int8 projections (u8s8,
+  // <isa>, ...)".
   std::string ComputePath() const;
   // The same for a model of `spec` created with default Options on this CPU.
   static std::string DefaultComputePath(const ModelSpec& spec);
@@ -136,8 +139,10 @@ class MultiHeadAttention : public AttentionBackend {
   // columns [d, width] with each head's factor folded in.
   // A weight matrix, plain f32 row-major [out, in], and its copies reordered into
   // the layouts oneDNN's primitives asked for (in the compute precision).
+  // An int8 model also keeps it quantized (made on first use) and packs that.
   struct Matrix {
     std::vector<float> plain;
+    QuantizedMatrix quantized;
     std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;
   };
   struct HeadSet {
@@ -166,6 +171,20 @@ class MultiHeadAttention : public AttentionBackend {
   // precision and `out` in it too (kProjection) or f32 (kOutProjection).
   absl::Status Project(PrimitiveKind kind, const void* in, int64_t rows, int64_t in_width,
                        Matrix& weight, const float* bias, int64_t out_width, void* out);
+  // int8 models: rows of f32 activations as uint8 codes with per-row scales and zero
+  // points (see quantization.h), in scratch buffers valid until the next call that uses
+  // the same buffers.
+  struct QuantizedRows {
+    const uint8_t* codes = nullptr;
+    const float* scales = nullptr;
+    const int32_t* zero_points = nullptr;
+  };
+  QuantizedRows QuantizeInput(const float* in, int64_t rows, int64_t width,
+                              ScratchBuffer& codes, ScratchBuffer& parameters);
+  // out[rows, out_width] (f32) = in W^T + bias through oneDNN's u8s8 matmul.
+  absl::Status ProjectInt8(const QuantizedRows& in, int64_t rows, int64_t in_width,
+                           Matrix& weight, const float* bias, int64_t out_width,
+                           float* out);
   // `count` values at `in` (f32, or bf16 when `from_bf16`) into the compute
   // precision at `out`.
   absl::Status Convert(const void* in, bool from_bf16, int64_t count, void* out);
@@ -224,9 +243,12 @@ class MultiHeadAttention : public AttentionBackend {
   absl::Status Execute(CachedPrimitive& primitive, std::initializer_list<ExecArg> args);
 
   ModelSpec spec_;
-  // f32 or bf16, and its size in bytes.
+  // f32 or bf16, and its size in bytes (f32 for int8 models: only their projections'
+  // products are int8).
   dnnl::memory::data_type compute_;
   int64_t compute_bytes_;
+  bool int8_;
+  Int8Levels int8_levels_;
   dnnl::engine engine_;
   dnnl::stream stream_;
   Options options_;
@@ -249,6 +271,9 @@ class MultiHeadAttention : public AttentionBackend {
     std::vector<std::unique_ptr<ThreadScratch>> per_thread;
     ScratchBuffer q, k, v, context, probabilities, compute_probabilities;
     ScratchBuffer query_input, memory_input;
+    // int8: codes and their per-row parameters, and the int32 products.
+    ScratchBuffer query_codes, query_parameters, memory_codes, memory_parameters;
+    ScratchBuffer accumulators;
     ScratchBuffer scratchpad;  // oneDNN's (user mode)
   };
   std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();

@@ -20,16 +20,18 @@ namespace attnserve::core {
 
 // What a primitive computes; part of the key.
 enum class PrimitiveKind : int32_t {
-  kProjection,     // [rows, in] x [in, out] + bias, out in the compute precision
-  kOutProjection,  // the same, out in f32
-  kScores,         // per head group and row block: Q K^T
-  kSoftmax,        // per head group and row block: softmax over keys
-  kContext,        // per head group and row block: P V
-  kConvert,        // f32 to the compute precision
+  kProjection,      // [rows, in] x [in, out] + bias, out in the compute precision
+  kOutProjection,   // the same, out in f32
+  kScores,          // per head group and row block: Q K^T
+  kSoftmax,         // per head group and row block: softmax over keys
+  kContext,         // per head group and row block: P V
+  kConvert,         // f32 to the compute precision
+  kInt8Projection,  // [rows, in] u8 x packed [in, out] s8 -> [rows, out] s32
   // The encoder's (TransformerEncoder):
-  kLinear,     // [rows, in] x packed [in, out] + bias (+ activation, + sum)
-  kLayerNorm,  // [rows, width] layer normalization with scale and shift
-  kAdd,        // [rows, width] + [rows, width]
+  kLinear,      // [rows, in] x packed [in, out] + bias (+ activation, + sum)
+  kLayerNorm,   // [rows, width] layer normalization with scale and shift
+  kAdd,         // [rows, width] + [rows, width]
+  kActivation,  // an activation in place over [rows, width] (int8 feed-forward)
 };
 
 struct PrimitiveKey {

@@ -12,6 +12,7 @@
 #include "core/bfloat16.h"
 #include "core/multi_head_attention.h"
 #include "core/primitive_cache.h"
+#include "core/quantization.h"
 #include "core/row_chunks.h"
 #include "core/scratch_buffer.h"
 #include "core/status_macros.h"
@@ -80,6 +81,12 @@ absl::Status EncoderSpec::Validate() const {
   }
   if (!(layer_norm_eps > 0.0f)) {
     return Invalid(absl::StrCat("layer_norm_eps must be > 0, got ", layer_norm_eps));
+  }
+  // int8 sums of 255 * 127 per term stay within int32 up to this many terms.
+  constexpr int64_t kMaxInt8Terms = 65536;
+  if (precision == Precision::kInt8 && ffn_dim > kMaxInt8Terms) {
+    return Invalid(absl::StrCat("ffn_dim must be <= ", kMaxInt8Terms,
+                                " for int8 precision (int32 sums), got ", ffn_dim));
   }
   return absl::OkStatus();
 }
@@ -229,10 +236,12 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
 // One nn.Linear's weights, reordered once into the layout the matmul implementation
 // runs fastest from (format_tag::any). The layout may depend on the row count on some
 // CPUs; each layout asked for is made once, from the first, and kept.
+// An int8 model packs the quantized weights (quantization.h), and keeps their scales.
 struct PackedLinear {
   int64_t in = 0, out = 0;
   std::vector<std::pair<memory::desc, memory>> layouts;
   std::vector<float> bias;
+  QuantizedMatrix quantized;  // int8: the scales and sums (values dropped once packed)
 };
 
 struct TransformerEncoder::State {
@@ -242,6 +251,9 @@ struct TransformerEncoder::State {
   dnnl::stream stream;
   // The feed-forward products take bf16 sources and weights (f32 accumulation).
   bool bf16 = false;
+  // The feed-forward products are int8 (quantization.h); everything else is f32.
+  bool int8 = false;
+  Int8Levels int8_levels;
   // The weights the blocks read as vectors (embeddings, layer norms); the attention
   // and feed-forward weights live packed in `attention` and `ffn_in`/`ffn_out`.
   EncoderWeights weights;
@@ -252,6 +264,8 @@ struct TransformerEncoder::State {
   // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
   // activations in the compute type; `narrow` x in the compute type (bf16 only).
   ScratchBuffer x, attended, normed, inner, narrow;
+  // int8: a product's source codes with their per-row parameters, and its int32 sums.
+  ScratchBuffer codes, code_parameters, sums;
 
   memory::data_type Compute() const {
     return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -288,6 +302,40 @@ struct TransformerEncoder::State {
         });
   }
 
+  // [rows, in] u8 x packed [in, out] s8 -> [rows, out] s32.
+  absl::StatusOr<CachedPrimitive*> Int8Primitive(int64_t rows, int64_t in, int64_t out) {
+    return cache.GetOrCreate(
+        PrimitiveKey{PrimitiveKind::kInt8Projection, {rows, in, out, 0, 0}},
+        [&]() -> absl::StatusOr<CachedPrimitive> {
+          const dnnl::matmul::primitive_desc pd(
+              dnnl::matmul::desc(
+                  Plain(rows, in, memory::data_type::u8),
+                  memory::desc({in, out}, memory::data_type::s8, memory::format_tag::any),
+                  Plain(rows, out, memory::data_type::s32)),
+              engine);
+          CachedPrimitive created;
+          created.primitive = dnnl::matmul(pd);
+          created.weights_desc = pd.weights_desc();
+          return created;
+        });
+  }
+
+  // An activation applied in place to [rows, width] f32.
+  absl::StatusOr<CachedPrimitive*> ActivationPrimitive(int64_t rows, int64_t width,
+                                                       dnnl::algorithm activation) {
+    return cache.GetOrCreate(
+        PrimitiveKey{PrimitiveKind::kActivation,
+                     {rows, width, static_cast<int64_t>(activation), 0, 0}},
+        [&]() -> absl::StatusOr<CachedPrimitive> {
+          CachedPrimitive created;
+          created.primitive = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(
+              dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, activation,
+                                          Plain(rows, width), 0.0f, 0.0f),
+              engine));
+          return created;
+        });
+  }
+
   // `linear`'s weights in `layout`, made from its first layout on first use.
   const memory& Layout(PackedLinear& linear, const memory::desc& layout) {
     for (const auto& [desc, packed] : linear.layouts) {
@@ -304,6 +352,22 @@ struct TransformerEncoder::State {
   absl::StatusOr<PackedLinear> Pack(int64_t in, int64_t out,
                                     const std::vector<float>& weight,
                                     const std::vector<float>& bias) {
+    if (int8) {
+      ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive, Int8Primitive(1, in, out));
+      PackedLinear linear;
+      linear.in = in;
+      linear.out = out;
+      linear.bias = bias;
+      linear.quantized = QuantizeWeights(weight.data(), out, in, int8_levels.weight);
+      const memory::desc plain({in, out}, memory::data_type::s8, memory::dims{1, in});
+      memory packed(primitive->weights_desc, engine);
+      memory source(plain, engine, linear.quantized.values.data());
+      dnnl::reorder(source, packed).execute(stream, source, packed);
+      stream.wait();
+      linear.quantized.values = std::vector<int8_t>();
+      linear.layouts.emplace_back(primitive->weights_desc, packed);
+      return linear;
+    }
     ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
                           LinearPrimitive(1, in, out, nullptr, false, false));
     PackedLinear linear;
@@ -336,6 +400,32 @@ struct TransformerEncoder::State {
                  {DNNL_ARG_WEIGHTS, weights},
                  {DNNL_ARG_BIAS, Wrap(bias_desc, engine, linear.bias.data())},
                  {DNNL_ARG_DST, memory(Plain(rows, linear.out, out_type), engine, dst)}});
+    return absl::OkStatus();
+  }
+
+  // LinearChunk for int8 models: `codes` are the chunk's source rows quantized.
+  absl::Status Int8LinearChunk(int64_t rows, PackedLinear& linear, const uint8_t* codes,
+                               const float* scales, const int32_t* zero_points,
+                               const dnnl::algorithm* activation, bool accumulate,
+                               float* dst) {
+    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                          Int8Primitive(rows, linear.in, linear.out));
+    const memory& weights = Layout(linear, primitive->weights_desc);
+    auto* acc = static_cast<int32_t*>(sums.Reserve(rows * linear.out * sizeof(int32_t)));
+    primitive->primitive.execute(
+        stream, {{DNNL_ARG_SRC, memory(Plain(rows, linear.in, memory::data_type::u8),
+                                       engine, const_cast<uint8_t*>(codes))},
+                 {DNNL_ARG_WEIGHTS, weights},
+                 {DNNL_ARG_DST,
+                  memory(Plain(rows, linear.out, memory::data_type::s32), engine, acc)}});
+    Dequantize(acc, rows, linear.quantized, scales, zero_points, linear.bias.data(), dst,
+               accumulate);
+    if (activation != nullptr) {
+      ATTN_ASSIGN_OR_RETURN(CachedPrimitive * act,
+                            ActivationPrimitive(rows, linear.out, *activation));
+      memory data = Wrap(Plain(rows, linear.out), engine, dst);
+      act->primitive.execute(stream, {{DNNL_ARG_SRC, data}, {DNNL_ARG_DST, data}});
+    }
     return absl::OkStatus();
   }
 
@@ -410,6 +500,20 @@ struct TransformerEncoder::State {
   absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
                       const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
                       void* dst) {
+    if (int8) {
+      // The source quantized once, row by row; then the products chunk by chunk.
+      auto* code_data = static_cast<uint8_t*>(codes.Reserve(rows * linear.in));
+      auto* scales =
+          static_cast<float*>(code_parameters.Reserve(rows * 2 * sizeof(float)));
+      auto* zero_points = reinterpret_cast<int32_t*>(scales + rows);
+      QuantizeRows(static_cast<const float*>(src), rows, linear.in,
+                   int8_levels.activation, code_data, scales, zero_points);
+      return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
+        return Int8LinearChunk(chunk, linear, code_data + first * linear.in,
+                               scales + first, zero_points + first, activation,
+                               accumulate, static_cast<float*>(dst) + first * linear.out);
+      });
+    }
     const size_t out_bytes = narrow_out ? ComputeBytes() : sizeof(float);
     return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
       return LinearChunk(
@@ -487,6 +591,8 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   }
   encoder->state_->bf16 = bf16_model && options.bf16_compute != Bf16Compute::kFloat32 &&
                           MultiHeadAttention::SupportsBf16();
+  encoder->state_->int8 = spec.precision == Precision::kInt8;
+  encoder->state_->int8_levels = Int8LevelsForCpu();
   if (bf16_model) {
     // The feed-forward weights take their bf16 values on every path, so that a bf16
     // model computes the same function whether or not the CPU multiplies in bf16.

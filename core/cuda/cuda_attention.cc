@@ -624,6 +624,10 @@ absl::StatusOr<std::unique_ptr<CudaAttention>> CreateCudaAttention(
     const CudaAttentionOptions& options) {
   ATTN_RETURN_IF_ERROR(spec.Validate());
   ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
+  if (spec.precision == Precision::kInt8) {
+    return absl::FailedPreconditionError(
+        "precision int8 runs on the CPU only; CUDA devices run fp32 and bf16");
+  }
   if (options.materialize_min_scores < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "materialize_min_scores must be >= 1, got ", options.materialize_min_scores));

@@ -153,7 +153,8 @@ BENCHMARK(BM_MixedLengths)
 
 // What removed work buys, each beside the same shape in full (variant 0): 1 = half the
 // heads zeroed by the request's head_mask, 2 = half the heads pruned by the model, 3 =
-// causal, 4 = bf16 precision. make bench-core prints the ratios against their targets.
+// causal, 4 = bf16 precision, 5 = int8 precision. make bench-core prints the ratios
+// against their targets.
 void BM_Variant(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int64_t length = state.range(1);
@@ -165,6 +166,7 @@ void BM_Variant(benchmark::State& state) {
     for (int64_t h = 1; h < spec.num_heads; h += 2) spec.pruned_heads.push_back(h);
   }
   if (variant == 4) spec.precision = Precision::kBf16;
+  if (variant == 5) spec.precision = Precision::kInt8;
   MultiHeadAttention::Options options;
   options.intra_op_threads = 1;
   std::vector<float> mask(spec.num_heads, 1.0f);
@@ -176,10 +178,10 @@ void BM_Variant(benchmark::State& state) {
 }
 BENCHMARK(BM_Variant)
     ->ArgNames({"B", "L", "d", "h", "variant"})
-    ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4}})
-    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4}})
+    ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4, 5}})
+    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4, 5}})
     ->ArgsProduct({{1}, {2048}, {1024}, {16}, {0, 1, 2, 3, 4}})
-    ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3, 4}})
+    ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3, 4, 5}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);

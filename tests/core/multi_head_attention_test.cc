@@ -889,5 +889,95 @@ TEST(MultiHeadAttentionCreateTest, ServesBf16WithoutNativeIsa) {
   EXPECT_THAT(refused.status().message(), HasSubstr("oneDNN's ISA here is avx2"));
 }
 
+// int8 (dynamic quantization of the four projections) against fp64. The bound is the
+// quantization's: per-token 8-bit activations and per-channel 8-bit (7-bit without VNNI)
+// weights on unit-scale inputs put each projected value within about 1% of its range;
+// through softmax and W_out that is a few 1e-3 on outputs of size ~0.5.
+constexpr double kInt8Tolerance = 2e-2;
+
+// cos(a, b) over the whole vectors.
+double Cosine(absl::Span<const float> a, absl::Span<const double> b) {
+  double dot = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    dot += a[i] * b[i];
+    aa += static_cast<double>(a[i]) * a[i];
+    bb += b[i] * b[i];
+  }
+  return dot / std::sqrt(aa * bb);
+}
+
+Fixture MakeInt8Fixture(int64_t d_model, int64_t num_heads, int threads = 0,
+                        int64_t block_bytes = 1 << 20,
+                        std::vector<int64_t> pruned_heads = {}) {
+  return MakeFixture(d_model, num_heads, 7, threads, block_bytes, std::move(pruned_heads),
+                     Precision::kInt8);
+}
+
+TEST(Int8Test, MatchesReferenceWithinQuantizationError) {
+  Fixture fixture = MakeInt8Fixture(512, 8);
+  EXPECT_THAT(fixture.attention->ComputePath(), HasSubstr("int8 projections"));
+  ExpectMatchesReference(fixture, {128}, {}, false, {}, 60, kInt8Tolerance);
+  ExpectMatchesReference(fixture, {1, 7, 64, 300}, {}, false, {}, 61, kInt8Tolerance);
+  ExpectMatchesReference(fixture, {5, 17}, {9, 40}, false, {}, 62, kInt8Tolerance);
+  ExpectMatchesReference(fixture, {300, 20}, {}, true, {}, 63, kInt8Tolerance);
+  ExpectMatchesReference(fixture, {33}, {}, false, {1, 0, 0.5f, 1, 1, 0, 1, 0.25f}, 64,
+                         kInt8Tolerance);
+}
+
+TEST(Int8Test, OutputCosineAgainstFp64IsAtLeast0999) {
+  // The accuracy bar, on the benchmark's shape (8 sequences of 128).
+  Fixture fixture = MakeInt8Fixture(512, 8);
+  const std::vector<int64_t> lengths(8, 128);
+  const std::vector<float> query = RandomTokens(8 * 128 * 512, 65);
+  std::vector<float> output(query.size());
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  for (int64_t i = 0; i < 8; ++i) {
+    const auto sequence = absl::MakeConstSpan(query).subspan(i * 128 * 512, 128 * 512);
+    const ReferenceResult expected =
+        ReferenceAttention(fixture.spec, fixture.weights, sequence, {}, false, {});
+    const double cosine = Cosine(
+        absl::MakeConstSpan(output).subspan(i * 128 * 512, 128 * 512), expected.output);
+    EXPECT_GE(cosine, 0.999) << "sequence " << i;
+    if (i == 0) ::testing::Test::RecordProperty("cosine", std::to_string(cosine));
+  }
+}
+
+TEST(Int8Test, BlocksThreadsAndPrunedHeadsMatchTheReference) {
+  Fixture blocked = MakeInt8Fixture(120, 6, 2, 4096, {2});
+  ExpectMatchesReference(blocked, {200, 3}, {}, false, {}, 66, kInt8Tolerance);
+  ExpectMatchesReference(blocked, {260}, {}, true, {}, 67, kInt8Tolerance, false);
+  ExpectMatchesReference(blocked, {300, 5}, {77, 400}, false, {}, 68, kInt8Tolerance,
+                         false);
+}
+
+TEST(Int8Test, Bf16InputsEqualTheirWidenedValues) {
+  Fixture fixture = MakeInt8Fixture(64, 4);
+  const std::vector<int64_t> lengths = {5, 3};
+  const std::vector<uint16_t> query = ToBf16(RandomTokens(8 * 64, 69));
+  std::vector<float> from_bits(8 * 64), from_floats(8 * 64);
+  AttentionBatch bits;
+  bits.query_bf16 = query;
+  bits.query_lengths = lengths;
+  ASSERT_TRUE(fixture.attention->Forward(bits, {}, absl::MakeSpan(from_bits)).ok());
+  const std::vector<float> widened = Widen(query);
+  ASSERT_TRUE(
+      fixture.attention->Forward({widened, lengths}, {}, absl::MakeSpan(from_floats))
+          .ok());
+  EXPECT_EQ(from_bits, from_floats);
+}
+
+TEST(Int8Test, IsRefusedOnCuda) {
+  ModelSpec spec;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.precision = Precision::kInt8;
+  const absl::StatusOr<std::unique_ptr<AttentionBackend>> backend =
+      CreateBackend(spec, GenerateAttentionWeights(spec, 1), {DeviceKind::kCuda, 0}, {});
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(backend.status().message(), HasSubstr("int8 runs on the CPU only"));
+}
+
 }  // namespace
 }  // namespace attnserve::core

