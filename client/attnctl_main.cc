@@ -67,6 +67,17 @@ constexpr int kOk = 0;
 constexpr int kCallFailed = 1;
 constexpr int kUsage = 2;
 
+const char* PrecisionName(attnserve::v1::Precision precision) {
+  switch (precision) {
+    case attnserve::v1::PRECISION_BF16:
+      return "bf16";
+    case attnserve::v1::PRECISION_INT8:
+      return "int8";
+    default:
+      return "fp32";
+  }
+}
+
 int Usage(const std::string& problem) {
   std::fprintf(stderr, "attnctl: %s\nRun 'attnctl --help' for usage.\n", problem.c_str());
   return kUsage;
@@ -143,7 +154,7 @@ int Models(const AttentionClient& client) {
                            model.num_heads());
     std::printf("%-24s %8lld %6s %9s %8lld %10d\n", model.name().c_str(),
                 static_cast<long long>(model.d_model()), heads.c_str(),
-                model.precision() == attnserve::v1::PRECISION_BF16 ? "bf16" : "fp32",
+                PrecisionName(model.precision()),
                 static_cast<long long>(model.max_sequence_length()),
                 model.batching().max_batch_size());
   }

@@ -129,9 +129,10 @@ ABSL_FLAG(bool, warm_up, true,
           "Run each model instance's first forward passes before the port opens, so "
           "readiness waits for them and no client pays the one-time set-up.");
 ABSL_FLAG(std::string, precision, "fp32",
-          "Precision of the built-in model: fp32, or bf16 (native where the CPU has "
-          "AVX512_BF16 or AMX, else bf16 weights computed in f32; repository models set "
-          "theirs in config.pbtxt).");
+          "Precision of the built-in model: fp32; bf16 (native where the CPU has "
+          "AVX512_BF16 or AMX, else bf16 weights computed in f32); or int8 (dynamic "
+          "quantization of the projections, CPU only). Repository models set theirs in "
+          "config.pbtxt.");
 
 namespace {
 
@@ -158,10 +159,11 @@ int Run() {
     return 2;
   }
   const std::string precision = absl::GetFlag(FLAGS_precision);
-  if (precision != "fp32" && precision != "bf16") {
-    server::LogEvent("startup_failed",
-                     {{"error", absl::StrCat("--precision must be fp32 or bf16, got \"",
-                                             precision, "\"")}});
+  if (precision != "fp32" && precision != "bf16" && precision != "int8") {
+    server::LogEvent(
+        "startup_failed",
+        {{"error", absl::StrCat("--precision must be fp32, bf16 or int8, got \"",
+                                precision, "\"")}});
     return 2;
   }
   server::AttentionServer::Options options;
@@ -201,9 +203,10 @@ int Run() {
   options.models.builtin_model = absl::GetFlag(FLAGS_builtin_model);
   options.models.default_model = absl::GetFlag(FLAGS_default_model);
   options.models.warm_up = absl::GetFlag(FLAGS_warm_up);
-  options.models.builtin_precision = precision == "bf16"
-                                         ? attnserve::core::Precision::kBf16
-                                         : attnserve::core::Precision::kFp32;
+  options.models.builtin_precision =
+      precision == "bf16"   ? attnserve::core::Precision::kBf16
+      : precision == "int8" ? attnserve::core::Precision::kInt8
+                            : attnserve::core::Precision::kFp32;
   options.models.batching.max_batch_size = absl::GetFlag(FLAGS_max_batch_size);
   options.models.batching.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.models.batching.max_queue_delay = absl::GetFlag(FLAGS_max_queue_delay);

@@ -123,14 +123,14 @@ def export(source, out_dir, num_heads=None, prefix="", name=None, precision="fp3
                              f"{list(tensors[tensor_name].shape)}, expected {list(shape)}")
     if d_model % num_heads != 0:
         raise ValueError(f"num_heads={num_heads} does not divide d_model={d_model}")
-    if precision not in ("fp32", "bf16"):
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    if precision not in ("fp32", "bf16", "int8"):
+        raise ValueError(f"precision must be fp32, bf16 or int8, got {precision!r}")
     name = name or os.path.basename(os.path.normpath(out_dir))
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(os.path.join(out_dir, "weights.safetensors"), tensors)
     lines = [f'name: "{name}"', f"d_model: {d_model}", f"num_heads: {num_heads}"]
-    if precision == "bf16":
-        lines.append("precision: PRECISION_BF16")
+    if precision != "fp32":
+        lines.append(f"precision: PRECISION_{precision.upper()}")
     if max_sequence_length:
         lines.append(f"max_sequence_length: {max_sequence_length}")
     if pruned_heads:
@@ -151,7 +151,7 @@ def main():
                              "module, e.g. encoder.layers.3.self_attn.")
     parser.add_argument("--num_heads", type=int, help="heads (required for a state_dict)")
     parser.add_argument("--name", help="model name (default: the folder name)")
-    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"))
     parser.add_argument("--max_sequence_length", type=int, default=0)
     parser.add_argument("--pruned_heads", default="",
                         help="comma-separated heads to prune, e.g. 3,7")

@@ -33,10 +33,20 @@ class FirstErrorCollector : public google::protobuf::io::ErrorCollector {
   std::string error_;
 };
 
+}  // namespace
+
 core::Precision ToCorePrecision(v1::Precision precision) {
-  return precision == v1::PRECISION_BF16 ? core::Precision::kBf16
-                                         : core::Precision::kFp32;
+  switch (precision) {
+    case v1::PRECISION_BF16:
+      return core::Precision::kBf16;
+    case v1::PRECISION_INT8:
+      return core::Precision::kInt8;
+    default:
+      return core::Precision::kFp32;
+  }
 }
+
+namespace {
 
 core::ModelSpec SpecFromConfig(const v1::ModelConfig& config) {
   core::ModelSpec spec;
@@ -48,7 +58,15 @@ core::ModelSpec SpecFromConfig(const v1::ModelConfig& config) {
 }
 
 v1::Precision ToProtoPrecision(core::Precision precision) {
-  return precision == core::Precision::kBf16 ? v1::PRECISION_BF16 : v1::PRECISION_FP32;
+  switch (precision) {
+    case core::Precision::kBf16:
+      return v1::PRECISION_BF16;
+    case core::Precision::kInt8:
+      return v1::PRECISION_INT8;
+    case core::Precision::kFp32:
+      break;
+  }
+  return v1::PRECISION_FP32;
 }
 
 // Fills unset (zero) batching fields of `config` from the server defaults.
@@ -349,6 +367,11 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
   if (!config.name().empty() && config.name() != folder_name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "name \"", config.name(), "\" must equal the folder name \"", folder_name, "\""));
+  }
+  if (!v1::Precision_IsValid(config.precision())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "precision must be PRECISION_FP32, PRECISION_BF16 or PRECISION_INT8, got ",
+        config.precision()));
   }
   if (config.has_encoder()) {
     if (config.generated_weights() || !config.pruned_heads().empty()) {

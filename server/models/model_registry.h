@@ -33,10 +33,13 @@ inline constexpr char kDefaultModelName[] = "mha-base";
 // from a shape ([n, h, L, L] weights included) stays far from int64 overflow.
 inline constexpr int64_t kMaxSequenceLengthCeiling = int64_t{1} << 20;
 
+// A config's precision as the core's (PRECISION_UNSPECIFIED is fp32).
+core::Precision ToCorePrecision(v1::Precision precision);
+
 // Parses the text of a model's config.pbtxt (a ModelConfig text proto) from the folder
-// `folder_name` and checks what does not need the weights: the name, d_model and
-// num_heads, max_sequence_length (0 = the server's). InvalidArgument naming the field or
-// the text proto's first error (line:column).
+// `folder_name` and checks what does not need the weights: the name, the precision,
+// d_model and num_heads, max_sequence_length (0 = the server's). InvalidArgument naming
+// the field or the text proto's first error (line:column).
 absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
                                                  absl::string_view folder_name);
 

@@ -12,8 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/model_spec.h"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
+#include "server/models/model_registry.h"
 
 namespace attnserve::server {
 
@@ -336,7 +338,8 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
       ->Add({{"model", info.name()},
              {"d_model", absl::StrCat(info.d_model())},
              {"heads", absl::StrCat(info.num_heads())},
-             {"precision", info.precision() == v1::PRECISION_BF16 ? "bf16" : "fp32"},
+             {"precision",
+              std::string(core::PrecisionName(ToCorePrecision(info.precision())))},
              {"device", info.device()}})
       .Set(1);
 

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/model_spec.h"
+#include "server/models/model_registry.h"
 
 namespace attnserve::server {
 namespace {
@@ -229,7 +231,7 @@ std::string RenderStatusPage(const StatusView& view) {
         "<td>%d</td><td>%s</td></tr>",
         Escape(model.name()), Escape(model.name()),
         model.kind() == v1::MODEL_KIND_ENCODER ? "encoder" : "attention",
-        Escape(model.device()), model.precision() == v1::PRECISION_BF16 ? "bf16" : "fp32",
+        Escape(model.device()), core::PrecisionName(ToCorePrecision(model.precision())),
         model.d_model(), model.num_heads(), batching.max_batch_size(),
         batching.max_batch_tokens(), batching.max_queue_delay_us(),
         batching.max_queue_size(), batching.instances(),
