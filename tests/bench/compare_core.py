@@ -47,6 +47,9 @@ def run_core(binary, min_time):
         elif name.startswith("BM_Variant"):
             results[("variant", args["B"], args["L"], args["d"], args["h"],
                      args["variant"])] = ms
+            if "cosine_vs_fp32" in bench:
+                results[("cosine", args["B"], args["L"], args["d"], args["h"])] = \
+                    bench["cosine_vs_fp32"]
         else:
             key = (args["B"], args["L"], args["d"], args["h"], args["threads"])
             results[key] = ms
@@ -203,7 +206,7 @@ def main():
 
     print("\nremoved work, 1 thread (ms, medians):")
     names = {1: "half the heads masked per request", 2: "half the heads pruned by the model",
-             3: "causal", 4: "bf16"}
+             3: "causal", 4: "bf16", 5: "int8"}
     gains = {}
     for shape in sorted({k[1:5] for k in core_rounds[0] if k[0] == "variant"}):
         full = variant(shape, 0)
@@ -242,6 +245,9 @@ def main():
     pruning = [g for (shape, kind), g in gains.items() if kind in (1, 2)]
     causal = [g for (shape, kind), g in gains.items() if kind == 3 and shape[1] == 2048]
     bf16 = [g for (shape, kind), g in gains.items() if kind == 4]
+    int8_shape = (8, 128, 512, 8)
+    int8_gain = gains.get((int8_shape, 5), float("nan"))
+    int8_cosine = median(core_rounds, ("cosine",) + int8_shape)
     rows = [
         ("fp32, 1 thread, L <= 512: min fraction of peak", vs_peak(lambda L: L <= 512),
          0.90),
@@ -252,6 +258,8 @@ def main():
         ("2 threads vs 1: min over shapes", min(speedups.values(), default=float("nan")), 1.8),
         ("half the heads pruned vs all: min", min(pruning, default=float("nan")), 1.7),
         ("causal vs full at L=2048", min(causal, default=float("nan")), 1.6),
+        ("int8 vs fp32 at (8, 128, 512, 8), 1 thread", int8_gain, 1.7),
+        ("int8 output cosine vs fp32 at (8, 128, 512, 8)", int8_cosine, 0.999),
     ]
     print(f"\ntargets on {cpu_isa()}:")
     for name, value, target in rows:

@@ -4,8 +4,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -23,11 +25,20 @@ double AttentionFlops(int64_t batch, int64_t length, int64_t d_model) {
          4.0 * batch * length * length * d_model;
 }
 
+// The benchmark's input tokens: the same values every run.
+std::vector<float> BenchTokens(size_t count) {
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(i % 17) / 17.0f;
+  return values;
+}
+
 // Times Forward on `batch` sequences of `length` tokens (the same pseudo-random values
 // every run) for the model `spec`; false (and the benchmark marked skipped) on an error.
+// The last output is left in `last_output` when it is not null.
 bool TimeForward(benchmark::State& state, const ModelSpec& spec,
                  const MultiHeadAttention::Options& options, int64_t batch,
-                 int64_t length, const AttentionOptions& attention_options = {}) {
+                 int64_t length, const AttentionOptions& attention_options = {},
+                 std::vector<float>* last_output = nullptr) {
   auto engine = CreateCpuEngine();
   auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 0),
                                               *engine, options);
@@ -36,8 +47,7 @@ bool TimeForward(benchmark::State& state, const ModelSpec& spec,
     return false;
   }
   const std::vector<int64_t> lengths(batch, length);
-  std::vector<float> query(batch * length * spec.d_model);
-  for (size_t i = 0; i < query.size(); ++i) query[i] = static_cast<float>(i % 17) / 17.0f;
+  const std::vector<float> query = BenchTokens(batch * length * spec.d_model);
   std::vector<float> output(query.size());
   AttentionBatch packed;
   packed.query = query;
@@ -51,6 +61,7 @@ bool TimeForward(benchmark::State& state, const ModelSpec& spec,
     }
     benchmark::DoNotOptimize(output.data());
   }
+  if (last_output != nullptr) *last_output = std::move(output);
   return true;
 }
 
@@ -174,7 +185,33 @@ void BM_Variant(benchmark::State& state) {
   AttentionOptions attention_options;
   if (variant == 1) attention_options.head_mask = mask;
   attention_options.causal = variant == 3;
-  TimeForward(state, spec, options, batch, length, attention_options);
+  std::vector<float> output;
+  if (!TimeForward(state, spec, options, batch, length, attention_options, &output))
+    return;
+  if (variant == 5) {
+    // int8's accuracy beside its speed: the cosine of its output with fp32's, same
+    // weights and inputs.
+    ModelSpec fp32 = spec;
+    fp32.precision = Precision::kFp32;
+    auto engine = CreateCpuEngine();
+    auto reference = MultiHeadAttention::Create(fp32, GenerateAttentionWeights(fp32, 0),
+                                                *engine, options);
+    const std::vector<int64_t> lengths(batch, length);
+    const std::vector<float> query = BenchTokens(output.size());
+    std::vector<float> expected(output.size());
+    if (!reference.ok() ||
+        !(*reference)->Forward({query, lengths}, {}, absl::MakeSpan(expected)).ok()) {
+      state.SkipWithError("the fp32 reference failed");
+      return;
+    }
+    double dot = 0, a = 0, b = 0;
+    for (size_t i = 0; i < output.size(); ++i) {
+      dot += static_cast<double>(output[i]) * expected[i];
+      a += static_cast<double>(output[i]) * output[i];
+      b += static_cast<double>(expected[i]) * expected[i];
+    }
+    state.counters["cosine_vs_fp32"] = dot / std::sqrt(a * b);
+  }
 }
 BENCHMARK(BM_Variant)
     ->ArgNames({"B", "L", "d", "h", "variant"})

@@ -80,6 +80,8 @@ int main(int argc, char** argv) {
   if (!spec.ok()) return Fail(spec.status());
   if (absl::GetFlag(FLAGS_precision) == "bf16") {
     spec->precision = attnserve::core::Precision::kBf16;
+  } else if (absl::GetFlag(FLAGS_precision) == "int8") {
+    spec->precision = attnserve::core::Precision::kInt8;
   }
   auto file = attnserve::core::SafetensorsFile::Read(dir + "/model.safetensors");
   if (!file.ok()) return Fail(file.status());

@@ -263,6 +263,71 @@ def text_rows(args, model_path, npz, onnx_path, faster):
         f"x{ratio:.2f}")
 
 
+def cosines(got, want):
+    return np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1)
+                                         * np.linalg.norm(want, axis=1))
+
+
+def int8_rows(args, model_path, files, sequences, golden, onnx_path):
+    """int8 as CPU users deploy encoders: attnserve's dynamic quantization beside ONNX
+    Runtime's quantize_dynamic of the same exported model (int8 weights, uint8
+    activations), one thread, and each one's embeddings against sentence-transformers'
+    fp32 ones."""
+    import onnxruntime
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    work = os.path.dirname(onnx_path)
+    int8_path = os.path.join(work, "minilm.int8.onnx")
+    if not os.path.exists(int8_path):
+        quantize_dynamic(onnx_path, int8_path, weight_type=QuantType.QInt8)
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(int8_path, options,
+                                           providers=["CPUExecutionProvider"])
+    figures = {}
+    for batch in (1, 32):
+        subset = sequences[:B1_SENTENCES] if batch == 1 else sequences
+        sentences = B1_SENTENCES if batch == 1 else 0
+        figures[("core", batch)] = core_rate(args.build, model_path, files, batch, 1,
+                                             args.rounds, sentences)
+        figures[("core-int8", batch)] = core_rate(args.build, model_path, files, batch, 1,
+                                                  args.rounds, sentences, precision="int8")
+        figures[("ort-int8", batch)] = peer_rate("ort", {1: session}, subset, batch, 1,
+                                                 args.rounds)
+    dump = os.path.join(work, "minilm-int8-pooled.bin")
+    core_rate(args.build, model_path, files, 32, 1, 1, precision="int8", dump=dump)
+    ours = cosines(np.fromfile(dump, dtype="<f4").reshape(len(sequences), -1),
+                   golden["embeddings"])
+    theirs = np.concatenate([
+        session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        for ids, mask in padded_batches(sequences, 32)])
+    theirs = cosines(theirs, golden["embeddings"])
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+
+    print()
+    print(f"int8 ({COMPUTE['int8']}) beside ONNX Runtime {onnxruntime.__version__} "
+          f"quantize_dynamic (QInt8 weights), 1 thread")
+    print("| measure | attnserve | peer | target | result |")
+    print("| --- | --- | --- | --- | --- |")
+    for batch in (1, 32):
+        print(f"| int8, 1 thread, B={batch}, sentences/s | "
+              f"{figures[('core-int8', batch)]:.1f} (fp32 {figures[('core', batch)]:.1f}) | "
+              f"ORT int8 {figures[('ort-int8', batch)]:.1f} | (figures) | - |")
+    ratio = figures[("core-int8", 1)] / figures[("ort-int8", 1)]
+    row("int8 core, 1 thread, B=1 vs ORT int8", f"x{ratio:.2f}", "", ">= 1.0",
+        ratio >= 1.0)
+    ratio = figures[("core-int8", 32)] / figures[("ort-int8", 32)]
+    row("int8 core, 1 thread, B=32 mixed lengths vs ORT int8 padded", f"x{ratio:.2f}", "",
+        ">= 1.3", ratio >= 1.3)
+    ratio = figures[("core-int8", 32)] / figures[("core", 32)]
+    print(f"| int8 vs fp32 core, 1 thread, B=32 | x{ratio:.2f} | | (figure) | - |")
+    row("int8 accuracy: cosine with sentence-transformers fp32, 1,019 sentences",
+        f"min {ours.min():.4f}, mean {ours.mean():.5f}",
+        f"ORT int8: min {theirs.min():.4f}, mean {theirs.mean():.5f}",
+        "mean >= ORT int8's", ours.mean() >= theirs.mean())
+
+
 def peak_rss_mib(process):
     with open(f"/proc/{process.pid}/status") as status:
         return int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1)) / 1024
@@ -278,8 +343,9 @@ def main():
     parser.add_argument("build")
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=("all", "text"), default="all",
-                        help="text: only the text-in rows (the peer around ORT)")
+    parser.add_argument("--only", choices=("all", "text", "int8"), default="all",
+                        help="text: only the text-in rows (the peer around ORT); int8: "
+                        "only the int8 rows (beside ORT's quantize_dynamic)")
     args = parser.parse_args()
     import onnxruntime
     import sentence_transformers
@@ -305,6 +371,11 @@ def main():
         print(f"versions: onnxruntime {onnxruntime.__version__}")
         os.sched_setaffinity(0, {int(CLIENT_CORE)})
         text_rows(args, model_path, npz, onnx_path, "ort")
+        return
+    if args.only == "int8":
+        print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+              f"server core {SERVER_CORE}")
+        int8_rows(args, model_path, files, sequences, golden, onnx_path)
         return
     dnnl = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libdnnl2"],
                           capture_output=True, text=True).stdout
@@ -476,6 +547,7 @@ def main():
         rss <= limit, f"({under_c64['sentences_per_s']:.0f} sentences/s; while loading "
         f"{loading_rss:.0f})")
     text_rows(args, model_path, npz, onnx_path, faster)
+    int8_rows(args, model_path, files, sequences, golden, onnx_path)
 
 
 if __name__ == "__main__":
