@@ -12,6 +12,7 @@
 #include "core/bfloat16.h"
 #include "core/row_chunks.h"
 #include "core/status_macros.h"
+#include "core/thread_sanitizer.h"
 
 namespace attnserve::core {
 
@@ -22,21 +23,9 @@ using Dims = memory::dims;
 
 constexpr int kMaxThreads = 1024;
 
-// ThreadSanitizer cannot see the synchronization inside GCC's OpenMP runtime (libgomp is
-// not instrumented), so code of ours inside a parallel region would be reported as
-// racing with the thread that set its data up. TSan builds take the serial long-sequence
-// path; the parallel one is tested by the other builds.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kParallelBlocks = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool kParallelBlocks = false;
-#else
-constexpr bool kParallelBlocks = true;
-#endif
-#else
-constexpr bool kParallelBlocks = true;
-#endif
+// TSan builds take the serial long-sequence path (thread_sanitizer.h); the parallel one
+// is tested by the other builds.
+constexpr bool kParallelBlocks = !kThreadSanitizer;
 // Fewer query rows per block would starve the matmuls; a longer block may exceed the
 // byte budget for very long keys.
 constexpr int64_t kMinBlockRows = 16;

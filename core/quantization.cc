@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/thread_sanitizer.h"
 #include "dnnl.hpp"
 
 namespace attnserve::core {
@@ -15,6 +16,8 @@ namespace {
 // Below this many values a loop runs on the calling thread alone: a parallel region
 // costs more than it saves.
 constexpr int64_t kParallelValues = 1 << 15;
+// Parallel regions of our own run on the calling thread under TSan (thread_sanitizer.h).
+constexpr bool kParallel = !kThreadSanitizer;
 
 bool HasIsa(dnnl::cpu_isa wanted) {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
@@ -120,7 +123,8 @@ QuantizedMatrix QuantizeWeights(const float* weights, int64_t out, int64_t in,
 void QuantizeRows(const float* in, int64_t rows, int64_t width, int levels, uint8_t* out,
                   float* scales, int32_t* zero_points) {
   const float top = static_cast<float>(levels);
-#pragma omp parallel for schedule(static) if (rows * width >= kParallelValues)
+#pragma omp parallel for schedule(static) if (kParallel && \
+                                              rows * width >= kParallelValues)
   for (int64_t i = 0; i < rows; ++i) {
     QuantizeRow(in + i * width, width, top, out + i * width, scales + i, zero_points + i);
   }
@@ -130,7 +134,8 @@ void Dequantize(const int32_t* acc, int64_t rows, const QuantizedMatrix& weights
                 const float* row_scales, const int32_t* zero_points, const float* bias,
                 float* out, bool accumulate) {
   const int64_t width = weights.out;
-#pragma omp parallel for schedule(static) if (rows * width >= kParallelValues)
+#pragma omp parallel for schedule(static) if (kParallel && \
+                                              rows * width >= kParallelValues)
   for (int64_t i = 0; i < rows; ++i) {
     DequantizeRow(acc + i * width, width, weights.scales.data(),
                   weights.column_sums.data(), row_scales[i],
