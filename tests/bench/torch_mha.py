@@ -7,7 +7,8 @@
 
 Prints one JSON object per line: first {"torch", "blas", "onnxruntime"}, then
 per engine, shape and thread count {"engine", "B", "L", "d", "h", "threads", "ms"
-(median), "gflops"}. Run through `make bench-core` (tests/bench/compare_core.py), which
+(median), "cpu_per_wall" (CPU seconds per second while timed), "gflops"}. Each engine's
+thread count bounds OpenBLAS's own pool too (bound_blas_threads). Run through `make bench-core` (tests/bench/compare_core.py), which
 runs Debian's PyTorch 1.13 (OpenBLAS) with --engines=mha and the peers venv's PyTorch 2.x
 and ONNX Runtime with --engines=mha,sdpa,ort, all with the core's allocator settings and
 without OPENBLAS_CORETYPE overrides.
@@ -37,6 +38,20 @@ def openblas_core():
         except (OSError, AttributeError):
             continue
     return "not OpenBLAS"
+
+
+def bound_blas_threads(threads):
+    """torch.set_num_threads bounds PyTorch's own pool, not OpenBLAS's: Debian's PyTorch
+    1.13 calls libblas.so.3 (OpenBLAS's pthread build), whose pool takes every core
+    unless told otherwise (measured: 1.97 CPU-seconds per second in a "1 thread" run).
+    Returns whether an OpenBLAS was found and bounded."""
+    for name in ("libblas.so.3", "libopenblas.so.0"):
+        try:
+            ctypes.CDLL(name).openblas_set_num_threads(ctypes.c_int(threads))
+            return True
+        except (OSError, AttributeError):
+            continue
+    return False
 
 
 def flops(batch, length, d_model):
@@ -76,15 +91,19 @@ class SdpaAttention(torch.nn.Module):
 
 
 def median_ms(run, min_seconds):
+    """(median ms per run, CPU seconds per wall second over the timed runs): the second
+    shows a peer that used more cores than its thread count says."""
     for _ in range(2):
         run()
     times = []
     start = time.perf_counter()
+    cpu_start = time.process_time()
     while len(times) < 3 or time.perf_counter() - start < min_seconds:
         begin = time.perf_counter()
         run()
         times.append(time.perf_counter() - begin)
-    return statistics.median(times) * 1e3
+    cpu_per_wall = (time.process_time() - cpu_start) / (time.perf_counter() - start)
+    return statistics.median(times) * 1e3, cpu_per_wall
 
 
 def ort_sessions(batch, length, d_model, heads, threads_list, folder):
@@ -133,6 +152,7 @@ def main():
     for engine in engines:
         for threads in threads_list:
             torch.set_num_threads(threads)
+            bound_blas_threads(threads)
             for batch, length, d_model, heads in GRID:
                 x = torch.rand(batch, length, d_model)
                 if engine == "ort":
@@ -154,9 +174,10 @@ def main():
                                 peer(x, x, x, need_weights=False)
                             else:
                                 peer(x)
-                ms = median_ms(run, args.min_seconds)
+                ms, cpu_per_wall = median_ms(run, args.min_seconds)
                 print(json.dumps({"engine": engine, "B": batch, "L": length, "d": d_model,
                                   "h": heads, "threads": threads, "ms": ms,
+                                  "cpu_per_wall": cpu_per_wall,
                                   "gflops": flops(batch, length, d_model) / ms / 1e6}),
                       flush=True)
 
