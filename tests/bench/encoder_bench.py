@@ -305,6 +305,29 @@ def int8_rows(args, model_path, files, sequences, golden, onnx_path):
     theirs = cosines(theirs, golden["embeddings"])
     os.sched_setaffinity(0, {int(CLIENT_CORE)})
 
+    # Served: attnserve's int8 model beside the Python grpcio server around ORT int8.
+    npz = os.path.join(args.root, "tests", "data", "minilm_sentences.npz")
+    repository = tempfile.TemporaryDirectory()
+    folder = os.path.join(repository.name, "minilm")
+    os.mkdir(folder)
+    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
+        os.symlink(os.path.join(model_path, name), os.path.join(folder, name))
+    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+        f.write("precision: PRECISION_INT8\nencoder {}\n")
+    server, target = start_server(
+        [os.path.join(args.build, "server", "attnserve"), "--host=127.0.0.1", "--port=0",
+         "--metrics_port=-1", "--http_port=-1", f"--model_repository={repository.name}",
+         "--instances=1", "--builtin_model=false", "--intra_op_threads=1"], "listening on")
+    served = load(args.root, target, npz, 16)
+    server.terminate()
+    server.wait()
+    peer, peer_target = start_server(
+        [sys.executable, os.path.join(HERE, "python_encoder_peer.py"), args.root, model_path,
+         int8_path, "--engine=ort"], "listening on")
+    peer_served = load(args.root, peer_target, npz, 16)
+    peer.terminate()
+    peer.wait()
+
     print()
     print(f"int8 ({COMPUTE['int8']}) beside ONNX Runtime {onnxruntime.__version__} "
           f"quantize_dynamic (QInt8 weights), 1 thread")
@@ -322,6 +345,12 @@ def int8_rows(args, model_path, files, sequences, golden, onnx_path):
         ">= 1.3", ratio >= 1.3)
     ratio = figures[("core-int8", 32)] / figures[("core", 32)]
     print(f"| int8 vs fp32 core, 1 thread, B=32 | x{ratio:.2f} | | (figure) | - |")
+    ratio = served["sentences_per_s"] / peer_served["sentences_per_s"]
+    row("int8 server c16 vs a Python grpcio server around ORT int8, sentences/s",
+        f"{served['sentences_per_s']:.1f} (p99 {served['p99_ms']:.1f} ms)",
+        f"{peer_served['sentences_per_s']:.1f} (p99 {peer_served['p99_ms']:.1f} ms)",
+        ">= x1.5, lower p99",
+        ratio >= 1.5 and served["p99_ms"] < peer_served["p99_ms"], f"x{ratio:.2f}")
     row("int8 accuracy: cosine with sentence-transformers fp32, 1,019 sentences",
         f"min {ours.min():.4f}, mean {ours.mean():.5f}",
         f"ORT int8: min {theirs.min():.4f}, mean {theirs.mean():.5f}",
