@@ -9,6 +9,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/bfloat16.h"
 #include "core/row_chunks.h"
 #include "core/status_macros.h"
@@ -34,6 +37,9 @@ constexpr int64_t kMinBlockRows = 16;
 // than the triangle saves.
 constexpr int64_t kCausalBlockedLength = 256;
 constexpr int64_t kCausalBlocks = 8;
+// Projections of more multiply-adds than this (about 3 ms on one core) are not timed by
+// ProjectionPrimitives::kAuto (see UseRuntimeRows).
+constexpr int64_t kLargestTimedProjection = int64_t{1} << 28;
 
 absl::Status FromDnnlError(const dnnl::error& e, absl::string_view what) {
   return absl::InternalError(absl::StrCat("oneDNN failed to ", what, ": ", e.what()));
@@ -566,10 +572,14 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
       switch (kind) {
         case PrimitiveKind::kProjection:
         case PrimitiveKind::kOutProjection: {
-          const auto [rows, in, out, unused, unused_count] = dims;
+          const auto [rows, in, out, runtime_rows, unused_count] = dims;
           // [rows, in] x W^T, with W in whatever layout the implementation runs
-          // fastest from (reordered once, see Packed).
-          const memory::desc weights({in, out}, compute_, memory::format_tag::any);
+          // fastest from (reordered once, see Packed); with runtime rows oneDNN needs
+          // a fixed layout, and W is read as stored.
+          const memory::desc weights =
+              runtime_rows != 0
+                  ? ProjectionWeights(in, out)
+                  : memory::desc({in, out}, compute_, memory::format_tag::any);
           const memory::data_type out_type =
               kind == PrimitiveKind::kProjection ? compute_ : memory::data_type::f32;
           const dnnl::matmul::desc desc(Plain2d(rows, in, compute_), weights,
@@ -660,8 +670,10 @@ absl::Status MultiHeadAttention::Execute(CachedPrimitive& primitive,
     auto it = primitive.args.find(id);
     if (it == primitive.args.end()) {
       primitive.args.emplace(id, memory(desc, engine_, data));
-    } else {
+    } else if (it->second.get_desc() == desc) {
       it->second.set_data_handle(data);
+    } else {
+      it->second = memory(desc, engine_, data);  // a runtime dimension changed
     }
   };
   for (const ExecArg& arg : args) bind(arg.id, arg.desc, const_cast<void*>(arg.data));
@@ -687,17 +699,106 @@ absl::Status MultiHeadAttention::Project(PrimitiveKind kind, const void* in, int
   const int64_t out_bytes = out_type == memory::data_type::f32 ? 4 : 2;
   // In chunks of a few row counts (row_chunks.h), not one primitive per token count.
   return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                          GetPrimitive(kind, {chunk, in_width, out_width, 0}));
-    const memory& packed = Packed(weight, in_width, out_width, primitive->weights_desc);
-    return Execute(*primitive,
-                   {{DNNL_ARG_SRC, Plain2d(chunk, in_width, compute_),
-                     static_cast<const uint8_t*>(in) + first * in_width * compute_bytes_},
-                    {DNNL_ARG_WEIGHTS, primitive->weights_desc, packed.get_data_handle()},
-                    {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
-                    {DNNL_ARG_DST, Plain2d(chunk, out_width, out_type),
-                     static_cast<uint8_t*>(out) + first * out_width * out_bytes}});
+    const void* chunk_in =
+        static_cast<const uint8_t*>(in) + first * in_width * compute_bytes_;
+    void* chunk_out = static_cast<uint8_t*>(out) + first * out_width * out_bytes;
+    ATTN_ASSIGN_OR_RETURN(const bool runtime_rows,
+                          UseRuntimeRows(kind, chunk_in, chunk, in_width, weight, bias,
+                                         out_width, chunk_out));
+    return ProjectChunk(kind, runtime_rows, chunk_in, chunk, in_width, weight, bias,
+                        out_width, chunk_out);
   });
+}
+
+absl::Status MultiHeadAttention::ProjectChunk(PrimitiveKind kind, bool runtime_rows,
+                                              const void* in, int64_t rows,
+                                              int64_t in_width, Matrix& weight,
+                                              const float* bias, int64_t out_width,
+                                              void* out) {
+  const memory::data_type out_type =
+      kind == PrimitiveKind::kProjection ? compute_ : memory::data_type::f32;
+  if (runtime_rows) {
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * primitive,
+        GetPrimitive(kind, {DNNL_RUNTIME_DIM_VAL, in_width, out_width, 1, 0}));
+    return Execute(*primitive, {{DNNL_ARG_SRC, Plain2d(rows, in_width, compute_), in},
+                                {DNNL_ARG_WEIGHTS, ProjectionWeights(in_width, out_width),
+                                 weight.plain.data()},
+                                {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
+                                {DNNL_ARG_DST, Plain2d(rows, out_width, out_type), out}});
+  }
+  ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                        GetPrimitive(kind, {rows, in_width, out_width, 0, 0}));
+  const memory& packed = Packed(weight, in_width, out_width, primitive->weights_desc);
+  return Execute(*primitive,
+                 {{DNNL_ARG_SRC, Plain2d(rows, in_width, compute_), in},
+                  {DNNL_ARG_WEIGHTS, primitive->weights_desc, packed.get_data_handle()},
+                  {DNNL_ARG_BIAS, Plain2d(1, out_width), bias},
+                  {DNNL_ARG_DST, Plain2d(rows, out_width, out_type), out}});
+}
+
+absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
+                                                        const void* in, int64_t rows,
+                                                        int64_t in_width, Matrix& weight,
+                                                        const float* bias,
+                                                        int64_t out_width, void* out) {
+  using Mode = Options::ProjectionPrimitives;
+  if (compute_ != memory::data_type::f32 ||
+      options_.projection_primitives == Mode::kPerShape) {
+    return false;
+  }
+  if (options_.projection_primitives == Mode::kRuntimeRows) return true;
+  const std::array<int64_t, 3> shape = {rows, in_width, out_width};
+  if (auto it = projection_choices_.find(shape); it != projection_choices_.end()) {
+    return it->second.runtime_rows;
+  }
+  ProjectionChoice choice;
+  if (rows * in_width * out_width > kLargestTimedProjection) {
+    // Eight runs of a large product would stall the call that meets it first: the
+    // largest timed shape of the same matrix decides (per shape when there is none).
+    for (auto it = projection_choices_.rbegin(); it != projection_choices_.rend(); ++it) {
+      if (it->second.timed && it->first[1] == in_width && it->first[2] == out_width) {
+        choice.runtime_rows = it->second.runtime_rows;
+        break;
+      }
+    }
+    projection_choices_.emplace(shape, choice);
+    return choice.runtime_rows;
+  }
+  // Each variant once untimed (primitive creation, packing), then three alternating
+  // timed runs each; every run computes the chunk, so the caller's result is written.
+  std::array<std::vector<double>, 2> times;
+  for (int round = 0; round < 4; ++round) {
+    for (const bool runtime_rows : {false, true}) {
+      const absl::Time start = absl::Now();
+      ATTN_RETURN_IF_ERROR(ProjectChunk(kind, runtime_rows, in, rows, in_width, weight,
+                                        bias, out_width, out));
+      if (round > 0)
+        times[runtime_rows].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+    }
+  }
+  for (auto& series : times) std::sort(series.begin(), series.end());
+  choice.per_shape_ms = times[0][1];
+  choice.runtime_rows_ms = times[1][1];
+  choice.runtime_rows = choice.runtime_rows_ms < choice.per_shape_ms;
+  choice.timed = true;
+  projection_choices_.emplace(shape, choice);
+  return choice.runtime_rows;
+}
+
+std::string MultiHeadAttention::ProjectionChoices() const {
+  std::string text;
+  for (const auto& [shape, choice] : projection_choices_) {
+    absl::StrAppend(&text, text.empty() ? "" : "; ", shape[0], "x", shape[1], "x",
+                    shape[2], ": ", choice.runtime_rows ? "runtime rows" : "per shape");
+    if (choice.timed) {
+      absl::StrAppend(&text, absl::StrFormat(" (%.3f vs %.3f ms)", choice.runtime_rows_ms,
+                                             choice.per_shape_ms));
+    } else {
+      absl::StrAppend(&text, " (as the largest timed shape)");
+    }
+  }
+  return text;
 }
 
 MultiHeadAttention::QuantizedRows MultiHeadAttention::QuantizeInput(

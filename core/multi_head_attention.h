@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -60,6 +61,16 @@ class MultiHeadAttention : public AttentionBackend {
     // Ignored for fp32 and int8 models.
     enum class Bf16Compute { kAuto, kNative, kFloat32 };
     Bf16Compute bf16_compute = Bf16Compute::kAuto;
+    // Which oneDNN primitive runs an f32 projection. kPerShape: one per row-chunk size,
+    // with the weights packed in its preferred layout. kRuntimeRows: one for every row
+    // count, on the weights as stored. Which is faster depends on the CPU (runtime rows
+    // measured x1.42 at M=128 on a Zen 3 with AVX2, x0.83 on a Zen 5 with AVX-512), so
+    // kAuto times both at the first call of each (rows, in, out) shape (one untimed
+    // run each, then three alternating timed ones, medians) and keeps the faster for
+    // that shape; shapes too large to time cheaply take the choice of the largest timed
+    // one of the same matrix. bf16-native and int8 projections always run kPerShape.
+    enum class ProjectionPrimitives { kAuto, kPerShape, kRuntimeRows };
+    ProjectionPrimitives projection_primitives = ProjectionPrimitives::kAuto;
   };
 
   // Validates `spec`, `weights` (shapes) and `options` (InvalidArgument naming the
@@ -125,6 +136,10 @@ class MultiHeadAttention : public AttentionBackend {
   int64_t device_memory_bytes() const override { return 0; }
   // Primitives created so far (cache misses); a repeated shape adds none.
   int64_t primitive_creations() const { return cache_.creations(); }
+  // The f32 projection primitives chosen so far, for logs and benchmarks: one entry per
+  // (rows, in, out) shape in ascending order, e.g. "128x512x512: runtime rows (0.41 vs
+  // 0.52 ms); 1024x512x512: per shape (...)", or "" when none was timed.
+  std::string ProjectionChoices() const;
 
   // From now on this object computes in `other`'s scratch buffers instead of its own,
   // so that objects that never run at the same time (the layers of an encoder, run one
@@ -185,6 +200,16 @@ class MultiHeadAttention : public AttentionBackend {
   absl::Status ProjectInt8(const QuantizedRows& in, int64_t rows, int64_t in_width,
                            Matrix& weight, const float* bias, int64_t out_width,
                            float* out);
+  // One chunk of Project, through the per-shape primitive or the runtime-rows one.
+  absl::Status ProjectChunk(PrimitiveKind kind, bool runtime_rows, const void* in,
+                            int64_t rows, int64_t in_width, Matrix& weight,
+                            const float* bias, int64_t out_width, void* out);
+  // Whether a chunk of this shape runs the runtime-rows primitive
+  // (Options::projection_primitives); under kAuto the first call of a shape times both,
+  // computing the chunk as it does.
+  absl::StatusOr<bool> UseRuntimeRows(PrimitiveKind kind, const void* in, int64_t rows,
+                                      int64_t in_width, Matrix& weight, const float* bias,
+                                      int64_t out_width, void* out);
   // `count` values at `in` (f32, or bf16 when `from_bf16`) into the compute
   // precision at `out`.
   absl::Status Convert(const void* in, bool from_bf16, int64_t count, void* out);
@@ -257,6 +282,13 @@ class MultiHeadAttention : public AttentionBackend {
   // The model's heads (all but spec.pruned_heads), and slices of it per head mask.
   HeadSet model_heads_;
   absl::flat_hash_map<std::vector<float>, std::unique_ptr<HeadSet>> masked_heads_;
+  // kAuto's choices per (rows, in, out): runtime rows or not, and the two medians (ms).
+  struct ProjectionChoice {
+    bool runtime_rows = false;
+    double per_shape_ms = 0.0, runtime_rows_ms = 0.0;
+    bool timed = false;  // false: taken from a timed shape of the same matrix
+  };
+  std::map<std::array<int64_t, 3>, ProjectionChoice> projection_choices_;
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 

@@ -62,6 +62,8 @@ bool TimeForward(benchmark::State& state, const ModelSpec& spec,
     benchmark::DoNotOptimize(output.data());
   }
   if (last_output != nullptr) *last_output = std::move(output);
+  // What the warm-up timing chose, beside the figure it produced.
+  state.SetLabel((*attention)->ProjectionChoices());
   return true;
 }
 
@@ -164,8 +166,9 @@ BENCHMARK(BM_MixedLengths)
 
 // What removed work buys, each beside the same shape in full (variant 0): 1 = half the
 // heads zeroed by the request's head_mask, 2 = half the heads pruned by the model, 3 =
-// causal, 4 = bf16 precision, 5 = int8 precision. make bench-core prints the ratios
-// against their targets.
+// causal, 4 = bf16 precision, 5 = int8 precision; and the projection primitives fixed
+// instead of chosen at warm-up (variant 0's default): 6 = per shape, 7 = runtime rows.
+// make bench-core prints the ratios against their targets.
 void BM_Variant(benchmark::State& state) {
   const int64_t batch = state.range(0);
   const int64_t length = state.range(1);
@@ -180,6 +183,9 @@ void BM_Variant(benchmark::State& state) {
   if (variant == 5) spec.precision = Precision::kInt8;
   MultiHeadAttention::Options options;
   options.intra_op_threads = 1;
+  using Projection = MultiHeadAttention::Options::ProjectionPrimitives;
+  if (variant == 6) options.projection_primitives = Projection::kPerShape;
+  if (variant == 7) options.projection_primitives = Projection::kRuntimeRows;
   std::vector<float> mask(spec.num_heads, 1.0f);
   for (int64_t h = 1; h < spec.num_heads; h += 2) mask[h] = 0.0f;
   AttentionOptions attention_options;
@@ -215,8 +221,8 @@ void BM_Variant(benchmark::State& state) {
 }
 BENCHMARK(BM_Variant)
     ->ArgNames({"B", "L", "d", "h", "variant"})
-    ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4, 5}})
-    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4, 5}})
+    ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4, 5, 6, 7}})
+    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4, 5, 6, 7}})
     ->ArgsProduct({{1}, {2048}, {1024}, {16}, {0, 1, 2, 3, 4}})
     ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3, 4, 5}})
     ->UseRealTime()

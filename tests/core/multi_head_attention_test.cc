@@ -36,7 +36,9 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
                     std::vector<int64_t> pruned_heads = {},
                     Precision precision = Precision::kFp32,
                     MultiHeadAttention::Options::Bf16Compute bf16_compute =
-                        MultiHeadAttention::Options::Bf16Compute::kAuto) {
+                        MultiHeadAttention::Options::Bf16Compute::kAuto,
+                    MultiHeadAttention::Options::ProjectionPrimitives projection =
+                        MultiHeadAttention::Options::ProjectionPrimitives::kAuto) {
   Fixture fixture;
   fixture.spec.d_model = d_model;
   fixture.spec.num_heads = num_heads;
@@ -49,6 +51,7 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
   options.intra_op_threads = threads;
   options.attention_block_bytes = block_bytes;
   options.bf16_compute = bf16_compute;
+  options.projection_primitives = projection;
   auto attention =
       MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, options);
   EXPECT_TRUE(attention.ok()) << attention.status();
@@ -667,8 +670,15 @@ TEST_F(Bf16Test, HeadStatisticsMatchTheReference) {
   ExpectHeadStatisticsMatchReference(fixture, {16}, false, 84, 1e-2);
 }
 
+constexpr auto kPerShape = MultiHeadAttention::Options::ProjectionPrimitives::kPerShape;
+constexpr auto kRuntimeRows =
+    MultiHeadAttention::Options::ProjectionPrimitives::kRuntimeRows;
+constexpr auto kAutoProjection = MultiHeadAttention::Options::ProjectionPrimitives::kAuto;
+constexpr auto kAutoBf16 = MultiHeadAttention::Options::Bf16Compute::kAuto;
+
 TEST(MultiHeadAttentionTest, ReusesPrimitivesForRepeatedShapes) {
-  Fixture fixture = MakeFixture(64, 4);
+  Fixture fixture =
+      MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kFp32, kAutoBf16, kPerShape);
   const std::vector<int64_t> lengths = {5, 5};
   const std::vector<float> query = RandomTokens(10 * 64, 15);
   std::vector<float> output(10 * 64);
@@ -690,6 +700,7 @@ TEST(MultiHeadAttentionTest, EvictsLeastRecentlyUsedPrimitivesWhenFull) {
   ASSERT_TRUE(engine.ok());
   MultiHeadAttention::Options options;
   options.primitive_cache_capacity = 4;
+  options.projection_primitives = kPerShape;
   auto attention = MultiHeadAttention::Create(spec, GenerateAttentionWeights(spec, 1),
                                               *engine, options);
   ASSERT_TRUE(attention.ok());
@@ -701,6 +712,41 @@ TEST(MultiHeadAttentionTest, EvictsLeastRecentlyUsedPrimitivesWhenFull) {
   }
   // Capacity 4 holds one length's primitives: L=3 was evicted by L=4 and rebuilt.
   EXPECT_EQ((*attention)->primitive_creations(), 12);
+}
+
+TEST(MultiHeadAttentionTest, EitherProjectionPrimitiveMatchesTheReference) {
+  for (const auto projection : {kPerShape, kRuntimeRows, kAutoProjection}) {
+    SCOPED_TRACE(static_cast<int>(projection));
+    Fixture fixture =
+        MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kFp32, kAutoBf16, projection);
+    ExpectMatchesReference(fixture, {1, 7, 70, 130}, {}, false, {}, 40);
+    ExpectMatchesReference(fixture, {5, 17}, {9, 40}, false, {1, 0, 0.5f, 1}, 41);
+    // bf16 weights computed in f32 take the same f32 projections.
+    Fixture bf16 =
+        MakeFixture(64, 4, 7, 0, 1 << 20, {}, Precision::kBf16,
+                    MultiHeadAttention::Options::Bf16Compute::kFloat32, projection);
+    ExpectMatchesReference(bf16, {3, 66}, {}, true, {}, 42, 5e-3);
+  }
+}
+
+TEST(MultiHeadAttentionTest, AutoProjectionTimesEachShapeOnceAndKeepsItsChoice) {
+  Fixture fixture = MakeFixture(64, 4);
+  EXPECT_EQ(fixture.attention->ProjectionChoices(), "");
+  const std::vector<int64_t> lengths = {5, 5};
+  const std::vector<float> query = RandomTokens(10 * 64, 15);
+  std::vector<float> output(10 * 64);
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  // Ten rows of 64 in, 64 out (Q, K, V and W_out share the shape): timed once.
+  const std::string choices = fixture.attention->ProjectionChoices();
+  EXPECT_THAT(choices,
+              ::testing::MatchesRegex(
+                  "10x64x64: (runtime rows|per shape) \\([0-9.]+ vs [0-9.]+ ms\\)"));
+  const int64_t created = fixture.attention->primitive_creations();
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  EXPECT_EQ(fixture.attention->ProjectionChoices(), choices);
+  EXPECT_EQ(fixture.attention->primitive_creations(), created);
 }
 
 TEST(MultiHeadAttentionTest, ObjectsOnDifferentThreadsDoNotInterfere) {
