@@ -263,6 +263,19 @@ def text_rows(args, model_path, npz, onnx_path, faster):
         f"x{ratio:.2f}")
 
 
+def minilm_repository(model_path, config):
+    """A model repository holding MiniLM's own files as "minilm" beside a config.pbtxt of
+    `config`; the TemporaryDirectory (kept alive by the caller)."""
+    repository = tempfile.TemporaryDirectory()
+    folder = os.path.join(repository.name, "minilm")
+    os.mkdir(folder)
+    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
+        os.symlink(os.path.join(model_path, name), os.path.join(folder, name))
+    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+        f.write(config)
+    return repository
+
+
 def cosines(got, want):
     return np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1)
                                          * np.linalg.norm(want, axis=1))
@@ -307,13 +320,7 @@ def int8_rows(args, model_path, files, sequences, golden, onnx_path):
 
     # Served: attnserve's int8 model beside the Python grpcio server around ORT int8.
     npz = os.path.join(args.root, "tests", "data", "minilm_sentences.npz")
-    repository = tempfile.TemporaryDirectory()
-    folder = os.path.join(repository.name, "minilm")
-    os.mkdir(folder)
-    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
-        os.symlink(os.path.join(model_path, name), os.path.join(folder, name))
-    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
-        f.write("precision: PRECISION_INT8\nencoder {}\n")
+    repository = minilm_repository(model_path, "precision: PRECISION_INT8\nencoder {}\n")
     server, target = start_server(
         [os.path.join(args.build, "server", "attnserve"), "--host=127.0.0.1", "--port=0",
          "--metrics_port=-1", "--http_port=-1", f"--model_repository={repository.name}",
@@ -444,20 +451,8 @@ def main():
     faster = "ort" if figures[("ort", 1, 1)] >= figures[("torch", 1, 1)] else "torch"
 
     # The server end to end, then the Python server around the faster peer.
-    repository = tempfile.TemporaryDirectory()
-    folder = os.path.join(repository.name, "minilm")
-    os.mkdir(folder)
-    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
-        os.symlink(os.path.join(model_path, name), os.path.join(folder, name))
-    with open(os.path.join(folder, "config.pbtxt"), "w") as f:
-        f.write("encoder {}\n")
-    bf16_repository = tempfile.TemporaryDirectory()
-    bf16_folder = os.path.join(bf16_repository.name, "minilm")
-    os.mkdir(bf16_folder)
-    for name in ("config.json", "modules.json", "model.safetensors", "1_Pooling"):
-        os.symlink(os.path.join(model_path, name), os.path.join(bf16_folder, name))
-    with open(os.path.join(bf16_folder, "config.pbtxt"), "w") as f:
-        f.write("precision: PRECISION_BF16\nencoder {}\n")
+    repository = minilm_repository(model_path, "encoder {}\n")
+    bf16_repository = minilm_repository(model_path, "precision: PRECISION_BF16\nencoder {}\n")
     attnserve = os.path.join(args.build, "server", "attnserve")
     common = [attnserve, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
               "--http_port=-1", f"--model_repository={repository.name}", "--instances=1",

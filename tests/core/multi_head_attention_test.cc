@@ -544,14 +544,14 @@ std::vector<float> Widen(const std::vector<uint16_t>& bits) {
   return values;
 }
 
-TEST(MultiHeadAttentionTest, Bf16InputsEqualTheirWidenedValues) {
-  // An fp32 model widens bf16 inputs once: the answer equals that of the same values
-  // given as f32 (self- and cross-attention).
-  Fixture fixture = MakeFixture(64, 4);
+// A model that computes in f32 widens bf16 inputs once: the answer equals that of the
+// same values given as f32 (self- and cross-attention).
+void ExpectBf16InputsEqualTheirWidenedValues(Fixture& fixture) {
+  const int64_t d = fixture.spec.d_model;
   const std::vector<int64_t> lengths = {5, 3}, memory_lengths = {4, 6};
-  const std::vector<uint16_t> query = ToBf16(RandomTokens(8 * 64, 70));
-  const std::vector<uint16_t> memory = ToBf16(RandomTokens(10 * 64, 71));
-  std::vector<float> from_bits(8 * 64), from_floats(8 * 64);
+  const std::vector<uint16_t> query = ToBf16(RandomTokens(8 * d, 70));
+  const std::vector<uint16_t> memory = ToBf16(RandomTokens(10 * d, 71));
+  std::vector<float> from_bits(8 * d), from_floats(8 * d);
   AttentionBatch bits;
   bits.query_bf16 = query;
   bits.query_lengths = lengths;
@@ -571,6 +571,11 @@ TEST(MultiHeadAttentionTest, Bf16InputsEqualTheirWidenedValues) {
                             absl::MakeSpan(from_floats))
                   .ok());
   EXPECT_EQ(from_bits, from_floats);
+}
+
+TEST(MultiHeadAttentionTest, Bf16InputsEqualTheirWidenedValues) {
+  Fixture fixture = MakeFixture(64, 4);
+  ExpectBf16InputsEqualTheirWidenedValues(fixture);
 }
 
 TEST_F(Bf16Test, Bf16InputsAreUsedAsTheyAre) {
@@ -999,18 +1004,7 @@ TEST(Int8Test, BlocksThreadsAndPrunedHeadsMatchTheReference) {
 
 TEST(Int8Test, Bf16InputsEqualTheirWidenedValues) {
   Fixture fixture = MakeInt8Fixture(64, 4);
-  const std::vector<int64_t> lengths = {5, 3};
-  const std::vector<uint16_t> query = ToBf16(RandomTokens(8 * 64, 69));
-  std::vector<float> from_bits(8 * 64), from_floats(8 * 64);
-  AttentionBatch bits;
-  bits.query_bf16 = query;
-  bits.query_lengths = lengths;
-  ASSERT_TRUE(fixture.attention->Forward(bits, {}, absl::MakeSpan(from_bits)).ok());
-  const std::vector<float> widened = Widen(query);
-  ASSERT_TRUE(
-      fixture.attention->Forward({widened, lengths}, {}, absl::MakeSpan(from_floats))
-          .ok());
-  EXPECT_EQ(from_bits, from_floats);
+  ExpectBf16InputsEqualTheirWidenedValues(fixture);
 }
 
 TEST(Int8Test, IsRefusedOnCuda) {
