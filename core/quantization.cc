@@ -109,9 +109,11 @@ QuantizedMatrix QuantizeWeights(const float* weights, int64_t out, int64_t in,
     int64_t sum = 0;
     int8_t* codes = matrix.values.data() + j * in;
     for (int64_t k = 0; k < in; ++k) {
+      // Written so that a NaN weight saturates instead of reaching an undefined
+      // float-to-int conversion.
       const float code = std::round(row[k] / scale);
-      codes[k] = static_cast<int8_t>(
-          std::clamp(code, -static_cast<float>(levels), static_cast<float>(levels)));
+      const float top = static_cast<float>(levels);
+      codes[k] = static_cast<int8_t>(code >= -top ? (code <= top ? code : top) : -top);
       sum += codes[k];
     }
     matrix.scales[j] = scale;
