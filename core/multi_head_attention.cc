@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/bfloat16.h"
@@ -40,6 +41,17 @@ constexpr int64_t kCausalBlocks = 8;
 // Projections of more multiply-adds than this (about 3 ms on one core) are not timed by
 // ProjectionPrimitives::kAuto (see UseRuntimeRows).
 constexpr int64_t kLargestTimedProjection = int64_t{1} << 28;
+
+// ProjectionPrimitives::kAuto's choices for the whole process (see ProjectionChoice).
+struct SharedProjectionChoices {
+  absl::Mutex mu;
+  std::map<std::array<int64_t, 4>, MultiHeadAttention::ProjectionChoice> choices
+      ABSL_GUARDED_BY(mu);
+};
+SharedProjectionChoices& SharedChoices() {
+  static auto* shared = new SharedProjectionChoices();  // never destroyed
+  return *shared;
+}
 
 absl::Status FromDnnlError(const dnnl::error& e, absl::string_view what) {
   return absl::InternalError(absl::StrCat("oneDNN failed to ", what, ": ", e.what()));
@@ -748,42 +760,53 @@ absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
     return false;
   }
   if (options_.projection_primitives == Mode::kRuntimeRows) return true;
-  const std::array<int64_t, 3> shape = {rows, in_width, out_width};
-  if (auto it = projection_choices_.find(shape); it != projection_choices_.end()) {
+  const std::array<int64_t, 4> key = {rows, in_width, out_width,
+                                      options_.intra_op_threads};
+  if (auto it = projection_choices_.find(key); it != projection_choices_.end()) {
     return it->second.runtime_rows;
   }
-  ProjectionChoice choice;
-  if (rows * in_width * out_width > kLargestTimedProjection) {
-    // Eight runs of a large product would stall the call that meets it first: the
-    // largest timed shape of the same matrix decides (per shape when there is none).
-    for (auto it = projection_choices_.rbegin(); it != projection_choices_.rend(); ++it) {
-      if (it->second.timed && it->first[1] == in_width && it->first[2] == out_width) {
-        choice.runtime_rows = it->second.runtime_rows;
-        break;
+  // Decided once per process, under its lock (objects meeting a new shape together
+  // wait for one timing; timing alone also keeps the figures clean).
+  SharedProjectionChoices& shared = SharedChoices();
+  absl::MutexLock lock(&shared.mu);
+  auto found = shared.choices.find(key);
+  if (found == shared.choices.end()) {
+    ProjectionChoice choice;
+    if (rows * in_width * out_width > kLargestTimedProjection) {
+      // Eight runs of a large product would stall the call that meets it first: the
+      // largest timed shape of the same matrix decides (per shape when there is none).
+      for (auto it = shared.choices.rbegin(); it != shared.choices.rend(); ++it) {
+        if (it->second.timed && it->first[1] == in_width && it->first[2] == out_width &&
+            it->first[3] == key[3]) {
+          choice.runtime_rows = it->second.runtime_rows;
+          break;
+        }
       }
+    } else {
+      // Each variant once untimed (primitive creation, packing), then three alternating
+      // timed runs each. The caller then runs the chosen one, which writes the chunk.
+      std::array<std::vector<double>, 2> times;
+      for (int round = 0; round < 4; ++round) {
+        for (const bool runtime_rows : {false, true}) {
+          const absl::Time start = absl::Now();
+          ATTN_RETURN_IF_ERROR(ProjectChunk(kind, runtime_rows, in, rows, in_width,
+                                            weight, bias, out_width, out));
+          if (round > 0) {
+            times[runtime_rows].push_back(
+                absl::ToDoubleMilliseconds(absl::Now() - start));
+          }
+        }
+      }
+      for (auto& series : times) std::sort(series.begin(), series.end());
+      choice.per_shape_ms = times[0][1];
+      choice.runtime_rows_ms = times[1][1];
+      choice.runtime_rows = choice.runtime_rows_ms < choice.per_shape_ms;
+      choice.timed = true;
     }
-    projection_choices_.emplace(shape, choice);
-    return choice.runtime_rows;
+    found = shared.choices.emplace(key, choice).first;
   }
-  // Each variant once untimed (primitive creation, packing), then three alternating
-  // timed runs each; every run computes the chunk, so the caller's result is written.
-  std::array<std::vector<double>, 2> times;
-  for (int round = 0; round < 4; ++round) {
-    for (const bool runtime_rows : {false, true}) {
-      const absl::Time start = absl::Now();
-      ATTN_RETURN_IF_ERROR(ProjectChunk(kind, runtime_rows, in, rows, in_width, weight,
-                                        bias, out_width, out));
-      if (round > 0)
-        times[runtime_rows].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
-    }
-  }
-  for (auto& series : times) std::sort(series.begin(), series.end());
-  choice.per_shape_ms = times[0][1];
-  choice.runtime_rows_ms = times[1][1];
-  choice.runtime_rows = choice.runtime_rows_ms < choice.per_shape_ms;
-  choice.timed = true;
-  projection_choices_.emplace(shape, choice);
-  return choice.runtime_rows;
+  projection_choices_.emplace(key, found->second);
+  return found->second.runtime_rows;
 }
 
 std::string MultiHeadAttention::ProjectionChoices() const {

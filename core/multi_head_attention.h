@@ -136,9 +136,20 @@ class MultiHeadAttention : public AttentionBackend {
   int64_t device_memory_bytes() const override { return 0; }
   // Primitives created so far (cache misses); a repeated shape adds none.
   int64_t primitive_creations() const { return cache_.creations(); }
-  // The f32 projection primitives chosen so far, for logs and benchmarks: one entry per
-  // (rows, in, out) shape in ascending order, e.g. "128x512x512: runtime rows (0.41 vs
-  // 0.52 ms); 1024x512x512: per shape (...)", or "" when none was timed.
+  // What Options::ProjectionPrimitives::kAuto chose for one projection shape: runtime
+  // rows or not, and the two medians (ms). The choices are the process's, shared by
+  // every object, so that the instances of a model (and the layers of an encoder) run
+  // the same primitive for a shape and answer a request with the same bits whichever
+  // serves it; each shape is timed once per process and thread count.
+  struct ProjectionChoice {
+    bool runtime_rows = false;
+    double per_shape_ms = 0.0, runtime_rows_ms = 0.0;
+    bool timed = false;  // false: taken from a timed shape of the same matrix
+  };
+  // The f32 projection primitives this object has used so far, for logs and
+  // benchmarks: one entry per (rows, in, out) shape in ascending order, e.g.
+  // "128x512x512: runtime rows (0.410 vs 0.520 ms); 1024x512x512: per shape (...)",
+  // or "" when none was chosen.
   std::string ProjectionChoices() const;
 
   // From now on this object computes in `other`'s scratch buffers instead of its own,
@@ -282,13 +293,10 @@ class MultiHeadAttention : public AttentionBackend {
   // The model's heads (all but spec.pruned_heads), and slices of it per head mask.
   HeadSet model_heads_;
   absl::flat_hash_map<std::vector<float>, std::unique_ptr<HeadSet>> masked_heads_;
-  // kAuto's choices per (rows, in, out): runtime rows or not, and the two medians (ms).
-  struct ProjectionChoice {
-    bool runtime_rows = false;
-    double per_shape_ms = 0.0, runtime_rows_ms = 0.0;
-    bool timed = false;  // false: taken from a timed shape of the same matrix
-  };
-  std::map<std::array<int64_t, 3>, ProjectionChoice> projection_choices_;
+  // kAuto's choices this object has used, by (rows, in, out, intra_op_threads): copies
+  // of the process-wide ones (see UseRuntimeRows), kept here so that the hot path takes
+  // no lock.
+  std::map<std::array<int64_t, 4>, ProjectionChoice> projection_choices_;
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 

@@ -754,6 +754,21 @@ TEST(MultiHeadAttentionTest, AutoProjectionTimesEachShapeOnceAndKeepsItsChoice) 
   EXPECT_EQ(fixture.attention->primitive_creations(), created);
 }
 
+TEST(MultiHeadAttentionTest, AutoProjectionChoicesAreSharedSoInstancesAgreeBitForBit) {
+  // Two instances of one model (as the server runs them): the second takes the first's
+  // choice instead of timing its own, so the same request gets the same bits from both.
+  Fixture first = MakeFixture(96, 4, 7, 1);
+  Fixture second = MakeFixture(96, 4, 7, 1);
+  const std::vector<int64_t> lengths = {33, 4};
+  const std::vector<float> query = RandomTokens(37 * 96, 22);
+  std::vector<float> a(37 * 96), b(37 * 96);
+  ASSERT_TRUE(first.attention->Forward({query, lengths}, {}, absl::MakeSpan(a)).ok());
+  ASSERT_TRUE(second.attention->Forward({query, lengths}, {}, absl::MakeSpan(b)).ok());
+  EXPECT_NE(first.attention->ProjectionChoices(), "");
+  EXPECT_EQ(second.attention->ProjectionChoices(), first.attention->ProjectionChoices());
+  EXPECT_EQ(a, b);
+}
+
 TEST(MultiHeadAttentionTest, ObjectsOnDifferentThreadsDoNotInterfere) {
   // Same shapes on both objects, so oneDNN's global cache hands both the same primitive
   // implementation; each object's own scratchpad keeps concurrent calls apart.
