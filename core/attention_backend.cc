@@ -124,6 +124,10 @@ std::string ComputePath(const ModelSpec& spec, const Device& device) {
   return absl::StrCat(PrecisionName(spec.precision), " (", DeviceName(device), ")");
 }
 
+std::string CpuProjectionChoices() {
+  return MultiHeadAttention::ProcessProjectionChoices();
+}
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options) {

@@ -132,6 +132,10 @@ struct BackendOptions {
 // ResourceExhausted when device memory runs out; Internal when the device library
 // fails. A bf16 model runs on every CPU: natively where it has AVX512_BF16 or AMX,
 // else on bf16-valued weights in f32 (ComputePath says which).
+// What the CPU backend's timing chose for f32 projections so far, process-wide, for logs
+// ("" before any): MultiHeadAttention::ProcessProjectionChoices.
+std::string CpuProjectionChoices();
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options);

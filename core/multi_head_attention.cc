@@ -809,11 +809,17 @@ absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
   return found->second.runtime_rows;
 }
 
-std::string MultiHeadAttention::ProjectionChoices() const {
+namespace {
+
+// "RxIxO: <choice> (<runtime> vs <per shape> ms)[@threads]; ..." for `choices`.
+std::string DescribeChoices(
+    const std::map<std::array<int64_t, 4>, MultiHeadAttention::ProjectionChoice>& choices,
+    bool with_threads) {
   std::string text;
-  for (const auto& [shape, choice] : projection_choices_) {
-    absl::StrAppend(&text, text.empty() ? "" : "; ", shape[0], "x", shape[1], "x",
-                    shape[2], ": ", choice.runtime_rows ? "runtime rows" : "per shape");
+  for (const auto& [key, choice] : choices) {
+    absl::StrAppend(&text, text.empty() ? "" : "; ", key[0], "x", key[1], "x", key[2]);
+    if (with_threads) absl::StrAppend(&text, "@", key[3]);
+    absl::StrAppend(&text, ": ", choice.runtime_rows ? "runtime rows" : "per shape");
     if (choice.timed) {
       absl::StrAppend(&text, absl::StrFormat(" (%.3f vs %.3f ms)", choice.runtime_rows_ms,
                                              choice.per_shape_ms));
@@ -822,6 +828,18 @@ std::string MultiHeadAttention::ProjectionChoices() const {
     }
   }
   return text;
+}
+
+}  // namespace
+
+std::string MultiHeadAttention::ProjectionChoices() const {
+  return DescribeChoices(projection_choices_, false);
+}
+
+std::string MultiHeadAttention::ProcessProjectionChoices() {
+  SharedProjectionChoices& shared = SharedChoices();
+  absl::MutexLock lock(&shared.mu);
+  return DescribeChoices(shared.choices, true);
 }
 
 MultiHeadAttention::QuantizedRows MultiHeadAttention::QuantizeInput(

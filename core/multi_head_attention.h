@@ -151,6 +151,9 @@ class MultiHeadAttention : public AttentionBackend {
   // "128x512x512: runtime rows (0.410 vs 0.520 ms); 1024x512x512: per shape (...)",
   // or "" when none was chosen.
   std::string ProjectionChoices() const;
+  // The same for every object of the process (each entry followed by its thread count,
+  // "@N", 0 = OpenMP's default): what the CPU was measured to prefer.
+  static std::string ProcessProjectionChoices();
 
   // From now on this object computes in `other`'s scratch buffers instead of its own,
   // so that objects that never run at the same time (the layers of an encoder, run one

@@ -130,6 +130,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
               {"compute", core::ComputePath(model->spec, options.models.device)},
               {"batching", model->info.batching().ShortDebugString()}});
   }
+  // What the warm-up measured this CPU to prefer for the f32 projections (the core's
+  // ProjectionPrimitives::kAuto), once for the process.
+  if (const std::string choices = core::CpuProjectionChoices(); !choices.empty()) {
+    LogEvent("projection_choices", {{"choices", choices}});
+  }
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::Load(options.auth_token_file);
