@@ -333,20 +333,16 @@ const dnnl::memory& MultiHeadAttention::Packed(Matrix& matrix, int64_t in, int64
   for (const auto& [layout, packed] : matrix.packed) {
     if (layout == desc) return packed;
   }
+  // int8 primitives take the codes (quantized on first use); the others the weights.
+  memory plain(ProjectionWeights(in, out), engine_, matrix.plain.data());
   if (desc.data_type() == memory::data_type::s8) {
     if (matrix.quantized.values.empty()) {
       matrix.quantized =
           QuantizeWeights(matrix.plain.data(), out, in, int8_levels_.weight);
     }
-    memory codes(memory::desc({in, out}, memory::data_type::s8, memory::format_tag::ba),
-                 engine_, matrix.quantized.values.data());
-    memory packed(desc, engine_);
-    dnnl::reorder(codes, packed).execute(stream_, codes, packed);
-    stream_.wait();
-    matrix.packed.emplace_back(desc, std::move(packed));
-    return matrix.packed.back().second;
+    plain = memory(memory::desc({in, out}, memory::data_type::s8, memory::format_tag::ba),
+                   engine_, matrix.quantized.values.data());
   }
-  memory plain(ProjectionWeights(in, out), engine_, matrix.plain.data());
   memory packed(desc, engine_);
   dnnl::reorder(plain, packed).execute(stream_, plain, packed);
   stream_.wait();

@@ -63,23 +63,12 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 void DequantizeRow(const int32_t* acc, int64_t width, const float* column_scales,
                    const float* column_sums, float row_scale, float zero_point,
                    const float* bias, bool accumulate, float* out) {
-  if (accumulate) {
-    for (int64_t j = 0; j < width; ++j) {
-      out[j] += row_scale * column_scales[j] *
-                    (static_cast<float>(acc[j]) - zero_point * column_sums[j]) +
-                (bias != nullptr ? bias[j] : 0.0f);
-    }
-  } else if (bias != nullptr) {
-    for (int64_t j = 0; j < width; ++j) {
-      out[j] = row_scale * column_scales[j] *
-                   (static_cast<float>(acc[j]) - zero_point * column_sums[j]) +
-               bias[j];
-    }
-  } else {
-    for (int64_t j = 0; j < width; ++j) {
-      out[j] = row_scale * column_scales[j] *
-               (static_cast<float>(acc[j]) - zero_point * column_sums[j]);
-    }
+  // The conditions are the same for every j: the compiler moves them out of the loop.
+  for (int64_t j = 0; j < width; ++j) {
+    const float product = row_scale * column_scales[j] *
+                              (static_cast<float>(acc[j]) - zero_point * column_sums[j]) +
+                          (bias != nullptr ? bias[j] : 0.0f);
+    out[j] = accumulate ? out[j] + product : product;
   }
 }
 
@@ -97,7 +86,6 @@ QuantizedMatrix QuantizeWeights(const float* weights, int64_t out, int64_t in,
                                 int levels) {
   QuantizedMatrix matrix;
   matrix.out = out;
-  matrix.in = in;
   matrix.values.resize(static_cast<size_t>(out * in));
   matrix.scales.resize(static_cast<size_t>(out));
   matrix.column_sums.resize(static_cast<size_t>(out));

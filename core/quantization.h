@@ -28,7 +28,6 @@ Int8Levels Int8LevelsForCpu();
 // A weight matrix [out, in] quantized per output channel.
 struct QuantizedMatrix {
   int64_t out = 0;
-  int64_t in = 0;
   std::vector<int8_t> values;      // [out, in], row-major
   std::vector<float> scales;       // [out]: W[j, k] ~ scales[j] * values[j, k]
   std::vector<float> column_sums;  // [out]: sum_k values[j, k], for the zero points

@@ -352,33 +352,28 @@ struct TransformerEncoder::State {
   absl::StatusOr<PackedLinear> Pack(int64_t in, int64_t out,
                                     const std::vector<float>& weight,
                                     const std::vector<float>& bias) {
-    if (int8) {
-      ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive, Int8Primitive(1, in, out));
-      PackedLinear linear;
-      linear.in = in;
-      linear.out = out;
-      linear.bias = bias;
-      linear.quantized = QuantizeWeights(weight.data(), out, in, int8_levels.weight);
-      const memory::desc plain({in, out}, memory::data_type::s8, memory::dims{1, in});
-      memory packed(primitive->weights_desc, engine);
-      memory source(plain, engine, linear.quantized.values.data());
-      dnnl::reorder(source, packed).execute(stream, source, packed);
-      stream.wait();
-      linear.quantized.values = std::vector<int8_t>();
-      linear.layouts.emplace_back(primitive->weights_desc, packed);
-      return linear;
-    }
     ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                          LinearPrimitive(1, in, out, nullptr, false, false));
+                          int8 ? Int8Primitive(1, in, out)
+                               : LinearPrimitive(1, in, out, nullptr, false, false));
     PackedLinear linear;
     linear.in = in;
     linear.out = out;
     linear.bias = bias;
-    const memory::desc plain({in, out}, memory::data_type::f32, memory::dims{1, in});
+    // int8 packs the codes (quantization.h); the others the f32 weights.
+    const void* source_data = weight.data();
+    if (int8) {
+      linear.quantized = QuantizeWeights(weight.data(), out, in, int8_levels.weight);
+      source_data = linear.quantized.values.data();
+    }
+    const memory::desc plain({in, out},
+                             int8 ? memory::data_type::s8 : memory::data_type::f32,
+                             memory::dims{1, in});
     memory packed(primitive->weights_desc, engine);
-    memory source = Wrap(plain, engine, weight.data());
+    memory source(plain, engine, const_cast<void*>(source_data));
     dnnl::reorder(source, packed).execute(stream, source, packed);
     stream.wait();
+    // Packed: only the codes' scales and sums are read from here on.
+    linear.quantized.values = std::vector<int8_t>();
     linear.layouts.emplace_back(primitive->weights_desc, packed);
     return linear;
   }
