@@ -38,14 +38,16 @@ constexpr int64_t kMinBlockRows = 16;
 // than the triangle saves.
 constexpr int64_t kCausalBlockedLength = 256;
 constexpr int64_t kCausalBlocks = 8;
-// Projections of more multiply-adds than this (about 3 ms on one core) are not timed by
-// ProjectionPrimitives::kAuto (see UseRuntimeRows).
+// ProjectionPrimitives::kAuto times a projection at this many rows (a chunk size of
+// row_chunks.h, and the common sequence length), or fewer where that would exceed
+// kLargestTimedProjection multiply-adds (about 3 ms on one core).
+constexpr int64_t kTimedProjectionRows = 128;
 constexpr int64_t kLargestTimedProjection = int64_t{1} << 28;
 
 // ProjectionPrimitives::kAuto's choices for the whole process (see ProjectionChoice).
 struct SharedProjectionChoices {
   absl::Mutex mu;
-  std::map<std::array<int64_t, 4>, MultiHeadAttention::ProjectionChoice> choices
+  std::map<std::array<int64_t, 3>, MultiHeadAttention::ProjectionChoice> choices
       ABSL_GUARDED_BY(mu);
 };
 SharedProjectionChoices& SharedChoices() {
@@ -711,8 +713,7 @@ absl::Status MultiHeadAttention::Project(PrimitiveKind kind, const void* in, int
         static_cast<const uint8_t*>(in) + first * in_width * compute_bytes_;
     void* chunk_out = static_cast<uint8_t*>(out) + first * out_width * out_bytes;
     ATTN_ASSIGN_OR_RETURN(const bool runtime_rows,
-                          UseRuntimeRows(kind, chunk_in, chunk, in_width, weight, bias,
-                                         out_width, chunk_out));
+                          UseRuntimeRows(kind, in_width, weight, bias, out_width));
     return ProjectChunk(kind, runtime_rows, chunk_in, chunk, in_width, weight, bias,
                         out_width, chunk_out);
   });
@@ -746,59 +747,50 @@ absl::Status MultiHeadAttention::ProjectChunk(PrimitiveKind kind, bool runtime_r
 }
 
 absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
-                                                        const void* in, int64_t rows,
                                                         int64_t in_width, Matrix& weight,
                                                         const float* bias,
-                                                        int64_t out_width, void* out) {
+                                                        int64_t out_width) {
   using Mode = Options::ProjectionPrimitives;
   if (compute_ != memory::data_type::f32 ||
       options_.projection_primitives == Mode::kPerShape) {
     return false;
   }
   if (options_.projection_primitives == Mode::kRuntimeRows) return true;
-  const std::array<int64_t, 4> key = {rows, in_width, out_width,
-                                      options_.intra_op_threads};
+  const std::array<int64_t, 3> key = {in_width, out_width, options_.intra_op_threads};
   if (auto it = projection_choices_.find(key); it != projection_choices_.end()) {
     return it->second.runtime_rows;
   }
-  // Decided once per process, under its lock (objects meeting a new shape together
+  // Decided once per process, under its lock (objects meeting a new matrix together
   // wait for one timing; timing alone also keeps the figures clean).
   SharedProjectionChoices& shared = SharedChoices();
   absl::MutexLock lock(&shared.mu);
   auto found = shared.choices.find(key);
   if (found == shared.choices.end()) {
+    // Timed on inputs of its own, at one row count whatever the call's: the choice
+    // holds for every row count, so that a request's rows take the same primitive
+    // alone or batched with others and get the same bits either way.
     ProjectionChoice choice;
-    if (rows * in_width * out_width > kLargestTimedProjection) {
-      // Eight runs of a large product would stall the call that meets it first: the
-      // largest timed shape of the same matrix decides (per shape when there is none).
-      for (auto it = shared.choices.rbegin(); it != shared.choices.rend(); ++it) {
-        if (it->second.timed && it->first[1] == in_width && it->first[2] == out_width &&
-            it->first[3] == key[3]) {
-          choice.runtime_rows = it->second.runtime_rows;
-          break;
+    choice.rows = std::clamp<int64_t>(kLargestTimedProjection / (in_width * out_width), 1,
+                                      kTimedProjectionRows);
+    const std::vector<float> in(choice.rows * in_width, 0.5f);
+    std::vector<float> out(choice.rows * out_width);
+    // Each variant once untimed (primitive creation, packing), then three alternating
+    // timed runs each.
+    std::array<std::vector<double>, 2> times;
+    for (int round = 0; round < 4; ++round) {
+      for (const bool runtime_rows : {false, true}) {
+        const absl::Time start = absl::Now();
+        ATTN_RETURN_IF_ERROR(ProjectChunk(kind, runtime_rows, in.data(), choice.rows,
+                                          in_width, weight, bias, out_width, out.data()));
+        if (round > 0) {
+          times[runtime_rows].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
         }
       }
-    } else {
-      // Each variant once untimed (primitive creation, packing), then three alternating
-      // timed runs each. The caller then runs the chosen one, which writes the chunk.
-      std::array<std::vector<double>, 2> times;
-      for (int round = 0; round < 4; ++round) {
-        for (const bool runtime_rows : {false, true}) {
-          const absl::Time start = absl::Now();
-          ATTN_RETURN_IF_ERROR(ProjectChunk(kind, runtime_rows, in, rows, in_width,
-                                            weight, bias, out_width, out));
-          if (round > 0) {
-            times[runtime_rows].push_back(
-                absl::ToDoubleMilliseconds(absl::Now() - start));
-          }
-        }
-      }
-      for (auto& series : times) std::sort(series.begin(), series.end());
-      choice.per_shape_ms = times[0][1];
-      choice.runtime_rows_ms = times[1][1];
-      choice.runtime_rows = choice.runtime_rows_ms < choice.per_shape_ms;
-      choice.timed = true;
     }
+    for (auto& series : times) std::sort(series.begin(), series.end());
+    choice.per_shape_ms = times[0][1];
+    choice.runtime_rows_ms = times[1][1];
+    choice.runtime_rows = choice.runtime_rows_ms < choice.per_shape_ms;
     found = shared.choices.emplace(key, choice).first;
   }
   projection_choices_.emplace(key, found->second);
@@ -807,21 +799,18 @@ absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
 
 namespace {
 
-// "RxIxO: <choice> (<runtime> vs <per shape> ms)[@threads]; ..." for `choices`.
+// "IxO[@threads]: <choice> (<runtime rows> vs <per shape> ms at R rows); ..."
 std::string DescribeChoices(
-    const std::map<std::array<int64_t, 4>, MultiHeadAttention::ProjectionChoice>& choices,
+    const std::map<std::array<int64_t, 3>, MultiHeadAttention::ProjectionChoice>& choices,
     bool with_threads) {
   std::string text;
   for (const auto& [key, choice] : choices) {
-    absl::StrAppend(&text, text.empty() ? "" : "; ", key[0], "x", key[1], "x", key[2]);
-    if (with_threads) absl::StrAppend(&text, "@", key[3]);
-    absl::StrAppend(&text, ": ", choice.runtime_rows ? "runtime rows" : "per shape");
-    if (choice.timed) {
-      absl::StrAppend(&text, absl::StrFormat(" (%.3f vs %.3f ms)", choice.runtime_rows_ms,
-                                             choice.per_shape_ms));
-    } else {
-      absl::StrAppend(&text, " (as the largest timed shape)");
-    }
+    absl::StrAppend(&text, text.empty() ? "" : "; ", key[0], "x", key[1]);
+    if (with_threads) absl::StrAppend(&text, "@", key[2]);
+    absl::StrAppend(
+        &text, ": ", choice.runtime_rows ? "runtime rows" : "per shape",
+        absl::StrFormat(" (%.3f vs %.3f ms at %d rows)", choice.runtime_rows_ms,
+                        choice.per_shape_ms, choice.rows));
   }
   return text;
 }

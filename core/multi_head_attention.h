@@ -65,10 +65,11 @@ class MultiHeadAttention : public AttentionBackend {
     // with the weights packed in its preferred layout. kRuntimeRows: one for every row
     // count, on the weights as stored. Which is faster depends on the CPU (runtime rows
     // measured x1.42 at M=128 on a Zen 3 with AVX2, x0.83 on a Zen 5 with AVX-512), so
-    // kAuto times both at the first call of each (rows, in, out) shape (one untimed
-    // run each, then three alternating timed ones, medians) and keeps the faster for
-    // that shape; shapes too large to time cheaply take the choice of the largest timed
-    // one of the same matrix. bf16-native and int8 projections always run kPerShape.
+    // kAuto times both when it first meets a weight matrix (in, out): at 128 rows (fewer
+    // where that is over 2^28 multiply-adds), one untimed run each, then three
+    // alternating timed ones, medians. The faster runs that matrix at every row count,
+    // so a request's answer does not depend on what it was batched with.
+    // bf16-native and int8 projections always run kPerShape.
     enum class ProjectionPrimitives { kAuto, kPerShape, kRuntimeRows };
     ProjectionPrimitives projection_primitives = ProjectionPrimitives::kAuto;
   };
@@ -136,19 +137,20 @@ class MultiHeadAttention : public AttentionBackend {
   int64_t device_memory_bytes() const override { return 0; }
   // Primitives created so far (cache misses); a repeated shape adds none.
   int64_t primitive_creations() const { return cache_.creations(); }
-  // What Options::ProjectionPrimitives::kAuto chose for one projection shape: runtime
-  // rows or not, and the two medians (ms). The choices are the process's, shared by
-  // every object, so that the instances of a model (and the layers of an encoder) run
-  // the same primitive for a shape and answer a request with the same bits whichever
-  // serves it; each shape is timed once per process and thread count.
+  // What Options::ProjectionPrimitives::kAuto chose for one weight matrix shape:
+  // runtime rows or not, and the two medians (ms) at `rows` rows. The choices are the
+  // process's, shared by every object, so that the instances of a model (and the
+  // layers of an encoder) run the same primitive for a matrix and answer a request
+  // with the same bits whichever serves it; each (in, out) is timed once per process
+  // and thread count.
   struct ProjectionChoice {
     bool runtime_rows = false;
+    int64_t rows = 0;
     double per_shape_ms = 0.0, runtime_rows_ms = 0.0;
-    bool timed = false;  // false: taken from a timed shape of the same matrix
   };
   // The f32 projection primitives this object has used so far, for logs and
-  // benchmarks: one entry per (rows, in, out) shape in ascending order, e.g.
-  // "128x512x512: runtime rows (0.410 vs 0.520 ms); 1024x512x512: per shape (...)",
+  // benchmarks: one entry per (in, out) in ascending order, e.g.
+  // "512x512: runtime rows (0.410 vs 0.520 ms at 128 rows); 512x2048: per shape (...)",
   // or "" when none was chosen.
   std::string ProjectionChoices() const;
   // The same for every object of the process (each entry followed by its thread count,
@@ -218,12 +220,12 @@ class MultiHeadAttention : public AttentionBackend {
   absl::Status ProjectChunk(PrimitiveKind kind, bool runtime_rows, const void* in,
                             int64_t rows, int64_t in_width, Matrix& weight,
                             const float* bias, int64_t out_width, void* out);
-  // Whether a chunk of this shape runs the runtime-rows primitive
-  // (Options::projection_primitives); under kAuto the first call of a shape times both,
-  // computing the chunk as it does.
-  absl::StatusOr<bool> UseRuntimeRows(PrimitiveKind kind, const void* in, int64_t rows,
-                                      int64_t in_width, Matrix& weight, const float* bias,
-                                      int64_t out_width, void* out);
+  // Whether projections through this weight matrix run the runtime-rows primitive
+  // (Options::projection_primitives); under kAuto the first call for an (in, out)
+  // times both on inputs of its own.
+  absl::StatusOr<bool> UseRuntimeRows(PrimitiveKind kind, int64_t in_width,
+                                      Matrix& weight, const float* bias,
+                                      int64_t out_width);
   // `count` values at `in` (f32, or bf16 when `from_bf16`) into the compute
   // precision at `out`.
   absl::Status Convert(const void* in, bool from_bf16, int64_t count, void* out);
@@ -296,10 +298,10 @@ class MultiHeadAttention : public AttentionBackend {
   // The model's heads (all but spec.pruned_heads), and slices of it per head mask.
   HeadSet model_heads_;
   absl::flat_hash_map<std::vector<float>, std::unique_ptr<HeadSet>> masked_heads_;
-  // kAuto's choices this object has used, by (rows, in, out, intra_op_threads): copies
+  // kAuto's choices this object has used, by (in, out, intra_op_threads): copies
   // of the process-wide ones (see UseRuntimeRows), kept here so that the hot path takes
   // no lock.
-  std::map<std::array<int64_t, 4>, ProjectionChoice> projection_choices_;
+  std::map<std::array<int64_t, 3>, ProjectionChoice> projection_choices_;
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 

@@ -183,8 +183,9 @@ class DrainTest(unittest.TestCase):
         self.assertIn("event=calls_answered all=true open=0", text)
         self.assertIn("event=shutdown_finished", text)
         # The warm-up's timing of the projections, logged once at start.
-        self.assertRegex(text, r'event=projection_choices choices="\d+x512x512@\d+: '
-                               r'(per shape|runtime rows) \([0-9.]+ vs [0-9.]+ ms\)')
+        self.assertRegex(text, r'event=projection_choices choices="512x512@\d+: '
+                               r'(per shape|runtime rows) \([0-9.]+ vs [0-9.]+ ms at '
+                               r'128 rows\)')
         print(f"relay forwarded {relay.forwarded_after_pause} bytes after the pause",
               file=sys.stderr)
 

@@ -148,8 +148,10 @@ class TritonClientTest(unittest.TestCase):
 
     def test_stream_answers_each_request_in_order(self):
         """ModelStreamInfer through tritonclient's own stream API: every request is
-        answered, in order, with the unary API's bytes; a bad one gets its error on the
-        stream and the stream goes on."""
+        answered, in order, with the unary API's answer; a bad one gets its error on the
+        stream and the stream goes on. The stream's requests may be batched together, and
+        oneDNN blocks sums by the batch's row count, so the last bits may differ from a
+        lone request's (4e-7 measured)."""
         answers = queue.Queue()
         client = triton.InferenceServerClient(url=self.server.target)
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
@@ -175,7 +177,8 @@ class TritonClientTest(unittest.TestCase):
             self.assertIsNone(error, f"request {index}")
             self.assertEqual(result.get_response().id, f"s-{index}")
             expected = self.own.attend(query, causal=index % 2 == 1)
-            np.testing.assert_array_equal(result.as_numpy("output"), expected)
+            np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=0,
+                                       atol=1e-5)
 
 
 class TritonHttpClientTest(unittest.TestCase):
