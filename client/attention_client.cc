@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<AttentionClient>> AttentionClient::Create(
   client->channel_ = grpc::CreateCustomChannel(options.target, credentials, arguments);
   client->stub_ = v1::AttentionService::NewStub(client->channel_);
   client->health_ = grpc::health::v1::Health::NewStub(client->channel_);
+  client->kserve_ = inference::GRPCInferenceService::NewStub(client->channel_);
   return client;
 }
 
@@ -193,6 +194,39 @@ absl::StatusOr<v1::ModelInfo> AttentionClient::GetModel(const std::string& name)
   const grpc::Status status = stub_->GetModel(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response.model();
+}
+
+absl::StatusOr<inference::RepositoryIndexResponse> AttentionClient::RepositoryIndex()
+    const {
+  grpc::ClientContext context;
+  PrepareContext(context, options_.timeout);
+  inference::RepositoryIndexResponse response;
+  const grpc::Status status =
+      kserve_->RepositoryIndex(&context, inference::RepositoryIndexRequest(), &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::Status AttentionClient::LoadModel(const std::string& name,
+                                        const std::string& config_json) const {
+  grpc::ClientContext context;
+  PrepareContext(context, options_.timeout);
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name(name);
+  if (!config_json.empty()) {
+    (*request.mutable_parameters())["config"].set_string_param(config_json);
+  }
+  inference::RepositoryModelLoadResponse response;
+  return FromGrpcStatus(kserve_->RepositoryModelLoad(&context, request, &response));
+}
+
+absl::Status AttentionClient::UnloadModel(const std::string& name) const {
+  grpc::ClientContext context;
+  PrepareContext(context, options_.timeout);
+  inference::RepositoryModelUnloadRequest request;
+  request.set_model_name(name);
+  inference::RepositoryModelUnloadResponse response;
+  return FromGrpcStatus(kserve_->RepositoryModelUnload(&context, request, &response));
 }
 
 absl::StatusOr<v1::EncodeResponse> AttentionClient::Encode(

@@ -16,6 +16,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "inference/grpc_service.grpc.pb.h"
 
 namespace attnserve::client {
 
@@ -79,6 +80,15 @@ class AttentionClient {
   // does; for calls made through stub().
   void PrepareContext(grpc::ClientContext& context, absl::Duration timeout) const;
 
+  // Triton's repository extension on the same port (KServe gRPC): the server's models
+  // folders with their state; loading (or replacing) and unloading a model, which needs
+  // a server run with --model_control_mode=explicit. `config_json`, when not empty,
+  // replaces the model's config.pbtxt (its ModelConfig in protobuf's JSON mapping).
+  absl::StatusOr<inference::RepositoryIndexResponse> RepositoryIndex() const;
+  absl::Status LoadModel(const std::string& name,
+                         const std::string& config_json = "") const;
+  absl::Status UnloadModel(const std::string& name) const;
+
   // For callers that need the raw stubs (streams, custom metadata).
   v1::AttentionService::Stub* stub() const { return stub_.get(); }
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
@@ -91,6 +101,7 @@ class AttentionClient {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+  std::unique_ptr<inference::GRPCInferenceService::Stub> kserve_;
 };
 
 // A float32 tensor with `shape` holding `values` (row-major).

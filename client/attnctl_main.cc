@@ -56,6 +56,8 @@ ABSL_FLAG(
     bool, truncate, false,
     "encode: cut texts longer than the model's max_text_tokens instead of failing.");
 ABSL_FLAG(bool, token_ids, false, "encode: also print the token ids of each text.");
+ABSL_FLAG(std::string, config, "",
+          "load: the model's ModelConfig as JSON, replacing its config.pbtxt.");
 ABSL_FLAG(std::string, attention_out, "",
           "infer: also ask for per-head attention weights and write them here (.npy).");
 
@@ -158,6 +160,32 @@ int Models(const AttentionClient& client) {
                 static_cast<long long>(model.max_sequence_length()),
                 model.batching().max_batch_size());
   }
+  return kOk;
+}
+
+int Repository(const AttentionClient& client) {
+  absl::StatusOr<inference::RepositoryIndexResponse> index = client.RepositoryIndex();
+  if (!index.ok()) return Failed(index.status());
+  std::printf("%-24s %8s %-12s %s\n", "MODEL", "VERSION", "STATE", "REASON");
+  for (const auto& model : index->models()) {
+    std::printf("%-24s %8s %-12s %s\n", model.name().c_str(), model.version().c_str(),
+                model.state().c_str(), model.reason().c_str());
+  }
+  return kOk;
+}
+
+int Load(const AttentionClient& client, const std::string& name) {
+  if (absl::Status status = client.LoadModel(name, absl::GetFlag(FLAGS_config));
+      !status.ok()) {
+    return Failed(status);
+  }
+  std::printf("%s: loaded\n", name.c_str());
+  return kOk;
+}
+
+int Unload(const AttentionClient& client, const std::string& name) {
+  if (absl::Status status = client.UnloadModel(name); !status.ok()) return Failed(status);
+  std::printf("%s: unloaded\n", name.c_str());
   return kOk;
 }
 
@@ -372,6 +400,9 @@ int main(int argc, char** argv) {
       "  attnctl health [--model=M]\n"
       "  attnctl models\n"
       "  attnctl model M\n"
+      "  attnctl repository   (the repository's models, their versions and state)\n"
+      "  attnctl load M [--config=JSON] | attnctl unload M\n"
+      "                (a server run with --model_control_mode=explicit)\n"
       "  attnctl infer [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])\n"
       "                [--memory=m.npy] [--causal] [--head_mask=1,1,0,...]\n"
       "                [--output=y.npy] [--attention_out=a.npy]\n"
@@ -388,7 +419,9 @@ int main(int argc, char** argv) {
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   attnserve::transport::KeepAllocatorMemory();
   if (positional.size() < 2)
-    return Usage("missing command: health, models, model, infer, heads or encode");
+    return Usage(
+        "missing command: health, models, model, repository, load, unload, infer, heads "
+        "or encode");
   const std::string command = positional[1];
 
   AttentionClient::Options options;
@@ -406,6 +439,10 @@ int main(int argc, char** argv) {
   if (command == "health" && positional.size() == 2) return Health(**client);
   if (command == "models" && positional.size() == 2) return Models(**client);
   if (command == "model" && positional.size() == 3) return Model(**client, positional[2]);
+  if (command == "repository" && positional.size() == 2) return Repository(**client);
+  if (command == "load" && positional.size() == 3) return Load(**client, positional[2]);
+  if (command == "unload" && positional.size() == 3)
+    return Unload(**client, positional[2]);
   if (command == "infer" && positional.size() == 2) return Infer(**client);
   if (command == "heads" && positional.size() == 2) return Heads(**client);
   if (command == "encode" && positional.size() >= 3) {

@@ -23,6 +23,11 @@ install(FILES
   ${PROJECT_BINARY_DIR}/proto/grpc/health/v1/health.pb.h
   ${PROJECT_BINARY_DIR}/proto/grpc/health/v1/health.grpc.pb.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/grpc/health/v1)
+# KServe v2 (the client's repository calls: load, unload, index).
+install(FILES
+  ${PROJECT_BINARY_DIR}/proto/inference/grpc_service.pb.h
+  ${PROJECT_BINARY_DIR}/proto/inference/grpc_service.grpc.pb.h
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/inference)
 install(FILES proto/attnserve/v1/tensor.proto proto/attnserve/v1/attention.proto
   DESTINATION ${CMAKE_INSTALL_DATADIR}/attnserve/proto/attnserve/v1)
 

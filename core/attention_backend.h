@@ -124,6 +124,10 @@ struct BackendOptions {
   bool allow_tf32 = false;
 };
 
+// What the CPU backend's timing chose for f32 projections so far, process-wide, for logs
+// ("" before any): MultiHeadAttention::ProcessProjectionChoices.
+std::string CpuProjectionChoices();
+
 // The backend for `device`, holding its own copy of `weights` (uploaded once on a
 // GPU). Errors: InvalidArgument for a bad `spec`, `weights` shapes or option, naming
 // the field; Unavailable when the device does not exist or this build has no backend
@@ -132,9 +136,6 @@ struct BackendOptions {
 // ResourceExhausted when device memory runs out; Internal when the device library
 // fails. A bf16 model runs on every CPU: natively where it has AVX512_BF16 or AMX,
 // else on bf16-valued weights in f32 (ComputePath says which).
-// What the CPU backend's timing chose for f32 projections so far, process-wide, for logs
-// ("" before any): MultiHeadAttention::ProcessProjectionChoices.
-std::string CpuProjectionChoices();
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,

@@ -117,13 +117,34 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   model_options.make_observer = [metrics](const v1::ModelInfo& info) {
     return metrics->AddModel(info);
   };
+  model_options.on_event = [metrics](const ModelEvent& event) {
+    metrics->OnModelEvent(event);
+    switch (event.kind) {
+      case ModelEvent::Kind::kLoaded:
+        LogEvent("model_loaded", {{"model", event.model}, {"version", event.version}});
+        break;
+      case ModelEvent::Kind::kLoadFailed:
+        LogEvent("model_load_failed", {{"model", event.model},
+                                       {"version", event.version},
+                                       {"error", event.reason}});
+        break;
+      case ModelEvent::Kind::kUnloaded:
+        LogEvent("model_unloaded", {{"model", event.model}, {"version", event.version}});
+        break;
+      case ModelEvent::Kind::kFreed:
+        LogEvent("model_freed", {{"model", event.model}, {"version", event.version}});
+        break;
+    }
+  };
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
       ModelRegistry::Create(model_options);
   if (!registry.ok()) return registry.status();
   server->registry_ = std::move(registry).value();
-  for (const ServedModel* model : server->registry_->models()) {
+  for (const auto& model : server->registry_->models()) {
+    metrics->OnModelEvent({ModelEvent::Kind::kLoaded, model->name, model->version, ""});
     LogEvent("model_loaded",
              {{"model", model->name},
+              {"version", model->version},
               {"d_model", absl::StrCat(model->spec.d_model)},
               {"num_heads", absl::StrCat(model->spec.num_heads)},
               {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
@@ -220,7 +241,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
   health->SetServingStatus(v1::AttentionService::service_full_name(), true);
-  for (const ServedModel* model : server->registry_->models()) {
+  for (const auto& model : server->registry_->models()) {
     health->SetServingStatus(model->name, true);
   }
   return server;

@@ -33,6 +33,14 @@ ABSL_FLAG(std::string, model_repository, "",
           "Folder with <name>/config.pbtxt + <name>/weights.safetensors per model. The "
           "built-in model mha-base (d_model=512, 8 heads, fp32, seed 0) is always served "
           "unless the repository has its own mha-base.");
+ABSL_FLAG(
+    std::string, model_control_mode, "none",
+    "none: the models loaded at start are served until exit; explicit: the "
+    "repository API (KServe gRPC and HTTP, attnctl load/unload) loads, replaces and "
+    "unloads them; poll: the server follows --model_repository's folders.");
+ABSL_FLAG(absl::Duration, repository_poll_interval, absl::Seconds(15),
+          "--model_control_mode=poll: how often the repository is rescanned; a folder "
+          "loads once its files were unchanged for one whole interval.");
 ABSL_FLAG(int, max_batch_size, 32, "Most requests per batch (models may override).");
 ABSL_FLAG(int64_t, max_batch_tokens, 8192,
           "Most query tokens per batch; a longer single request runs alone.");
@@ -196,6 +204,14 @@ int Run() {
   }
   std::sort(options.status_flags.begin(), options.status_flags.end());
   options.models.model_repository = absl::GetFlag(FLAGS_model_repository);
+  const absl::StatusOr<server::ModelControlMode> control_mode =
+      server::ParseModelControlMode(absl::GetFlag(FLAGS_model_control_mode));
+  if (!control_mode.ok()) {
+    server::LogEvent("startup_failed", {{"error", control_mode.status().ToString()}});
+    return 2;
+  }
+  options.models.control_mode = *control_mode;
+  options.models.poll_interval = absl::GetFlag(FLAGS_repository_poll_interval);
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.models.device = *device;

@@ -94,7 +94,7 @@ grpc::ServerUnaryReactor* AttentionService::ListModels(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  for (const ServedModel* model : pipeline_->registry()->models()) {
+  for (const auto& model : pipeline_->registry()->models()) {
     *response->add_models() = model->info;
   }
   return rpc.FinishNow(absl::OkStatus());
@@ -111,7 +111,8 @@ grpc::ServerUnaryReactor* AttentionService::GetModel(grpc::CallbackServerContext
   if (request->name().empty()) {
     return rpc.FinishNow(absl::InvalidArgumentError("name must be set"));
   }
-  absl::StatusOr<ServedModel*> model = pipeline_->FindModel(request->name());
+  absl::StatusOr<std::shared_ptr<ServedModel>> model =
+      pipeline_->FindModel(request->name());
   if (!model.ok()) return rpc.FinishNow(model.status());
   *response->mutable_model() = (*model)->info;
   return rpc.FinishNow(absl::OkStatus());

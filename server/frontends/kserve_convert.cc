@@ -332,7 +332,7 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
                              v1::EncodeResponse& encode,
                              inference::ModelInferResponse* response) {
   response->set_model_name(encode.model());
-  response->set_model_version(kModelVersion);
+  response->set_model_version(encode.model_version());
   response->set_id(infer.id());
   bool want_embedding = infer.outputs().empty(), want_lengths = false;
   for (const auto& requested : infer.outputs()) {
@@ -359,7 +359,7 @@ void SubmitInfer(
     absl::Time call_deadline, const std::shared_ptr<Cancellation>& cancellation,
     RequestPipeline::Origin origin,
     const std::function<void(absl::Status, inference::ModelInferResponse)>& done) {
-  const absl::StatusOr<ServedModel*> model =
+  const absl::StatusOr<std::shared_ptr<ServedModel>> model =
       pipeline.FindModel(infer->model_name(), infer->model_version());
   if (!model.ok()) return done(model.status(), {});
   const absl::StatusOr<absl::Time> deadline = DeadlineWithTimeout(*infer, call_deadline);
@@ -409,7 +409,7 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
                              v1::AttendResponse& attend,
                              inference::ModelInferResponse* response) {
   response->set_model_name(attend.model());
-  response->set_model_version(kModelVersion);
+  response->set_model_version(attend.model_version());
   response->set_id(infer.id());
   bool want_output = infer.outputs().empty();
   bool want_attention = infer.outputs().empty();
@@ -427,7 +427,7 @@ void FillModelMetadata(const ServedModel& model,
                        inference::ModelMetadataResponse* response) {
   const int64_t d = model.spec.d_model;
   response->set_name(model.name);
-  response->add_versions(kModelVersion);
+  response->add_versions(model.version);
   response->set_platform(model.is_encoder() ? "attnserve_encoder" : "attnserve_mha");
   const auto tensor = [](auto* list, const char* name, std::vector<int64_t> shape,
                          const char* datatype = "FP32") {
@@ -511,19 +511,19 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
 }
 
 void FillModelStatistics(const ServerMetrics& metrics,
-                         absl::Span<const ServedModel* const> models,
+                         absl::Span<const std::shared_ptr<const ServedModel>> models,
                          inference::ModelStatisticsResponse* response) {
   const auto duration = [](inference::StatisticDuration* out, uint64_t count,
                            uint64_t nanoseconds) {
     out->set_count(count);
     out->set_ns(nanoseconds);
   };
-  for (const ServedModel* model : models) {
+  for (const auto& model : models) {
     const std::optional<ServerMetrics::InferenceTotals> totals =
         metrics.Totals(model->name);
     inference::ModelStatistics* stats = response->add_model_stats();
     stats->set_name(model->name);
-    stats->set_version(kModelVersion);
+    stats->set_version(model->version);
     if (!totals.has_value()) continue;
     stats->set_last_inference(totals->last_inference_ms);
     stats->set_inference_count(totals->inference_count);

@@ -24,7 +24,7 @@ inline constexpr char kServerVersion[] = "0.1.0";
 // The protocol extensions attnserve implements, as ServerMetadata lists them
 // (Triton's names): ModelConfig, ModelStatistics, request parameters.
 inline constexpr const char* kExtensions[] = {"model_configuration", "statistics",
-                                              "parameters"};
+                                              "parameters", "model_repository"};
 
 // A ModelInferRequest as attnserve's AttendRequest: inputs "query" (and "memory"),
 // FP32 or BF16, raw or typed (FP32) contents; parameters "causal", "return_attention"
@@ -84,7 +84,7 @@ void FillModelMetadata(const ServedModel& model,
 // The models' cumulative figures as Triton's ModelStatistics states them (both KServe
 // doors answer with them; perf_analyzer reads them for its server-side figures).
 void FillModelStatistics(const ServerMetrics& metrics,
-                         absl::Span<const ServedModel* const> models,
+                         absl::Span<const std::shared_ptr<const ServedModel>> models,
                          inference::ModelStatisticsResponse* response);
 
 // The model's configuration as Triton's ModelConfig (minimal): inputs query and memory

@@ -353,6 +353,9 @@ void KServeHttp::Route(mg_connection* connection) {
     const bool serving = ready && !pipeline_->registry()->models().empty();
     return Send(connection, serving ? 200 : 503, JsonText({{"ready", serving}}));
   }
+  if (parts.size() >= 3 && parts[1] == "repository") {
+    return Repository(connection, parts);
+  }
   ModelRoute route;
   if (!ParseModelRoute(parts, &route)) return not_found();
   if (route.action == "ready") {
@@ -370,7 +373,8 @@ void KServeHttp::Route(mg_connection* connection) {
   }
   if (route.action == "config" || route.action == "stats") {
     if (method != "GET") return wrong_method("GET");
-    absl::StatusOr<ServedModel*> model = pipeline_->FindModel(route.model, route.version);
+    absl::StatusOr<std::shared_ptr<ServedModel>> model =
+        pipeline_->FindModel(route.model, route.version);
     if (!model.ok()) return SendStatus(connection, model.status());
     if (route.action == "config") {
       inference::ModelConfig config;
@@ -378,13 +382,14 @@ void KServeHttp::Route(mg_connection* connection) {
       return Send(connection, 200, JsonText(ModelConfigJson(config)));
     }
     inference::ModelStatisticsResponse statistics;
-    const ServedModel* served = *model;
+    const std::shared_ptr<const ServedModel> served = *model;
     FillModelStatistics(*metrics_, absl::MakeConstSpan(&served, 1), &statistics);
     return Send(connection, 200, JsonText(StatisticsJson(statistics)));
   }
   if (route.action.empty()) {
     if (method != "GET") return wrong_method("GET");
-    absl::StatusOr<ServedModel*> model = pipeline_->FindModel(route.model, route.version);
+    absl::StatusOr<std::shared_ptr<ServedModel>> model =
+        pipeline_->FindModel(route.model, route.version);
     if (!model.ok()) return SendStatus(connection, model.status());
     inference::ModelMetadataResponse metadata;
     FillModelMetadata(**model, &metadata);
@@ -411,6 +416,60 @@ void KServeHttp::Route(mg_connection* connection) {
   Infer(connection, route.model, route.version);
 }
 
+void KServeHttp::Repository(mg_connection* connection,
+                            const std::vector<absl::string_view>& parts) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const std::string uri = request->local_uri;
+  // POST /v2/repository/index, /v2/repository/models/{m}/load and .../unload.
+  const bool index = parts.size() == 3 && parts[2] == "index";
+  const bool model_action = parts.size() == 5 && parts[2] == "models" &&
+                            (parts[4] == "load" || parts[4] == "unload");
+  if (!index && !model_action) {
+    return SendError(connection, 404, absl::StrCat("no such endpoint: ", uri));
+  }
+  if (std::string(request->request_method) != "POST") {
+    return SendError(connection, 405,
+                     absl::StrCat(request->request_method, " ", uri, ": use POST"));
+  }
+  const char* authorization = mg_get_header(connection, "Authorization");
+  if (absl::Status allowed =
+          pipeline_->Authorize(authorization != nullptr ? authorization : "");
+      !allowed.ok()) {
+    return SendStatus(connection, allowed);
+  }
+  std::string body;
+  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
+    return SendError(connection, 413, read.message());
+  }
+  ModelRegistry* registry = pipeline_->registry();
+  if (index) {
+    absl::StatusOr<bool> ready = ParseRepositoryIndexBody(body);
+    if (!ready.ok()) return SendStatus(connection, ready.status());
+    Json models = Json::array();
+    for (const ModelRegistry::IndexEntry& entry : registry->Index()) {
+      const bool serving = entry.state == "READY" && !pipeline_->draining();
+      if (*ready && !serving) continue;
+      Json row = {{"name", entry.name},
+                  {"version", entry.version},
+                  {"state", serving ? "READY" : "UNAVAILABLE"}};
+      const std::string reason = entry.state == "READY" && !serving
+                                     ? "the server is shutting down"
+                                     : entry.reason;
+      if (!reason.empty()) row["reason"] = reason;
+      models.push_back(std::move(row));
+    }
+    return Send(connection, 200, JsonText(models));
+  }
+  const bool load = parts[4] == "load";
+  absl::StatusOr<std::optional<std::string>> config = ParseRepositoryLoadBody(body, load);
+  if (!config.ok()) return SendStatus(connection, config.status());
+  const std::string model(parts[3]);
+  const absl::Status done =
+      load ? registry->Load(model, *config) : registry->Unload(model);
+  if (!done.ok()) return SendStatus(connection, done);
+  return Send(connection, 200, "{}");
+}
+
 void KServeHttp::Infer(mg_connection* connection, const std::string& model,
                        const std::string& version) {
   const mg_request_info* request = mg_get_request_info(connection);
@@ -427,7 +486,8 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   }
   // The model first, then the body: every door answers a request for a model it does
   // not serve the same way.
-  if (absl::StatusOr<ServedModel*> served = pipeline_->FindModel(model, version);
+  if (absl::StatusOr<std::shared_ptr<ServedModel>> served =
+          pipeline_->FindModel(model, version);
       !served.ok()) {
     return SendStatus(connection, served.status());
   }
@@ -533,7 +593,8 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
                                             : ParseTeiEmbed(body);
   body = std::string();
   if (!call.ok()) return refuse(call.status());
-  absl::StatusOr<ServedModel*> model = pipeline_->FindModel(call->encode.model(), "");
+  absl::StatusOr<std::shared_ptr<ServedModel>> model =
+      pipeline_->FindModel(call->encode.model(), "");
   if (!model.ok()) return refuse(model.status());
   if (absl::Status fits = CheckEmbeddingsCall(*call, **model); !fits.ok()) {
     return refuse(fits);

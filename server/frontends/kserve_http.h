@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
@@ -89,6 +90,8 @@ class KServeHttp {
 
   // The routes; may throw (Handle catches).
   void Route(mg_connection* connection);
+  // The repository extension: index, load and unload.
+  void Repository(mg_connection* connection, const std::vector<absl::string_view>& parts);
   void Infer(mg_connection* connection, const std::string& model,
              const std::string& version);
   void Embeddings(mg_connection* connection, EmbeddingsCall::Api api);

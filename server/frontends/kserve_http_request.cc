@@ -434,4 +434,62 @@ std::string ErrorBody(absl::string_view message) {
   return JsonText(Json{{"error", std::string(message)}});
 }
 
+absl::StatusOr<bool> ParseRepositoryIndexBody(absl::string_view body) {
+  if (body.empty()) return false;
+  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonBody(body));
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
+  }
+  for (const auto& [key, value] : json.items()) {
+    if (key != "ready") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown field \"", key, "\" in the index request (fields: ready)"));
+    }
+    if (!value.is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ready must be a boolean, got ", JsonExcerpt(value)));
+    }
+  }
+  return json.value("ready", false);
+}
+
+absl::StatusOr<std::optional<std::string>> ParseRepositoryLoadBody(absl::string_view body,
+                                                                   bool load) {
+  if (body.empty()) return std::optional<std::string>();
+  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonBody(body));
+  if (!json.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
+  }
+  std::optional<std::string> config;
+  for (const auto& [key, value] : json.items()) {
+    if (key != "parameters") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown field \"", key, "\" in the request (fields: parameters)"));
+    }
+    if (!value.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameters must be a JSON object, got ", JsonExcerpt(value)));
+    }
+    for (const auto& [name, parameter] : value.items()) {
+      // tritonclient sends unload_dependents; attnserve's models have none.
+      if (!load && name == "unload_dependents" && parameter.is_boolean()) continue;
+      if (!load || name != "config") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown parameter \"", name, "\" (",
+            load ? "load takes: config" : "unload takes: unload_dependents, a bool",
+            ")"));
+      }
+      if (!parameter.is_string()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameters.config must be a string holding the ModelConfig as JSON, got ",
+            JsonExcerpt(parameter)));
+      }
+      config = parameter.get<std::string>();
+    }
+  }
+  return config;
+}
+
 }  // namespace attnserve::server

@@ -73,6 +73,17 @@ std::optional<int64_t> JsonInt64(const nlohmann::json& value);
 // {"error": message} (invalid UTF-8 replaced, so any message can be sent).
 std::string ErrorBody(absl::string_view message);
 
+// The body of POST /v2/repository/index: empty or {"ready": bool}. Returns `ready`.
+absl::StatusOr<bool> ParseRepositoryIndexBody(absl::string_view body);
+
+// The body of POST /v2/repository/models/{m}/load or /unload: empty or
+// {"parameters": {...}}. For load, parameters["config"] (a string: the model's
+// ModelConfig as JSON) replaces its config.pbtxt; unload takes only
+// unload_dependents (a bool, ignored: attnserve's models have no dependents).
+// InvalidArgument naming the field otherwise. Returns the config, if any.
+absl::StatusOr<std::optional<std::string>> ParseRepositoryLoadBody(absl::string_view body,
+                                                                   bool load);
+
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_FRONTENDS_KSERVE_HTTP_REQUEST_H_

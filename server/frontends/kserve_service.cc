@@ -66,13 +66,13 @@ grpc::ServerUnaryReactor* KServeService::AnswerForModel(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  const absl::StatusOr<const ServedModel*> model = FindServed(name, version);
+  const absl::StatusOr<std::shared_ptr<ServedModel>> model = FindServed(name, version);
   if (!model.ok()) return rpc.FinishNow(model.status());
   fill(**model);
   return rpc.FinishNow(absl::OkStatus());
 }
 
-absl::StatusOr<const ServedModel*> KServeService::FindServed(
+absl::StatusOr<std::shared_ptr<ServedModel>> KServeService::FindServed(
     const std::string& name, const std::string& version) const {
   // The protocol's model endpoints name their model: no default.
   if (name.empty()) return absl::InvalidArgumentError("name must be set");
@@ -97,16 +97,66 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
     return rpc.FinishNow(allowed);
   }
   const bool draining = pipeline_->draining();
-  if (!(request->ready() && draining)) {
-    for (const ServedModel* model : pipeline_->registry()->models()) {
-      inference::RepositoryIndexResponse::ModelIndex* entry = response->add_models();
-      entry->set_name(model->name);
-      entry->set_version(kModelVersion);
-      entry->set_state(draining ? "UNAVAILABLE" : "READY");
-      if (draining) entry->set_reason("the server is shutting down");
+  for (ModelRegistry::IndexEntry& model : pipeline_->registry()->Index()) {
+    if (draining && model.state == "READY") {
+      model.state = "UNAVAILABLE";
+      model.reason = "the server is shutting down";
     }
+    if (request->ready() && model.state != "READY") continue;
+    inference::RepositoryIndexResponse::ModelIndex* entry = response->add_models();
+    entry->set_name(model.name);
+    entry->set_version(model.version);
+    entry->set_state(model.state);
+    entry->set_reason(model.reason);
   }
   return rpc.FinishNow(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* KServeService::RepositoryModelLoad(
+    grpc::CallbackServerContext* context,
+    const inference::RepositoryModelLoadRequest* request,
+    inference::RepositoryModelLoadResponse* /*response*/) {
+  const RequestPipeline::Rpc rpc(pipeline_, "RepositoryModelLoad");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  std::optional<std::string> config;
+  for (const auto& [name, parameter] : request->parameters()) {
+    if (name != "config") {
+      return rpc.FinishNow(absl::InvalidArgumentError(
+          absl::StrCat("unknown parameter \"", name, "\" (load takes: config)")));
+    }
+    if (parameter.parameter_choice_case() !=
+        inference::ModelRepositoryParameter::kStringParam) {
+      return rpc.FinishNow(absl::InvalidArgumentError(
+          "parameters[\"config\"] must be a string_param holding the ModelConfig as "
+          "JSON"));
+    }
+    config = parameter.string_param();
+  }
+  // Loading reads files and warms the model: seconds. It runs on this gRPC thread,
+  // as Triton's does; lookups and inference do not wait on it.
+  return rpc.FinishNow(pipeline_->registry()->Load(request->model_name(), config));
+}
+
+grpc::ServerUnaryReactor* KServeService::RepositoryModelUnload(
+    grpc::CallbackServerContext* context,
+    const inference::RepositoryModelUnloadRequest* request,
+    inference::RepositoryModelUnloadResponse* /*response*/) {
+  const RequestPipeline::Rpc rpc(pipeline_, "RepositoryModelUnload");
+  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
+    return rpc.FinishNow(allowed);
+  }
+  for (const auto& [name, parameter] : request->parameters()) {
+    // tritonclient always sends unload_dependents; attnserve's models have none.
+    if (name != "unload_dependents" ||
+        parameter.parameter_choice_case() !=
+            inference::ModelRepositoryParameter::kBoolParam) {
+      return rpc.FinishNow(absl::InvalidArgumentError(absl::StrCat(
+          "unknown parameter \"", name, "\" (unload takes: unload_dependents, a bool)")));
+    }
+  }
+  return rpc.FinishNow(pipeline_->registry()->Unload(request->model_name()));
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelStatistics(
@@ -117,12 +167,11 @@ grpc::ServerUnaryReactor* KServeService::ModelStatistics(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  std::vector<const ServedModel*> models;
-  if (request->name().empty() &&
-      (request->version().empty() || request->version() == kModelVersion)) {
+  std::vector<std::shared_ptr<const ServedModel>> models;
+  if (request->name().empty() && request->version().empty()) {
     models = pipeline_->registry()->models();
   } else {
-    const absl::StatusOr<const ServedModel*> model =
+    const absl::StatusOr<std::shared_ptr<ServedModel>> model =
         FindServed(request->name(), request->version());
     if (!model.ok()) {
       return rpc.FinishNow(model.status());

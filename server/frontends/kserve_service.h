@@ -61,6 +61,14 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
       grpc::CallbackServerContext* context,
       const inference::RepositoryIndexRequest* request,
       inference::RepositoryIndexResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse* response) override;
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context,
+      const inference::RepositoryModelUnloadRequest* request,
+      inference::RepositoryModelUnloadResponse* response) override;
   // Each request as ModelInfer, answered in order on the stream: a response holds the
   // result, or error_message ("INVALID_ARGUMENT: ..."); the stream itself ends OK, or
   // UNAVAILABLE when the server drains (every request read before is answered).
@@ -71,8 +79,8 @@ class KServeService final : public inference::GRPCInferenceService::CallbackServ
  private:
   // The served model `name` (which must be set) at `version` (empty: the current
   // one); NOT_FOUND in the pipeline's words otherwise.
-  absl::StatusOr<const ServedModel*> FindServed(const std::string& name,
-                                                const std::string& version) const;
+  absl::StatusOr<std::shared_ptr<ServedModel>> FindServed(
+      const std::string& name, const std::string& version) const;
   // A call about one model (`method` a string literal): checks the token, finds the
   // model, lets `fill` write the response, and finishes the call.
   grpc::ServerUnaryReactor* AnswerForModel(

@@ -129,22 +129,26 @@ class StreamReactor final
       }
     }
     if (read_more) IssueRead();
-    const ServedModel* model = service_->registry()->Find(Protocol::ModelName(*read));
-    BatchQueue* batcher = model != nullptr ? model->queue() : nullptr;
-    Protocol::Submit(
-        *service_, read, CallDeadline(context_), cancellation_,
-        [this, sequence, batcher](const absl::Status& status, Write message) {
-          int64_t held = 0;
-          // Until it is written, the answer stays counted in the model's
-          // queue budget (taken here, before the batcher returns the
-          // request's own bytes): a client that stops reading keeps new work
-          // out instead of growing memory.
-          if (status.ok() && batcher != nullptr) {
-            held = static_cast<int64_t>(message.ByteSizeLong());
-            batcher->Hold(held);
-          }
-          Complete(sequence, std::move(message), status.ok() ? batcher : nullptr, held);
-        });
+    const std::shared_ptr<ServedModel> model =
+        service_->registry()->Find(Protocol::ModelName(*read));
+    // Held until the answer is written: the model may be replaced meanwhile.
+    std::shared_ptr<BatchQueue> batcher =
+        model != nullptr ? std::shared_ptr<BatchQueue>(model, model->queue()) : nullptr;
+    Protocol::Submit(*service_, read, CallDeadline(context_), cancellation_,
+                     [this, sequence, batcher = std::move(batcher)](
+                         const absl::Status& status, Write message) {
+                       int64_t held = 0;
+                       // Until it is written, the answer stays counted in the model's
+                       // queue budget (taken here, before the batcher returns the
+                       // request's own bytes): a client that stops reading keeps new work
+                       // out instead of growing memory.
+                       if (status.ok() && batcher != nullptr) {
+                         held = static_cast<int64_t>(message.ByteSizeLong());
+                         batcher->Hold(held);
+                       }
+                       Complete(sequence, std::move(message),
+                                status.ok() ? batcher : nullptr, held);
+                     });
   }
 
   void OnWriteDone(bool ok) override {
@@ -197,7 +201,7 @@ class StreamReactor final
     bool ready = false;
     Write message;
     // The answer's bytes counted in `batcher`'s budget until written or discarded.
-    BatchQueue* batcher = nullptr;
+    std::shared_ptr<BatchQueue> batcher;
     int64_t held_bytes = 0;
   };
 
@@ -209,8 +213,8 @@ class StreamReactor final
 
   // The answer to message `sequence`; runs on a batcher thread (or inline when the
   // message was refused), holding the reference taken in OnReadDone.
-  void Complete(int64_t sequence, Write message, BatchQueue* batcher,
-                int64_t held_bytes) {
+  void Complete(int64_t sequence, Write message,
+                const std::shared_ptr<BatchQueue>& batcher, int64_t held_bytes) {
     {
       absl::MutexLock lock(&mu_);
       for (Slot& slot : slots_) {

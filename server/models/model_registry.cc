@@ -1,11 +1,17 @@
 #include "server/models/model_registry.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/attention_backend.h"
@@ -13,6 +19,7 @@
 #include "core/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
 #include "server/models/encoder_config.h"
 #include "server/models/host_resources.h"
 
@@ -186,9 +193,8 @@ absl::Status WarmUpEncoder(core::TransformerEncoder& encoder) {
 // config.json (and sentence-transformers' modules.json, 1_Pooling/config.json), the
 // weights from model.safetensors under their Hugging Face names.
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
-    const std::filesystem::path& folder, v1::ModelConfig config,
+    const std::string& name, const std::filesystem::path& folder, v1::ModelConfig config,
     const ModelRegistry::Options& options) {
-  const std::string name = folder.filename().string();
   if (options.device.kind != core::DeviceKind::kCpu) {
     return absl::InvalidArgumentError(
         absl::StrCat("encoder models run on the CPU in this version, not on ",
@@ -296,60 +302,148 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   return model;
 }
 
+// Where a model folder's files are: its highest numbered version folder holding a
+// file, else the folder itself (version kModelVersion).
+struct ModelFiles {
+  std::filesystem::path folder;
+  std::string version = kModelVersion;
+};
+
+ModelFiles FindModelFiles(const std::filesystem::path& model_folder) {
+  ModelFiles files{model_folder};
+  int64_t highest = -1;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(model_folder, error)) {
+    const std::string name = entry.path().filename().string();
+    int64_t number = 0;
+    if (!entry.is_directory() || name.size() > 18 ||
+        !std::all_of(name.begin(), name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; }) ||
+        !absl::SimpleAtoi(name, &number) || number <= highest) {
+      continue;
+    }
+    std::error_code inner;
+    bool has_file = false;
+    for (const auto& file : std::filesystem::directory_iterator(entry.path(), inner)) {
+      has_file = has_file || file.is_regular_file();
+    }
+    if (!has_file) continue;
+    highest = number;
+    files.folder = entry.path();
+    files.version = absl::StrCat(number);
+  }
+  return files;
+}
+
+// Prefixes `status` with the model (and its folder).
+absl::Status ForModelFolder(const absl::Status& status, const std::string& name,
+                            const std::filesystem::path& folder) {
+  return absl::Status(
+      status.code(),
+      absl::StrCat("model \"", name, "\" (", folder.string(), "): ", status.message()));
+}
+
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
-    const std::filesystem::path& folder, const ModelRegistry::Options& options) {
-  const std::string name = folder.filename().string();
-  const std::filesystem::path config_path = folder / "config.pbtxt";
-  std::ifstream stream(config_path);
-  if (!stream) {
-    return absl::NotFoundError(absl::StrCat(config_path.string(), ": cannot open"));
-  }
-  std::stringstream text;
-  text << stream.rdbuf();
-  absl::StatusOr<v1::ModelConfig> parsed = ParseModelConfig(text.str(), name);
-  if (!parsed.ok()) {
-    return absl::Status(parsed.status().code(), absl::StrCat(config_path.string(), ": ",
-                                                             parsed.status().message()));
-  }
-  const v1::ModelConfig& config = *parsed;
-  if (config.has_encoder()) {
-    absl::StatusOr<std::unique_ptr<ServedModel>> model =
-        LoadEncoderModel(folder, config, options);
-    if (!model.ok()) {
-      return absl::Status(model.status().code(),
-                          absl::StrCat("model \"", name, "\" (", folder.string(),
-                                       "): ", model.status().message()));
+    const std::filesystem::path& model_folder, const ModelRegistry::Options& options,
+    const std::optional<std::string>& config_json = std::nullopt) {
+  const std::string name = model_folder.filename().string();
+  const ModelFiles files = FindModelFiles(model_folder);
+  const std::filesystem::path& folder = files.folder;
+  v1::ModelConfig config;
+  if (config_json.has_value()) {
+    // The same ModelConfig as config.pbtxt, in protobuf's JSON mapping (what the
+    // repository API's "config" parameter carries).
+    const auto parsed =
+        google::protobuf::util::JsonStringToMessage(*config_json, &config);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config is not a ModelConfig in JSON: ", parsed.message().as_string()));
     }
-    return model;
-  }
-  const core::ModelSpec spec = SpecFromConfig(config);
-  const int64_t max_sequence_length = config.max_sequence_length() != 0
-                                          ? config.max_sequence_length()
-                                          : options.max_sequence_length;
-  core::AttentionWeights weights;
-  if (config.generated_weights()) {
-    weights = core::GenerateAttentionWeights(spec, config.seed());
+    ATTN_RETURN_IF_ERROR(CheckModelConfig(config, name));
   } else {
-    absl::StatusOr<core::AttentionWeights> loaded =
-        core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec);
-    if (!loaded.ok()) {
-      return absl::Status(
-          loaded.status().code(),
-          absl::StrCat("model \"", name, "\": ", loaded.status().message()));
+    std::filesystem::path config_path = folder / "config.pbtxt";
+    std::error_code error;
+    if (!std::filesystem::exists(config_path, error)) {
+      config_path = model_folder / "config.pbtxt";
     }
-    weights = *std::move(loaded);
+    std::ifstream stream(config_path);
+    if (!stream) {
+      return absl::NotFoundError(absl::StrCat(config_path.string(), ": cannot open"));
+    }
+    std::stringstream text;
+    text << stream.rdbuf();
+    absl::StatusOr<v1::ModelConfig> parsed = ParseModelConfig(text.str(), name);
+    if (!parsed.ok()) {
+      return absl::Status(
+          parsed.status().code(),
+          absl::StrCat(config_path.string(), ": ", parsed.status().message()));
+    }
+    config = *std::move(parsed);
   }
-  int intra_op_threads = 0;
-  const DynamicBatcher::Options batching = MergeBatching(
-      config.batching(), options.batching, options.intra_op_threads, intra_op_threads);
-  absl::StatusOr<std::unique_ptr<ServedModel>> model = MakeModel(
-      name, spec, weights, max_sequence_length, batching, intra_op_threads, options);
-  if (!model.ok()) {
-    return absl::Status(model.status().code(),
-                        absl::StrCat("model \"", name, "\" (", folder.string(),
-                                     "): ", model.status().message()));
+  absl::StatusOr<std::unique_ptr<ServedModel>> model;
+  if (config.has_encoder()) {
+    model = LoadEncoderModel(name, folder, config, options);
+  } else {
+    const core::ModelSpec spec = SpecFromConfig(config);
+    const int64_t max_sequence_length = config.max_sequence_length() != 0
+                                            ? config.max_sequence_length()
+                                            : options.max_sequence_length;
+    core::AttentionWeights weights;
+    if (config.generated_weights()) {
+      weights = core::GenerateAttentionWeights(spec, config.seed());
+    } else {
+      absl::StatusOr<core::AttentionWeights> loaded =
+          core::LoadAttentionWeightsFile((folder / "weights.safetensors").string(), spec);
+      if (!loaded.ok()) return ForModelFolder(loaded.status(), name, folder);
+      weights = *std::move(loaded);
+    }
+    int intra_op_threads = 0;
+    const DynamicBatcher::Options batching = MergeBatching(
+        config.batching(), options.batching, options.intra_op_threads, intra_op_threads);
+    model = MakeModel(name, spec, weights, max_sequence_length, batching,
+                      intra_op_threads, options);
   }
+  if (!model.ok()) return ForModelFolder(model.status(), name, folder);
+  (*model)->version = files.version;
+  (*model)->info.set_version(files.version);
   return model;
+}
+
+// The files under `folder` (recursively, links followed) as "path size mtime" lines:
+// what kPoll compares between scans.
+std::string FingerprintFolder(const std::filesystem::path& folder) {
+  std::vector<std::string> lines;
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(
+           folder, std::filesystem::directory_options::follow_directory_symlink, error);
+       !error && it != std::filesystem::recursive_directory_iterator();
+       it.increment(error)) {
+    std::error_code stat_error;
+    const auto status = std::filesystem::status(it->path(), stat_error);
+    if (stat_error || !std::filesystem::is_regular_file(status)) continue;
+    const auto size = std::filesystem::file_size(it->path(), stat_error);
+    const auto modified = std::filesystem::last_write_time(it->path(), stat_error);
+    if (stat_error) continue;
+    lines.push_back(
+        absl::StrCat(std::filesystem::relative(it->path(), folder, stat_error).string(),
+                     " ", size, " ", modified.time_since_epoch().count()));
+  }
+  std::sort(lines.begin(), lines.end());
+  return absl::StrJoin(lines, "\n");
+}
+
+// The model folders of the repository, sorted.
+std::vector<std::filesystem::path> ModelFolders(const std::filesystem::path& root) {
+  std::vector<std::filesystem::path> folders;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(root, error)) {
+    // Hidden folders are for staging (written there, then renamed into place).
+    if (entry.is_directory() && entry.path().filename().string().rfind('.', 0) != 0) {
+      folders.push_back(entry.path());
+    }
+  }
+  std::sort(folders.begin(), folders.end());
+  return folders;
 }
 
 }  // namespace
@@ -364,6 +458,12 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
     return absl::InvalidArgumentError(
         absl::StrCat("not a valid ModelConfig text proto: ", errors.error()));
   }
+  ATTN_RETURN_IF_ERROR(CheckModelConfig(config, folder_name));
+  return config;
+}
+
+absl::Status CheckModelConfig(const v1::ModelConfig& config,
+                              absl::string_view folder_name) {
   if (!config.name().empty() && config.name() != folder_name) {
     return absl::InvalidArgumentError(absl::StrCat(
         "name \"", config.name(), "\" must equal the folder name \"", folder_name, "\""));
@@ -387,7 +487,107 @@ absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
                                                    kMaxSequenceLengthCeiling, "], got ",
                                                    config.max_sequence_length()));
   }
-  return config;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelControlMode> ParseModelControlMode(absl::string_view text) {
+  if (text == "none") return ModelControlMode::kNone;
+  if (text == "explicit") return ModelControlMode::kExplicit;
+  if (text == "poll") return ModelControlMode::kPoll;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model_control_mode must be none, explicit or poll, got \"", text, "\""));
+}
+
+class ModelRegistry::Reaper {
+ public:
+  explicit Reaper(std::function<void(const ModelEvent&)> tell)
+      : tell_(std::move(tell)), thread_([this] { Loop(); }) {}
+
+  // The last reference to `model` went (on any thread, a batcher's included).
+  void Retire(ServedModel* model) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!stopped_) {
+        retired_.push_back(model);
+        return;
+      }
+    }
+    Free(model);  // the registry is gone: its batchers were joined already
+  }
+
+  // Frees what was retired, then joins the thread.
+  void Stop() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      ServedModel* model = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Reaper* reaper) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper->mu_) {
+              return reaper->stopping_ || !reaper->retired_.empty();
+            },
+            this));
+        if (retired_.empty()) {
+          stopped_ = true;
+          return;
+        }
+        model = retired_.front();
+        retired_.erase(retired_.begin());
+      }
+      Free(model);
+    }
+  }
+
+  void Free(ServedModel* model) {
+    // Its queue is empty (every request held the model), so this only joins.
+    model->queue()->Shutdown();
+    ModelEvent event{ModelEvent::Kind::kFreed, model->name, model->version, ""};
+    delete model;
+#ifdef __GLIBC__
+    // glibc keeps freed heap pages (its mmap threshold grows past the size of freed
+    // weights); an unloaded model's memory goes back to the system here.
+    malloc_trim(0);
+#endif
+    if (tell_) tell_(event);
+  }
+
+  const std::function<void(const ModelEvent&)> tell_;
+  absl::Mutex mu_;
+  std::vector<ServedModel*> retired_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+ModelRegistry::ModelRegistry(const Options& options)
+    : options_(options), reaper_(std::make_shared<Reaper>(options.on_event)) {}
+
+ModelRegistry::~ModelRegistry() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&mu_);
+    models_.clear();
+  }
+  reaper_->Stop();
+}
+
+std::shared_ptr<ServedModel> ModelRegistry::Adopt(std::unique_ptr<ServedModel> model) {
+  // The deleter runs wherever the last request lets go: the reaper frees it.
+  return std::shared_ptr<ServedModel>(
+      model.release(),
+      [reaper = reaper_](ServedModel* retired) { reaper->Retire(retired); });
+}
+
+void ModelRegistry::Tell(const ModelEvent& event) const {
+  if (options_.on_event) options_.on_event(event);
 }
 
 absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
@@ -398,7 +598,33 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
                                                    kMaxSequenceLengthCeiling, "], got ",
                                                    options.max_sequence_length));
   }
-  std::unique_ptr<ModelRegistry> registry(new ModelRegistry());
+  if (options.control_mode != ModelControlMode::kNone &&
+      options.model_repository.empty()) {
+    return absl::InvalidArgumentError(
+        "model_control_mode explicit or poll needs a --model_repository to load from");
+  }
+  if (options.control_mode == ModelControlMode::kPoll &&
+      (options.poll_interval < absl::Milliseconds(10) ||
+       options.poll_interval > absl::Hours(24))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("repository_poll_interval must be in [10ms, 24h], got ",
+                     absl::FormatDuration(options.poll_interval)));
+  }
+#ifdef __GLIBC__
+  if (options.control_mode != ModelControlMode::kNone) {
+    // Models come and go: their memory must go back to the system when they do. The
+    // server keeps freed memory for reuse (transport::KeepAllocatorMemory), and
+    // malloc_trim returns only the main arena's free top: with glibc's default of 8
+    // arenas per core, 20-25 MiB of an unloaded d=1024 model stayed resident in the
+    // others (RSS after unloading rose from 33 to 59 MiB over a few load cycles); with
+    // one arena it stayed at 33. Small allocations still come from each thread's own
+    // cache without the arena's lock.
+    mallopt(M_ARENA_MAX, 1);
+  }
+#endif
+  std::unique_ptr<ModelRegistry> registry(new ModelRegistry(options));
+  absl::MutexLock load_lock(&registry->load_mu_);
+  absl::MutexLock lock(&registry->mu_);
   std::string only_repository_model;  // set when the repository holds exactly one
   if (!options.model_repository.empty()) {
     const std::filesystem::path root(options.model_repository);
@@ -407,16 +633,16 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
       return absl::NotFoundError(absl::StrCat(
           "model repository \"", options.model_repository, "\" is not a directory"));
     }
-    std::vector<std::filesystem::path> folders;
-    for (const auto& entry : std::filesystem::directory_iterator(root)) {
-      if (entry.is_directory()) folders.push_back(entry.path());
-    }
-    std::sort(folders.begin(), folders.end());
+    const std::vector<std::filesystem::path> folders = ModelFolders(root);
     for (const auto& folder : folders) {
+      Folder& seen = registry->folders_[folder.filename().string()];
+      seen.seen = FingerprintFolder(folder);
       ATTN_ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> model,
                             LoadRepositoryModel(folder, options));
+      seen.served = seen.seen;
       if (folders.size() == 1) only_repository_model = model->name;
-      registry->models_.emplace(model->name, std::move(model));
+      const std::string name = model->name;
+      registry->models_.emplace(name, registry->Adopt(std::move(model)));
     }
   }
   if (options.builtin_model && registry->models_.count(kDefaultModelName) == 0) {
@@ -434,9 +660,10 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
                           absl::StrCat("built-in model \"", kDefaultModelName,
                                        "\": ", model.status().message()));
     }
-    registry->models_.emplace(kDefaultModelName, *std::move(model));
+    (*model)->info.set_version(kModelVersion);
+    registry->models_.emplace(kDefaultModelName, registry->Adopt(*std::move(model)));
   }
-  if (registry->models_.empty()) {
+  if (registry->models_.empty() && options.control_mode == ModelControlMode::kNone) {
     return absl::InvalidArgumentError(
         "no models to serve: --builtin_model=false needs a --model_repository with at "
         "least one model");
@@ -457,27 +684,187 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
   } else if (registry->models_.count(kDefaultModelName) != 0) {
     registry->default_model_ = kDefaultModelName;
   }
+  if (options.control_mode == ModelControlMode::kPoll) {
+    registry->poller_ = std::thread([raw = registry.get()] { raw->PollLoop(); });
+  }
   return registry;
 }
 
-ServedModel* ModelRegistry::Find(absl::string_view name) const {
+std::shared_ptr<ServedModel> ModelRegistry::Find(absl::string_view name) const {
   if (name.empty() && default_model_.empty()) return nullptr;
+  absl::MutexLock lock(&mu_);
   const auto it = models_.find(name.empty() ? absl::string_view(default_model_) : name);
-  return it == models_.end() ? nullptr : it->second.get();
+  return it == models_.end() ? nullptr : it->second;
 }
 
-std::vector<const ServedModel*> ModelRegistry::models() const {
-  std::vector<const ServedModel*> result;
-  for (const auto& [name, model] : models_) result.push_back(model.get());
+std::vector<std::shared_ptr<const ServedModel>> ModelRegistry::models() const {
+  std::vector<std::shared_ptr<const ServedModel>> result;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, model] : models_) result.push_back(model);
   return result;
 }
 
+std::vector<ModelRegistry::IndexEntry> ModelRegistry::Index() const {
+  std::map<std::string, IndexEntry> entries;
+  if (!options_.model_repository.empty()) {
+    for (const auto& folder : ModelFolders(options_.model_repository)) {
+      const std::string name = folder.filename().string();
+      entries[name] = {name, FindModelFiles(folder).version, "UNAVAILABLE", "unloaded"};
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& [name, model] : models_) {
+    entries[name] = {name, model->version, "READY", ""};
+  }
+  for (const auto& [name, reason] : load_errors_) {
+    IndexEntry& entry = entries[name];
+    entry.name = name;
+    if (entry.state.empty()) entry.state = "UNAVAILABLE";
+    entry.reason = reason;
+  }
+  std::vector<IndexEntry> result;
+  for (auto& [name, entry] : entries) result.push_back(std::move(entry));
+  return result;
+}
+
+absl::Status ModelRegistry::Load(absl::string_view name,
+                                 const std::optional<std::string>& config_json) {
+  if (options_.control_mode != ModelControlMode::kExplicit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "models are loaded by the repository API only under --model_control_mode=explicit"
+        " (this server: ",
+        options_.control_mode == ModelControlMode::kNone ? "none" : "poll", ")"));
+  }
+  absl::MutexLock lock(&load_mu_);
+  return LoadLocked(name, config_json);
+}
+
+absl::Status ModelRegistry::LoadLocked(absl::string_view name,
+                                       const std::optional<std::string>& config_json) {
+  if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
+      name.find('/') != absl::string_view::npos ||
+      name.find('\\') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model name \"", name, "\" must name a folder of the repository"));
+  }
+  const std::filesystem::path folder =
+      std::filesystem::path(options_.model_repository) / std::string(name);
+  std::error_code error;
+  if (!std::filesystem::is_directory(folder, error)) {
+    return absl::NotFoundError(absl::StrCat("model \"", name, "\" has no folder in the ",
+                                            "repository ", options_.model_repository));
+  }
+  const Fingerprint files = FingerprintFolder(folder);
+  absl::StatusOr<std::unique_ptr<ServedModel>> loaded =
+      LoadRepositoryModel(folder, options_, config_json);
+  const std::string version = FindModelFiles(folder).version;
+  if (!loaded.ok()) {
+    folders_[std::string(name)].failed = files;
+    {
+      absl::MutexLock lock(&mu_);
+      load_errors_[std::string(name)] = absl::StrCat(
+          "version ", version, " failed to load: ", loaded.status().message());
+    }
+    Tell({ModelEvent::Kind::kLoadFailed, std::string(name), version,
+          std::string(loaded.status().message())});
+    return loaded.status();
+  }
+  folders_[std::string(name)].served = files;
+  const std::string loaded_version = (*loaded)->version;
+  std::shared_ptr<ServedModel> replaced = Adopt(*std::move(loaded));
+  {
+    absl::MutexLock lock(&mu_);
+    models_[std::string(name)].swap(replaced);
+    load_errors_.erase(std::string(name));
+  }
+  Tell({ModelEvent::Kind::kLoaded, std::string(name), loaded_version, ""});
+  // `replaced` (the model served before, if any) goes here; its last request frees it.
+  return absl::OkStatus();
+}
+
+absl::Status ModelRegistry::Unload(absl::string_view name) {
+  if (options_.control_mode != ModelControlMode::kExplicit) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "models are unloaded by the repository API only under "
+        "--model_control_mode=explicit (this server: ",
+        options_.control_mode == ModelControlMode::kNone ? "none" : "poll", ")"));
+  }
+  absl::MutexLock lock(&load_mu_);
+  return UnloadLocked(name);
+}
+
+absl::Status ModelRegistry::UnloadLocked(absl::string_view name) {
+  std::shared_ptr<ServedModel> unloaded;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = models_.find(name);
+    if (it == models_.end()) {
+      return absl::NotFoundError(absl::StrCat("model \"", name, "\" is not loaded"));
+    }
+    unloaded = std::move(it->second);
+    models_.erase(it);
+  }
+  if (auto it = folders_.find(name); it != folders_.end()) it->second.served.clear();
+  // New requests no longer find it; the queued ones are computed before it is freed.
+  unloaded->queue()->Flush();
+  Tell({ModelEvent::Kind::kUnloaded, unloaded->name, unloaded->version, ""});
+  return absl::OkStatus();
+}
+
+int ModelRegistry::Poll() {
+  absl::MutexLock lock(&load_mu_);
+  int changes = 0;
+  std::set<std::string> present;
+  for (const auto& folder : ModelFolders(options_.model_repository)) {
+    const std::string name = folder.filename().string();
+    present.insert(name);
+    Folder& state = folders_[name];
+    const Fingerprint files = FingerprintFolder(folder);
+    // Unchanged for one whole interval: not being written any more.
+    const bool settled = files == state.seen;
+    state.seen = files;
+    if (!settled || files == state.served || files == state.failed) continue;
+    (void)LoadLocked(name, std::nullopt);  // a failure is told, and the old one stays
+    ++changes;
+  }
+  for (auto it = folders_.begin(); it != folders_.end();) {
+    if (present.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    if (!it->second.served.empty() && UnloadLocked(it->first).ok()) ++changes;
+    {
+      absl::MutexLock errors_lock(&mu_);
+      load_errors_.erase(it->first);
+    }
+    it = folders_.erase(it);
+  }
+  return changes;
+}
+
+void ModelRegistry::PollLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    // Wakes early only for Shutdown.
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.poll_interval);
+    if (stopping_) break;
+    mu_.Unlock();
+    Poll();
+    mu_.Lock();
+  }
+}
+
 void ModelRegistry::Flush() {
-  for (auto& [name, model] : models_) model->queue()->Flush();
+  for (const auto& model : models()) model->queue()->Flush();
 }
 
 void ModelRegistry::Shutdown() {
-  for (auto& [name, model] : models_) model->queue()->Shutdown();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (poller_.joinable()) poller_.join();
+  for (const auto& model : models()) model->queue()->Shutdown();
 }
 
 }  // namespace attnserve::server

@@ -1,5 +1,7 @@
 // ModelRegistry: the models a server serves, each with its weights and its own dynamic
-// batcher: the built-in default plus, optionally, every model of a repository folder.
+// batcher: the built-in default plus, optionally, the models of a repository folder,
+// loaded at start and, under a model control mode, loaded, replaced and unloaded while
+// the server runs.
 #ifndef ATTNSERVE_SERVER_MODELS_MODEL_REGISTRY_H_
 #define ATTNSERVE_SERVER_MODELS_MODEL_REGISTRY_H_
 
@@ -7,11 +9,16 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "attnserve/v1/attention.pb.h"
 #include "core/device.h"
 #include "core/model_spec.h"
@@ -22,8 +29,18 @@
 
 namespace attnserve::server {
 
-// The one version each model is served as (KServe's model_version).
+// The version of a model whose folder has no numbered version folders (KServe's
+// model_version), and of the built-in model.
 inline constexpr char kModelVersion[] = "1";
+
+// How models may change while the server runs (Triton's --model-control-mode).
+// kNone: the models loaded at start are served until exit. kExplicit: the repository
+// API loads, replaces and unloads them. kPoll: the registry rescans the repository and
+// follows its folders (a folder's files must be unchanged for one whole interval before
+// they load); the API's load and unload are refused.
+enum class ModelControlMode { kNone, kExplicit, kPoll };
+// "none", "explicit" or "poll"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<ModelControlMode> ParseModelControlMode(absl::string_view text);
 
 // Name of the built-in model: d_model=512, 8 heads, fp32, weights from seed 0.
 inline constexpr char kDefaultModelName[] = "mha-base";
@@ -42,10 +59,18 @@ core::Precision ToCorePrecision(v1::Precision precision);
 // the field or the text proto's first error (line:column).
 absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
                                                  absl::string_view folder_name);
+// The checks of ParseModelConfig on a config already parsed.
+absl::Status CheckModelConfig(const v1::ModelConfig& config,
+                              absl::string_view folder_name);
 
 // One served model. Immutable after creation except for its batcher (thread-safe).
+// Requests hold it by shared_ptr until answered, so a replaced or unloaded model
+// finishes what it was given and is freed when its last request is (by the registry's
+// own thread, never by a batcher's).
 struct ServedModel {
   std::string name;
+  // Its version: the number of the version folder it was loaded from, else kModelVersion.
+  std::string version = kModelVersion;
   // What it computes: one attention layer (`spec`, `batcher`) or an encoder
   // (`encoder_spec`, `encoder`); info.kind() says which.
   bool is_encoder() const { return encoder != nullptr; }
@@ -68,14 +93,27 @@ struct ServedModel {
   }
 };
 
-// Thread-safe after Create (lookups only); owns the models.
+// What happened to a repository model, for logs and metrics.
+struct ModelEvent {
+  enum class Kind { kLoaded, kLoadFailed, kUnloaded, kFreed };
+  Kind kind;
+  std::string model, version;
+  std::string reason;  // kLoadFailed: why
+};
+
+// Thread-safe; owns the models.
 class ModelRegistry {
  public:
   struct Options {
     // A folder holding <name>/config.pbtxt + <name>/weights.safetensors per model
     // (an encoder: <name>/config.pbtxt with an `encoder` section, beside Hugging Face's
     // config.json and model.safetensors); empty serves only the built-in model.
+    // Versions: numbered folders <name>/<N>/ hold the files of version N, the highest
+    // with files is served (a config.pbtxt there overrides <name>/config.pbtxt).
     std::string model_repository;
+    ModelControlMode control_mode = ModelControlMode::kNone;
+    // kPoll: how often the repository is rescanned. Range [10 ms, 1 day].
+    absl::Duration poll_interval = absl::Seconds(15);
     // Batching settings for models whose config leaves them unset (and for the
     // built-in model). `clock` and `observer` are ignored here (see below).
     DynamicBatcher::Options batching;
@@ -107,8 +145,18 @@ class ModelRegistry {
     // Source of time for every batcher; null = real time. Not owned.
     Clock* clock = nullptr;
     // Builds each model's batcher observer (metrics) from its description; may be
-    // empty. Called during Create, once per model.
+    // empty. Called once per model load (again when a model is replaced).
     std::function<BatcherObserver(const v1::ModelInfo& model)> make_observer;
+    // Told of every load, failed load, unload and free after Create; may be empty.
+    // Called on the loading thread or the registry's own, never under its locks.
+    std::function<void(const ModelEvent& event)> on_event;
+  };
+
+  // One row of the repository index: every model folder and every served model.
+  struct IndexEntry {
+    std::string name, version;
+    std::string state;   // "READY" or "UNAVAILABLE"
+    std::string reason;  // why not ready, or why its last load failed
   };
 
   // Loads every model and starts its batcher. Errors name the file and the problem:
@@ -117,12 +165,34 @@ class ModelRegistry {
   // FailedPrecondition (bf16 on a CPU without AVX512_BF16 or AMX).
   static absl::StatusOr<std::unique_ptr<ModelRegistry>> Create(const Options& options);
 
+  ~ModelRegistry();
+
   // The model called `name`; the default model when `name` is empty; null if unknown.
-  ServedModel* Find(absl::string_view name) const;
+  std::shared_ptr<ServedModel> Find(absl::string_view name) const;
 
   // All models, sorted by name.
-  std::vector<const ServedModel*> models() const;
+  std::vector<std::shared_ptr<const ServedModel>> models() const;
 
+  // The repository's model folders and the served models, sorted by name.
+  std::vector<IndexEntry> Index() const;
+
+  // kExplicit: loads model `name` from its repository folder (its highest version),
+  // warms it, and only then switches new requests to it; requests already given to the
+  // model it replaces finish there. `config_json`, when set, replaces the folder's
+  // config.pbtxt: the same ModelConfig in protobuf's JSON mapping. The model served
+  // before keeps serving when the load fails. FailedPrecondition outside kExplicit;
+  // InvalidArgument for a bad name or config; else Create's errors. Loads run one at
+  // a time.
+  absl::Status Load(absl::string_view name,
+                    const std::optional<std::string>& config_json = std::nullopt);
+  // kExplicit: stops sending new requests to model `name`; its queued requests are
+  // computed, then its memory is freed (ModelEvent::kFreed). NotFound when not
+  // served; FailedPrecondition outside kExplicit.
+  absl::Status Unload(absl::string_view name);
+  // One rescan of the repository as kPoll does it (tests call it directly): folders
+  // whose files have not changed since the previous scan and differ from what is
+  // served are loaded, vanished folders unloaded. Returns the number of changes.
+  int Poll();
   // The name an empty request model resolves to; empty when there is none.
   const std::string& default_model() const { return default_model_; }
 
@@ -130,14 +200,44 @@ class ModelRegistry {
   // DynamicBatcher::Flush). Does not block.
   void Flush();
 
-  // Drains every batcher (queued work is computed) and joins their workers. Blocks.
+  // Stops polling, drains every batcher (queued work is computed) and joins their
+  // workers. Blocks.
   void Shutdown();
 
  private:
-  ModelRegistry() = default;
+  // Frees retired models on its own thread (see ServedModel).
+  class Reaper;
+  // A model folder's files as last seen (kPoll): names, sizes and modification times.
+  using Fingerprint = std::string;
+  struct Folder {
+    Fingerprint served;  // the files of the model served from it ("" if none)
+    Fingerprint seen;    // at the previous scan
+    Fingerprint failed;  // the files of its last failed load
+  };
 
-  std::map<std::string, std::unique_ptr<ServedModel>, std::less<>> models_;
-  std::string default_model_;
+  explicit ModelRegistry(const Options& options);
+  std::shared_ptr<ServedModel> Adopt(std::unique_ptr<ServedModel> model);
+  absl::Status LoadLocked(absl::string_view name,
+                          const std::optional<std::string>& config_json)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  absl::Status UnloadLocked(absl::string_view name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
+  void Tell(const ModelEvent& event) const;
+  void PollLoop();
+
+  const Options options_;
+  std::shared_ptr<Reaper> reaper_;
+  // Serializes loads, unloads and scans (each may take seconds: no lookup waits on it).
+  absl::Mutex load_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::map<std::string, Folder, std::less<>> folders_ ABSL_GUARDED_BY(load_mu_);
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<ServedModel>, std::less<>> models_
+      ABSL_GUARDED_BY(mu_);
+  // Why each model's last load failed, until one succeeds.
+  std::map<std::string, std::string, std::less<>> load_errors_ ABSL_GUARDED_BY(mu_);
+  std::string default_model_;  // set by Create
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread poller_;
 };
 
 }  // namespace attnserve::server

@@ -92,7 +92,7 @@ void MetricsHttp::Stop() {
 StatusSample MetricsHttp::TakeSample() const {
   StatusSample sample;
   sample.time = absl::Now();
-  for (const ServedModel* model : registry_->models()) {
+  for (const auto& model : registry_->models()) {
     if (auto snapshot = metrics_->Snapshot(model->name)) {
       sample.models.emplace(model->name, *std::move(snapshot));
     }
@@ -112,7 +112,7 @@ std::string MetricsHttp::StatusPage() {
   view.version = options_.version;
   view.started = started_;
   view.flags = options_.flags;
-  for (const ServedModel* model : registry_->models()) view.models.push_back(model->info);
+  for (const auto& model : registry_->models()) view.models.push_back(model->info);
   {
     absl::MutexLock lock(&mu_);
     view.samples.assign(samples_.begin(), samples_.end());

@@ -243,6 +243,20 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                      .Name("attnserve_model_info")
                      .Help("Served models (always 1); labels describe the model.")
                      .Register(*registry_);
+  model_version_ = &prometheus::BuildGauge()
+                        .Name("attnserve_model_version")
+                        .Help("The version each served model answers with.")
+                        .Register(*registry_);
+  model_loads_ = &prometheus::BuildCounter()
+                      .Name("attnserve_model_loads_total")
+                      .Help(
+                          "Model loads by outcome (ok, failed): at start and through "
+                          "the repository API or polling.")
+                      .Register(*registry_);
+  model_unloads_ = &prometheus::BuildCounter()
+                        .Name("attnserve_model_unloads_total")
+                        .Help("Models unloaded while the server ran.")
+                        .Register(*registry_);
   rpc_started_ = &prometheus::BuildCounter()
                       .Name("grpc_server_started_total")
                       .Help("Total number of RPCs started on the server.")
@@ -279,10 +293,14 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
     AddRpc(method, "unary", "inference.GRPCInferenceService");
   }
   AddRpc("ModelStreamInfer", "bidi_stream", "inference.GRPCInferenceService");
-  for (const char* method : {"ModelStatistics", "ModelConfig", "RepositoryIndex"}) {
+  for (const char* method : {"ModelStatistics", "ModelConfig", "RepositoryIndex",
+                             "RepositoryModelLoad", "RepositoryModelUnload"}) {
     AddRpc(method, "unary", "inference.GRPCInferenceService");
   }
-  RequestSide(kUnknownModelLabel);
+  {
+    absl::MutexLock lock(&models_mu_);
+    RequestSide(kUnknownModelLabel);
+  }
   process_metrics_ = std::make_shared<ProcessCollector>();
 }
 
@@ -318,37 +336,45 @@ ServerMetrics::ModelMetrics& ServerMetrics::RequestSide(const std::string& model
 }
 
 BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
-  ModelMetrics& metrics = RequestSide(info.name());
+  absl::MutexLock lock(&models_mu_);
+  const bool seen = models_.count(info.name()) != 0;
+  ModelMetrics& metrics =
+      seen ? models_.find(info.name())->second : RequestSide(info.name());
   const prometheus::Labels labels = {{"model", info.name()}};
-  metrics.queue_duration = &queue_duration_->Add(labels, DurationBuckets());
-  metrics.compute_duration = &compute_duration_->Add(labels, DurationBuckets());
-  metrics.batch_size =
-      &batch_size_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_size()));
-  metrics.batch_tokens =
-      &batch_tokens_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
-  metrics.tokens = &tokens_total_->Add(labels);
-  metrics.request_tokens = &request_tokens_->Add(
-      labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
-  // Every model has the series (0 where no text comes in), so that dashboards and the
-  // documented list do not depend on which models are loaded.
-  metrics.truncated_texts = &truncated_texts_->Add(labels);
-  metrics.queue_depth = &queue_depth_->Add(labels);
+  if (!seen) {
+    // A reloaded model keeps its series: the buckets are the first load's.
+    metrics.queue_duration = &queue_duration_->Add(labels, DurationBuckets());
+    metrics.compute_duration = &compute_duration_->Add(labels, DurationBuckets());
+    metrics.batch_size =
+        &batch_size_->Add(labels, PowerOfTwoBuckets(info.batching().max_batch_size()));
+    metrics.batch_tokens = &batch_tokens_->Add(
+        labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
+    metrics.tokens = &tokens_total_->Add(labels);
+    metrics.request_tokens = &request_tokens_->Add(
+        labels, PowerOfTwoBuckets(info.batching().max_batch_tokens()));
+    // Every model has the series (0 where no text comes in), so that dashboards and
+    // the documented list do not depend on which models are loaded.
+    metrics.truncated_texts = &truncated_texts_->Add(labels);
+    metrics.queue_depth = &queue_depth_->Add(labels);
+  }
   queue_capacity_->Add(labels).Set(info.batching().max_queue_size());
-  model_info_
-      ->Add({{"model", info.name()},
-             {"d_model", absl::StrCat(info.d_model())},
-             {"heads", absl::StrCat(info.num_heads())},
-             {"precision",
-              std::string(core::PrecisionName(ToCorePrecision(info.precision())))},
-             {"device", info.device()}})
-      .Set(1);
+  if (auto it = info_samples_.find(info.name()); it != info_samples_.end()) {
+    model_info_->Remove(it->second);
+  }
+  prometheus::Gauge& sample = model_info_->Add(
+      {{"model", info.name()},
+       {"d_model", absl::StrCat(info.d_model())},
+       {"heads", absl::StrCat(info.num_heads())},
+       {"precision", std::string(core::PrecisionName(ToCorePrecision(info.precision())))},
+       {"device", info.device()}});
+  sample.Set(1);
+  info_samples_[info.name()] = &sample;
 
-  metrics.device_memory.clear();
+  std::vector<prometheus::Gauge*> device_memory;  // per instance
   for (int i = 0; i < std::max(1, info.batching().instances()); ++i) {
-    metrics.device_memory.push_back(
-        &device_memory_->Add({{"model", info.name()},
-                              {"device", info.device()},
-                              {"instance", absl::StrCat(i)}}));
+    device_memory.push_back(&device_memory_->Add({{"model", info.name()},
+                                                  {"device", info.device()},
+                                                  {"instance", absl::StrCat(i)}}));
   }
 
   ModelMetrics* model = &metrics;
@@ -375,15 +401,45 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   observer.on_queue_depth = [model](int64_t depth) {
     model->queue_depth->Set(static_cast<double>(depth));
   };
-  observer.on_device_memory = [model](int instance, int64_t bytes) {
-    if (instance >= 0 && static_cast<size_t>(instance) < model->device_memory.size()) {
-      model->device_memory[instance]->Set(static_cast<double>(bytes));
+  observer.on_device_memory = [device_memory](int instance, int64_t bytes) {
+    if (instance >= 0 && static_cast<size_t>(instance) < device_memory.size()) {
+      device_memory[instance]->Set(static_cast<double>(bytes));
     }
   };
   return observer;
 }
 
+void ServerMetrics::OnModelEvent(const ModelEvent& event) {
+  switch (event.kind) {
+    case ModelEvent::Kind::kLoaded: {
+      model_loads_->Add({{"model", event.model}, {"outcome", "ok"}}).Increment();
+      model_unloads_->Add({{"model", event.model}});  // 0 until one is
+      double version = 0;
+      if (absl::SimpleAtod(event.version, &version)) {
+        model_version_->Add({{"model", event.model}}).Set(version);
+      }
+      break;
+    }
+    case ModelEvent::Kind::kLoadFailed:
+      model_loads_->Add({{"model", event.model}, {"outcome", "failed"}}).Increment();
+      break;
+    case ModelEvent::Kind::kUnloaded: {
+      model_unloads_->Add({{"model", event.model}}).Increment();
+      absl::MutexLock lock(&models_mu_);
+      if (auto it = info_samples_.find(event.model); it != info_samples_.end()) {
+        model_info_->Remove(it->second);
+        info_samples_.erase(it);
+      }
+      model_version_->Remove(&model_version_->Add({{"model", event.model}}));
+      break;
+    }
+    case ModelEvent::Kind::kFreed:
+      break;
+  }
+}
+
 ServerMetrics::ModelMetrics* ServerMetrics::FindModel(const std::string& model) {
+  absl::ReaderMutexLock lock(&models_mu_);
   const auto it = models_.find(model.empty() ? kUnknownModelLabel : model);
   return it == models_.end() ? &models_.find(kUnknownModelLabel)->second : &it->second;
 }
@@ -450,6 +506,7 @@ ServiceObserver ServerMetrics::service_observer() {
 
 std::optional<ServerMetrics::InferenceTotals> ServerMetrics::Totals(
     const std::string& model) const {
+  absl::ReaderMutexLock lock(&models_mu_);
   const auto it = models_.find(model);
   if (it == models_.end() || model == kUnknownModelLabel) return std::nullopt;
   const ModelMetrics::AtomicTotals& totals = *it->second.totals;
@@ -490,6 +547,7 @@ ServerMetrics::HistogramCounts CountsOf(const prometheus::Histogram* histogram) 
 
 std::optional<ServerMetrics::ModelSnapshot> ServerMetrics::Snapshot(
     const std::string& model) const {
+  absl::ReaderMutexLock lock(&models_mu_);
   const auto it = models_.find(model);
   if (it == models_.end() || model == kUnknownModelLabel) return std::nullopt;
   const ModelMetrics& metrics = it->second;

@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.pb.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -44,9 +46,15 @@ class ServerMetrics {
   ServerMetrics(const ServerMetrics&) = delete;
   ServerMetrics& operator=(const ServerMetrics&) = delete;
 
-  // Creates `info.name`'s label children and its attnserve_model_info sample; returns
-  // the observer its batcher reports through. Call once per model, before serving.
+  // Creates `info.name`'s label children (or takes the ones a model of that name made
+  // before) and its attnserve_model_info sample; returns the observer its batcher
+  // reports through. Called once per model load, any time. Thread-safe.
   BatcherObserver AddModel(const v1::ModelInfo& info);
+
+  // Counts a model load, failed load or unload (attnserve_model_loads_total,
+  // attnserve_model_unloads_total) and keeps attnserve_model_info and
+  // attnserve_model_version to the models served now. Thread-safe.
+  void OnModelEvent(const ModelEvent& event);
 
   // The observer the AttentionService reports calls through.
   ServiceObserver service_observer();
@@ -104,7 +112,6 @@ class ServerMetrics {
     prometheus::Counter* truncated_texts = nullptr;
     prometheus::Gauge* queue_depth = nullptr;
     prometheus::Gauge* inflight = nullptr;
-    std::vector<prometheus::Gauge*> device_memory;  // per instance
     // Totals (relaxed atomics: each field is a monotonic sum, read as a snapshot).
     struct AtomicTotals {
       std::atomic<uint64_t> success_count{0}, success_ns{0}, fail_count{0}, fail_ns{0},
@@ -120,7 +127,8 @@ class ServerMetrics {
     prometheus::Histogram* handling = nullptr;
   };
 
-  ModelMetrics& RequestSide(const std::string& model);
+  ModelMetrics& RequestSide(const std::string& model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(models_mu_);
   ModelMetrics* FindModel(const std::string& model);
   RpcMetrics* FindRpc(absl::string_view method);
   void AddRpc(const std::string& method, const std::string& type,
@@ -142,13 +150,20 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* queue_capacity_;
   prometheus::Family<prometheus::Gauge>* inflight_;
   prometheus::Family<prometheus::Gauge>* model_info_;
+  prometheus::Family<prometheus::Gauge>* model_version_;
+  prometheus::Family<prometheus::Counter>* model_loads_;
+  prometheus::Family<prometheus::Counter>* model_unloads_;
   prometheus::Family<prometheus::Counter>* internal_errors_;
   prometheus::Family<prometheus::Counter>* rpc_started_;
   prometheus::Family<prometheus::Counter>* rpc_handled_;
   prometheus::Family<prometheus::Histogram>* rpc_handling_;
 
+  // Grows when a model of a new name loads; an entry, once made, stays.
+  mutable absl::Mutex models_mu_;
+  std::map<std::string, ModelMetrics, std::less<>> models_ ABSL_GUARDED_BY(models_mu_);
+  // Each served model's attnserve_model_info sample (its labels change with a reload).
+  std::map<std::string, prometheus::Gauge*> info_samples_ ABSL_GUARDED_BY(models_mu_);
   // Written during start-up only; read-only while serving.
-  std::map<std::string, ModelMetrics, std::less<>> models_;
   std::map<std::string, RpcMetrics, std::less<>> rpcs_;
   std::shared_ptr<prometheus::Collectable> process_metrics_;
 };

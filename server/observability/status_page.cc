@@ -224,17 +224,17 @@ std::string RenderStatusPage(const StatusView& view) {
     absl::StrAppendFormat(
         &html,
         "<tr class=\"model\" "
-        "data-model=\"%s\"><td>%s</td><td>%s</td><td>1</td><td>%s</td>"
+        "data-model=\"%s\"><td>%s</td><td>%s</td><td>%s</td><td>%s</td>"
         "<td>%s</td><td>%d / %d</td><td>max_batch_size %d, max_batch_tokens %d, "
         "max_queue_delay %d us, max_queue_size %d, instances "
         "%d</td><td>%d</td><td>%d</td>"
         "<td>%d</td><td>%s</td></tr>",
         Escape(model.name()), Escape(model.name()),
         model.kind() == v1::MODEL_KIND_ENCODER ? "encoder" : "attention",
-        Escape(model.device()), core::PrecisionName(ToCorePrecision(model.precision())),
-        model.d_model(), model.num_heads(), batching.max_batch_size(),
-        batching.max_batch_tokens(), batching.max_queue_delay_us(),
-        batching.max_queue_size(), batching.instances(),
+        Escape(model.version()), Escape(model.device()),
+        core::PrecisionName(ToCorePrecision(model.precision())), model.d_model(),
+        model.num_heads(), batching.max_batch_size(), batching.max_batch_tokens(),
+        batching.max_queue_delay_us(), batching.max_queue_size(), batching.instances(),
         current != nullptr ? current->queue_depth : 0,
         current != nullptr ? current->inflight : 0,
         current != nullptr ? static_cast<int64_t>(current->request_duration.count) : 0,

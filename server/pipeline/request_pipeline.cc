@@ -39,14 +39,20 @@ class CountedReactor final : public grpc::ServerUnaryReactor {
 }  // namespace
 
 void Cancellation::Cancel() {
-  // Sequentially consistent with Attach: either this sees the batcher and wakes it, or
+  // Ordered with Attach by the lock: either this sees the batcher and wakes it, or
   // Attach sees the flag and the request is never queued.
-  cancelled_.store(true);
-  if (BatchQueue* batcher = batcher_.load()) batcher->Wake();
+  std::shared_ptr<BatchQueue> batcher;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_.store(true);
+    batcher = batcher_;
+  }
+  if (batcher != nullptr) batcher->Wake();
 }
 
-bool Cancellation::Attach(BatchQueue* batcher) {
-  batcher_.store(batcher);
+bool Cancellation::Attach(std::shared_ptr<BatchQueue> batcher) {
+  absl::MutexLock lock(&mu_);
+  batcher_ = std::move(batcher);
   return cancelled_.load();
 }
 
@@ -68,15 +74,16 @@ RequestPipeline::~RequestPipeline() {
   assert(streams_.empty());
 }
 
-absl::StatusOr<ServedModel*> RequestPipeline::FindModel(absl::string_view name,
-                                                        absl::string_view version) const {
-  ServedModel* model = registry_->Find(name);
-  if (model != nullptr && (version.empty() || version == kModelVersion)) return model;
+absl::StatusOr<std::shared_ptr<ServedModel>> RequestPipeline::FindModel(
+    absl::string_view name, absl::string_view version) const {
+  std::shared_ptr<ServedModel> model = registry_->Find(name);
+  if (model != nullptr && (version.empty() || version == model->version)) return model;
   std::vector<std::string> names;
-  for (const ServedModel* served : registry_->models()) names.push_back(served->name);
+  for (const auto& served : registry_->models()) {
+    names.push_back(absl::StrCat(served->name, " (version ", served->version, ")"));
+  }
   const std::string served =
-      absl::StrCat("served: ", names.empty() ? "none" : absl::StrJoin(names, ", "),
-                   ", each as version ", kModelVersion);
+      absl::StrCat("served: ", names.empty() ? "none" : absl::StrJoin(names, ", "));
   if (name.empty() && model == nullptr) {
     return absl::NotFoundError(absl::StrCat(
         "model must be set: this server has no default model (", served, ")"));
@@ -187,12 +194,13 @@ grpc::ServerUnaryReactor* RequestPipeline::FinishNow(absl::string_view method,
 }
 
 template <typename Response>
-ServedModel* RequestPipeline::Open(absl::string_view name, Origin origin,
-                                   std::function<void(absl::Status, Response)> done,
-                                   std::shared_ptr<Finish<Response>>* finish) {
+std::shared_ptr<ServedModel> RequestPipeline::Open(
+    absl::string_view name, Origin origin,
+    std::function<void(absl::Status, Response)> done,
+    std::shared_ptr<Finish<Response>>* finish) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<ServedModel*> found = FindModel(name);
-  ServedModel* model = found.ok() ? *found : nullptr;
+  absl::StatusOr<std::shared_ptr<ServedModel>> found = FindModel(name);
+  std::shared_ptr<ServedModel> model = found.ok() ? *found : nullptr;
   std::string model_name = model != nullptr ? model->name : "";
   if (observer_.on_request_started) observer_.on_request_started(model_name);
   *finish = std::make_shared<Finish<Response>>(
@@ -226,13 +234,14 @@ AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
 
 absl::Status RequestPipeline::CheckQueueable(
     absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
-    BatchQueue* queue, std::shared_ptr<const std::atomic<bool>>* cancelled) const {
+    std::shared_ptr<BatchQueue> queue,
+    std::shared_ptr<const std::atomic<bool>>* cancelled) const {
   if (deadline <= absl::Now()) {
     return absl::DeadlineExceededError(
         "the deadline passed before the request was queued");
   }
   if (cancellation == nullptr) return absl::OkStatus();
-  if (cancellation->Attach(queue)) {
+  if (cancellation->Attach(std::move(queue))) {
     return absl::CancelledError("the call was cancelled before it was queued");
   }
   // The work reads the flag; the Cancellation stays alive with it.
@@ -265,7 +274,8 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
                              std::function<void(absl::Status, v1::AttendResponse)> done,
                              v1::HeadStatisticsResponse* statistics, Origin origin) {
   std::shared_ptr<Finish<v1::AttendResponse>> finish;
-  ServedModel* model = Open(request.model(), origin, std::move(done), &finish);
+  std::shared_ptr<ServedModel> model =
+      Open(request.model(), origin, std::move(done), &finish);
   if (model == nullptr) return;
   if (model->is_encoder()) {
     (*finish)(
@@ -280,8 +290,9 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
       WorkFromRequest(request, model->spec, limits);
   if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
-  if (absl::Status queueable = CheckQueueable(deadline, cancellation,
-                                              model->batcher.get(), &(*work)->cancelled);
+  if (absl::Status queueable = CheckQueueable(
+          deadline, cancellation,
+          std::shared_ptr<BatchQueue>(model, model->batcher.get()), &(*work)->cancelled);
       !queueable.ok()) {
     return (*finish)(std::move(queueable), {}, 0);
   }
@@ -314,6 +325,7 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
           }
         } else if (status.ok()) {
           FillResponse(*format, *result, model->name, model->spec.num_heads, &response);
+          response.set_model_version(model->version);
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
         }
@@ -328,7 +340,8 @@ void RequestPipeline::SubmitEncode(
     const std::shared_ptr<Cancellation>& cancellation,
     std::function<void(absl::Status, v1::EncodeResponse)> done, Origin origin) {
   std::shared_ptr<Finish<v1::EncodeResponse>> finish;
-  ServedModel* model = Open(request.model(), origin, std::move(done), &finish);
+  std::shared_ptr<ServedModel> model =
+      Open(request.model(), origin, std::move(done), &finish);
   if (model == nullptr) return;
   if (!model->is_encoder()) {
     (*finish)(absl::InvalidArgumentError(absl::StrCat(
@@ -341,8 +354,9 @@ void RequestPipeline::SubmitEncode(
   absl::StatusOr<std::unique_ptr<EncoderWork>> work = EncoderWorkFromRequest(
       request, model->encoder_spec, LimitsFor(*model), model->tokenizer.get());
   if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
-  if (absl::Status queueable = CheckQueueable(deadline, cancellation,
-                                              model->encoder.get(), &(*work)->cancelled);
+  if (absl::Status queueable = CheckQueueable(
+          deadline, cancellation,
+          std::shared_ptr<BatchQueue>(model, model->encoder.get()), &(*work)->cancelled);
       !queueable.ok()) {
     return (*finish)(std::move(queueable), {}, 0);
   }
@@ -359,6 +373,7 @@ void RequestPipeline::SubmitEncode(
         if (status.ok()) {
           FillEncodeResponse(*result, model->name, request_id, model->spec.d_model,
                              &response);
+          response.set_model_version(model->version);
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
         }

@@ -58,12 +58,13 @@ class Cancellation {
 
  private:
   friend class RequestPipeline;
-  // Remembers the batcher to wake; true when the call was cancelled already (then the
-  // request must not be queued).
-  bool Attach(BatchQueue* batcher);
+  // Remembers the batcher to wake (and keeps it alive); true when the call was
+  // cancelled already (then the request must not be queued).
+  bool Attach(std::shared_ptr<BatchQueue> batcher);
 
   std::atomic<bool> cancelled_{false};
-  std::atomic<BatchQueue*> batcher_{nullptr};
+  absl::Mutex mu_;
+  std::shared_ptr<BatchQueue> batcher_ ABSL_GUARDED_BY(mu_);
 };
 
 // An open bidirectional stream, as the pipeline tracks it for draining
@@ -107,8 +108,9 @@ class RequestPipeline {
   // The served model `name` (empty: the default model, when there is one) at
   // `version` (empty: the current one). NotFound, worded the same for every door and
   // every cause, naming what was asked and what is served.
-  absl::StatusOr<ServedModel*> FindModel(absl::string_view name,
-                                         absl::string_view version = "") const;
+  // The model stays alive while held, even when it is replaced or unloaded meanwhile.
+  absl::StatusOr<std::shared_ptr<ServedModel>> FindModel(
+      absl::string_view name, absl::string_view version = "") const;
   ModelRegistry* registry() const { return registry_; }
 
   // ---- Auth.
@@ -210,9 +212,9 @@ class RequestPipeline {
   // and the request counted; `done` wrapped into `*finish`. Null, with the request
   // answered, when a call arrives while draining or names no served model.
   template <typename Response>
-  ServedModel* Open(absl::string_view name, Origin origin,
-                    std::function<void(absl::Status, Response)> done,
-                    std::shared_ptr<Finish<Response>>* finish);
+  std::shared_ptr<ServedModel> Open(absl::string_view name, Origin origin,
+                                    std::function<void(absl::Status, Response)> done,
+                                    std::shared_ptr<Finish<Response>>* finish);
   // The limits `model`'s requests are admitted under.
   AdmissionLimits LimitsFor(const ServedModel& model) const;
   // What every validated request does last before Enqueue: DEADLINE_EXCEEDED when
@@ -220,7 +222,7 @@ class RequestPipeline {
   // `*cancelled` set to the flag the queued work reads and `queue` woken on a cancel.
   absl::Status CheckQueueable(absl::Time deadline,
                               const std::shared_ptr<Cancellation>& cancellation,
-                              BatchQueue* queue,
+                              std::shared_ptr<BatchQueue> queue,
                               std::shared_ptr<const std::atomic<bool>>* cancelled) const;
   // OK, or INTERNAL when `response` is larger than max_response_bytes (admission
   // bounds it already; this guards the invariant, because gRPC aborts the process on

@@ -134,7 +134,7 @@ CASES = [
      {"Inference-Header-Content-Length": "13"}, 400,
      "the body has 8 binary bytes that no input's binary_data_size claims"),
     ("model not served", "POST", "/v2/models/nope/infer", b'{"inputs":[5]}', {}, 404,
-     'model "nope" is not served (served: mha-base, each as version 1)'),
+     'model "nope" is not served (served: mha-base (version 1))'),
     ("version not served", "POST", "/v2/models/mha-base/versions/2/infer",
      dumps({"inputs": [query()]}), {}, 404, 'model "mha-base" version "2" is not served'),
     ("model name not UTF-8", "POST", "/v2/models/%FF%FE/infer", b"{}", {}, 404,

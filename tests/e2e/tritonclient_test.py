@@ -52,7 +52,8 @@ class TritonClientTest(unittest.TestCase):
         server = self.triton.get_server_metadata()
         self.assertEqual(server.name, "attnserve")
         self.assertEqual(set(server.extensions),
-                         {"model_configuration", "statistics", "parameters"})
+                         {"model_configuration", "statistics", "parameters",
+                          "model_repository"})
         model = self.triton.get_model_metadata("mha-base")
         self.assertEqual([i.name for i in model.inputs], ["query", "memory"])
         self.assertEqual(list(model.inputs[0].shape), [-1, 512])

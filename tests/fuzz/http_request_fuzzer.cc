@@ -3,8 +3,9 @@
 // The body goes through ParseInferBody, then both model kinds' conversions:
 // AttendFromInfer and WorkFromRequest, EncodeFromInfer and EncoderWorkFromRequest (what
 // the door does before queueing), and an answer of the admitted shape back out; errors go
-// through ErrorBody, as the door sends them. Any input must give a Status or an answer:
-// never a crash, an exception, a read out of bounds or undefined behaviour.
+// through ErrorBody, as the door sends them. The same bytes also go through the
+// repository extension's body parsers (index, load, unload). Any input must give a Status
+// or an answer: never a crash, an exception, a read out of bounds or undefined behaviour.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -40,6 +41,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The door answers every refusal this way; it must not throw on any message.
     if (ErrorBody(status.message()).empty()) __builtin_trap();
   };
+  // The repository extension's bodies (index, load, unload) on the same bytes.
+  if (absl::StatusOr<bool> ready = ParseRepositoryIndexBody(input); !ready.ok()) {
+    refuse(ready.status());
+  }
+  for (const bool load : {true, false}) {
+    if (auto config = ParseRepositoryLoadBody(input, load); !config.ok()) {
+      refuse(config.status());
+    }
+  }
   absl::StatusOr<int64_t> header_length =
       ParseHeaderLength(has_header ? header_value.c_str() : nullptr);
   if (!header_length.ok()) return refuse(header_length.status()), 0;

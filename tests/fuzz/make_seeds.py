@@ -68,6 +68,13 @@ def requests():
          "data": mask.tolist()}],
         "outputs": [{"name": "embedding"}, {"name": "hidden"}, {"name": "lengths"}]})
     write("http_request", "encode_json", body.encode())
+    # The repository extension's bodies.
+    config = json.dumps({"d_model": 64, "num_heads": 4, "generated_weights": True})
+    write("http_request", "repository_load",
+          json.dumps({"parameters": {"config": config}}).encode())
+    write("http_request", "repository_unload",
+          json.dumps({"parameters": {"unload_dependents": False}}).encode())
+    write("http_request", "repository_index", json.dumps({"ready": True}).encode())
 
 
 def safetensors():

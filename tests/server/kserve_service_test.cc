@@ -236,7 +236,7 @@ TEST_F(KServeTest, BadRequestsNameTheProtocolField) {
        grpc::StatusCode::INVALID_ARGUMENT,
        "outputs[0].name must be \"output\" or \"attention\""},
       {[](auto& r) { r.set_model_version("7"); }, grpc::StatusCode::NOT_FOUND,
-       "version \"7\" is not served (served: mha-base, each as version 1)"},
+       "version \"7\" is not served (served: mha-base (version 1))"},
       {[](auto& r) { (*r.mutable_parameters())["timeout"].set_string_param("1s"); },
        grpc::StatusCode::INVALID_ARGUMENT,
        "parameters[\"timeout\"] must be an int64_param of microseconds >= 0"},

@@ -88,7 +88,7 @@ TEST(ModelRegistryTest, GeneratesWeightsFromASeedWhenAsked) {
   options.model_repository = repository;
   auto registry = ModelRegistry::Create(options);
   ASSERT_TRUE(registry.ok()) << registry.status();
-  const ServedModel* model = (*registry)->Find("big");
+  const std::shared_ptr<ServedModel> model = (*registry)->Find("big");
   ASSERT_NE(model, nullptr);
   EXPECT_EQ(model->spec.d_model, 96);
   EXPECT_EQ(model->spec.num_heads, 6);
@@ -298,8 +298,8 @@ TEST(ModelRegistryTest, WithoutADefaultARequestMustNameItsModel) {
   auto response = server.client->Attend(request);
   EXPECT_EQ(response.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(response.status().message(),
-              HasSubstr("model must be set: this server has no default model (served: a, "
-                        "b, each as version 1)"));
+              HasSubstr("model must be set: this server has no default model (served: a "
+                        "(version 1), b (version 1))"));
   // A request that does not fit its model says which model it was checked against.
   request.set_model("b");
   *request.mutable_query() = Float32Tensor(std::vector<float>(3 * 48, 0.5f), {3, 48});
