@@ -434,13 +434,23 @@ std::string ErrorBody(absl::string_view message) {
   return JsonText(Json{{"error", std::string(message)}});
 }
 
-absl::StatusOr<bool> ParseRepositoryIndexBody(absl::string_view body) {
-  if (body.empty()) return false;
-  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonBody(body));
+namespace {
+
+// A repository request's body: a JSON object, or {} when empty.
+absl::StatusOr<nlohmann::json> ParseObjectBody(absl::string_view body) {
+  if (body.empty()) return nlohmann::json::object();
+  ATTN_ASSIGN_OR_RETURN(nlohmann::json json, ParseJsonBody(body));
   if (!json.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
   }
+  return json;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> ParseRepositoryIndexBody(absl::string_view body) {
+  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseObjectBody(body));
   for (const auto& [key, value] : json.items()) {
     if (key != "ready") {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -456,12 +466,7 @@ absl::StatusOr<bool> ParseRepositoryIndexBody(absl::string_view body) {
 
 absl::StatusOr<std::optional<std::string>> ParseRepositoryLoadBody(absl::string_view body,
                                                                    bool load) {
-  if (body.empty()) return std::optional<std::string>();
-  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonBody(body));
-  if (!json.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
-  }
+  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseObjectBody(body));
   std::optional<std::string> config;
   for (const auto& [key, value] : json.items()) {
     if (key != "parameters") {
