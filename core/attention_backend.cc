@@ -128,6 +128,15 @@ std::string CpuProjectionChoices() {
   return MultiHeadAttention::ProcessProjectionChoices();
 }
 
+std::vector<CpuProjectionChoice> CpuProjectionChoiceList() {
+  std::vector<CpuProjectionChoice> list;
+  for (const auto& [key, choice] : MultiHeadAttention::ProcessProjectionChoiceList()) {
+    list.push_back({key[0], key[1], key[2], choice.runtime_rows, choice.rows,
+                    choice.per_shape_ms, choice.runtime_rows_ms});
+  }
+  return list;
+}
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options) {

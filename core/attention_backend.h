@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -127,6 +128,16 @@ struct BackendOptions {
 // What the CPU backend's timing chose for f32 projections so far, process-wide, for logs
 // ("" before any): MultiHeadAttention::ProcessProjectionChoices.
 std::string CpuProjectionChoices();
+
+// The same as data: one entry per weight matrix shape and thread count, ascending.
+struct CpuProjectionChoice {
+  int64_t in_features = 0, out_features = 0;
+  int64_t intra_op_threads = 0;  // 0: OpenMP's default
+  bool runtime_rows = false;     // else one primitive per row count, weights prepacked
+  int64_t timed_rows = 0;        // the row count both were timed at
+  double per_shape_ms = 0, runtime_rows_ms = 0;
+};
+std::vector<CpuProjectionChoice> CpuProjectionChoiceList();
 
 // The backend for `device`, holding its own copy of `weights` (uploaded once on a
 // GPU). Errors: InvalidArgument for a bad `spec`, `weights` shapes or option, naming

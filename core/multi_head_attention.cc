@@ -827,6 +827,13 @@ std::string MultiHeadAttention::ProcessProjectionChoices() {
   return DescribeChoices(shared.choices, true);
 }
 
+std::vector<std::pair<std::array<int64_t, 3>, MultiHeadAttention::ProjectionChoice>>
+MultiHeadAttention::ProcessProjectionChoiceList() {
+  SharedProjectionChoices& shared = SharedChoices();
+  absl::MutexLock lock(&shared.mu);
+  return {shared.choices.begin(), shared.choices.end()};
+}
+
 MultiHeadAttention::QuantizedRows MultiHeadAttention::QuantizeInput(
     const float* in, int64_t rows, int64_t width, ScratchBuffer& codes,
     ScratchBuffer& parameters) {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -156,6 +157,9 @@ class MultiHeadAttention : public AttentionBackend {
   // The same for every object of the process (each entry followed by its thread count,
   // "@N", 0 = OpenMP's default): what the CPU was measured to prefer.
   static std::string ProcessProjectionChoices();
+  // The same as data, by (in, out, intra_op_threads), ascending.
+  static std::vector<std::pair<std::array<int64_t, 3>, ProjectionChoice>>
+  ProcessProjectionChoiceList();
 
   // From now on this object computes in `other`'s scratch buffers instead of its own,
   // so that objects that never run at the same time (the layers of an encoder, run one

@@ -119,6 +119,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   };
   model_options.on_event = [metrics](const ModelEvent& event) {
     metrics->OnModelEvent(event);
+    if (event.kind == ModelEvent::Kind::kLoaded) {
+      metrics->SetProjectionChoices(core::CpuProjectionChoiceList());
+    }
     switch (event.kind) {
       case ModelEvent::Kind::kLoaded:
         LogEvent("model_loaded", {{"model", event.model}, {"version", event.version}});
@@ -156,6 +159,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   if (const std::string choices = core::CpuProjectionChoices(); !choices.empty()) {
     LogEvent("projection_choices", {{"choices", choices}});
   }
+  metrics->SetProjectionChoices(core::CpuProjectionChoiceList());
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::Load(options.auth_token_file);

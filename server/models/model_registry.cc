@@ -11,6 +11,7 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -302,6 +303,28 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   return model;
 }
 
+// The primitives the warm-up chose for `model`'s f32 projections (its d x d matrices at
+// its thread count), into its ModelInfo. None for int8, native bf16 or a GPU.
+void FillProjectionChoices(ServedModel& model) {
+  if (model.info.device() != "cpu") return;
+  const std::string path = core::ComputePath(model.spec, core::Device{});
+  if (path != "fp32" && !absl::StrContains(path, "f32 compute")) return;
+  const int64_t d = model.spec.d_model;
+  for (const core::CpuProjectionChoice& choice : core::CpuProjectionChoiceList()) {
+    if (choice.in_features != d || choice.out_features != d ||
+        choice.intra_op_threads != model.info.batching().intra_op_threads()) {
+      continue;
+    }
+    v1::ProjectionChoice* entry = model.info.add_projection_choices();
+    entry->set_in_features(choice.in_features);
+    entry->set_out_features(choice.out_features);
+    entry->set_primitive(choice.runtime_rows ? "runtime_rows" : "per_shape");
+    entry->set_timed_rows(choice.timed_rows);
+    entry->set_per_shape_ms(choice.per_shape_ms);
+    entry->set_runtime_rows_ms(choice.runtime_rows_ms);
+  }
+}
+
 // Where a model folder's files are: its highest numbered version folder holding a
 // file, else the folder itself (version kModelVersion).
 struct ModelFiles {
@@ -406,6 +429,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
   if (!model.ok()) return ForModelFolder(model.status(), name, folder);
   (*model)->version = files.version;
   (*model)->info.set_version(files.version);
+  FillProjectionChoices(**model);
   return model;
 }
 
@@ -661,6 +685,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
                                        "\": ", model.status().message()));
     }
     (*model)->info.set_version(kModelVersion);
+    FillProjectionChoices(**model);
     registry->models_.emplace(kDefaultModelName, registry->Adopt(*std::move(model)));
   }
   if (registry->models_.empty() && options.control_mode == ModelControlMode::kNone) {

@@ -247,6 +247,13 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                         .Name("attnserve_model_version")
                         .Help("The version each served model answers with.")
                         .Register(*registry_);
+  projection_info_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_projection_primitive_info")
+           .Help(
+               "The oneDNN primitive the warm-up timed fastest for each f32 "
+               "weight matrix (always 1).")
+           .Register(*registry_);
   model_loads_ = &prometheus::BuildCounter()
                       .Name("attnserve_model_loads_total")
                       .Help(
@@ -435,6 +442,18 @@ void ServerMetrics::OnModelEvent(const ModelEvent& event) {
     }
     case ModelEvent::Kind::kFreed:
       break;
+  }
+}
+
+void ServerMetrics::SetProjectionChoices(
+    const std::vector<core::CpuProjectionChoice>& choices) {
+  for (const core::CpuProjectionChoice& choice : choices) {
+    projection_info_
+        ->Add({{"in_features", absl::StrCat(choice.in_features)},
+               {"out_features", absl::StrCat(choice.out_features)},
+               {"threads", absl::StrCat(choice.intra_op_threads)},
+               {"primitive", choice.runtime_rows ? "runtime_rows" : "per_shape"}})
+        .Set(1);
   }
 }
 

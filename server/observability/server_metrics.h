@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.pb.h"
+#include "core/attention_backend.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -55,6 +56,10 @@ class ServerMetrics {
   // attnserve_model_unloads_total) and keeps attnserve_model_info and
   // attnserve_model_version to the models served now. Thread-safe.
   void OnModelEvent(const ModelEvent& event);
+
+  // attnserve_projection_primitive_info: one series per f32 weight matrix shape and
+  // thread count, labelled with the primitive the warm-up chose. Thread-safe.
+  void SetProjectionChoices(const std::vector<core::CpuProjectionChoice>& choices);
 
   // The observer the AttentionService reports calls through.
   ServiceObserver service_observer();
@@ -151,6 +156,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* inflight_;
   prometheus::Family<prometheus::Gauge>* model_info_;
   prometheus::Family<prometheus::Gauge>* model_version_;
+  prometheus::Family<prometheus::Gauge>* projection_info_;
   prometheus::Family<prometheus::Counter>* model_loads_;
   prometheus::Family<prometheus::Counter>* model_unloads_;
   prometheus::Family<prometheus::Counter>* internal_errors_;

@@ -111,6 +111,14 @@ TEST(ServerMetricsTest, CountsEqualWhatWasSentPerCode) {
   EXPECT_EQ(Sample(text, "attnserve_queue_capacity", {model}), 1);
   EXPECT_EQ(
       Sample(text, "attnserve_model_info", {model, "d_model=\"512\"", "heads=\"8\""}), 1);
+  // The model loaded at start: counted, at version 1, none unloaded; and the warm-up's
+  // choice for its 512 x 512 projections.
+  EXPECT_EQ(Sample(text, "attnserve_model_loads_total", {model, "outcome=\"ok\""}), 1);
+  EXPECT_EQ(Sample(text, "attnserve_model_version", {model}), 1);
+  EXPECT_EQ(Sample(text, "attnserve_model_unloads_total", {model}), 0);
+  EXPECT_EQ(Sample(text, "attnserve_projection_primitive_info",
+                   {"in_features=\"512\"", "out_features=\"512\""}),
+            1);
   const std::string attend = "grpc_method=\"Attend\"";
   EXPECT_EQ(Sample(text, "grpc_server_started_total", {attend}), 8);
   EXPECT_EQ(Sample(text, "grpc_server_handled_total", {attend, "grpc_code=\"OK\""}), 4);

@@ -161,6 +161,24 @@ double TwinDifference(const std::string& name, v1::Precision precision,
   EXPECT_TRUE(info.ok()) << info.status();
   if (info.ok()) {
     EXPECT_EQ(info->precision(), precision);
+    // Only f32 projections have a timed choice: int8 runs its own primitive.
+    if (precision == v1::PRECISION_INT8) {
+      EXPECT_EQ(info->projection_choices_size(), 0);
+    }
+  }
+  // The fp32 twin reports what the warm-up timed for its 128 x 128 matrices.
+  auto twin = server.client->GetModel("fp32");
+  EXPECT_TRUE(twin.ok()) << twin.status();
+  if (twin.ok()) {
+    EXPECT_EQ(twin->projection_choices_size(), 1);
+    for (const v1::ProjectionChoice& choice : twin->projection_choices()) {
+      EXPECT_EQ(choice.in_features(), 128);
+      EXPECT_EQ(choice.out_features(), 128);
+      EXPECT_THAT(choice.primitive(), ::testing::AnyOf("per_shape", "runtime_rows"));
+      EXPECT_EQ(choice.timed_rows(), 128);
+      EXPECT_GT(choice.per_shape_ms(), 0);
+      EXPECT_GT(choice.runtime_rows_ms(), 0);
+    }
   }
 
   std::vector<float> query(20 * 128);
