@@ -838,6 +838,9 @@ absl::Status ModelRegistry::UnloadLocked(absl::string_view name) {
 
 int ModelRegistry::Poll() {
   absl::MutexLock lock(&load_mu_);
+  // A repository that is not there now (a volume remounting) unloads nothing.
+  std::error_code error;
+  if (!std::filesystem::is_directory(options_.model_repository, error)) return 0;
   int changes = 0;
   std::set<std::string> present;
   for (const auto& folder : ModelFolders(options_.model_repository)) {

@@ -238,6 +238,13 @@ TEST(ModelControlTest, PollingLoadsAFolderOnlyOnceItsFilesHaveSettled) {
   EXPECT_EQ(registry->Poll(), 1);
   EXPECT_EQ(registry->Find("n"), nullptr);
   events.Await("freed n 1");
+
+  // A repository that is gone for a while (a volume remounting) unloads nothing.
+  fs::rename(repository, repository + ".away");
+  EXPECT_EQ(registry->Poll(), 0);
+  EXPECT_NE(registry->Find("m"), nullptr);
+  fs::rename(repository + ".away", repository);
+  EXPECT_EQ(registry->Poll(), 0);
 }
 
 }  // namespace
