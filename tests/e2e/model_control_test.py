@@ -32,6 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import stubs  # noqa: E402
 
 SERVER, ATTNCTL = sys.argv[1], sys.argv[3]
+# A sanitizer's allocator keeps freed memory in quarantine: RSS says nothing there.
+SANITIZERS = os.environ.get("ATTNSERVE_SANITIZERS", "")
 D, HEADS, LENGTH = 64, 4, 16
 
 
@@ -248,8 +250,11 @@ class ExplicitControlTest(unittest.TestCase):
         after = rss_bytes(self.server.process.pid)
         print(f"\nRSS before {before >> 20} MiB, loaded {loaded >> 20} MiB, after unload "
               f"{after >> 20} MiB", file=sys.stderr)
-        self.assertGreater(loaded - before, 16 << 20)  # at least the fp32 weights
-        self.assertLess(after, before * 1.10)
+        if SANITIZERS:
+            print(f"RSS not checked: built with {SANITIZERS}", file=sys.stderr)
+        else:
+            self.assertGreater(loaded - before, 16 << 20)  # at least the fp32 weights
+            self.assertLess(after, before * 1.10)
         # Malformed requests name their field; the server keeps serving.
         for path, body, field in [
                 ("/v2/repository/models/big/load", {"parameters": {"config": 7}},
