@@ -540,4 +540,36 @@ void FillModelStatistics(const ServerMetrics& metrics,
   }
 }
 
+absl::StatusOr<std::optional<std::string>> LoadConfigFromParameters(
+    const inference::RepositoryModelLoadRequest& request) {
+  std::optional<std::string> config;
+  for (const auto& [name, parameter] : request.parameters()) {
+    if (name != "config") {
+      return Invalid(
+          absl::StrCat("unknown parameter \"", name, "\" (load takes: config)"));
+    }
+    if (parameter.parameter_choice_case() !=
+        inference::ModelRepositoryParameter::kStringParam) {
+      return Invalid(
+          "parameters[\"config\"] must be a string_param holding the ModelConfig as "
+          "JSON");
+    }
+    config = parameter.string_param();
+  }
+  return config;
+}
+
+absl::Status CheckUnloadParameters(
+    const inference::RepositoryModelUnloadRequest& request) {
+  for (const auto& [name, parameter] : request.parameters()) {
+    if (name != "unload_dependents" ||
+        parameter.parameter_choice_case() !=
+            inference::ModelRepositoryParameter::kBoolParam) {
+      return Invalid(absl::StrCat("unknown parameter \"", name,
+                                  "\" (unload takes: unload_dependents, a bool_param)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace attnserve::server

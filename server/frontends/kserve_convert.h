@@ -87,6 +87,15 @@ void FillModelStatistics(const ServerMetrics& metrics,
                          absl::Span<const std::shared_ptr<const ServedModel>> models,
                          inference::ModelStatisticsResponse* response);
 
+// RepositoryModelLoad's parameters: "config" (a string_param, the model's ModelConfig as
+// JSON, returned) or none; InvalidArgument naming any other or a wrong type.
+absl::StatusOr<std::optional<std::string>> LoadConfigFromParameters(
+    const inference::RepositoryModelLoadRequest& request);
+// RepositoryModelUnload's parameters: only "unload_dependents" (a bool_param, which
+// tritonclient always sends; attnserve's models have no dependents).
+absl::Status CheckUnloadParameters(
+    const inference::RepositoryModelUnloadRequest& request);
+
 // The model's configuration as Triton's ModelConfig (minimal): inputs query and memory
 // (optional), outputs output and attention, FP32 with -1 for free dimensions,
 // max_batch_size 0, backend "attnserve"; an encoder's tensors as FillModelMetadata's,

@@ -120,23 +120,11 @@ grpc::ServerUnaryReactor* KServeService::RepositoryModelLoad(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  std::optional<std::string> config;
-  for (const auto& [name, parameter] : request->parameters()) {
-    if (name != "config") {
-      return rpc.FinishNow(absl::InvalidArgumentError(
-          absl::StrCat("unknown parameter \"", name, "\" (load takes: config)")));
-    }
-    if (parameter.parameter_choice_case() !=
-        inference::ModelRepositoryParameter::kStringParam) {
-      return rpc.FinishNow(absl::InvalidArgumentError(
-          "parameters[\"config\"] must be a string_param holding the ModelConfig as "
-          "JSON"));
-    }
-    config = parameter.string_param();
-  }
+  absl::StatusOr<std::optional<std::string>> config = LoadConfigFromParameters(*request);
+  if (!config.ok()) return rpc.FinishNow(config.status());
   // Loading reads files and warms the model: seconds. It runs on this gRPC thread,
   // as Triton's does; lookups and inference do not wait on it.
-  return rpc.FinishNow(pipeline_->registry()->Load(request->model_name(), config));
+  return rpc.FinishNow(pipeline_->registry()->Load(request->model_name(), *config));
 }
 
 grpc::ServerUnaryReactor* KServeService::RepositoryModelUnload(
@@ -147,14 +135,8 @@ grpc::ServerUnaryReactor* KServeService::RepositoryModelUnload(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  for (const auto& [name, parameter] : request->parameters()) {
-    // tritonclient always sends unload_dependents; attnserve's models have none.
-    if (name != "unload_dependents" ||
-        parameter.parameter_choice_case() !=
-            inference::ModelRepositoryParameter::kBoolParam) {
-      return rpc.FinishNow(absl::InvalidArgumentError(absl::StrCat(
-          "unknown parameter \"", name, "\" (unload takes: unload_dependents, a bool)")));
-    }
+  if (absl::Status checked = CheckUnloadParameters(*request); !checked.ok()) {
+    return rpc.FinishNow(checked);
   }
   return rpc.FinishNow(pipeline_->registry()->Unload(request->model_name()));
 }

@@ -4,7 +4,8 @@
 // AttendFromInfer and WorkFromRequest, EncodeFromInfer and EncoderWorkFromRequest (what
 // the door does before queueing), and an answer of the admitted shape back out; errors go
 // through ErrorBody, as the door sends them. The same bytes also go through the
-// repository extension's body parsers (index, load, unload). Any input must give a Status
+// repository extension's body parsers (index, load, unload), and, as protobuf wire
+// bytes, the gRPC door's load and unload requests. Any input must give a Status
 // or an answer: never a crash, an exception, a read out of bounds or undefined behaviour.
 #include <cstddef>
 #include <cstdint>
@@ -48,6 +49,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const bool load : {true, false}) {
     if (auto config = ParseRepositoryLoadBody(input, load); !config.ok()) {
       refuse(config.status());
+    }
+  }
+  // And the gRPC door's load and unload requests, as wire bytes.
+  if (inference::RepositoryModelLoadRequest load;
+      load.ParseFromArray(input.data(), static_cast<int>(input.size()))) {
+    if (auto config = LoadConfigFromParameters(load); !config.ok())
+      refuse(config.status());
+  }
+  if (inference::RepositoryModelUnloadRequest unload;
+      unload.ParseFromArray(input.data(), static_cast<int>(input.size()))) {
+    if (absl::Status checked = CheckUnloadParameters(unload); !checked.ok()) {
+      refuse(checked);
     }
   }
   absl::StatusOr<int64_t> header_length =

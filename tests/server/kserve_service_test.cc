@@ -4,6 +4,8 @@
 #include "server/frontends/kserve_service.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -256,6 +258,93 @@ TEST_F(KServeTest, BadRequestsNameTheProtocolField) {
   }
   inference::ModelInferResponse response;
   EXPECT_TRUE(Call(Infer(query, 2), &response).ok());  // still serving
+}
+
+// The repository extension over gRPC: load and unload under explicit control, each
+// mistake refused naming its field, and refused outright when models are fixed.
+TEST(KServeRepositoryTest, LoadAndUnloadOverGrpcNameTheirMistakes) {
+  const std::string repository = ::testing::TempDir() + "/kserve_repository";
+  std::filesystem::remove_all(repository);
+  std::filesystem::create_directories(repository + "/m");
+  std::ofstream(repository + "/m/config.pbtxt")
+      << "d_model: 32\nnum_heads: 2\ngenerated_weights: true\n";
+  auto server = StartServer([&](AttentionServer::Options& options) {
+    options.models.model_repository = repository;
+    options.models.control_mode = ModelControlMode::kExplicit;
+  });
+  ASSERT_NE(server.server, nullptr);
+  auto stub = inference::GRPCInferenceService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.server->port()),
+                          grpc::InsecureChannelCredentials()));
+  const auto load = [&](const inference::RepositoryModelLoadRequest& request) {
+    grpc::ClientContext context;
+    inference::RepositoryModelLoadResponse response;
+    return stub->RepositoryModelLoad(&context, request, &response);
+  };
+  const auto unload = [&](const inference::RepositoryModelUnloadRequest& request) {
+    grpc::ClientContext context;
+    inference::RepositoryModelUnloadResponse response;
+    return stub->RepositoryModelUnload(&context, request, &response);
+  };
+  inference::RepositoryModelLoadRequest good;
+  good.set_model_name("m");
+  (*good.mutable_parameters())["config"].set_string_param(
+      R"({"d_model": 64, "num_heads": 4, "generated_weights": true})");
+  EXPECT_TRUE(load(good).ok());
+  EXPECT_EQ(server.client->GetModel("m")->d_model(), 64);
+
+  struct Case {
+    inference::RepositoryModelLoadRequest request;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases(5);
+  cases[0].request.set_model_name("m");
+  (*cases[0].request.mutable_parameters())["config"].set_int64_param(3);
+  cases[0] = {cases[0].request, grpc::StatusCode::INVALID_ARGUMENT,
+              "parameters[\"config\"] must be a string_param"};
+  cases[1].request.set_model_name("m");
+  (*cases[1].request.mutable_parameters())["file:1/weights"].set_bytes_param("x");
+  cases[1] = {cases[1].request, grpc::StatusCode::INVALID_ARGUMENT,
+              "unknown parameter \"file:1/weights\""};
+  cases[2].request.set_model_name("m");
+  (*cases[2].request.mutable_parameters())["config"].set_string_param("{");
+  cases[2] = {cases[2].request, grpc::StatusCode::INVALID_ARGUMENT,
+              "config is not a ModelConfig in JSON"};
+  cases[3].request.set_model_name("../m");
+  cases[3] = {cases[3].request, grpc::StatusCode::INVALID_ARGUMENT, "must name a folder"};
+  cases[4].request.set_model_name("absent");
+  cases[4] = {cases[4].request, grpc::StatusCode::NOT_FOUND, "has no folder"};
+  for (const Case& c : cases) {
+    const grpc::Status status = load(c.request);
+    EXPECT_EQ(status.error_code(), c.code) << c.message;
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message));
+  }
+  // The model loaded first still serves.
+  EXPECT_EQ(server.client->GetModel("m")->d_model(), 64);
+
+  inference::RepositoryModelUnloadRequest bad_unload;
+  bad_unload.set_model_name("m");
+  (*bad_unload.mutable_parameters())["config"].set_string_param("{}");
+  const grpc::Status refused = unload(bad_unload);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("unload takes: unload_dependents"));
+  inference::RepositoryModelUnloadRequest good_unload;
+  good_unload.set_model_name("m");
+  (*good_unload.mutable_parameters())["unload_dependents"].set_bool_param(false);
+  EXPECT_TRUE(unload(good_unload).ok());
+  EXPECT_EQ(unload(good_unload).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(server.client->GetModel("m").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(KServeTest, LoadAndUnloadAreRefusedWhenModelsAreFixed) {
+  inference::RepositoryModelLoadRequest request;
+  request.set_model_name("mha-base");
+  grpc::ClientContext context;
+  inference::RepositoryModelLoadResponse response;
+  const grpc::Status status = Stub()->RepositoryModelLoad(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("--model_control_mode=explicit"));
 }
 
 }  // namespace
