@@ -446,16 +446,10 @@ void KServeHttp::Repository(mg_connection* connection,
     absl::StatusOr<bool> ready = ParseRepositoryIndexBody(body);
     if (!ready.ok()) return SendStatus(connection, ready.status());
     Json models = Json::array();
-    for (const ModelRegistry::IndexEntry& entry : registry->Index()) {
-      const bool serving = entry.state == "READY" && !pipeline_->draining();
-      if (*ready && !serving) continue;
-      Json row = {{"name", entry.name},
-                  {"version", entry.version},
-                  {"state", serving ? "READY" : "UNAVAILABLE"}};
-      const std::string reason = entry.state == "READY" && !serving
-                                     ? "the server is shutting down"
-                                     : entry.reason;
-      if (!reason.empty()) row["reason"] = reason;
+    for (const ModelRegistry::IndexEntry& entry : pipeline_->RepositoryIndex(*ready)) {
+      Json row = {
+          {"name", entry.name}, {"version", entry.version}, {"state", entry.state}};
+      if (!entry.reason.empty()) row["reason"] = entry.reason;
       models.push_back(std::move(row));
     }
     return Send(connection, 200, JsonText(models));

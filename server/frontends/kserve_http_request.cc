@@ -437,9 +437,9 @@ std::string ErrorBody(absl::string_view message) {
 namespace {
 
 // A repository request's body: a JSON object, or {} when empty.
-absl::StatusOr<nlohmann::json> ParseObjectBody(absl::string_view body) {
-  if (body.empty()) return nlohmann::json::object();
-  ATTN_ASSIGN_OR_RETURN(nlohmann::json json, ParseJsonBody(body));
+absl::StatusOr<Json> ParseObjectBody(absl::string_view body) {
+  if (body.empty()) return Json::object();
+  ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
   if (!json.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
@@ -450,23 +450,26 @@ absl::StatusOr<nlohmann::json> ParseObjectBody(absl::string_view body) {
 }  // namespace
 
 absl::StatusOr<bool> ParseRepositoryIndexBody(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseObjectBody(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseObjectBody(body));
+  bool ready = false;
   for (const auto& [key, value] : json.items()) {
     if (key != "ready") {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown field \"", key, "\" in the index request (fields: ready)"));
     }
-    if (!value.is_boolean()) {
+    const auto* flag = value.get_ptr<const Json::boolean_t*>();
+    if (flag == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("ready must be a boolean, got ", JsonExcerpt(value)));
     }
+    ready = *flag;
   }
-  return json.value("ready", false);
+  return ready;
 }
 
 absl::StatusOr<std::optional<std::string>> ParseRepositoryLoadBody(absl::string_view body,
                                                                    bool load) {
-  ATTN_ASSIGN_OR_RETURN(const nlohmann::json json, ParseObjectBody(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseObjectBody(body));
   std::optional<std::string> config;
   for (const auto& [key, value] : json.items()) {
     if (key != "parameters") {
@@ -486,12 +489,13 @@ absl::StatusOr<std::optional<std::string>> ParseRepositoryLoadBody(absl::string_
             load ? "load takes: config" : "unload takes: unload_dependents, a bool",
             ")"));
       }
-      if (!parameter.is_string()) {
+      const auto* text = parameter.get_ptr<const Json::string_t*>();
+      if (text == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "parameters.config must be a string holding the ModelConfig as JSON, got ",
             JsonExcerpt(parameter)));
       }
-      config = parameter.get<std::string>();
+      config = *text;
     }
   }
   return config;

@@ -96,13 +96,8 @@ grpc::ServerUnaryReactor* KServeService::RepositoryIndex(
   if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
     return rpc.FinishNow(allowed);
   }
-  const bool draining = pipeline_->draining();
-  for (ModelRegistry::IndexEntry& model : pipeline_->registry()->Index()) {
-    if (draining && model.state == "READY") {
-      model.state = "UNAVAILABLE";
-      model.reason = "the server is shutting down";
-    }
-    if (request->ready() && model.state != "READY") continue;
+  for (const ModelRegistry::IndexEntry& model :
+       pipeline_->RepositoryIndex(request->ready())) {
     inference::RepositoryIndexResponse::ModelIndex* entry = response->add_models();
     entry->set_name(model.name);
     entry->set_version(model.version);

@@ -366,11 +366,12 @@ absl::Status ForModelFolder(const absl::Status& status, const std::string& name,
       absl::StrCat("model \"", name, "\" (", folder.string(), "): ", status.message()));
 }
 
+// The model of `model_folder`, from `files` (FindModelFiles of it).
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
-    const std::filesystem::path& model_folder, const ModelRegistry::Options& options,
+    const std::filesystem::path& model_folder, const ModelFiles& files,
+    const ModelRegistry::Options& options,
     const std::optional<std::string>& config_json = std::nullopt) {
   const std::string name = model_folder.filename().string();
-  const ModelFiles files = FindModelFiles(model_folder);
   const std::filesystem::path& folder = files.folder;
   v1::ModelConfig config;
   if (config_json.has_value()) {
@@ -576,8 +577,8 @@ class ModelRegistry::Reaper {
     ModelEvent event{ModelEvent::Kind::kFreed, model->name, model->version, ""};
     delete model;
 #ifdef __GLIBC__
-    // glibc keeps freed heap pages (its mmap threshold grows past the size of freed
-    // weights); an unloaded model's memory goes back to the system here.
+    // The server keeps freed memory for reuse (transport::KeepAllocatorMemory's
+    // thresholds); an unloaded model's goes back to the system here.
     malloc_trim(0);
 #endif
     if (tell_) tell_(event);
@@ -662,7 +663,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
       Folder& seen = registry->folders_[folder.filename().string()];
       seen.seen = FingerprintFolder(folder);
       ATTN_ASSIGN_OR_RETURN(std::unique_ptr<ServedModel> model,
-                            LoadRepositoryModel(folder, options));
+                            LoadRepositoryModel(folder, FindModelFiles(folder), options));
       seen.served = seen.seen;
       if (folders.size() == 1) only_repository_model = model->name;
       const std::string name = model->name;
@@ -752,14 +753,17 @@ std::vector<ModelRegistry::IndexEntry> ModelRegistry::Index() const {
   return result;
 }
 
+absl::Status ModelRegistry::CheckExplicitControl(absl::string_view done) const {
+  if (options_.control_mode == ModelControlMode::kExplicit) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "models are ", done,
+      " by the repository API only under --model_control_mode=explicit (this server: ",
+      options_.control_mode == ModelControlMode::kNone ? "none" : "poll", ")"));
+}
+
 absl::Status ModelRegistry::Load(absl::string_view name,
                                  const std::optional<std::string>& config_json) {
-  if (options_.control_mode != ModelControlMode::kExplicit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "models are loaded by the repository API only under --model_control_mode=explicit"
-        " (this server: ",
-        options_.control_mode == ModelControlMode::kNone ? "none" : "poll", ")"));
-  }
+  ATTN_RETURN_IF_ERROR(CheckExplicitControl("loaded"));
   absl::MutexLock lock(&load_mu_);
   return LoadLocked(name, config_json);
 }
@@ -780,9 +784,10 @@ absl::Status ModelRegistry::LoadLocked(absl::string_view name,
                                             "repository ", options_.model_repository));
   }
   const Fingerprint files = FingerprintFolder(folder);
+  const ModelFiles model_files = FindModelFiles(folder);
+  const std::string& version = model_files.version;
   absl::StatusOr<std::unique_ptr<ServedModel>> loaded =
-      LoadRepositoryModel(folder, options_, config_json);
-  const std::string version = FindModelFiles(folder).version;
+      LoadRepositoryModel(folder, model_files, options_, config_json);
   if (!loaded.ok()) {
     folders_[std::string(name)].failed = files;
     {
@@ -808,12 +813,7 @@ absl::Status ModelRegistry::LoadLocked(absl::string_view name,
 }
 
 absl::Status ModelRegistry::Unload(absl::string_view name) {
-  if (options_.control_mode != ModelControlMode::kExplicit) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "models are unloaded by the repository API only under "
-        "--model_control_mode=explicit (this server: ",
-        options_.control_mode == ModelControlMode::kNone ? "none" : "poll", ")"));
-  }
+  ATTN_RETURN_IF_ERROR(CheckExplicitControl("unloaded"));
   absl::MutexLock lock(&load_mu_);
   return UnloadLocked(name);
 }

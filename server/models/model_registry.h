@@ -223,6 +223,9 @@ class ModelRegistry {
   absl::Status UnloadLocked(absl::string_view name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_);
   void Tell(const ModelEvent& event) const;
+  // OK under kExplicit; else FailedPrecondition saying models are not `done` ("loaded",
+  // "unloaded") through the API in this mode.
+  absl::Status CheckExplicitControl(absl::string_view done) const;
   void PollLoop();
 
   const Options options_;

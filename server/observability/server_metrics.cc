@@ -344,9 +344,9 @@ ServerMetrics::ModelMetrics& ServerMetrics::RequestSide(const std::string& model
 
 BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
   absl::MutexLock lock(&models_mu_);
-  const bool seen = models_.count(info.name()) != 0;
-  ModelMetrics& metrics =
-      seen ? models_.find(info.name())->second : RequestSide(info.name());
+  const auto found = models_.find(info.name());
+  const bool seen = found != models_.end();
+  ModelMetrics& metrics = seen ? found->second : RequestSide(info.name());
   const prometheus::Labels labels = {{"model", info.name()}};
   if (!seen) {
     // A reloaded model keeps its series: the buckets are the first load's.

@@ -94,6 +94,21 @@ absl::StatusOr<std::shared_ptr<ServedModel>> RequestPipeline::FindModel(
   return absl::NotFoundError(absl::StrCat(asked, " is not served (", served, ")"));
 }
 
+std::vector<ModelRegistry::IndexEntry> RequestPipeline::RepositoryIndex(
+    bool ready_only) const {
+  const bool is_draining = draining();
+  std::vector<ModelRegistry::IndexEntry> index;
+  for (ModelRegistry::IndexEntry& entry : registry_->Index()) {
+    if (is_draining && entry.state == "READY") {
+      entry.state = "UNAVAILABLE";
+      entry.reason = "the server is shutting down";
+    }
+    if (ready_only && entry.state != "READY") continue;
+    index.push_back(std::move(entry));
+  }
+  return index;
+}
+
 absl::Status RequestPipeline::Authorize(absl::string_view authorization) const {
   if (options_.auth == nullptr) return absl::OkStatus();
   return options_.auth->Check(authorization);

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -112,6 +113,9 @@ class RequestPipeline {
   absl::StatusOr<std::shared_ptr<ServedModel>> FindModel(
       absl::string_view name, absl::string_view version = "") const;
   ModelRegistry* registry() const { return registry_; }
+  // The registry's index as every door reports it: while draining, no model is
+  // "READY" (each says the server is shutting down); `ready_only` keeps the ready ones.
+  std::vector<ModelRegistry::IndexEntry> RepositoryIndex(bool ready_only) const;
 
   // ---- Auth.
   // OK when `authorization` ("Bearer <token>") is valid or no tokens are configured;
