@@ -164,7 +164,14 @@ class StreamReactor final
     Advance();
   }
 
-  void OnCancel() override { cancellation_->Cancel(); }
+  // gRPC runs OnDone after OnCancel has returned, but orders the two inside its own
+  // (uninstrumented) library. The reference held here makes that order visible to
+  // ThreadSanitizer through mu_: the last Unref, whichever runs it, deletes.
+  void OnCancel() override {
+    Ref();
+    cancellation_->Cancel();
+    Unref();
+  }
 
   void OnDone() override {
     service_->UnregisterStream(this);

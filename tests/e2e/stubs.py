@@ -35,13 +35,23 @@ class Attnserve:
         args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
                 f"--metrics_port={0 if metrics else -1}",
                 f"--http_port={0 if http else -1}", *flags]
-        # `stderr`: a file to write the server's log to (default: discarded).
-        self.process = subprocess.Popen(
-            args, stdout=subprocess.PIPE, text=True, cwd=cwd,
-            stderr=open(stderr, "w") if stderr else subprocess.DEVNULL)
+        # `stderr`: a file to write the server's log to. Without one the log goes to a
+        # temporary file whose tail is printed when the server ends badly, so that a
+        # sanitizer report or a crash shows in the test's own output.
+        self._log = None
+        if stderr is None:
+            self._log = tempfile.NamedTemporaryFile("w+", prefix="attnserve-",
+                                                    suffix=".log")
+            log_file = self._log
+        else:
+            log_file = open(stderr, "w")
+        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=cwd,
+                                        stderr=log_file)
         line = self.process.stdout.readline()
         if "listening on" not in line:
             self.process.kill()
+            self.process.wait()
+            self.print_log_tail()
             raise RuntimeError(f"attnserve did not start: {line!r}")
         self.target = line.strip().rsplit(" ", 1)[1]
         self.metrics_port = None
@@ -56,4 +66,15 @@ class Attnserve:
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=60)
         self.process.stdout.close()
+        if code != 0:
+            self.print_log_tail()
         return code
+
+    def print_log_tail(self, lines=200):
+        """The end of the server's log on stderr, when this object holds it."""
+        if self._log is None:
+            return
+        self._log.seek(0)
+        tail = self._log.read().splitlines()[-lines:]
+        print(f"--- attnserve log (last {len(tail)} lines) ---", file=sys.stderr)
+        print("\n".join(tail), file=sys.stderr)
