@@ -239,9 +239,12 @@ def main():
         separate = median(core_rounds, ("projection", rows, 0))
         fused = median(core_rounds, ("projection", rows, 1))
         runtime = median(core_rounds, ("projection", rows, 2))
+        openblas = median(core_rounds, ("projection", rows, 3))
         print(f"  M={rows}: Q, K, V as three products {separate:.3f} ms; fused into one "
               f"{fused:.3f} ms (x{separate / fused:.2f}); runtime M {runtime:.3f} ms "
-              f"(x{separate / runtime:.2f})")
+              f"(x{separate / runtime:.2f}); on OpenBLAS {openblas:.3f} ms "
+              f"(x{separate / openblas:.2f}; vs the faster of oneDNN's two, the core's "
+              f"choice: x{min(separate, runtime) / openblas:.2f})")
 
     print("\npeak RSS of one forward pass without returned weights (d=512, h=8, alone):")
     rss = {length: peak_rss_mib(args.core_bench, length) for length in (2048, 4096, 8192)}

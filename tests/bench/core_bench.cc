@@ -1,6 +1,7 @@
 // Google Benchmark for the attention core over the (B, L, d, h) grid at 1 and 2
 // threads, reporting GFLOP/s, plus a 2048^3 oneDNN f32 matmul as the in-situ peak.
 // Run through `make bench-core`, which also runs PyTorch and prints the comparison.
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -260,16 +261,65 @@ BENCHMARK(BM_LongSequence)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
-// Two design choices, measured rather than assumed (d=512, 1 thread, f32): the Q, K and
-// V projections as three [M, d] x [d, d] products (variant 0, what the core does) or
-// one fused [M, d] x [d, 3d] (variant 1); and primitives made per token count M
-// (variant 0) or once with oneDNN's runtime M (variant 2). make bench-core prints the
-// ratios.
+// cblas_sgemm of the host's OpenBLAS (Debian's libopenblas0, which make bench-core
+// installs), loaded at run time on one thread; null where it is not installed. Not a
+// build dependency: it is only the yardstick for routing the f32 projections to a
+// maintained BLAS.
+using SgemmFunction = void (*)(int order, int trans_a, int trans_b, int m, int n, int k,
+                               float alpha, const float* a, int lda, const float* b,
+                               int ldb, float beta, float* c, int ldc);
+SgemmFunction OpenBlasSgemm() {
+  static const SgemmFunction sgemm = []() -> SgemmFunction {
+    void* library = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) return nullptr;
+    const auto set_threads =
+        reinterpret_cast<void (*)(int)>(dlsym(library, "openblas_set_num_threads"));
+    if (set_threads != nullptr) set_threads(1);
+    return reinterpret_cast<SgemmFunction>(dlsym(library, "cblas_sgemm"));
+  }();
+  return sgemm;
+}
+
+// OpenBLAS's own Q, K, V projections: the bias rows copied into the output, then
+// C += A B (row-major, no transposes), as a BLAS user computes a linear layer.
+void TimeOpenBlasProjections(benchmark::State& state, int64_t rows, int64_t d) {
+  const SgemmFunction sgemm = OpenBlasSgemm();
+  if (sgemm == nullptr) {
+    state.SkipWithError("OpenBLAS (libopenblas.so.0) is not installed");
+    return;
+  }
+  constexpr int kRowMajor = 101;  // CblasRowMajor
+  constexpr int kNoTrans = 111;   // CblasNoTrans
+  const std::vector<float> a(static_cast<size_t>(rows * d), 0.25f);
+  const std::vector<float> b(static_cast<size_t>(d * d), 0.125f);
+  const std::vector<float> bias(static_cast<size_t>(d), 0.5f);
+  std::vector<float> c(static_cast<size_t>(rows * d));
+  const int n = static_cast<int>(d);
+  for (auto _ : state) {
+    for (int i = 0; i < 3; ++i) {
+      for (int64_t r = 0; r < rows; ++r) std::copy(bias.begin(), bias.end(), &c[r * d]);
+      sgemm(kRowMajor, kNoTrans, kNoTrans, static_cast<int>(rows), n, n, 1.0f, a.data(),
+            n, b.data(), n, 1.0f, c.data(), n);
+    }
+    benchmark::DoNotOptimize(c.data());
+  }
+}
+
+// Design choices, measured rather than assumed (d=512, 1 thread, f32): the Q, K and
+// V projections as three [M, d] x [d, d] products (variant 0) or one fused [M, d] x
+// [d, 3d] (variant 1); primitives made per token count M (variant 0) or once with
+// oneDNN's runtime M (variant 2) (the core times these two per weight matrix at
+// warm-up); and the same three products on OpenBLAS (variant 3). make bench-core
+// prints the ratios.
 void BM_ProjectionChoice(benchmark::State& state) {
   const int64_t rows = state.range(0);
   const int64_t variant = state.range(1);
   const int64_t d = 512;
   omp_set_num_threads(1);
+  if (variant == 3) {
+    TimeOpenBlasProjections(state, rows, d);
+    return;
+  }
   using dnnl::memory;
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(engine);
@@ -304,7 +354,7 @@ void BM_ProjectionChoice(benchmark::State& state) {
 }
 BENCHMARK(BM_ProjectionChoice)
     ->ArgNames({"M", "variant"})
-    ->ArgsProduct({{16, 128, 1024}, {0, 1, 2}})
+    ->ArgsProduct({{16, 128, 1024}, {0, 1, 2, 3}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3);
