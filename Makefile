@@ -113,11 +113,13 @@ bench-core: build
 	/usr/bin/python3 tests/bench/compare_core.py --core-bench $(BUILD_DIR)/tests/bench/core_bench \
 	  --peers-python $(PEERS_VENV)/bin/python
 
-# Server speed: attnbench against attnserve, the core, a Python grpcio + torch peer,
+# Server speed: attnbench against attnserve, the core, a Python grpcio peer (the fastest
+# here of PyTorch 1.13, PyTorch 2.x and ONNX Runtime),
 # batching on/off, the latency floor and 8 MiB messages. Not part of `make test`.
 bench-server: build
-	deploy/install-deps.sh --test --bench --venv $(VENV)
-	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) .
+	deploy/install-deps.sh --test --bench --venv $(VENV) --peers $(PEERS_VENV)
+	/usr/bin/python3 tests/bench/server_bench.py $(BUILD_DIR) . \
+	  --peers-python=$(PEERS_VENV)/bin/python
 
 # The KServe doors side by side: gRPC and HTTP binary through Triton's perf_analyzer,
 # one server, one run. BENCH_ARGS="--baseline=OTHER/attnserve" adds another build's gRPC

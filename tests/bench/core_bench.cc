@@ -88,8 +88,9 @@ void BM_MultiHeadAttention(benchmark::State& state) {
 
 void AttentionGrid(benchmark::internal::Benchmark* bench) {
   bench->ArgNames({"B", "L", "d", "h", "threads"});
-  const int64_t grid[][4] = {{1, 128, 512, 8},  {8, 128, 512, 8},    {32, 128, 512, 8},
-                             {8, 512, 768, 12}, {1, 2048, 1024, 16}, {64, 64, 256, 4}};
+  const int64_t grid[][4] = {{1, 128, 512, 8},   {8, 128, 512, 8},    {32, 128, 512, 8},
+                             {8, 512, 768, 12},  {1, 2048, 1024, 16}, {64, 64, 256, 4},
+                             {1, 4096, 1024, 16}};
   for (int64_t threads : {1, 2}) {
     for (const auto& shape : grid) {
       bench->Args({shape[0], shape[1], shape[2], shape[3], threads});
@@ -225,6 +226,7 @@ BENCHMARK(BM_Variant)
     ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4, 5, 6, 7}})
     ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4, 5, 6, 7}})
     ->ArgsProduct({{1}, {2048}, {1024}, {16}, {0, 1, 2, 3, 4}})
+    ->ArgsProduct({{1}, {4096}, {1024}, {16}, {0, 3}})
     ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3, 4, 5}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)

@@ -1,18 +1,26 @@
 #!/usr/bin/python3
-"""The Python peer for `make bench-server`: a plain grpcio server running PyTorch's
-nn.MultiheadAttention (d=512, h=8, eval, inference mode) behind attnserve's own proto,
-one request at a time per worker thread, no batching. This is what a team would write
-without attnserve; attnbench drives it exactly like attnserve.
+"""The Python peer for `make bench-server`: a plain grpcio server around one
+multi-head attention layer (d=512, h=8, eval, inference mode, one compute thread) behind
+attnserve's own proto, one request at a time per worker thread, no batching. This is
+what a team would write without attnserve; attnbench drives it exactly like attnserve.
 
-usage: python_peer_server.py REPO_ROOT [--port 0] [--threads 16]
-Prints "python peer listening on 127.0.0.1:PORT" once serving; stops on SIGTERM.
-Run it with OpenBLAS (libopenblas0-pthread) and the tuned malloc environment that
-tests/bench/server_bench.py sets (see the core benchmark).
+Backends (--backend), the ones users deploy today:
+- torch-mha: PyTorch's nn.MultiheadAttention (its fast path);
+- torch-sdpa: the same projections around F.scaled_dot_product_attention;
+- ort: ONNX Runtime on the same module exported by torch.onnx (graph optimizations on).
+  The exporter bakes the example's shape into the graph, so it serves L=128 only (what
+  the bench sends) and refuses other lengths.
+
+usage: python_peer_server.py REPO_ROOT [--port 0] [--threads 16] [--backend torch-mha]
+Prints "python peer (BACKEND VERSION) listening on 127.0.0.1:PORT" once serving; stops
+on SIGTERM. Run it with the tuned malloc environment that tests/bench/server_bench.py
+sets (see the core benchmark).
 """
 import argparse
 import os
 import signal
 import sys
+import tempfile
 import threading
 from concurrent import futures
 
@@ -22,34 +30,64 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "e2e"))
 import stubs  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_mha  # noqa: E402
+
+ORT_LENGTH = 128
+
+
+def make_layer(backend, folder):
+    """A function [1, L, 512] float32 array -> the same shape, and a description."""
+    torch.set_num_threads(1)
+    torch_mha.bound_blas_threads(1)  # Debian's PyTorch 1.13: OpenBLAS's own pool
+    mha = torch_mha.module(512, 8)
+    if backend == "ort":
+        import onnxruntime
+        session = torch_mha.ort_sessions(1, ORT_LENGTH, 512, 8, [1], folder)[1]
+
+        def run_ort(x):
+            if x.shape[1] != ORT_LENGTH:
+                raise ValueError(f"this ONNX export serves L={ORT_LENGTH} only")
+            return session.run(None, {"x": x})[0]
+        return run_ort, f"onnxruntime {onnxruntime.__version__}"
+    layer = mha if backend == "torch-mha" else torch_mha.SdpaAttention(mha)
+
+    def run_torch(x):
+        with torch.inference_mode():
+            x = torch.from_numpy(x)
+            y = layer(x, x, x, need_weights=False)[0] if backend == "torch-mha" else layer(x)
+            return y.numpy()
+    return run_torch, f"torch {torch.__version__}"
+
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("root")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--backend", choices=["torch-mha", "torch-sdpa", "ort"],
+                        default="torch-mha")
     args = parser.parse_args()
+    export_dir = tempfile.TemporaryDirectory()
+    layer, version = make_layer(args.backend, export_dir.name)
     stub_dir = stubs.generate_stubs(args.root)  # noqa: F841 (kept alive)
     import grpc
     from attnserve.v1 import attention_pb2, attention_pb2_grpc, tensor_pb2
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    module = torch.nn.MultiheadAttention(512, 8, batch_first=True).eval()
 
     class Peer(attention_pb2_grpc.AttentionServiceServicer):
         def Attend(self, request, context):
             query = request.query
             if query.dtype != tensor_pb2.DATA_TYPE_FP32 or list(query.shape)[-1] != 512:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fp32 [L, 512] only")
-            x = torch.from_numpy(
-                np.frombuffer(query.raw, dtype="<f4").reshape(1, -1, 512).copy())
-            with torch.inference_mode():
-                y, _ = module(x, x, x, need_weights=False)
+            x = np.frombuffer(query.raw, dtype="<f4").reshape(1, -1, 512).copy()
+            try:
+                y = layer(x)
+            except ValueError as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             return attention_pb2.AttendResponse(
                 output=tensor_pb2.Tensor(dtype=tensor_pb2.DATA_TYPE_FP32,
                                          shape=list(query.shape),
-                                         raw=y.numpy().astype("<f4").tobytes()),
+                                         raw=y.astype("<f4").tobytes()),
                 model="torch-peer", batch_size=1)
 
         def GetModel(self, request, context):
@@ -62,7 +100,8 @@ def main():
     attention_pb2_grpc.add_AttentionServiceServicer_to_server(Peer(), server)
     port = server.add_insecure_port(f"127.0.0.1:{args.port}")
     server.start()
-    print(f"python peer listening on 127.0.0.1:{port}", flush=True)
+    print(f"python peer ({args.backend} {version}) listening on 127.0.0.1:{port}",
+          flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -8,8 +8,11 @@ Servers are pinned to core 0 with one compute thread and attnbench to core 1, so
 client does not steal the server's core. Every run is bounded (attnbench stops steps
 by itself) and talks to 127.0.0.1 only.
 
-usage: server_bench.py BUILD_DIR REPO_ROOT [--grid]
+usage: server_bench.py BUILD_DIR REPO_ROOT [--grid] [--peers-python=PYTHON]
   --grid: instances x intra-op threads, unpinned, instead (make bench-grid).
+  --peers-python: the peers venv's Python (PyPI's PyTorch 2.x and ONNX Runtime): the
+    Python server's backends from it join Debian's PyTorch 1.13, and the fastest at
+    concurrency 1 on this host is the peer.
 """
 import functools
 import json
@@ -30,6 +33,8 @@ REQUEST_PATH_BENCH = os.path.join(BUILD, "tests", "bench", "request_path_bench")
 KEPT_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
                "MALLOC_TOP_PAD_": "16777216"}  # what transport::KeepAllocatorMemory sets
 SERVER_CORE, CLIENT_CORE = "0", "1"
+PEERS_PYTHON = next((arg.split("=", 1)[1] for arg in sys.argv[3:]
+                     if arg.startswith("--peers-python=")), None)
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import host_info  # noqa: E402
@@ -79,6 +84,38 @@ def bench(target, *flags, metrics_port=None, model=""):
         command.append(f"--model={model}")
     subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     return json.load(open(out))["steps"]
+
+
+def python_peer(python, backend):
+    """(process, target) of python_peer_server.py on `backend`, run by `python`."""
+    process, target, _ = start([python, os.path.join(ROOT, "tests/bench/python_peer_server.py"),
+                                ROOT, f"--backend={backend}"], env=torch_env())
+    return process, target
+
+
+def fastest_python_peer():
+    """Every Python peer backend this host has, timed at c1; the fastest one is left
+    running and returned as ((process, target), its name)."""
+    candidates = [("/usr/bin/python3", "torch-mha")]
+    if PEERS_PYTHON:
+        candidates += [(PEERS_PYTHON, backend) for backend in ("torch-mha", "torch-sdpa", "ort")]
+    print("4a. Python peers at concurrency 1, L=128 (the fastest is the peer below):")
+    best = None
+    for python, backend in candidates:
+        process, target = python_peer(python, backend)
+        library = "onnxruntime" if backend == "ort" else "torch"
+        version = subprocess.run(
+            [python, "-c", f"import {library}; print({library}.__version__)"],
+            capture_output=True, text=True, check=True, timeout=120).stdout.strip()
+        name = f"{'ONNX Runtime' if backend == 'ort' else 'PyTorch'} {version} ({backend})"
+        step = bench(target, "--concurrency=1", "--seq_len=128", model="torch-peer")[0]
+        print(f"   {name:<40} {line(step)}", flush=True)
+        stop(process)
+        if best is None or step["requests_per_second"] > best[0]:
+            best = (step["requests_per_second"], python, backend, name)
+    _, python, backend, name = best
+    print(f"   the peer: {name}", flush=True)
+    return python_peer(python, backend), name
 
 
 def make_certificates():
@@ -356,8 +393,8 @@ def main():
                  f"<= weights {weights_mib:.0f} + queue 32 + 64 MiB", rss <= budget))
 
     # 4. Server vs the Python peer, same pinning, same client, same allocator settings.
-    peer = start(["/usr/bin/python3", os.path.join(ROOT, "tests/bench/python_peer_server.py"),
-                  ROOT], env=torch_env())
+    # The peer is the fastest at c1 of the backends users deploy (python_peer_server.py).
+    peer, peer_name = fastest_python_peer()
     server, target, metrics = attnserve()
     ours = bench(target, "--concurrency=1,16", "--seq_len=128")
     stop(server)
@@ -370,7 +407,7 @@ def main():
         stop(server)
     theirs = bench(peer[1], "--concurrency=1,16", "--seq_len=128", model="torch-peer")
     stop(peer[0])
-    print("4. attnserve vs Python grpcio + torch peer (L=128, 1 core each):")
+    print(f"4. attnserve vs the Python grpcio peer around {peer_name} (L=128, 1 core each):")
     for a, b in zip(ours, theirs):
         print(f"   concurrency {a['level']:>4.0f}: attnserve {line(a)} | peer {line(b)} | "
               f"throughput x{a['requests_per_second'] / b['requests_per_second']:.2f}",
@@ -425,7 +462,10 @@ def main():
     stop(server)
     print("4c. Triton's perf_analyzer (KServe v2 gRPC, query + memory [128, 512]) beside "
           "attnbench (attnserve API, query [128, 512]):")
-    for a, row in zip(ours, perf):
+    # perf_analyzer orders its CSV rows by throughput, not by concurrency.
+    by_level = {int(row["Concurrency"]): row for row in perf}
+    for a in ours:
+        row = by_level[int(a["level"])]
         print(f"   concurrency {a['level']:>4.0f}: attnbench {line(a)} | perf_analyzer "
               f"{float(row['Inferences/Second']):8.1f} req/s  p50 "
               f"{int(row['p50 latency']) / 1e3:7.2f} ms  p99 {int(row['p99 latency']) / 1e3:7.2f} ms",
@@ -506,7 +546,7 @@ def grid():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 3 and sys.argv[3] == "--grid":
+    if "--grid" in sys.argv[3:]:
         grid()
     else:
         main()
