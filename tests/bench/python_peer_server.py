@@ -12,9 +12,9 @@ Backends (--backend), the ones users deploy today:
   the bench sends) and refuses other lengths.
 
 usage: python_peer_server.py REPO_ROOT [--port 0] [--threads 16] [--backend torch-mha]
-Prints "python peer (BACKEND VERSION) listening on 127.0.0.1:PORT" once serving; stops
-on SIGTERM. Run it with the tuned malloc environment that tests/bench/server_bench.py
-sets (see the core benchmark).
+Prints "python peer LIBRARY VERSION (BACKEND) listening on 127.0.0.1:PORT" once
+serving; stops on SIGTERM. Run it with the tuned malloc environment that
+tests/bench/server_bench.py sets (see the core benchmark).
 """
 import argparse
 import os
@@ -37,10 +37,9 @@ ORT_LENGTH = 128
 
 
 def make_layer(backend, folder):
-    """A function [1, L, 512] float32 array -> the same shape, and a description."""
+    """A function [1, L, 512] float32 array -> the same shape, and what it runs."""
     torch.set_num_threads(1)
     torch_mha.bound_blas_threads(1)  # Debian's PyTorch 1.13: OpenBLAS's own pool
-    mha = torch_mha.module(512, 8)
     if backend == "ort":
         import onnxruntime
         session = torch_mha.ort_sessions(1, ORT_LENGTH, 512, 8, [1], folder)[1]
@@ -49,15 +48,16 @@ def make_layer(backend, folder):
             if x.shape[1] != ORT_LENGTH:
                 raise ValueError(f"this ONNX export serves L={ORT_LENGTH} only")
             return session.run(None, {"x": x})[0]
-        return run_ort, f"onnxruntime {onnxruntime.__version__}"
-    layer = mha if backend == "torch-mha" else torch_mha.SdpaAttention(mha)
+        return run_ort, f"ONNX Runtime {onnxruntime.__version__} ({backend})"
+    mha = torch_mha.module(512, 8)
+    # Both take the [1, L, 512] batch and return the same shape.
+    layer = (torch_mha.SelfAttention(mha) if backend == "torch-mha"
+             else torch_mha.SdpaAttention(mha))
 
     def run_torch(x):
         with torch.inference_mode():
-            x = torch.from_numpy(x)
-            y = layer(x, x, x, need_weights=False)[0] if backend == "torch-mha" else layer(x)
-            return y.numpy()
-    return run_torch, f"torch {torch.__version__}"
+            return layer(torch.from_numpy(x)).numpy()
+    return run_torch, f"PyTorch {torch.__version__} ({backend})"
 
 
 def main():
@@ -69,7 +69,7 @@ def main():
                         default="torch-mha")
     args = parser.parse_args()
     export_dir = tempfile.TemporaryDirectory()
-    layer, version = make_layer(args.backend, export_dir.name)
+    layer, name = make_layer(args.backend, export_dir.name)
     stub_dir = stubs.generate_stubs(args.root)  # noqa: F841 (kept alive)
     import grpc
     from attnserve.v1 import attention_pb2, attention_pb2_grpc, tensor_pb2
@@ -100,8 +100,7 @@ def main():
     attention_pb2_grpc.add_AttentionServiceServicer_to_server(Peer(), server)
     port = server.add_insecure_port(f"127.0.0.1:{args.port}")
     server.start()
-    print(f"python peer ({args.backend} {version}) listening on 127.0.0.1:{port}",
-          flush=True)
+    print(f"python peer {name} listening on 127.0.0.1:{port}", flush=True)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -54,19 +54,21 @@ def torch_env():
 
 
 def start(command, env=None, metrics=False):
+    """(process, target, metrics port, the first line it printed)."""
     process = subprocess.Popen(["taskset", "-c", SERVER_CORE, *command], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    target = process.stdout.readline().strip().rsplit(" ", 1)[1]
+    banner = process.stdout.readline().strip()
+    target = banner.rsplit(" ", 1)[1]
     metrics_port = None
     if metrics:
         metrics_port = process.stdout.readline().strip().rsplit(":", 1)[1]
-    return process, target, metrics_port
+    return process, target, metrics_port, banner
 
 
 def attnserve(*flags):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     return start([ATTNSERVE, "--host=127.0.0.1", "--port=0", "--metrics_host=127.0.0.1",
-                  "--metrics_port=0", "--http_port=-1", "--instances=1", "--intra_op_threads=1", *flags], env=env, metrics=True)
+                  "--metrics_port=0", "--http_port=-1", "--instances=1", "--intra_op_threads=1", *flags], env=env, metrics=True)[:3]
 
 
 def stop(process):
@@ -87,10 +89,12 @@ def bench(target, *flags, metrics_port=None, model=""):
 
 
 def python_peer(python, backend):
-    """(process, target) of python_peer_server.py on `backend`, run by `python`."""
-    process, target, _ = start([python, os.path.join(ROOT, "tests/bench/python_peer_server.py"),
-                                ROOT, f"--backend={backend}"], env=torch_env())
-    return process, target
+    """(process, target, what it runs) of python_peer_server.py on `backend`, run by
+    `python`; the last is read from its "python peer NAME listening on ..." line."""
+    process, target, _, banner = start(
+        [python, os.path.join(ROOT, "tests/bench/python_peer_server.py"), ROOT,
+         f"--backend={backend}"], env=torch_env())
+    return process, target, banner[len("python peer "):banner.index(" listening on")]
 
 
 def fastest_python_peer():
@@ -102,20 +106,15 @@ def fastest_python_peer():
     print("4a. Python peers at concurrency 1, L=128 (the fastest is the peer below):")
     best = None
     for python, backend in candidates:
-        process, target = python_peer(python, backend)
-        library = "onnxruntime" if backend == "ort" else "torch"
-        version = subprocess.run(
-            [python, "-c", f"import {library}; print({library}.__version__)"],
-            capture_output=True, text=True, check=True, timeout=120).stdout.strip()
-        name = f"{'ONNX Runtime' if backend == 'ort' else 'PyTorch'} {version} ({backend})"
+        process, target, name = python_peer(python, backend)
         step = bench(target, "--concurrency=1", "--seq_len=128", model="torch-peer")[0]
         print(f"   {name:<40} {line(step)}", flush=True)
         stop(process)
         if best is None or step["requests_per_second"] > best[0]:
-            best = (step["requests_per_second"], python, backend, name)
-    _, python, backend, name = best
+            best = (step["requests_per_second"], python, backend)
+    process, target, name = python_peer(*best[1:])
     print(f"   the peer: {name}", flush=True)
-    return python_peer(python, backend), name
+    return (process, target), name
 
 
 def make_certificates():
