@@ -137,6 +137,20 @@ std::vector<CpuProjectionChoice> CpuProjectionChoiceList() {
   return list;
 }
 
+std::string CpuAttentionChoices() {
+  return MultiHeadAttention::ProcessAttentionChoices();
+}
+
+std::vector<CpuAttentionChoice> CpuAttentionChoiceList() {
+  std::vector<CpuAttentionChoice> list;
+  for (const auto& [key, choice] : MultiHeadAttention::ProcessAttentionChoiceList()) {
+    list.push_back({key[0], key[1], choice.flash ? "flash" : "blocks",
+                    absl::StrCat(choice.tiles.query_rows, "x", choice.tiles.keys),
+                    choice.blocks_ms, choice.flash_ms});
+  }
+  return list;
+}
+
 absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options) {

@@ -139,6 +139,21 @@ struct CpuProjectionChoice {
 };
 std::vector<CpuProjectionChoice> CpuProjectionChoiceList();
 
+// What the CPU backend's timing chose for attention over long f32 sequences (flash or
+// query-row blocks, and the flash tiles), process-wide, for logs ("" before any):
+// MultiHeadAttention::ProcessAttentionChoices.
+std::string CpuAttentionChoices();
+
+// The same as data: one entry per head size and thread count, ascending.
+struct CpuAttentionChoice {
+  int64_t head_dim = 0;
+  int64_t intra_op_threads = 0;  // 0: OpenMP's default
+  std::string kernel;            // "flash" or "blocks"
+  std::string flash_tiles;       // "ROWSxKEYS", the fastest tiles timed
+  double blocks_ms = 0, flash_ms = 0;
+};
+std::vector<CpuAttentionChoice> CpuAttentionChoiceList();
+
 // The backend for `device`, holding its own copy of `weights` (uploaded once on a
 // GPU). Errors: InvalidArgument for a bad `spec`, `weights` shapes or option, naming
 // the field; Unavailable when the device does not exist or this build has no backend

@@ -253,6 +253,12 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
     attention->model_heads_ = SliceHeads(all, d, head_dim, kept, ones);
   }
   attention->out_bias_ = weights.out_proj_bias;
+  using Kernel = Options::AttentionKernel;
+  attention->attention_choice_.flash = options.attention_kernel != Kernel::kBlocks;
+  attention->attention_choice_.tiles = options.flash_tiles;
+  if (options.attention_kernel == Kernel::kAuto && !native_bf16) {
+    ATTN_RETURN_IF_ERROR(attention->ChooseAttentionKernel());
+  }
   return attention;
 }
 
@@ -516,9 +522,25 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
   int64_t key_offset = 0;
   int64_t weights_offset = 0;
   const int64_t row_bytes = width * compute_bytes_;
+  // Long sequences go to FlashAttention together, after the loop: its items of every
+  // sequence share the threads.
+  const bool flash_allowed =
+      compute_ == memory::data_type::f32 && attention_weights.empty();
+  std::vector<FlashSequence> flash;
   for (size_t i = 0; i < batch.query_lengths.size();) {
     const int64_t query_length = batch.query_lengths[i];
     const int64_t key_length = key_lengths[i];
+    if (flash_allowed && UseFlash(set, query_length, key_length, options.causal)) {
+      flash.push_back({reinterpret_cast<const float*>(q + query_offset * row_bytes),
+                       reinterpret_cast<const float*>(k + key_offset * row_bytes),
+                       reinterpret_cast<const float*>(v + key_offset * row_bytes),
+                       reinterpret_cast<float*>(context + query_offset * row_bytes),
+                       query_length, key_length});
+      query_offset += query_length;
+      key_offset += key_length;
+      ++i;
+      continue;
+    }
     // Sequences of equal lengths run together: one call per primitive for the run.
     const int64_t count =
         RunLength(set, batch.query_lengths, key_lengths, i, options.causal);
@@ -533,6 +555,12 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     weights_offset += count * heads * query_length * key_length;
     i += static_cast<size_t>(count);
   }
+  if (!flash.empty()) {
+    ATTN_RETURN_IF_ERROR(
+        FlashAttention(flash, static_cast<int64_t>(set.heads.size()), spec_.head_dim(),
+                       width, options.causal, attention_choice_.tiles,
+                       kParallelBlocks ? omp_get_max_threads() : 1, scratch_->flash));
+  }
   // The heads' factors are folded into the set's W_out columns.
   if (int8_) {
     const QuantizedRows context_codes =
@@ -543,6 +571,16 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
   }
   return Project(PrimitiveKind::kOutProjection, context, query_tokens, width,
                  set.out_weight, out_bias_.data(), d, output.data());
+}
+
+bool MultiHeadAttention::UseFlash(const HeadSet& set, int64_t query_length,
+                                  int64_t key_length, bool causal) const {
+  if (options_.attention_kernel == Options::AttentionKernel::kFlash) return true;
+  if (!attention_choice_.flash) return false;
+  const int64_t scores_bytes = static_cast<int64_t>(set.heads.size()) * query_length *
+                               key_length * static_cast<int64_t>(sizeof(float));
+  return scores_bytes > options_.attention_block_bytes ||
+         (causal && query_length >= kCausalBlockedLength);
 }
 
 int64_t MultiHeadAttention::RunLength(const HeadSet& set,
@@ -795,6 +833,178 @@ absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
   }
   projection_choices_.emplace(key, found->second);
   return found->second.runtime_rows;
+}
+
+namespace {
+
+// kAuto's attention choices for the whole process (see AttentionChoice).
+struct SharedAttentionChoices {
+  absl::Mutex mu;
+  std::map<std::array<int64_t, 3>, MultiHeadAttention::AttentionChoice> choices
+      ABSL_GUARDED_BY(mu);
+};
+SharedAttentionChoices& SharedKernelChoices() {
+  static auto* shared = new SharedAttentionChoices();  // never destroyed
+  return *shared;
+}
+
+// The tiles kAuto times: 64x256 keeps a thread's scores (64 KB) in a small L2 and its
+// query rows in L1; 256x1024 (1 MB of scores) re-reads K and V a quarter as often and
+// measured fastest on a 2 MB L2 (Sapphire Rapids).
+constexpr std::array<FlashTiles, 3> kTimedTiles = {
+    FlashTiles{64, 256}, FlashTiles{128, 512}, FlashTiles{256, 1024}};
+// The timed sequence: long enough for every tile to run whole blocks, and at most
+// about 2^29 multiply-adds of attention (a few ms on one core).
+constexpr int64_t kTimedAttentionLength = 2048;
+constexpr int64_t kTimedAttentionWidth = 64;
+
+}  // namespace
+
+absl::Status MultiHeadAttention::ChooseAttentionKernel() {
+  const int64_t head_dim = spec_.head_dim();
+  const std::array<int64_t, 3> key = {head_dim, options_.intra_op_threads,
+                                      options_.attention_block_bytes};
+  SharedAttentionChoices& shared = SharedKernelChoices();
+  absl::MutexLock lock(&shared.mu);
+  auto found = shared.choices.find(key);
+  if (found == shared.choices.end()) {
+    // Timed in an object of its own (default cache, own scratch), so that this one's
+    // primitive cache and buffers hold only what its calls need.
+    Options timer_options = options_;
+    timer_options.primitive_cache_capacity = Options().primitive_cache_capacity;
+    absl::StatusOr<AttentionChoice> choice;
+    try {
+      MultiHeadAttention timer(spec_, engine_, timer_options, false);
+      choice = timer.TimeAttentionKernels();
+    } catch (const dnnl::error& e) {
+      return FromDnnlError(e, "time the attention kernels");
+    }
+    ATTN_RETURN_IF_ERROR(choice.status());
+    found = shared.choices.emplace(key, *choice).first;
+  }
+  attention_choice_ = found->second;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MultiHeadAttention::AttentionChoice>
+MultiHeadAttention::TimeAttentionKernels() {
+  const int64_t head_dim = spec_.head_dim();
+  // Forward sets the thread count on its own thread; here it is set for the timing
+  // and given back, since Create's caller may run other work on this thread.
+  const int caller_threads = omp_get_max_threads();
+  if (options_.intra_op_threads > 0) omp_set_num_threads(options_.intra_op_threads);
+  AttentionChoice choice;
+  choice.timed_length = kTimedAttentionLength;
+  choice.timed_heads = std::max<int64_t>(1, kTimedAttentionWidth / head_dim);
+  HeadSet set;
+  for (int64_t h = 0; h < choice.timed_heads; ++h) set.heads.push_back(h);
+  set.width = choice.timed_heads * head_dim;
+  const int64_t values = choice.timed_length * set.width;
+  // Inputs of scores about 1 (the exponentials' cost does not depend on them).
+  std::vector<float> q(values), k(values), v(values), context(values);
+  for (int64_t i = 0; i < values; ++i) {
+    q[i] = static_cast<float>((i * 7919) % 17) / 17.0f - 0.5f;
+    k[i] = static_cast<float>((i * 104729) % 13) / 13.0f - 0.5f;
+    v[i] = static_cast<float>(i % 11) / 11.0f;
+  }
+  const auto* q_bytes = reinterpret_cast<const uint8_t*>(q.data());
+  const auto* k_bytes = reinterpret_cast<const uint8_t*>(k.data());
+  const auto* v_bytes = reinterpret_cast<const uint8_t*>(v.data());
+  const FlashSequence sequence{
+      q.data(),           k.data(), v.data(), context.data(), choice.timed_length,
+      choice.timed_length};
+  const int threads = kParallelBlocks ? omp_get_max_threads() : 1;
+  // Candidate 0 is kBlocks, 1.. the tiles.
+  std::array<std::vector<double>, kTimedTiles.size() + 1> times;
+  absl::Status status;
+  for (int round = 0; round < 4 && status.ok(); ++round) {
+    for (size_t candidate = 0; candidate < times.size() && status.ok(); ++candidate) {
+      const absl::Time start = absl::Now();
+      status = candidate == 0
+                   ? AttendSequences(set, 1, q_bytes, k_bytes, v_bytes,
+                                     choice.timed_length, choice.timed_length, false,
+                                     nullptr, reinterpret_cast<uint8_t*>(context.data()))
+                   : FlashAttention({&sequence, 1}, choice.timed_heads, head_dim,
+                                    set.width, false, kTimedTiles[candidate - 1], threads,
+                                    scratch_->flash);
+      if (round > 0) {
+        times[candidate].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
+      }
+    }
+  }
+  omp_set_num_threads(caller_threads);
+  ATTN_RETURN_IF_ERROR(status);
+  for (auto& series : times) std::sort(series.begin(), series.end());
+  choice.blocks_ms = times[0][1];
+  // Larger query tiles read K and V fewer times (L / rows passes), which the timed
+  // length understates for longer sequences: a larger tile within 3% of the fastest
+  // is taken (256x1024 measured 7% faster than 128x512 at L=4096 on Sapphire Rapids,
+  // the two within 1% at the timed length).
+  double fastest = times[1][1];
+  for (size_t candidate = 2; candidate < times.size(); ++candidate) {
+    fastest = std::min(fastest, times[candidate][1]);
+  }
+  size_t best = 1;
+  for (size_t candidate = 1; candidate < times.size(); ++candidate) {
+    if (times[candidate][1] <= 1.03 * fastest) best = candidate;
+  }
+  choice.tiles = kTimedTiles[best - 1];
+  choice.flash_ms = times[best][1];
+  choice.flash = choice.flash_ms < choice.blocks_ms;
+  return choice;
+}
+
+namespace {
+
+// "flash RxK (F vs blocks B ms, H heads x L tokens)" or "blocks (B vs flash RxK F ms,
+// ...)".
+std::string DescribeAttentionChoice(const MultiHeadAttention::AttentionChoice& choice) {
+  const std::string tiles = absl::StrCat(choice.tiles.query_rows, "x", choice.tiles.keys);
+  const std::string shape =
+      absl::StrFormat(", %d heads x %d tokens)", choice.timed_heads, choice.timed_length);
+  if (choice.flash) {
+    return absl::StrCat(
+        "flash ", tiles,
+        absl::StrFormat(" (%.3f vs blocks %.3f ms", choice.flash_ms, choice.blocks_ms),
+        shape);
+  }
+  return absl::StrCat("blocks",
+                      absl::StrFormat(" (%.3f vs flash %s %.3f ms", choice.blocks_ms,
+                                      tiles, choice.flash_ms),
+                      shape);
+}
+
+}  // namespace
+
+std::string MultiHeadAttention::AttentionKernelChoice() const {
+  if (compute_ != memory::data_type::f32) return "none";
+  using Kernel = Options::AttentionKernel;
+  switch (options_.attention_kernel) {
+    case Kernel::kBlocks:
+      return "blocks (fixed)";
+    case Kernel::kFlash:
+      return absl::StrCat("flash ", options_.flash_tiles.query_rows, "x",
+                          options_.flash_tiles.keys, " (fixed)");
+    case Kernel::kAuto:
+      break;
+  }
+  return DescribeAttentionChoice(attention_choice_);
+}
+
+std::vector<std::pair<std::array<int64_t, 3>, MultiHeadAttention::AttentionChoice>>
+MultiHeadAttention::ProcessAttentionChoiceList() {
+  SharedAttentionChoices& shared = SharedKernelChoices();
+  absl::MutexLock lock(&shared.mu);
+  return {shared.choices.begin(), shared.choices.end()};
+}
+
+std::string MultiHeadAttention::ProcessAttentionChoices() {
+  std::string text;
+  for (const auto& [key, choice] : ProcessAttentionChoiceList()) {
+    absl::StrAppend(&text, text.empty() ? "" : "; ", "hd", key[0], "@", key[1], ": ",
+                    DescribeAttentionChoice(choice));
+  }
+  return text;
 }
 
 namespace {

@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "core/attention_backend.h"
 #include "core/attention_weights.h"
+#include "core/flash_attention.h"
 #include "core/model_spec.h"
 #include "core/primitive_cache.h"
 #include "core/quantization.h"
@@ -73,6 +74,20 @@ class MultiHeadAttention : public AttentionBackend {
     // bf16-native and int8 projections always run kPerShape.
     enum class ProjectionPrimitives { kAuto, kPerShape, kRuntimeRows };
     ProjectionPrimitives projection_primitives = ProjectionPrimitives::kAuto;
+    // How softmax(Q K^T) V runs for a sequence whose scores do not fit
+    // attention_block_bytes (or a causal one of 256 tokens or more), when it computes
+    // in f32 and no attention weights are returned. kBlocks: oneDNN primitives over
+    // blocks of query rows, each against every key (the scores of a block in one
+    // buffer, one softmax primitive). kFlash: flash_attention.h, key-tiled with an
+    // online softmax, causal key blocks skipped; every sequence, short ones too.
+    // kAuto: Create times kBlocks and kFlash at three tile sizes (64x256, 128x512,
+    // 256x1024) on one sequence of 1024 tokens, one untimed and three alternating timed
+    // runs each, and the fastest (median) serves the long sequences; once per process
+    // for a head size, thread count and block budget (AttentionChoice).
+    enum class AttentionKernel { kAuto, kBlocks, kFlash };
+    AttentionKernel attention_kernel = AttentionKernel::kAuto;
+    // kFlash's tiles (see FlashTiles); kAuto times its own.
+    FlashTiles flash_tiles;
   };
 
   // Validates `spec`, `weights` (shapes) and `options` (InvalidArgument naming the
@@ -161,6 +176,28 @@ class MultiHeadAttention : public AttentionBackend {
   static std::vector<std::pair<std::array<int64_t, 3>, ProjectionChoice>>
   ProcessProjectionChoiceList();
 
+  // What AttentionKernel::kAuto chose for one (head_dim, intra_op_threads,
+  // attention_block_bytes): flash or not, its tiles, and the medians (ms) of kBlocks and
+  // of the chosen tiles on `timed_heads` heads of a `timed_length`-token sequence.
+  // Process-wide, like ProjectionChoice, so that every instance of a model answers
+  // with the same bits.
+  struct AttentionChoice {
+    bool flash = true;
+    FlashTiles tiles;
+    int64_t timed_length = 0, timed_heads = 0;
+    double blocks_ms = 0.0, flash_ms = 0.0;
+  };
+  // The attention kernel this object runs long sequences on, for logs and benchmarks:
+  // "flash 256x1024 (3.10 vs blocks 3.90 ms, 2 heads x 1024 tokens)", "blocks (...)",
+  // "flash 64x256 (fixed)", "blocks (fixed)", or "none" for native bf16 (which runs
+  // blocks: the flash kernel is f32).
+  std::string AttentionKernelChoice() const;
+  // Every kAuto choice of the process, by (head_dim, intra_op_threads,
+  // attention_block_bytes), ascending; and the same as text, each entry
+  // "hd<head_dim>@<threads>: <choice>".
+  static std::vector<std::pair<std::array<int64_t, 3>, AttentionChoice>>
+  ProcessAttentionChoiceList();
+  static std::string ProcessAttentionChoices();
   // From now on this object computes in `other`'s scratch buffers instead of its own,
   // so that objects that never run at the same time (the layers of an encoder, run one
   // after another by one thread) hold one set of batch-sized buffers between them, not
@@ -256,6 +293,15 @@ class MultiHeadAttention : public AttentionBackend {
                                       int64_t query_length, int64_t key_length,
                                       int64_t block_rows, bool skip_masked, bool causal,
                                       uint8_t* context);
+  // Whether a sequence of these lengths runs through FlashAttention (see
+  // Options::attention_kernel); its caller has checked for f32 compute and no weights.
+  bool UseFlash(const HeadSet& set, int64_t query_length, int64_t key_length,
+                bool causal) const;
+  // kAuto: times the kernels (see Options::attention_kernel) unless this process
+  // already has, and keeps the choice in attention_choice_.
+  absl::Status ChooseAttentionKernel();
+  // The timing behind it, on this object's cache and scratch.
+  absl::StatusOr<AttentionChoice> TimeAttentionKernels();
   // How many sequences from `index` on have the same lengths and may run in one
   // AttendSequences call.
   int64_t RunLength(const HeadSet& set, absl::Span<const int64_t> query_lengths,
@@ -306,6 +352,8 @@ class MultiHeadAttention : public AttentionBackend {
   // of the process-wide ones (see UseRuntimeRows), kept here so that the hot path takes
   // no lock.
   std::map<std::array<int64_t, 3>, ProjectionChoice> projection_choices_;
+  // The kernel and tiles long f32 sequences run on (Options::attention_kernel).
+  AttentionChoice attention_choice_;
   std::vector<float> out_bias_;
   int64_t computed_heads_ = 0;
 
@@ -324,6 +372,7 @@ class MultiHeadAttention : public AttentionBackend {
     ScratchBuffer query_codes, query_parameters, memory_codes, memory_parameters;
     ScratchBuffer accumulators;
     ScratchBuffer scratchpad;  // oneDNN's (user mode)
+    FlashScratch flash;
   };
   std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
 };

@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     metrics->OnModelEvent(event);
     if (event.kind == ModelEvent::Kind::kLoaded) {
       metrics->SetProjectionChoices(core::CpuProjectionChoiceList());
+      metrics->SetAttentionChoices(core::CpuAttentionChoiceList());
     }
     switch (event.kind) {
       case ModelEvent::Kind::kLoaded:
@@ -160,6 +161,11 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     LogEvent("projection_choices", {{"choices", choices}});
   }
   metrics->SetProjectionChoices(core::CpuProjectionChoiceList());
+  // And for attention over long sequences (the core's AttentionKernel::kAuto).
+  if (const std::string choices = core::CpuAttentionChoices(); !choices.empty()) {
+    LogEvent("attention_choices", {{"choices", choices}});
+  }
+  metrics->SetAttentionChoices(core::CpuAttentionChoiceList());
   if (!options.auth_token_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::Load(options.auth_token_file);

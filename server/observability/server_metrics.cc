@@ -254,6 +254,13 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                "The oneDNN primitive the warm-up timed fastest for each f32 "
                "weight matrix (always 1).")
            .Register(*registry_);
+  attention_kernel_info_ =
+      &prometheus::BuildGauge()
+           .Name("attnserve_attention_kernel_info")
+           .Help(
+               "The attention kernel the warm-up timed fastest for long f32 sequences, "
+               "per head size and thread count (always 1).")
+           .Register(*registry_);
   model_loads_ = &prometheus::BuildCounter()
                       .Name("attnserve_model_loads_total")
                       .Help(
@@ -453,6 +460,18 @@ void ServerMetrics::SetProjectionChoices(
                {"out_features", absl::StrCat(choice.out_features)},
                {"threads", absl::StrCat(choice.intra_op_threads)},
                {"primitive", choice.runtime_rows ? "runtime_rows" : "per_shape"}})
+        .Set(1);
+  }
+}
+
+void ServerMetrics::SetAttentionChoices(
+    const std::vector<core::CpuAttentionChoice>& choices) {
+  for (const core::CpuAttentionChoice& choice : choices) {
+    attention_kernel_info_
+        ->Add({{"head_dim", absl::StrCat(choice.head_dim)},
+               {"threads", absl::StrCat(choice.intra_op_threads)},
+               {"kernel", choice.kernel},
+               {"flash_tiles", choice.flash_tiles}})
         .Set(1);
   }
 }

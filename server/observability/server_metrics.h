@@ -60,6 +60,9 @@ class ServerMetrics {
   // attnserve_projection_primitive_info: one series per f32 weight matrix shape and
   // thread count, labelled with the primitive the warm-up chose. Thread-safe.
   void SetProjectionChoices(const std::vector<core::CpuProjectionChoice>& choices);
+  // attnserve_attention_kernel_info: the attention kernel timed fastest per head size
+  // and thread count.
+  void SetAttentionChoices(const std::vector<core::CpuAttentionChoice>& choices);
 
   // The observer the AttentionService reports calls through.
   ServiceObserver service_observer();
@@ -157,6 +160,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Gauge>* model_info_;
   prometheus::Family<prometheus::Gauge>* model_version_;
   prometheus::Family<prometheus::Gauge>* projection_info_;
+  prometheus::Family<prometheus::Gauge>* attention_kernel_info_;
   prometheus::Family<prometheus::Counter>* model_loads_;
   prometheus::Family<prometheus::Counter>* model_unloads_;
   prometheus::Family<prometheus::Counter>* internal_errors_;

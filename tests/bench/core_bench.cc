@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
 #include "core/attention_weights.h"
 #include "core/device.h"
@@ -64,8 +67,31 @@ bool TimeForward(benchmark::State& state, const ModelSpec& spec,
   }
   if (last_output != nullptr) *last_output = std::move(output);
   // What the warm-up timing chose, beside the figure it produced.
-  state.SetLabel((*attention)->ProjectionChoices());
+  state.SetLabel(absl::StrCat((*attention)->ProjectionChoices(),
+                              "; attention: ", (*attention)->AttentionKernelChoice()));
   return true;
+}
+
+// For tuning without rebuilding: ATTNSERVE_BENCH_BLOCK_BYTES sets the attention block
+// budget, ATTNSERVE_BENCH_FLASH_TILES="ROWS,KEYS" the flash kernel's tiles,
+// ATTNSERVE_BENCH_ATTENTION_KERNEL=flash|blocks the attention kernel.
+void Tune(MultiHeadAttention::Options& options) {
+  if (const char* block = std::getenv("ATTNSERVE_BENCH_BLOCK_BYTES")) {
+    options.attention_block_bytes = std::atoll(block);
+  }
+  using Kernel = MultiHeadAttention::Options::AttentionKernel;
+  if (const char* kernel = std::getenv("ATTNSERVE_BENCH_ATTENTION_KERNEL")) {
+    const std::string name = kernel;
+    options.attention_kernel = name == "flash"    ? Kernel::kFlash
+                               : name == "blocks" ? Kernel::kBlocks
+                                                  : Kernel::kAuto;
+  }
+  if (const char* tiles = std::getenv("ATTNSERVE_BENCH_FLASH_TILES")) {
+    options.flash_tiles.query_rows = std::atoll(tiles);
+    if (const char* comma = std::strchr(tiles, ',')) {
+      options.flash_tiles.keys = std::atoll(comma + 1);
+    }
+  }
 }
 
 void BM_MultiHeadAttention(benchmark::State& state) {
@@ -76,10 +102,7 @@ void BM_MultiHeadAttention(benchmark::State& state) {
   spec.num_heads = state.range(3);
   MultiHeadAttention::Options options;
   options.intra_op_threads = static_cast<int>(state.range(4));
-  // For tuning the attention block budget without rebuilding.
-  if (const char* block = std::getenv("ATTNSERVE_BENCH_BLOCK_BYTES")) {
-    options.attention_block_bytes = std::atoll(block);
-  }
+  Tune(options);
   if (!TimeForward(state, spec, options, batch, length)) return;
   state.counters["GFLOPs"] =
       benchmark::Counter(AttentionFlops(batch, length, spec.d_model) / 1e9,
@@ -169,7 +192,9 @@ BENCHMARK(BM_MixedLengths)
 // What removed work buys, each beside the same shape in full (variant 0): 1 = half the
 // heads zeroed by the request's head_mask, 2 = half the heads pruned by the model, 3 =
 // causal, 4 = bf16 precision, 5 = int8 precision; and the projection primitives fixed
-// instead of chosen at warm-up (variant 0's default): 6 = per shape, 7 = runtime rows.
+// instead of chosen at warm-up (variant 0's default): 6 = per shape, 7 = runtime rows;
+// and the attention kernel fixed: 8 = query-row blocks, 9 = the same, causal; 10 = flash,
+// 11 = flash, causal.
 // make bench-core prints the ratios against their targets.
 void BM_Variant(benchmark::State& state) {
   const int64_t batch = state.range(0);
@@ -188,11 +213,15 @@ void BM_Variant(benchmark::State& state) {
   using Projection = MultiHeadAttention::Options::ProjectionPrimitives;
   if (variant == 6) options.projection_primitives = Projection::kPerShape;
   if (variant == 7) options.projection_primitives = Projection::kRuntimeRows;
+  using Kernel = MultiHeadAttention::Options::AttentionKernel;
+  Tune(options);
+  if (variant == 8 || variant == 9) options.attention_kernel = Kernel::kBlocks;
+  if (variant == 10 || variant == 11) options.attention_kernel = Kernel::kFlash;
   std::vector<float> mask(spec.num_heads, 1.0f);
   for (int64_t h = 1; h < spec.num_heads; h += 2) mask[h] = 0.0f;
   AttentionOptions attention_options;
   if (variant == 1) attention_options.head_mask = mask;
-  attention_options.causal = variant == 3;
+  attention_options.causal = variant == 3 || variant == 9 || variant == 11;
   std::vector<float> output;
   if (!TimeForward(state, spec, options, batch, length, attention_options, &output))
     return;
@@ -223,11 +252,11 @@ void BM_Variant(benchmark::State& state) {
 }
 BENCHMARK(BM_Variant)
     ->ArgNames({"B", "L", "d", "h", "variant"})
-    ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4, 5, 6, 7}})
-    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4, 5, 6, 7}})
-    ->ArgsProduct({{1}, {2048}, {1024}, {16}, {0, 1, 2, 3, 4}})
-    ->ArgsProduct({{1}, {4096}, {1024}, {16}, {0, 3}})
-    ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3, 4, 5}})
+    ->ArgsProduct({{1}, {128}, {512}, {8}, {0, 4, 5, 6, 7, 10}})
+    ->ArgsProduct({{8}, {128}, {512}, {8}, {0, 1, 2, 4, 5, 6, 7, 10}})
+    ->ArgsProduct({{1}, {2048}, {1024}, {16}, {0, 1, 2, 3, 4, 8, 9, 10, 11}})
+    ->ArgsProduct({{1}, {4096}, {1024}, {16}, {0, 3, 8, 9, 10, 11}})
+    ->ArgsProduct({{1}, {512}, {768}, {12}, {0, 3, 4, 5, 8, 9, 10, 11}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);

@@ -31,6 +31,9 @@ struct Fixture {
   std::unique_ptr<MultiHeadAttention> attention;
 };
 
+constexpr auto kAutoProjection = MultiHeadAttention::Options::ProjectionPrimitives::kAuto;
+constexpr auto kAutoBf16 = MultiHeadAttention::Options::Bf16Compute::kAuto;
+
 Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
                     int threads = 0, int64_t block_bytes = 1 << 20,
                     std::vector<int64_t> pruned_heads = {},
@@ -38,7 +41,9 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
                     MultiHeadAttention::Options::Bf16Compute bf16_compute =
                         MultiHeadAttention::Options::Bf16Compute::kAuto,
                     MultiHeadAttention::Options::ProjectionPrimitives projection =
-                        MultiHeadAttention::Options::ProjectionPrimitives::kAuto) {
+                        MultiHeadAttention::Options::ProjectionPrimitives::kAuto,
+                    MultiHeadAttention::Options::AttentionKernel kernel =
+                        MultiHeadAttention::Options::AttentionKernel::kAuto) {
   Fixture fixture;
   fixture.spec.d_model = d_model;
   fixture.spec.num_heads = num_heads;
@@ -52,6 +57,7 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
   options.attention_block_bytes = block_bytes;
   options.bf16_compute = bf16_compute;
   options.projection_primitives = projection;
+  options.attention_kernel = kernel;
   auto attention =
       MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, options);
   EXPECT_TRUE(attention.ok()) << attention.status();
@@ -139,6 +145,58 @@ TEST(MultiHeadAttentionTest, LongSequencesSpreadHeadsAndRowBlocksOverThreads) {
   ExpectMatchesReference(fixture, {300, 5}, {77, 400}, false, {}, 97, kTolerance, false);
   ExpectMatchesReference(fixture, {40, 300}, {}, false, {1, 0, 0.5f, 1}, 98, kTolerance,
                          false);
+}
+
+// Each attention kernel whatever the host's timing chose, on the long path's cases (a
+// 4 KiB budget puts these sequences there) and with head_dim 20 (not a multiple of the
+// vector width), on 1 and 2 threads. kFlash runs the short sequences too.
+class AttentionKernelTest
+    : public ::testing::TestWithParam<
+          std::tuple<MultiHeadAttention::Options::AttentionKernel, int>> {};
+
+TEST_P(AttentionKernelTest, MatchesReference) {
+  const auto [kernel, threads] = GetParam();
+  Fixture fixture = MakeFixture(64, 4, 7, threads, 4096, {}, Precision::kFp32, kAutoBf16,
+                                kAutoProjection, kernel);
+  ExpectMatchesReference(fixture, {300}, {}, false, {}, 95, kTolerance, false);
+  ExpectMatchesReference(fixture, {300, 17}, {}, true, {}, 96, kTolerance, false);
+  ExpectMatchesReference(fixture, {300, 5}, {77, 400}, false, {}, 97, kTolerance, false);
+  ExpectMatchesReference(fixture, {40, 300}, {}, false, {1, 0, 0.5f, 1}, 98, kTolerance,
+                         false);
+  Fixture odd = MakeFixture(120, 6, 7, threads, 4096, {2}, Precision::kFp32, kAutoBf16,
+                            kAutoProjection, kernel);
+  ExpectMatchesReference(odd, {1, 7, 260, 33}, {}, true, {}, 99, kTolerance, false);
+  ExpectMatchesReference(odd, {1, 7, 260, 33}, {}, false, {}, 100, kTolerance, false);
+  // With weights asked, every kernel answers through the blocks (the flash kernel
+  // never forms the weights).
+  ExpectMatchesReference(odd, {70, 3}, {}, true, {}, 101);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, AttentionKernelTest,
+    ::testing::Combine(
+        ::testing::Values(MultiHeadAttention::Options::AttentionKernel::kAuto,
+                          MultiHeadAttention::Options::AttentionKernel::kBlocks,
+                          MultiHeadAttention::Options::AttentionKernel::kFlash),
+        ::testing::Values(1, 2)));
+
+TEST(MultiHeadAttentionTest, AutoAttentionKernelIsTimedOncePerProcessAndReported) {
+  Fixture first = MakeFixture(96, 3, 7, 1);  // head_dim 32, a key no other test uses
+  const std::string choice = first.attention->AttentionKernelChoice();
+  EXPECT_THAT(choice, ::testing::MatchesRegex(
+                          "(flash (64x256|128x512|256x1024) \\([0-9.]+ vs blocks|"
+                          "blocks \\([0-9.]+ vs flash (64x256|128x512|256x1024)) "
+                          "[0-9.]+ ms, 2 heads x 2048 tokens\\)"));
+  EXPECT_THAT(MultiHeadAttention::ProcessAttentionChoices(),
+              HasSubstr("hd32@1: " + choice));
+  // A second object of the same head size and threads takes the process's choice (the
+  // figures would differ if it timed again).
+  Fixture second = MakeFixture(64, 2, 8, 1);
+  EXPECT_EQ(second.attention->AttentionKernelChoice(), choice);
+  Fixture fixed =
+      MakeFixture(96, 3, 7, 1, 1 << 20, {}, Precision::kFp32, kAutoBf16, kAutoProjection,
+                  MultiHeadAttention::Options::AttentionKernel::kBlocks);
+  EXPECT_EQ(fixed.attention->AttentionKernelChoice(), "blocks (fixed)");
 }
 
 TEST(MultiHeadAttentionTest, MatchesReferenceWhenHeadDimIsNotMultipleOf16) {
@@ -678,8 +736,6 @@ TEST_F(Bf16Test, HeadStatisticsMatchTheReference) {
 constexpr auto kPerShape = MultiHeadAttention::Options::ProjectionPrimitives::kPerShape;
 constexpr auto kRuntimeRows =
     MultiHeadAttention::Options::ProjectionPrimitives::kRuntimeRows;
-constexpr auto kAutoProjection = MultiHeadAttention::Options::ProjectionPrimitives::kAuto;
-constexpr auto kAutoBf16 = MultiHeadAttention::Options::Bf16Compute::kAuto;
 
 TEST(MultiHeadAttentionTest, ReusesPrimitivesForRepeatedShapes) {
   Fixture fixture =

@@ -119,6 +119,8 @@ TEST(ServerMetricsTest, CountsEqualWhatWasSentPerCode) {
   EXPECT_EQ(Sample(text, "attnserve_projection_primitive_info",
                    {"in_features=\"512\"", "out_features=\"512\""}),
             1);
+  // The model's head size (512 / 8 = 64) had its attention kernel timed at load.
+  EXPECT_EQ(Sample(text, "attnserve_attention_kernel_info", {"head_dim=\"64\""}), 1);
   const std::string attend = "grpc_method=\"Attend\"";
   EXPECT_EQ(Sample(text, "grpc_server_started_total", {attend}), 8);
   EXPECT_EQ(Sample(text, "grpc_server_handled_total", {attend, "grpc_code=\"OK\""}), 4);

@@ -1,0 +1,337 @@
+#include "core/flash_attention.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "dnnl.h"
+
+namespace attnserve::core {
+
+namespace {
+
+// exp(x) for x <= 0 (a score minus its row's maximum), as Cephes' expf: x = n ln2 + r
+// with |r| <= ln2/2, e^r by a degree-7 polynomial, 2^n through the exponent bits.
+// Relative error ~2e-7. Below -88 (masked keys are -inf) n reaches -127, whose 2^n bit
+// pattern is +0: the result is exactly 0.
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;
+constexpr float kLn2Lo = -2.12194440e-4f;
+constexpr float kExpLowest = -88.0f;
+constexpr float kP0 = 1.9875691500e-4f;
+constexpr float kP1 = 1.3981999507e-3f;
+constexpr float kP2 = 8.3334519073e-3f;
+constexpr float kP3 = 4.1665795894e-2f;
+constexpr float kP4 = 1.6666665459e-1f;
+constexpr float kP5 = 5.0000001201e-1f;
+
+float ExpScalar(float x) {
+  x = std::max(x, kExpLowest);
+  const float n = std::nearbyint(x * kLog2e);
+  const float r = x - n * kLn2Hi - n * kLn2Lo;
+  float p = kP0;
+  for (const float c : {kP1, kP2, kP3, kP4, kP5}) p = p * r + c;
+  const float y = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+float MaxScalar(const float* s, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
+  return m;
+}
+
+// s[j] = exp(s[j] - shift) for j < n; returns their sum.
+float ExpShiftScalar(float* s, int64_t n, float shift) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    s[j] = ExpScalar(s[j] - shift);
+    sum += s[j];
+  }
+  return sum;
+}
+
+__attribute__((target("avx2,fma"))) __m256 Exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(kExpLowest));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kP0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
+  const __m256 y =
+      _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
+__attribute__((target("avx2,fma"))) float MaxAvx2(const float* s, int64_t n) {
+  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float result = MaxScalar(s + j, n - j);
+  for (const float lane : lanes) result = std::max(result, lane);
+  return result;
+}
+
+__attribute__((target("avx2,fma"))) float ExpShiftAvx2(float* s, int64_t n, float shift) {
+  const __m256 shift8 = _mm256_set1_ps(shift);
+  __m256 sum = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift8));
+    _mm256_storeu_ps(s + j, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  float result = ExpShiftScalar(s + j, n - j, shift);
+  for (const float lane : lanes) result += lane;
+  return result;
+}
+
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() (a self-initialised variable)
+// as the unused merge source, which -Wmaybe-uninitialized reports at every use.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+__attribute__((target("avx512f"))) __m512 Exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(kExpLowest));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kP0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
+  const __m512 y =
+      _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+__attribute__((target("avx512f"))) float MaxAvx512(const float* s, int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
+  // Through memory: GCC 12's _mm512_reduce_max_ps trips -Wmaybe-uninitialized.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, m);
+  float result = MaxScalar(s + j, n - j);
+  for (const float lane : lanes) result = std::max(result, lane);
+  return result;
+}
+
+__attribute__((target("avx512f"))) float ExpShiftAvx512(float* s, int64_t n,
+                                                        float shift) {
+  const __m512 shift16 = _mm512_set1_ps(shift);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift16));
+    _mm512_storeu_ps(s + j, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  float result = ExpShiftScalar(s + j, n - j, shift);
+  for (const float lane : lanes) result += lane;
+  return result;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+struct VectorUnit {
+  const char* name;
+  float (*max)(const float*, int64_t);
+  float (*exp_shift)(float*, int64_t, float);
+};
+
+const VectorUnit& Unit() {
+  static const VectorUnit unit = [] {
+    // oneDNN's effective ISA, so that ONEDNN_MAX_CPU_ISA caps this unit with the
+    // matrix products (and tests reach every path on one host).
+    const auto has = [isa = dnnl_get_effective_cpu_isa()](dnnl_cpu_isa_t wanted) {
+      return (isa & wanted) == wanted;
+    };
+    if (has(dnnl_cpu_isa_avx512_core)) {
+      return VectorUnit{"avx512f", MaxAvx512, ExpShiftAvx512};
+    }
+    if (has(dnnl_cpu_isa_avx2)) return VectorUnit{"avx2", MaxAvx2, ExpShiftAvx2};
+    return VectorUnit{"scalar", MaxScalar, ExpShiftScalar};
+  }();
+  return unit;
+}
+
+// One (sequence, head, query block) item.
+struct Item {
+  int64_t sequence, head, first_row;
+};
+
+// The item's context rows: see FlashAttention. `buffer` holds tiles.query_rows *
+// (tiles.keys + 2) floats. Returns oneDNN's status.
+dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
+                         int64_t head_dim, int64_t width, bool causal,
+                         const FlashTiles& tiles, float* buffer) {
+  const VectorUnit& unit = Unit();
+  const int64_t rows = std::min(tiles.query_rows, sequence.query_length - item.first_row);
+  const int64_t column = item.head * head_dim;
+  const float* q = sequence.q + item.first_row * width + column;
+  float* out = sequence.context + item.first_row * width + column;
+  float* scores = buffer;
+  float* row_max = buffer + tiles.query_rows * tiles.keys;
+  float* row_sum = row_max + tiles.query_rows;
+  std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
+  std::fill(row_sum, row_sum + rows, 0.0f);
+  const int64_t last_row = item.first_row + rows - 1;
+  const int64_t key_end =
+      causal ? std::min(sequence.key_length, last_row + 1) : sequence.key_length;
+  for (int64_t first_key = 0; first_key < key_end; first_key += tiles.keys) {
+    const int64_t keys = std::min(tiles.keys, key_end - first_key);
+    // scores[rows, keys] = q k^T for this key block.
+    dnnl_status_t status =
+        dnnl_sgemm('N', 'T', rows, keys, head_dim, 1.0f, q, width,
+                   sequence.k + first_key * width + column, width, 0.0f, scores, keys);
+    if (status != dnnl_success) return status;
+    const bool first = first_key == 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = scores + r * keys;
+      if (causal) {
+        // Keys after this query row are left out; the row's own key is always in the
+        // first block, so its maximum is finite from the first block on.
+        const int64_t visible = item.first_row + r + 1 - first_key;
+        if (visible < keys) {
+          std::fill(row + std::max<int64_t>(visible, 0), row + keys,
+                    -std::numeric_limits<float>::infinity());
+        }
+      }
+      const float block_max = unit.max(row, keys);
+      const float new_max = std::max(row_max[r], block_max);
+      const float sum = unit.exp_shift(row, keys, new_max);
+      if (first) {
+        row_sum[r] = sum;
+      } else {
+        // The earlier blocks' sum and context were relative to the old maximum.
+        const float rescale = ExpScalar(row_max[r] - new_max);
+        row_sum[r] = row_sum[r] * rescale + sum;
+        if (rescale != 1.0f) {
+          float* context_row = out + r * width;
+          for (int64_t c = 0; c < head_dim; ++c) context_row[c] *= rescale;
+        }
+      }
+      row_max[r] = new_max;
+    }
+    // context (+)= probabilities v for this key block.
+    status = dnnl_sgemm('N', 'N', rows, head_dim, keys, 1.0f, scores, keys,
+                        sequence.v + first_key * width + column, width,
+                        first ? 0.0f : 1.0f, out, width);
+    if (status != dnnl_success) return status;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inverse = 1.0f / row_sum[r];
+    float* context_row = out + r * width;
+    for (int64_t c = 0; c < head_dim; ++c) context_row[c] *= inverse;
+  }
+  return dnnl_success;
+}
+
+}  // namespace
+
+std::string FlashVectorUnit() { return Unit().name; }
+
+absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,
+                            int64_t head_dim, int64_t width, bool causal,
+                            const FlashTiles& tiles, int threads, FlashScratch& scratch) {
+  if (tiles.query_rows < 1 || tiles.keys < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("flash tiles must be >= 1, got ",
+                                                   tiles.query_rows, " query rows and ",
+                                                   tiles.keys, " keys"));
+  }
+  if (heads < 1 || head_dim < 1 || heads * head_dim > width || threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flash attention needs heads, head_dim, threads >= 1 and heads * "
+        "head_dim <= width, got heads ",
+        heads, ", head_dim ", head_dim, ", width ", width, ", threads ", threads));
+  }
+  std::vector<Item> items;
+  for (size_t s = 0; s < sequences.size(); ++s) {
+    const FlashSequence& sequence = sequences[s];
+    if (sequence.query_length < 1 || sequence.key_length < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flash attention: sequence ", s, " has query_length ", sequence.query_length,
+          " and key_length ", sequence.key_length, "; both must be >= 1"));
+    }
+    if (causal && sequence.query_length != sequence.key_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flash attention: causal sequence ", s, " has query_length ",
+                       sequence.query_length, " != key_length ", sequence.key_length));
+    }
+    for (int64_t head = 0; head < heads; ++head) {
+      for (int64_t first = 0; first < sequence.query_length; first += tiles.query_rows) {
+        items.push_back({static_cast<int64_t>(s), head, first});
+      }
+    }
+  }
+  if (causal) {
+    // Later query blocks read more keys: hand them out first so that the last items
+    // the threads pick up are the short ones.
+    std::stable_sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      return a.first_row > b.first_row;
+    });
+  }
+  threads =
+      static_cast<int>(std::min<int64_t>(threads, static_cast<int64_t>(items.size())));
+  threads = std::max(threads, 1);
+  const size_t buffer_bytes =
+      static_cast<size_t>(tiles.query_rows * (tiles.keys + 2)) * sizeof(float);
+  if (static_cast<int>(scratch.per_thread_.size()) < threads) {
+    scratch.per_thread_.resize(static_cast<size_t>(threads));
+  }
+  std::vector<float*> buffers(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    auto& buffer = scratch.per_thread_[static_cast<size_t>(t)];
+    if (buffer == nullptr) buffer = std::make_unique<ScratchBuffer>();
+    buffers[static_cast<size_t>(t)] = static_cast<float*>(buffer->Reserve(buffer_bytes));
+  }
+  std::vector<dnnl_status_t> failures(static_cast<size_t>(threads), dnnl_success);
+  const int64_t count = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+  for (int64_t i = 0; i < count; ++i) {
+    const auto thread = static_cast<size_t>(omp_get_thread_num());
+    if (failures[thread] != dnnl_success) continue;
+    const Item& item = items[static_cast<size_t>(i)];
+    failures[thread] = AttendItem(sequences[static_cast<size_t>(item.sequence)], item,
+                                  head_dim, width, causal, tiles, buffers[thread]);
+  }
+  for (const dnnl_status_t failure : failures) {
+    if (failure != dnnl_success) {
+      return absl::InternalError(
+          absl::StrCat("oneDNN sgemm failed in flash attention: status ", failure));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::core

@@ -1,0 +1,76 @@
+// FlashAttention on the CPU: softmax(Q K^T) V for every head of a list of sequences,
+// one block of query rows against one block of keys at a time, with the softmax kept
+// online (a running maximum and sum per row, the partial context rescaled as the maximum
+// grows). The scores of one (query block, key block) pair live in a small per-thread
+// buffer sized to the caches; no [L_q, L_k] matrix is ever formed.
+//
+// The work is split into (sequence, head, query block) items spread over OpenMP's
+// threads, so two threads share the work at every length and every batch size. With a
+// causal mask a query block reads only the key blocks up to its last row: the masked
+// upper triangle costs nothing but the one diagonal block per query block.
+//
+// The matrix products run through oneDNN's sgemm (one thread each; no primitive to
+// create per shape), the exponentials through the widest vector unit the CPU has.
+#ifndef ATTNSERVE_CORE_FLASH_ATTENTION_H_
+#define ATTNSERVE_CORE_FLASH_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "core/scratch_buffer.h"
+
+namespace attnserve::core {
+
+// Rows of Q and keys of K, V computed together. query_rows x keys floats of scores are
+// one thread's working set beside its query rows and one key block of K and V.
+struct FlashTiles {
+  int64_t query_rows = 64;
+  int64_t keys = 256;
+};
+
+// One sequence's f32 planes, row-major with `width` columns (the heads' head_dim-wide
+// column slices side by side): q and context [query_length, width], k and v
+// [key_length, width]. The 1/sqrt(head_dim) scale is already in q.
+struct FlashSequence {
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  float* context = nullptr;
+  int64_t query_length = 0;
+  int64_t key_length = 0;
+};
+
+// Per-thread buffers, kept between calls. Not thread-safe: one FlashAttention call at a
+// time per object.
+class FlashScratch {
+ public:
+  FlashScratch() = default;
+  FlashScratch(const FlashScratch&) = delete;
+  FlashScratch& operator=(const FlashScratch&) = delete;
+
+ private:
+  friend absl::Status FlashAttention(absl::Span<const FlashSequence>, int64_t, int64_t,
+                                     int64_t, bool, const FlashTiles&, int,
+                                     FlashScratch&);
+  std::vector<std::unique_ptr<ScratchBuffer>> per_thread_;
+};
+
+// Writes every sequence's context: for head p (columns [p head_dim, (p+1) head_dim)),
+// softmax(q_p k_p^T) v_p, with key j > query i left out when `causal` (which then
+// requires query_length == key_length). `threads` >= 1 OpenMP threads. InvalidArgument
+// for tiles or dimensions < 1, heads * head_dim > width, or a causal sequence whose
+// lengths differ; Internal when oneDNN's sgemm fails.
+absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,
+                            int64_t head_dim, int64_t width, bool causal,
+                            const FlashTiles& tiles, int threads, FlashScratch& scratch);
+
+// The vector unit the exponentials run on: "avx512f", "avx2" or "scalar".
+std::string FlashVectorUnit();
+
+}  // namespace attnserve::core
+
+#endif  // ATTNSERVE_CORE_FLASH_ATTENTION_H_

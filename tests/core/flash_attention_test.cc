@@ -1,0 +1,160 @@
+// FlashAttention against a naive fp64 softmax(Q K^T) V, on every tiling edge: tiles of
+// one row and one key, tiles that do not divide the lengths, tiles longer than the
+// sequence, causal masks that cut a key block, several sequences of different lengths in
+// one call, one and two threads. The vector unit is the host's, or the one
+// ONEDNN_MAX_CPU_ISA caps it to (tests/core/CMakeLists.txt runs this file again at AVX2
+// and at SSE4.1).
+#include "core/flash_attention.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/test_util.h"
+
+namespace attnserve::core {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MaxAbsDiff;
+using testing::RandomTokens;
+
+struct Planes {
+  int64_t query_length, key_length;
+  std::vector<float> q, k, v, context;
+};
+
+Planes MakePlanes(int64_t query_length, int64_t key_length, int64_t width, uint32_t seed,
+                  float query_scale) {
+  Planes planes{query_length,
+                key_length,
+                RandomTokens(query_length * width, seed, query_scale),
+                RandomTokens(key_length * width, seed + 1),
+                RandomTokens(key_length * width, seed + 2),
+                std::vector<float>(static_cast<size_t>(query_length * width), NAN)};
+  return planes;
+}
+
+// softmax(q_p k_p^T) v_p per head in fp64, keys after the query left out when causal.
+std::vector<double> Naive(const Planes& planes, int64_t heads, int64_t head_dim,
+                          int64_t width, bool causal) {
+  std::vector<double> context(planes.context.size(), 0.0);
+  std::vector<double> weights(static_cast<size_t>(planes.key_length));
+  for (int64_t h = 0; h < heads; ++h) {
+    const int64_t column = h * head_dim;
+    for (int64_t i = 0; i < planes.query_length; ++i) {
+      const int64_t keys = causal ? i + 1 : planes.key_length;
+      double most = -INFINITY;
+      for (int64_t j = 0; j < keys; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < head_dim; ++c) {
+          dot += static_cast<double>(planes.q[i * width + column + c]) *
+                 planes.k[j * width + column + c];
+        }
+        weights[j] = dot;
+        most = std::max(most, dot);
+      }
+      double sum = 0.0;
+      for (int64_t j = 0; j < keys; ++j) sum += weights[j] = std::exp(weights[j] - most);
+      for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t c = 0; c < head_dim; ++c) {
+          context[i * width + column + c] +=
+              weights[j] / sum * planes.v[j * width + column + c];
+        }
+      }
+    }
+  }
+  return context;
+}
+
+// (query rows, keys) tiles, threads, causal.
+class FlashAttentionTest : public ::testing::TestWithParam<
+                               std::tuple<std::pair<int64_t, int64_t>, int, bool>> {};
+
+TEST_P(FlashAttentionTest, MatchesNaiveFp64) {
+  const auto [tile, threads, causal] = GetParam();
+  const FlashTiles tiles{tile.first, tile.second};
+  const int64_t heads = 3, head_dim = 20, width = heads * head_dim + 4;  // unused columns
+  // Lengths around the tiles' edges; cross-attention lengths differ unless causal.
+  const std::vector<std::pair<int64_t, int64_t>> lengths = {
+      {1, 1}, {5, causal ? 5 : 9}, {64, 64}, {65, causal ? 65 : 31}, {300, 300}};
+  std::vector<Planes> planes;
+  std::vector<FlashSequence> sequences;
+  uint32_t seed = 7;
+  for (const auto& [query_length, key_length] : lengths) {
+    // Scores of order 10 so that the row maximum moves between key blocks and the
+    // rescaling is exercised.
+    planes.push_back(MakePlanes(query_length, key_length, width, seed += 3, 3.0f));
+  }
+  for (Planes& p : planes) {
+    sequences.push_back({p.q.data(), p.k.data(), p.v.data(), p.context.data(),
+                         p.query_length, p.key_length});
+  }
+  FlashScratch scratch;
+  ASSERT_TRUE(
+      FlashAttention(sequences, heads, head_dim, width, causal, tiles, threads, scratch)
+          .ok());
+  for (size_t s = 0; s < planes.size(); ++s) {
+    const std::vector<double> expected = Naive(planes[s], heads, head_dim, width, causal);
+    // Only the heads' columns are written; the last 4 of each row keep their NaN.
+    std::vector<float> got;
+    std::vector<double> want;
+    for (int64_t i = 0; i < planes[s].query_length; ++i) {
+      for (int64_t c = 0; c < width; ++c) {
+        const float value = planes[s].context[i * width + c];
+        if (c >= heads * head_dim) {
+          EXPECT_TRUE(std::isnan(value)) << "column " << c << " was written";
+          continue;
+        }
+        got.push_back(value);
+        want.push_back(expected[i * width + c]);
+      }
+    }
+    // fp32 products of 20 terms of order 10, exponentials within 2e-7 relative.
+    EXPECT_LE((MaxAbsDiff<float, double>(got, want)), 2e-5)
+        << "sequence " << s << " (" << planes[s].query_length << " x "
+        << planes[s].key_length << "), tiles " << tiles.query_rows << " x " << tiles.keys
+        << ", " << threads << " threads, unit " << FlashVectorUnit();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tilings, FlashAttentionTest,
+    ::testing::Combine(::testing::Values(std::pair<int64_t, int64_t>{1, 1},
+                                         std::pair<int64_t, int64_t>{16, 7},
+                                         std::pair<int64_t, int64_t>{64, 256},
+                                         std::pair<int64_t, int64_t>{3, 500}),
+                       ::testing::Values(1, 2), ::testing::Bool()));
+
+TEST(FlashAttentionErrorsTest, RefusesBadTilesAndShapes) {
+  Planes planes = MakePlanes(4, 6, 8, 1, 1.0f);
+  const FlashSequence sequence{
+      planes.q.data(), planes.k.data(), planes.v.data(), planes.context.data(), 4, 6};
+  FlashScratch scratch;
+  const absl::Status tiles =
+      FlashAttention({&sequence, 1}, 2, 4, 8, false, FlashTiles{0, 16}, 1, scratch);
+  EXPECT_EQ(tiles.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(tiles.message(), HasSubstr("0 query rows"));
+  const absl::Status causal =
+      FlashAttention({&sequence, 1}, 2, 4, 8, true, FlashTiles{}, 1, scratch);
+  EXPECT_EQ(causal.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(causal.message(), HasSubstr("query_length 4 != key_length 6"));
+  const absl::Status wide =
+      FlashAttention({&sequence, 1}, 3, 4, 8, false, FlashTiles{}, 1, scratch);
+  EXPECT_EQ(wide.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(wide.message(), HasSubstr("heads 3, head_dim 4, width 8"));
+}
+
+// Runs where CMake caps oneDNN's ISA: the exponentials follow the cap.
+TEST(FlashAttentionUnitTest, FollowsOneDnnIsaCap) {
+  const char* expected = std::getenv("ATTNSERVE_EXPECT_FLASH_UNIT");
+  if (expected == nullptr) GTEST_SKIP() << "runs with ONEDNN_MAX_CPU_ISA set";
+  EXPECT_EQ(FlashVectorUnit(), std::string(expected));
+}
+
+}  // namespace
+}  // namespace attnserve::core
