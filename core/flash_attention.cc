@@ -31,6 +31,9 @@ constexpr float kP4 = 1.6666665459e-1f;
 constexpr float kP5 = 5.0000001201e-1f;
 
 float ExpScalar(float x) {
+  // NaN (scores that overflowed) stays NaN, as in the blocks' softmax; the int
+  // conversion below would be undefined for it.
+  if (std::isnan(x)) return x;
   x = std::max(x, kExpLowest);
   const float n = std::nearbyint(x * kLog2e);
   const float r = x - n * kLn2Hi - n * kLn2Lo;
