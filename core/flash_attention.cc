@@ -9,41 +9,40 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/flash_kernels.h"
 #include "dnnl.h"
 
 namespace attnserve::core {
 
 namespace {
 
-// exp(x) for x <= 0 (a score minus its row's maximum), as Cephes' expf: x = n ln2 + r
-// with |r| <= ln2/2, e^r by a degree-7 polynomial, 2^n through the exponent bits.
-// Relative error ~2e-7. Below -88 (masked keys are -inf) n reaches -127, whose 2^n bit
-// pattern is +0: the result is exactly 0.
+// exp(x) for x <= 0 (a score minus its row's maximum): x = n ln2 + r with |r| <= ln2/2,
+// e^r by a degree-5 polynomial (least-squares on Chebyshev nodes with p(0) = 1; relative
+// error 1.1e-7, the float's own precision), 2^n through the exponent. Below -87 (masked
+// keys are -inf) the result is exactly 0, never a denormal.
 constexpr float kLog2e = 1.44269504088896341f;
 constexpr float kLn2Hi = 0.693359375f;
 constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kExpLowest = -88.0f;
-constexpr float kP0 = 1.9875691500e-4f;
-constexpr float kP1 = 1.3981999507e-3f;
-constexpr float kP2 = 8.3334519073e-3f;
-constexpr float kP3 = 4.1665795894e-2f;
-constexpr float kP4 = 1.6666665459e-1f;
-constexpr float kP5 = 5.0000001201e-1f;
+constexpr float kExpLowest = -87.0f;
+constexpr float kC1 = 0.99999953147538780f;
+constexpr float kC2 = 0.49999140736651565f;
+constexpr float kC3 = 0.16668114578133697f;
+constexpr float kC4 = 0.04189877223934420f;
+constexpr float kC5 = 0.00826153401177056f;
 
 float ExpScalar(float x) {
   // NaN (scores that overflowed) stays NaN, as in the blocks' softmax; the int
   // conversion below would be undefined for it.
   if (std::isnan(x)) return x;
-  x = std::max(x, kExpLowest);
+  if (x < kExpLowest) return 0.0f;
   const float n = std::nearbyint(x * kLog2e);
   const float r = x - n * kLn2Hi - n * kLn2Lo;
-  float p = kP0;
-  for (const float c : {kP1, kP2, kP3, kP4, kP5}) p = p * r + c;
-  const float y = p * r * r + r + 1.0f;
+  float p = kC5;
+  for (const float c : {kC4, kC3, kC2, kC1, 1.0f}) p = p * r + c;
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
+  return p * scale;
 }
 
 float MaxScalar(const float* s, int64_t n) {
@@ -63,22 +62,21 @@ float ExpShiftScalar(float* s, int64_t n, float shift) {
 }
 
 __attribute__((target("avx2,fma"))) __m256 Exp8(__m256 x) {
+  const __m256 kept = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLowest), _CMP_GE_OQ);
   x = _mm256_max_ps(x, _mm256_set1_ps(kExpLowest));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kP0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kP5));
-  const __m256 y =
-      _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  __m256 p = _mm256_set1_ps(kC5);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
   const __m256i bits = _mm256_slli_epi32(
       _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), kept);
 }
 
 __attribute__((target("avx2,fma"))) float MaxAvx2(const float* s, int64_t n) {
@@ -115,22 +113,19 @@ __attribute__((target("avx2,fma"))) float ExpShiftAvx2(float* s, int64_t n, floa
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 __attribute__((target("avx512f"))) __m512 Exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(kExpLowest));
+  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLowest), _CMP_GE_OQ);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kP0);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kP5));
-  const __m512 y =
-      _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-  const __m512i bits = _mm512_slli_epi32(
-      _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+  __m512 p = _mm512_set1_ps(kC5);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  // p 2^n in one instruction (vscalefps); keys below kExpLowest (masked ones) are 0.
+  return _mm512_maskz_scalef_ps(kept, p, n);
 }
 
 __attribute__((target("avx512f"))) float MaxAvx512(const float* s, int64_t n) {
@@ -166,10 +161,24 @@ __attribute__((target("avx512f"))) float ExpShiftAvx512(float* s, int64_t n,
 #pragma GCC diagnostic pop
 #endif
 
+// The products: register-blocked kernels (flash_kernels.h) where the ISA has them,
+// else oneDNN's sgemm.
+using ScoresKernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t,
+                              int64_t, float*);
+using ContextKernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t,
+                               int64_t, int64_t, const float*, bool, float*, int64_t);
+
+using PackKernel = void (*)(const float*, int64_t, int64_t, int64_t, float*);
+
 struct VectorUnit {
   const char* name;
   float (*max)(const float*, int64_t);
   float (*exp_shift)(float*, int64_t, float);
+  int64_t width;       // floats per vector; 1 for the scalar unit
+  int64_t panel_keys;  // keys per packed panel (PackKeys); 1 for the scalar unit
+  PackKernel pack_keys;
+  ScoresKernel scores;
+  ContextKernel context;
 };
 
 const VectorUnit& Unit() {
@@ -180,12 +189,39 @@ const VectorUnit& Unit() {
       return (isa & wanted) == wanted;
     };
     if (has(dnnl_cpu_isa_avx512_core)) {
-      return VectorUnit{"avx512f", MaxAvx512, ExpShiftAvx512};
+      return VectorUnit{
+          "avx512f",           MaxAvx512,        ExpShiftAvx512, 16,
+          avx512::PanelKeys(), avx512::PackKeys, avx512::Scores, avx512::Context};
     }
-    if (has(dnnl_cpu_isa_avx2)) return VectorUnit{"avx2", MaxAvx2, ExpShiftAvx2};
-    return VectorUnit{"scalar", MaxScalar, ExpShiftScalar};
+    if (has(dnnl_cpu_isa_avx2)) {
+      return VectorUnit{"avx2",         MaxAvx2,      ExpShiftAvx2, 8, avx2::PanelKeys(),
+                        avx2::PackKeys, avx2::Scores, avx2::Context};
+    }
+    return VectorUnit{"scalar", MaxScalar, ExpShiftScalar, 1,
+                      1,        nullptr,   nullptr,        nullptr};
   }();
   return unit;
+}
+
+// Whether the register kernels run a head of `head_dim` (a whole number of vectors).
+bool UseKernels(const VectorUnit& unit, int64_t head_dim) {
+  return unit.scores != nullptr && head_dim % unit.width == 0;
+}
+
+int64_t RoundUp(int64_t value, int64_t multiple) {
+  return (value + multiple - 1) / multiple * multiple;
+}
+
+// Floats of one thread's buffer: scores [query_rows, keys rounded up to a panel] and
+// three per-row values.
+int64_t BufferFloats(const FlashTiles& tiles) {
+  return tiles.query_rows * RoundUp(tiles.keys, Unit().panel_keys) + 3 * tiles.query_rows;
+}
+
+// Floats of one head's packed keys (panels, padded) and values ([key_length,
+// head_dim]), which every query tile of the head reads.
+int64_t PackedHeadFloats(int64_t key_length, int64_t head_dim) {
+  return (RoundUp(key_length, Unit().panel_keys) + key_length) * head_dim;
 }
 
 // One (sequence, head, query block) item.
@@ -193,34 +229,51 @@ struct Item {
   int64_t sequence, head, first_row;
 };
 
-// The item's context rows: see FlashAttention. `buffer` holds tiles.query_rows *
-// (tiles.keys + 2) floats. Returns oneDNN's status.
+// The item's context rows: see FlashAttention. `buffer` holds BufferFloats floats;
+// `packed` is the item's head's PackedHeadFloats (null without register kernels).
+// Returns oneDNN's status.
 dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
                          int64_t head_dim, int64_t width, bool causal,
-                         const FlashTiles& tiles, float* buffer) {
+                         const FlashTiles& tiles, const float* packed, float* buffer) {
   const VectorUnit& unit = Unit();
+  const bool kernels = packed != nullptr;
   const int64_t rows = std::min(tiles.query_rows, sequence.query_length - item.first_row);
   const int64_t column = item.head * head_dim;
   const float* q = sequence.q + item.first_row * width + column;
   float* out = sequence.context + item.first_row * width + column;
+  // Key blocks start on a panel.
+  const int64_t key_tile = kernels ? RoundUp(tiles.keys, unit.panel_keys) : tiles.keys;
   float* scores = buffer;
-  float* row_max = buffer + tiles.query_rows * tiles.keys;
+  float* row_max = scores + tiles.query_rows * RoundUp(tiles.keys, unit.panel_keys);
   float* row_sum = row_max + tiles.query_rows;
+  float* rescale = row_sum + tiles.query_rows;
   std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
   std::fill(row_sum, row_sum + rows, 0.0f);
   const int64_t last_row = item.first_row + rows - 1;
   const int64_t key_end =
       causal ? std::min(sequence.key_length, last_row + 1) : sequence.key_length;
-  for (int64_t first_key = 0; first_key < key_end; first_key += tiles.keys) {
-    const int64_t keys = std::min(tiles.keys, key_end - first_key);
-    // scores[rows, keys] = q k^T for this key block.
-    dnnl_status_t status =
-        dnnl_sgemm('N', 'T', rows, keys, head_dim, 1.0f, q, width,
-                   sequence.k + first_key * width + column, width, 0.0f, scores, keys);
-    if (status != dnnl_success) return status;
+  const float* packed_values =
+      kernels ? packed + RoundUp(sequence.key_length, unit.panel_keys) * head_dim
+              : nullptr;
+  for (int64_t first_key = 0; first_key < key_end; first_key += key_tile) {
+    const int64_t keys = std::min(key_tile, key_end - first_key);
+    // scores[rows, keys] (row stride `stride`) = q k^T for this key block.
+    int64_t stride = keys;
+    if (kernels) {
+      // Whole panels: the scores past `keys` (later keys or the zero padding) are
+      // never read.
+      stride = RoundUp(keys, unit.panel_keys);
+      unit.scores(q, width, packed + first_key * head_dim, stride, rows, head_dim,
+                  scores);
+    } else {
+      const dnnl_status_t status =
+          dnnl_sgemm('N', 'T', rows, keys, head_dim, 1.0f, q, width,
+                     sequence.k + first_key * width + column, width, 0.0f, scores, keys);
+      if (status != dnnl_success) return status;
+    }
     const bool first = first_key == 0;
     for (int64_t r = 0; r < rows; ++r) {
-      float* row = scores + r * keys;
+      float* row = scores + r * stride;
       if (causal) {
         // Keys after this query row are left out; the row's own key is always in the
         // first block, so its maximum is finite from the first block on.
@@ -233,23 +286,27 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
       const float block_max = unit.max(row, keys);
       const float new_max = std::max(row_max[r], block_max);
       const float sum = unit.exp_shift(row, keys, new_max);
-      if (first) {
-        row_sum[r] = sum;
-      } else {
-        // The earlier blocks' sum and context were relative to the old maximum.
-        const float rescale = ExpScalar(row_max[r] - new_max);
-        row_sum[r] = row_sum[r] * rescale + sum;
-        if (rescale != 1.0f) {
-          float* context_row = out + r * width;
-          for (int64_t c = 0; c < head_dim; ++c) context_row[c] *= rescale;
-        }
-      }
+      // The earlier blocks' sum and context were relative to the old maximum.
+      rescale[r] = first ? 0.0f : ExpScalar(row_max[r] - new_max);
+      row_sum[r] = first ? sum : row_sum[r] * rescale[r] + sum;
       row_max[r] = new_max;
     }
-    // context (+)= probabilities v for this key block.
-    status = dnnl_sgemm('N', 'N', rows, head_dim, keys, 1.0f, scores, keys,
-                        sequence.v + first_key * width + column, width,
-                        first ? 0.0f : 1.0f, out, width);
+    // context = context * rescale + probabilities v for this key block.
+    if (kernels) {
+      unit.context(scores, stride, packed_values + first_key * head_dim, head_dim, rows,
+                   keys, head_dim, rescale, first, out, width);
+      continue;
+    }
+    if (!first) {
+      for (int64_t r = 0; r < rows; ++r) {
+        if (rescale[r] == 1.0f) continue;
+        float* context_row = out + r * width;
+        for (int64_t c = 0; c < head_dim; ++c) context_row[c] *= rescale[r];
+      }
+    }
+    const dnnl_status_t status = dnnl_sgemm('N', 'N', rows, head_dim, keys, 1.0f, scores,
+                                            keys, sequence.v + first_key * width + column,
+                                            width, first ? 0.0f : 1.0f, out, width);
     if (status != dnnl_success) return status;
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -307,8 +364,7 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
   threads =
       static_cast<int>(std::min<int64_t>(threads, static_cast<int64_t>(items.size())));
   threads = std::max(threads, 1);
-  const size_t buffer_bytes =
-      static_cast<size_t>(tiles.query_rows * (tiles.keys + 2)) * sizeof(float);
+  const size_t buffer_bytes = static_cast<size_t>(BufferFloats(tiles)) * sizeof(float);
   if (static_cast<int>(scratch.per_thread_.size()) < threads) {
     scratch.per_thread_.resize(static_cast<size_t>(threads));
   }
@@ -318,6 +374,34 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
     if (buffer == nullptr) buffer = std::make_unique<ScratchBuffer>();
     buffers[static_cast<size_t>(t)] = static_cast<float*>(buffer->Reserve(buffer_bytes));
   }
+  // Register kernels: every head's keys and values packed once, before the items that
+  // read them (one head's query tiles all read the same ones).
+  const VectorUnit& unit = Unit();
+  float* packed = nullptr;
+  std::vector<int64_t> packed_offsets;  // per sequence, its first head's floats
+  if (UseKernels(unit, head_dim)) {
+    int64_t total = 0;
+    for (const FlashSequence& sequence : sequences) {
+      packed_offsets.push_back(total);
+      total += heads * PackedHeadFloats(sequence.key_length, head_dim);
+    }
+    packed = static_cast<float*>(
+        scratch.packed_.Reserve(static_cast<size_t>(total) * sizeof(float)));
+    const auto pack_tasks = static_cast<int64_t>(sequences.size()) * heads;
+#pragma omp parallel for schedule(dynamic) num_threads(threads)
+    for (int64_t task = 0; task < pack_tasks; ++task) {
+      const FlashSequence& sequence = sequences[static_cast<size_t>(task / heads)];
+      const int64_t column = (task % heads) * head_dim;
+      float* head = packed + packed_offsets[static_cast<size_t>(task / heads)] +
+                    (task % heads) * PackedHeadFloats(sequence.key_length, head_dim);
+      unit.pack_keys(sequence.k + column, width, sequence.key_length, head_dim, head);
+      float* values = head + RoundUp(sequence.key_length, unit.panel_keys) * head_dim;
+      for (int64_t j = 0; j < sequence.key_length; ++j) {
+        const float* row = sequence.v + j * width + column;
+        std::copy(row, row + head_dim, values + j * head_dim);
+      }
+    }
+  }
   std::vector<dnnl_status_t> failures(static_cast<size_t>(threads), dnnl_success);
   const int64_t count = static_cast<int64_t>(items.size());
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
@@ -325,8 +409,14 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
     const auto thread = static_cast<size_t>(omp_get_thread_num());
     if (failures[thread] != dnnl_success) continue;
     const Item& item = items[static_cast<size_t>(i)];
-    failures[thread] = AttendItem(sequences[static_cast<size_t>(item.sequence)], item,
-                                  head_dim, width, causal, tiles, buffers[thread]);
+    const FlashSequence& sequence = sequences[static_cast<size_t>(item.sequence)];
+    const float* head =
+        packed == nullptr
+            ? nullptr
+            : packed + packed_offsets[static_cast<size_t>(item.sequence)] +
+                  item.head * PackedHeadFloats(sequence.key_length, head_dim);
+    failures[thread] =
+        AttendItem(sequence, item, head_dim, width, causal, tiles, head, buffers[thread]);
   }
   for (const dnnl_status_t failure : failures) {
     if (failure != dnnl_success) {

@@ -57,6 +57,7 @@ class FlashScratch {
                                      int64_t, bool, const FlashTiles&, int,
                                      FlashScratch&);
   std::vector<std::unique_ptr<ScratchBuffer>> per_thread_;
+  ScratchBuffer packed_;  // every head's keys and values, packed for the kernels
 };
 
 // Writes every sequence's context: for head p (columns [p head_dim, (p+1) head_dim)),

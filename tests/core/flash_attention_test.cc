@@ -71,14 +71,15 @@ std::vector<double> Naive(const Planes& planes, int64_t heads, int64_t head_dim,
   return context;
 }
 
-// (query rows, keys) tiles, threads, causal.
-class FlashAttentionTest : public ::testing::TestWithParam<
-                               std::tuple<std::pair<int64_t, int64_t>, int, bool>> {};
+// (query rows, keys) tiles, threads, causal, head_dim.
+class FlashAttentionTest
+    : public ::testing::TestWithParam<
+          std::tuple<std::pair<int64_t, int64_t>, int, bool, int64_t>> {};
 
 TEST_P(FlashAttentionTest, MatchesNaiveFp64) {
-  const auto [tile, threads, causal] = GetParam();
+  const auto [tile, threads, causal, head_dim] = GetParam();
   const FlashTiles tiles{tile.first, tile.second};
-  const int64_t heads = 3, head_dim = 20, width = heads * head_dim + 4;  // unused columns
+  const int64_t heads = 3, width = heads * head_dim + 4;  // 4 unused columns
   // Lengths around the tiles' edges; cross-attention lengths differ unless causal.
   const std::vector<std::pair<int64_t, int64_t>> lengths = {
       {1, 1}, {5, causal ? 5 : 9}, {64, 64}, {65, causal ? 65 : 31}, {300, 300}};
@@ -114,7 +115,8 @@ TEST_P(FlashAttentionTest, MatchesNaiveFp64) {
         want.push_back(expected[i * width + c]);
       }
     }
-    // fp32 products of 20 terms of order 10, exponentials within 2e-7 relative.
+    // fp32 products of up to 64 terms of order 10, exponentials within 2e-7
+    // relative.
     EXPECT_LE((MaxAbsDiff<float, double>(got, want)), 2e-5)
         << "sequence " << s << " (" << planes[s].query_length << " x "
         << planes[s].key_length << "), tiles " << tiles.query_rows << " x " << tiles.keys
@@ -128,7 +130,11 @@ INSTANTIATE_TEST_SUITE_P(
                                          std::pair<int64_t, int64_t>{16, 7},
                                          std::pair<int64_t, int64_t>{64, 256},
                                          std::pair<int64_t, int64_t>{3, 500}),
-                       ::testing::Values(1, 2), ::testing::Bool()));
+                       ::testing::Values(1, 2), ::testing::Bool(),
+                       // 64 and 16: whole AVX-512 and AVX2 vectors (the register
+                       // kernels); 24: whole AVX2 vectors only; 20: neither (sgemm).
+                       ::testing::Values(int64_t{64}, int64_t{16}, int64_t{24},
+                                         int64_t{20})));
 
 TEST(FlashAttentionErrorsTest, RefusesBadTilesAndShapes) {
   Planes planes = MakePlanes(4, 6, 8, 1, 1.0f);
