@@ -1,6 +1,5 @@
 #include "core/flash_attention.h"
 
-#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -16,20 +15,7 @@ namespace attnserve::core {
 
 namespace {
 
-// exp(x) for x <= 0 (a score minus its row's maximum): x = n ln2 + r with |r| <= ln2/2,
-// e^r by a degree-5 polynomial (least-squares on Chebyshev nodes with p(0) = 1; relative
-// error 1.1e-7, the float's own precision), 2^n through the exponent. Below -87 (masked
-// keys are -inf) the result is exactly 0, never a denormal.
-constexpr float kLog2e = 1.44269504088896341f;
-constexpr float kLn2Hi = 0.693359375f;
-constexpr float kLn2Lo = -2.12194440e-4f;
-constexpr float kExpLowest = -87.0f;
-constexpr float kC1 = 0.99999953147538780f;
-constexpr float kC2 = 0.49999140736651565f;
-constexpr float kC3 = 0.16668114578133697f;
-constexpr float kC4 = 0.04189877223934420f;
-constexpr float kC5 = 0.00826153401177056f;
-
+// exp(x) for x <= 0: see the constants in flash_kernels.h.
 float ExpScalar(float x) {
   // NaN (scores that overflowed) stays NaN, as in the blocks' softmax; the int
   // conversion below would be undefined for it.
@@ -61,106 +47,6 @@ float ExpShiftScalar(float* s, int64_t n, float shift) {
   return sum;
 }
 
-__attribute__((target("avx2,fma"))) __m256 Exp8(__m256 x) {
-  const __m256 kept = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLowest), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(kExpLowest));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_set1_ps(kC5);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), kept);
-}
-
-__attribute__((target("avx2,fma"))) float MaxAvx2(const float* s, int64_t n) {
-  __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, m);
-  float result = MaxScalar(s + j, n - j);
-  for (const float lane : lanes) result = std::max(result, lane);
-  return result;
-}
-
-__attribute__((target("avx2,fma"))) float ExpShiftAvx2(float* s, int64_t n, float shift) {
-  const __m256 shift8 = _mm256_set1_ps(shift);
-  __m256 sum = _mm256_setzero_ps();
-  int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 e = Exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift8));
-    _mm256_storeu_ps(s + j, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  float result = ExpShiftScalar(s + j, n - j, shift);
-  for (const float lane : lanes) result += lane;
-  return result;
-}
-
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() (a self-initialised variable)
-// as the unused merge source, which -Wmaybe-uninitialized reports at every use.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-__attribute__((target("avx512f"))) __m512 Exp16(__m512 x) {
-  const __mmask16 kept = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLowest), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_set1_ps(kC5);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC1));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  // p 2^n in one instruction (vscalefps); keys below kExpLowest (masked ones) are 0.
-  return _mm512_maskz_scalef_ps(kept, p, n);
-}
-
-__attribute__((target("avx512f"))) float MaxAvx512(const float* s, int64_t n) {
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
-  // Through memory: GCC 12's _mm512_reduce_max_ps trips -Wmaybe-uninitialized.
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, m);
-  float result = MaxScalar(s + j, n - j);
-  for (const float lane : lanes) result = std::max(result, lane);
-  return result;
-}
-
-__attribute__((target("avx512f"))) float ExpShiftAvx512(float* s, int64_t n,
-                                                        float shift) {
-  const __m512 shift16 = _mm512_set1_ps(shift);
-  __m512 sum = _mm512_setzero_ps();
-  int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift16));
-    _mm512_storeu_ps(s + j, e);
-    sum = _mm512_add_ps(sum, e);
-  }
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, sum);
-  float result = ExpShiftScalar(s + j, n - j, shift);
-  for (const float lane : lanes) result += lane;
-  return result;
-}
-
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
-
 // The products: register-blocked kernels (flash_kernels.h) where the ISA has them,
 // else oneDNN's sgemm.
 using ScoresKernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t,
@@ -190,12 +76,13 @@ const VectorUnit& Unit() {
     };
     if (has(dnnl_cpu_isa_avx512_core)) {
       return VectorUnit{
-          "avx512f",           MaxAvx512,        ExpShiftAvx512, 16,
-          avx512::PanelKeys(), avx512::PackKeys, avx512::Scores, avx512::Context};
+          "avx512f",           avx512::RowMax,   avx512::ExpShift, 16,
+          avx512::PanelKeys(), avx512::PackKeys, avx512::Scores,   avx512::Context};
     }
     if (has(dnnl_cpu_isa_avx2)) {
-      return VectorUnit{"avx2",         MaxAvx2,      ExpShiftAvx2, 8, avx2::PanelKeys(),
-                        avx2::PackKeys, avx2::Scores, avx2::Context};
+      return VectorUnit{
+          "avx2",         avx2::RowMax, avx2::ExpShift, 8, avx2::PanelKeys(),
+          avx2::PackKeys, avx2::Scores, avx2::Context};
     }
     return VectorUnit{"scalar", MaxScalar, ExpShiftScalar, 1,
                       1,        nullptr,   nullptr,        nullptr};

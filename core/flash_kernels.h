@@ -7,6 +7,21 @@
 
 namespace attnserve::core {
 
+// exp(x) for x <= 0 (a score minus its row's maximum), in every unit: x = n ln2 + r with
+// |r| <= ln2/2, e^r by a degree-5 polynomial (least-squares on Chebyshev nodes with p(0)
+// = 1; relative error 1.1e-7, the float's own precision), 2^n through the exponent. Below
+// -87 (masked keys are -inf) the result is exactly 0, never a denormal.
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f;
+inline constexpr float kLn2Lo = -2.12194440e-4f;
+inline constexpr float kExpLowest = -87.0f;
+inline constexpr float kC1 = 0.99999953147538780f;
+inline constexpr float kC2 = 0.49999140736651565f;
+inline constexpr float kC3 = 0.16668114578133697f;
+inline constexpr float kC4 = 0.04189877223934420f;
+inline constexpr float kC5 = 0.00826153401177056f;
+
+// One ISA's kernels.
 // One ISA's kernels. All matrices are row-major f32 with the strides given.
 //
 // PackKeys: k[keys, head_dim] (stride k_stride) into panels of PanelKeys() keys (two
@@ -17,12 +32,17 @@ namespace attnserve::core {
 // Scores: s[rows, keys] (stride keys) = q[rows, head_dim] (stride q_stride) times the
 // packed keys; keys a multiple of PanelKeys() (the padded count).
 //
+// RowMax: the largest of s[0, n) (-inf for n = 0).
+// ExpShift: s[j] = exp(s[j] - shift) for j < n (shift >= every s[j]); returns their sum.
+//
 // Context: o[rows, head_dim] (stride o_stride) = (first ? 0 : o * rescale[row]) +
 // p[rows, keys] (stride p_stride) times v[keys, head_dim] (stride v_stride). head_dim
 // must be a multiple of the vector width.
 #define ATTNSERVE_FLASH_KERNELS(isa)                                               \
   namespace isa {                                                                  \
   int64_t PanelKeys();                                                             \
+  float RowMax(const float* s, int64_t n);                                         \
+  float ExpShift(float* s, int64_t n, float shift);                                \
   void PackKeys(const float* k, int64_t k_stride, int64_t keys, int64_t head_dim,  \
                 float* panels);                                                    \
   void Scores(const float* q, int64_t q_stride, const float* panels, int64_t keys, \

@@ -44,16 +44,20 @@ constexpr int64_t kCausalBlocks = 8;
 constexpr int64_t kTimedProjectionRows = 128;
 constexpr int64_t kLargestTimedProjection = int64_t{1} << 28;
 
-// ProjectionPrimitives::kAuto's choices for the whole process (see ProjectionChoice).
-struct SharedProjectionChoices {
+// What a kAuto option timed, for the whole process: ProjectionChoice by (in, out,
+// threads), AttentionChoice by (head_dim, threads, block bytes).
+template <typename Choice>
+struct SharedChoices {
   absl::Mutex mu;
-  std::map<std::array<int64_t, 3>, MultiHeadAttention::ProjectionChoice> choices
-      ABSL_GUARDED_BY(mu);
+  std::map<std::array<int64_t, 3>, Choice> choices ABSL_GUARDED_BY(mu);
+
+  static SharedChoices& Get() {
+    static auto* shared = new SharedChoices();  // never destroyed
+    return *shared;
+  }
 };
-SharedProjectionChoices& SharedChoices() {
-  static auto* shared = new SharedProjectionChoices();  // never destroyed
-  return *shared;
-}
+using SharedProjectionChoices = SharedChoices<MultiHeadAttention::ProjectionChoice>;
+using SharedAttentionChoices = SharedChoices<MultiHeadAttention::AttentionChoice>;
 
 absl::Status FromDnnlError(const dnnl::error& e, absl::string_view what) {
   return absl::InternalError(absl::StrCat("oneDNN failed to ", what, ": ", e.what()));
@@ -800,7 +804,7 @@ absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
   }
   // Decided once per process, under its lock (objects meeting a new matrix together
   // wait for one timing; timing alone also keeps the figures clean).
-  SharedProjectionChoices& shared = SharedChoices();
+  SharedProjectionChoices& shared = SharedProjectionChoices::Get();
   absl::MutexLock lock(&shared.mu);
   auto found = shared.choices.find(key);
   if (found == shared.choices.end()) {
@@ -837,17 +841,6 @@ absl::StatusOr<bool> MultiHeadAttention::UseRuntimeRows(PrimitiveKind kind,
 
 namespace {
 
-// kAuto's attention choices for the whole process (see AttentionChoice).
-struct SharedAttentionChoices {
-  absl::Mutex mu;
-  std::map<std::array<int64_t, 3>, MultiHeadAttention::AttentionChoice> choices
-      ABSL_GUARDED_BY(mu);
-};
-SharedAttentionChoices& SharedKernelChoices() {
-  static auto* shared = new SharedAttentionChoices();  // never destroyed
-  return *shared;
-}
-
 // The tiles kAuto times: 64x256 keeps a thread's scores (64 KB) in a small L2 and its
 // query rows in L1; 256x1024 (1 MB of scores) re-reads K and V a quarter as often and
 // measured fastest on a 2 MB L2 (Sapphire Rapids).
@@ -864,7 +857,7 @@ absl::Status MultiHeadAttention::ChooseAttentionKernel() {
   const int64_t head_dim = spec_.head_dim();
   const std::array<int64_t, 3> key = {head_dim, options_.intra_op_threads,
                                       options_.attention_block_bytes};
-  SharedAttentionChoices& shared = SharedKernelChoices();
+  SharedAttentionChoices& shared = SharedAttentionChoices::Get();
   absl::MutexLock lock(&shared.mu);
   auto found = shared.choices.find(key);
   if (found == shared.choices.end()) {
@@ -993,7 +986,7 @@ std::string MultiHeadAttention::AttentionKernelChoice() const {
 
 std::vector<std::pair<std::array<int64_t, 3>, MultiHeadAttention::AttentionChoice>>
 MultiHeadAttention::ProcessAttentionChoiceList() {
-  SharedAttentionChoices& shared = SharedKernelChoices();
+  SharedAttentionChoices& shared = SharedAttentionChoices::Get();
   absl::MutexLock lock(&shared.mu);
   return {shared.choices.begin(), shared.choices.end()};
 }
@@ -1032,14 +1025,14 @@ std::string MultiHeadAttention::ProjectionChoices() const {
 }
 
 std::string MultiHeadAttention::ProcessProjectionChoices() {
-  SharedProjectionChoices& shared = SharedChoices();
+  SharedProjectionChoices& shared = SharedProjectionChoices::Get();
   absl::MutexLock lock(&shared.mu);
   return DescribeChoices(shared.choices, true);
 }
 
 std::vector<std::pair<std::array<int64_t, 3>, MultiHeadAttention::ProjectionChoice>>
 MultiHeadAttention::ProcessProjectionChoiceList() {
-  SharedProjectionChoices& shared = SharedChoices();
+  SharedProjectionChoices& shared = SharedProjectionChoices::Get();
   absl::MutexLock lock(&shared.mu);
   return {shared.choices.begin(), shared.choices.end()};
 }
