@@ -146,7 +146,8 @@ std::vector<CpuAttentionChoice> CpuAttentionChoiceList() {
   for (const auto& [key, choice] : MultiHeadAttention::ProcessAttentionChoiceList()) {
     list.push_back({key[0], key[1], choice.flash ? "flash" : "blocks",
                     absl::StrCat(choice.tiles.query_rows, "x", choice.tiles.keys),
-                    choice.blocks_ms, choice.flash_ms});
+                    choice.timed_heads, choice.timed_length, choice.blocks_ms,
+                    choice.flash_ms});
   }
   return list;
 }

@@ -150,6 +150,7 @@ struct CpuAttentionChoice {
   int64_t intra_op_threads = 0;  // 0: OpenMP's default
   std::string kernel;            // "flash" or "blocks"
   std::string flash_tiles;       // "ROWSxKEYS", the fastest tiles timed
+  int64_t timed_heads = 0, timed_length = 0;
   double blocks_ms = 0, flash_ms = 0;
 };
 std::vector<CpuAttentionChoice> CpuAttentionChoiceList();

@@ -325,6 +325,27 @@ void FillProjectionChoices(ServedModel& model) {
   }
 }
 
+// The attention kernel the load timed for `model`'s head size and thread count, into its
+// ModelInfo. None for native bf16 or a GPU (their attention has no choice).
+void FillAttentionChoice(ServedModel& model) {
+  if (model.info.device() != "cpu") return;
+  const std::string path = core::ComputePath(model.spec, core::Device{});
+  if (absl::StartsWith(path, "bf16 (native")) return;
+  for (const core::CpuAttentionChoice& choice : core::CpuAttentionChoiceList()) {
+    if (choice.head_dim != model.spec.head_dim() ||
+        choice.intra_op_threads != model.info.batching().intra_op_threads()) {
+      continue;
+    }
+    v1::AttentionKernelChoice* entry = model.info.mutable_attention_kernel();
+    entry->set_kernel(choice.kernel);
+    entry->set_flash_tiles(choice.flash_tiles);
+    entry->set_timed_heads(choice.timed_heads);
+    entry->set_timed_length(choice.timed_length);
+    entry->set_blocks_ms(choice.blocks_ms);
+    entry->set_flash_ms(choice.flash_ms);
+  }
+}
+
 // Where a model folder's files are: its highest numbered version folder holding a
 // file, else the folder itself (version kModelVersion).
 struct ModelFiles {
@@ -431,6 +452,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
   (*model)->version = files.version;
   (*model)->info.set_version(files.version);
   FillProjectionChoices(**model);
+  FillAttentionChoice(**model);
   return model;
 }
 
@@ -687,6 +709,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(
     }
     (*model)->info.set_version(kModelVersion);
     FillProjectionChoices(**model);
+    FillAttentionChoice(**model);
     registry->models_.emplace(kDefaultModelName, registry->Adopt(*std::move(model)));
   }
   if (registry->models_.empty() && options.control_mode == ModelControlMode::kNone) {

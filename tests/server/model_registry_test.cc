@@ -179,6 +179,13 @@ double TwinDifference(const std::string& name, v1::Precision precision,
       EXPECT_GT(choice.per_shape_ms(), 0);
       EXPECT_GT(choice.runtime_rows_ms(), 0);
     }
+    // And the attention kernel timed at load for its head size (128 / 4 = 32).
+    EXPECT_THAT(twin->attention_kernel().kernel(), ::testing::AnyOf("flash", "blocks"));
+    EXPECT_THAT(twin->attention_kernel().flash_tiles(),
+                ::testing::AnyOf("64x256", "128x512", "256x1024"));
+    EXPECT_EQ(twin->attention_kernel().timed_length(), 2048);
+    EXPECT_GT(twin->attention_kernel().blocks_ms(), 0);
+    EXPECT_GT(twin->attention_kernel().flash_ms(), 0);
   }
 
   std::vector<float> query(20 * 128);
