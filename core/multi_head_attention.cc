@@ -577,14 +577,22 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
                  set.out_weight, out_bias_.data(), d, output.data());
 }
 
+int64_t MultiHeadAttention::ScoresBytes(const HeadSet& set, int64_t query_length,
+                                        int64_t key_length) {
+  return static_cast<int64_t>(set.heads.size()) * query_length * key_length *
+         static_cast<int64_t>(sizeof(float));
+}
+
+bool MultiHeadAttention::IsLong(const HeadSet& set, int64_t query_length,
+                                int64_t key_length, bool causal) const {
+  return ScoresBytes(set, query_length, key_length) > options_.attention_block_bytes ||
+         (causal && query_length >= kCausalBlockedLength);
+}
+
 bool MultiHeadAttention::UseFlash(const HeadSet& set, int64_t query_length,
                                   int64_t key_length, bool causal) const {
   if (options_.attention_kernel == Options::AttentionKernel::kFlash) return true;
-  if (!attention_choice_.flash) return false;
-  const int64_t scores_bytes = static_cast<int64_t>(set.heads.size()) * query_length *
-                               key_length * static_cast<int64_t>(sizeof(float));
-  return scores_bytes > options_.attention_block_bytes ||
-         (causal && query_length >= kCausalBlockedLength);
+  return attention_choice_.flash && IsLong(set, query_length, key_length, causal);
 }
 
 int64_t MultiHeadAttention::RunLength(const HeadSet& set,
@@ -595,14 +603,9 @@ int64_t MultiHeadAttention::RunLength(const HeadSet& set,
   const int64_t key_length = key_lengths[index];
   // Only sequences whose heads all run in one block (AttendSequences' short path), and
   // as many as keep the run's scores within the block budget.
-  const int64_t scores_bytes = static_cast<int64_t>(set.heads.size()) * query_length *
-                               key_length * static_cast<int64_t>(sizeof(float));
-  if (scores_bytes > options_.attention_block_bytes ||
-      (causal && query_length >= kCausalBlockedLength)) {
-    return 1;
-  }
-  const int64_t most =
-      std::max<int64_t>(1, options_.attention_block_bytes / scores_bytes);
+  if (IsLong(set, query_length, key_length, causal)) return 1;
+  const int64_t most = std::max<int64_t>(
+      1, options_.attention_block_bytes / ScoresBytes(set, query_length, key_length));
   int64_t count = 1;
   while (index + count < query_lengths.size() && count < most &&
          query_lengths[index + count] == query_length &&

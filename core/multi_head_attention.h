@@ -293,6 +293,13 @@ class MultiHeadAttention : public AttentionBackend {
                                       int64_t query_length, int64_t key_length,
                                       int64_t block_rows, bool skip_masked, bool causal,
                                       uint8_t* context);
+  // Bytes of the f32 scores of all the set's heads for one sequence.
+  static int64_t ScoresBytes(const HeadSet& set, int64_t query_length,
+                             int64_t key_length);
+  // Whether a sequence takes the long path: its scores exceed the block budget, or it
+  // is causal and long enough for its masked triangle to be skipped.
+  bool IsLong(const HeadSet& set, int64_t query_length, int64_t key_length,
+              bool causal) const;
   // Whether a sequence of these lengths runs through FlashAttention (see
   // Options::attention_kernel); its caller has checked for f32 compute and no weights.
   bool UseFlash(const HeadSet& set, int64_t query_length, int64_t key_length,
