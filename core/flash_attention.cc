@@ -50,7 +50,7 @@ float ExpShiftScalar(float* s, int64_t n, float shift) {
 // The products: register-blocked kernels (flash_kernels.h) where the ISA has them,
 // else oneDNN's sgemm.
 using ScoresKernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t,
-                              int64_t, float*);
+                              int64_t, int64_t, float*, float*);
 using ContextKernel = void (*)(const float*, int64_t, const float*, int64_t, int64_t,
                                int64_t, int64_t, const float*, bool, float*, int64_t);
 
@@ -100,9 +100,9 @@ int64_t RoundUp(int64_t value, int64_t multiple) {
 }
 
 // Floats of one thread's buffer: scores [query_rows, keys rounded up to a panel] and
-// three per-row values.
+// four per-row values.
 int64_t BufferFloats(const FlashTiles& tiles) {
-  return tiles.query_rows * RoundUp(tiles.keys, Unit().panel_keys) + 3 * tiles.query_rows;
+  return tiles.query_rows * RoundUp(tiles.keys, Unit().panel_keys) + 4 * tiles.query_rows;
 }
 
 // Floats of one head's packed keys (panels, padded) and values ([key_length,
@@ -134,6 +134,7 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
   float* row_max = scores + tiles.query_rows * RoundUp(tiles.keys, unit.panel_keys);
   float* row_sum = row_max + tiles.query_rows;
   float* rescale = row_sum + tiles.query_rows;
+  float* block_maxima = rescale + tiles.query_rows;  // the kernels' row maxima
   std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
   std::fill(row_sum, row_sum + rows, 0.0f);
   const int64_t last_row = item.first_row + rows - 1;
@@ -150,8 +151,8 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
       // Whole panels: the scores past `keys` (later keys or the zero padding) are
       // never read.
       stride = RoundUp(keys, unit.panel_keys);
-      unit.scores(q, width, packed + first_key * head_dim, stride, rows, head_dim,
-                  scores);
+      unit.scores(q, width, packed + first_key * head_dim, stride, keys, rows, head_dim,
+                  scores, block_maxima);
     } else {
       const dnnl_status_t status =
           dnnl_sgemm('N', 'T', rows, keys, head_dim, 1.0f, q, width,
@@ -161,6 +162,9 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
     const bool first = first_key == 0;
     for (int64_t r = 0; r < rows; ++r) {
       float* row = scores + r * stride;
+      // The kernels' maximum, unless keys of the row are masked below (its maximum
+      // over them could exceed the visible scores' by enough to flush them all to 0).
+      bool masked = !kernels;
       if (causal) {
         // Keys after this query row are left out; the row's own key is always in the
         // first block, so its maximum is finite from the first block on.
@@ -168,9 +172,10 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
         if (visible < keys) {
           std::fill(row + std::max<int64_t>(visible, 0), row + keys,
                     -std::numeric_limits<float>::infinity());
+          masked = true;
         }
       }
-      const float block_max = unit.max(row, keys);
+      const float block_max = masked ? unit.max(row, keys) : block_maxima[r];
       const float new_max = std::max(row_max[r], block_max);
       const float sum = unit.exp_shift(row, keys, new_max);
       // The earlier blocks' sum and context were relative to the old maximum.

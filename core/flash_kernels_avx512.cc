@@ -1,8 +1,10 @@
 // flash_kernels.inc for AVX-512 (compiled with -mavx512f -mfma; see core/CMakeLists.txt).
 // GCC 12's AVX-512 intrinsics pass _mm512_undefined_ps() (a self-initialised variable)
-// as the unused merge source, which -Wmaybe-uninitialized reports at every use.
+// as the unused merge source, which -Wmaybe-uninitialized (and, where the use is in a
+// function that is not inlined, -Wuninitialized) reports at every use.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <immintrin.h>
 

@@ -136,6 +136,44 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(int64_t{64}, int64_t{16}, int64_t{24},
                                          int64_t{20})));
 
+// Each key block's row maximum is taken inside the scores kernel, over the row's valid
+// keys only. Scores near -128 would all flush to 0 (and the rows to NaN) if a zero
+// padding key or a masked later key entered that maximum; so would causal rows whose
+// later, masked keys score far above the visible ones.
+TEST(FlashAttentionShiftTest, RowMaximumCoversOnlyVisibleKeys) {
+  const int64_t heads = 2, head_dim = 64, width = heads * head_dim;
+  for (const bool causal : {false, true}) {
+    // 45 keys: one whole 32-key panel (AVX-512) or two 16-key ones (AVX2), then a
+    // partial panel.
+    Planes planes = MakePlanes(45, 45, width, 11, 0.1f);
+    for (int64_t j = 0; j < planes.key_length; ++j) {
+      for (int64_t c = 0; c < width; ++c) {
+        float& key = planes.k[j * width + c];
+        // Non-causal: q.k near -128 for every key. Causal: q.k grows by ~6.4 a key, so
+        // every row's masked keys outscore its visible ones by hundreds.
+        key = causal ? 0.1f * static_cast<float>(j) + 0.01f * key : 1.0f + 0.1f * key;
+      }
+    }
+    for (float& query : planes.q) query = causal ? 1.0f + query : -2.0f + query;
+    for (const FlashTiles tiles : {FlashTiles{64, 256}, FlashTiles{16, 7}}) {
+      std::fill(planes.context.begin(), planes.context.end(), NAN);
+      const FlashSequence sequence{planes.q.data(),     planes.k.data(),
+                                   planes.v.data(),     planes.context.data(),
+                                   planes.query_length, planes.key_length};
+      FlashScratch scratch;
+      ASSERT_TRUE(FlashAttention({&sequence, 1}, heads, head_dim, width, causal, tiles, 1,
+                                 scratch)
+                      .ok());
+      // Scores of order 100 in fp32 carry errors of order 1e-5 into the weights.
+      EXPECT_LE((MaxAbsDiff<float, double>(
+                    planes.context, Naive(planes, heads, head_dim, width, causal))),
+                2e-4)
+          << (causal ? "causal" : "full") << ", tiles " << tiles.query_rows << " x "
+          << tiles.keys << ", unit " << FlashVectorUnit();
+    }
+  }
+}
+
 TEST(FlashAttentionErrorsTest, RefusesBadTilesAndShapes) {
   Planes planes = MakePlanes(4, 6, 8, 1, 1.0f);
   const FlashSequence sequence{
