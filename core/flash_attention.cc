@@ -162,9 +162,10 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
     const bool first = first_key == 0;
     for (int64_t r = 0; r < rows; ++r) {
       float* row = scores + r * stride;
-      // The kernels' maximum, unless keys of the row are masked below (its maximum
-      // over them could exceed the visible scores' by enough to flush them all to 0).
-      bool masked = !kernels;
+      // A pass over the row for its maximum without the kernels, or when keys of the
+      // row are masked below (the kernels' maximum over them could exceed the visible
+      // scores' by enough to flush them all to 0).
+      bool scan_for_max = !kernels;
       if (causal) {
         // Keys after this query row are left out; the row's own key is always in the
         // first block, so its maximum is finite from the first block on.
@@ -172,10 +173,10 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
         if (visible < keys) {
           std::fill(row + std::max<int64_t>(visible, 0), row + keys,
                     -std::numeric_limits<float>::infinity());
-          masked = true;
+          scan_for_max = true;
         }
       }
-      const float block_max = masked ? unit.max(row, keys) : block_maxima[r];
+      const float block_max = scan_for_max ? unit.max(row, keys) : block_maxima[r];
       const float new_max = std::max(row_max[r], block_max);
       const float sum = unit.exp_shift(row, keys, new_max);
       // The earlier blocks' sum and context were relative to the old maximum.

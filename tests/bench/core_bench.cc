@@ -65,41 +65,32 @@ bool TimeForward(benchmark::State& state, const ModelSpec& spec,
   // Untimed calls first, as the peers get (torch_mha.py's median_ms) and as the server's
   // warm-up gives every model before it serves: the first call faults in its scratch
   // buffers (about 30,000 pages at (1, 4096, 1024)), which once made the 2-thread long
-  // rows read 10-15% slow against warmed-up peers.
-  for (int call = 0; call < kWarmUpCalls; ++call) {
-    const absl::Status status =
-        (*attention)->Forward(packed, attention_options, absl::MakeSpan(output));
-    if (!status.ok()) {
-      state.SkipWithError(status.ToString().c_str());
-      return false;
-    }
-  }
-  // Each call timed too: the peers report the median call of at least 3, and so does
-  // the "median_ms" counter (make bench-core reads it), which one slow call on a shared
-  // host cannot move as it moves the mean.
+  // rows read 10-15% slow against warmed-up peers. Then each call is timed too: the
+  // peers report the median call of at least 3, and so does the "median_ms" counter
+  // (make bench-core reads it), which one slow call on a shared host cannot move as it
+  // moves the mean.
   std::vector<double> call_ms;
-  const auto timed_call = [&]() {
+  const auto call = [&](bool timed) {
     const auto begin = std::chrono::steady_clock::now();
     const absl::Status status =
         (*attention)->Forward(packed, attention_options, absl::MakeSpan(output));
-    call_ms.push_back(std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - begin)
-                          .count());
-    benchmark::DoNotOptimize(output.data());
-    return status;
-  };
-  for (auto _ : state) {
-    const absl::Status status = timed_call();
-    if (!status.ok()) {
-      state.SkipWithError(status.ToString().c_str());
-      return false;
+    if (timed) {
+      call_ms.push_back(std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - begin)
+                            .count());
     }
+    benchmark::DoNotOptimize(output.data());
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+    return status.ok();
+  };
+  for (int i = 0; i < kWarmUpCalls; ++i) {
+    if (!call(false)) return false;
+  }
+  for (auto _ : state) {
+    if (!call(true)) return false;
   }
   while (call_ms.size() < kMinTimedCalls) {
-    if (!timed_call().ok()) {
-      state.SkipWithError("a timed call failed");
-      return false;
-    }
+    if (!call(true)) return false;
   }
   std::sort(call_ms.begin(), call_ms.end());
   state.counters["median_ms"] = call_ms[call_ms.size() / 2];
