@@ -1,4 +1,5 @@
 // attnserve: the multi-head attention gRPC server.
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "cli/help.h"
 #include "core/device.h"
 #include "server/attention_server.h"
+#include "server/batching/thread_scheduling.h"
 #include "server/models/host_resources.h"
 #include "server/observability/event_log.h"
 #include "transport/transport.h"
@@ -66,6 +68,11 @@ ABSL_FLAG(int, answer_threads, 0,
           "Threads per model that build, serialize and send responses, so that a "
           "compute worker starts its next batch at once; 0 = the worker answers its own "
           "batch first.");
+ABSL_FLAG(bool, compute_first, true,
+          "Run the I/O threads (gRPC, HTTP, metrics) under Linux's SCHED_BATCH and the "
+          "compute workers under SCHED_OTHER, so that a packet or timer waking an I/O "
+          "thread does not preempt a batch computing on the same core; false: every "
+          "thread SCHED_OTHER.");
 ABSL_FLAG(int, intra_op_threads, 0,
           "OpenMP threads per worker; 0 = the cores divided by the instances.");
 ABSL_FLAG(int64_t, max_sequence_length, 8192,
@@ -248,6 +255,16 @@ int Run() {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Likewise the scheduling policy: every thread started below runs under SCHED_BATCH
+  // but the batch workers, which the batchers set back to SCHED_OTHER.
+  if (absl::GetFlag(FLAGS_compute_first)) {
+    const absl::Status status =
+        server::SetSchedulingPolicy(pthread_self(), server::SchedulingPolicy::kBatch);
+    options.models.batching.compute_first = status.ok();
+    if (!status.ok()) {
+      server::LogEvent("compute_first_off", {{"error", status.ToString()}});
+    }
+  }
 
   absl::StatusOr<std::unique_ptr<server::AttentionServer>> attention_server =
       server::AttentionServer::Create(options);

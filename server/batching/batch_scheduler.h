@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "server/batching/clock.h"
+#include "server/batching/thread_scheduling.h"
 
 namespace attnserve::server {
 
@@ -95,6 +96,11 @@ struct BatchingOptions {
   // answers go out. 0 = each worker answers its own batch before taking the next.
   // Range [0, 256].
   int answer_threads = 0;
+  // Whether the workers run compute first (thread_scheduling.h): Create sets each to
+  // SCHED_OTHER before it takes a batch, for a server whose other threads run under
+  // SCHED_BATCH, so that their wake-ups do not preempt a batch computing on the same
+  // core. false: the workers keep the policy of the thread that called Create.
+  bool compute_first = false;
   // Source of time; not owned; must outlive the scheduler. Null means RealClock.
   Clock* clock = nullptr;
   BatcherObserver observer;
@@ -132,17 +138,30 @@ class BatchScheduler {
   using Executor =
       std::function<absl::Status(int instance, absl::Span<Task* const> batch)>;
 
-  // InvalidArgument naming a bad option.
+  // Starts the workers and answer threads. Returns InvalidArgument naming a bad
+  // option, or with compute_first the FailedPrecondition of a worker whose policy the
+  // kernel would not set (the threads already started are joined).
   static absl::StatusOr<std::unique_ptr<BatchScheduler>> Create(
       const BatchingOptions& options, Executor executor) {
     if (absl::Status status = CheckBatchingOptions(options); !status.ok()) return status;
     std::unique_ptr<BatchScheduler> scheduler(
         new BatchScheduler(options, std::move(executor)));
+    // Named for `top -H` and perf. A worker's policy is set here, before any task can
+    // reach it, so the intra-op threads it starts at its first batch inherit it.
     for (int i = 0; i < options.instances; ++i) {
-      scheduler->workers_.emplace_back(&BatchScheduler::WorkerLoop, scheduler.get(), i);
+      std::thread& worker = scheduler->workers_.emplace_back(&BatchScheduler::WorkerLoop,
+                                                             scheduler.get(), i);
+      pthread_setname_np(worker.native_handle(), "attn-compute");
+      if (options.compute_first) {
+        absl::Status status =
+            SetSchedulingPolicy(worker.native_handle(), SchedulingPolicy::kOther);
+        if (!status.ok()) return status;
+      }
     }
     for (int i = 0; i < options.answer_threads; ++i) {
-      scheduler->answerers_.emplace_back(&BatchScheduler::AnswerLoop, scheduler.get());
+      std::thread& answerer = scheduler->answerers_.emplace_back(
+          &BatchScheduler::AnswerLoop, scheduler.get());
+      pthread_setname_np(answerer.native_handle(), "attn-answer");
     }
     return scheduler;
   }

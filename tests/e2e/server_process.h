@@ -72,6 +72,8 @@ class ServerProcess {
 
   void Signal(int signal_number) { kill(pid_, signal_number); }
 
+  pid_t pid() const { return pid_; }
+
   // Blocks until the process ends; its exit code, or 128 + signal.
   int Wait() {
     int status = 0;

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,8 +13,11 @@
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
 #include "client/attention_client.h"
@@ -206,6 +210,62 @@ TEST(ServerProcessTest, SigkillFailsInFlightCallsAndTheClientRecoversAfterRestar
   EXPECT_TRUE(recovered.ok()) << recovered;
   second.Signal(SIGTERM);
   EXPECT_EQ(second.Wait(), 0) << second.Stderr();
+}
+
+// (name, scheduling policy) of each of process `pid`'s threads, from /proc: the name
+// is the `comm` field, the policy the 41st field of the thread's stat line.
+std::vector<std::pair<std::string, int>> ThreadPolicies(pid_t pid) {
+  std::vector<std::pair<std::string, int>> threads;
+  const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+  for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream file(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(file)),
+                     std::istreambuf_iterator<char>());
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    // Fields after the name start at the 3rd (state); the policy is the 41st.
+    const std::vector<std::string> fields =
+        absl::StrSplit(stat.substr(close + 2), ' ', absl::SkipEmpty());
+    if (fields.size() < 39) continue;
+    threads.emplace_back(stat.substr(open + 1, close - open - 1), std::stoi(fields[38]));
+  }
+  return threads;
+}
+
+TEST(ServerProcessTest, ComputeWorkersRunUnderSchedOtherAndEveryOtherThreadBatch) {
+  ServerProcess server(ATTNSERVE_BINARY,
+                       {"--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+                        "--http_port=0", "--instances=2", "--intra_op_threads=2"},
+                       StderrPath("compute_first"));
+  const int port = server.ReadPort();
+  ASSERT_GT(port, 0) << server.Stderr();
+  // A batch starts the workers' intra-op threads, which inherit a worker's name.
+  ASSERT_TRUE(Connect(port)->Attend(Request(64)).ok());
+  int compute = 0, other = 0;
+  for (const auto& [name, policy] : ThreadPolicies(server.pid())) {
+    if (name == "attn-compute") {
+      ++compute;
+      EXPECT_EQ(policy, SCHED_OTHER) << name;
+    } else {
+      ++other;
+      EXPECT_EQ(policy, SCHED_BATCH) << name;
+    }
+  }
+  EXPECT_GE(compute, 3);  // 2 workers, and the intra-op thread of the one that ran
+  EXPECT_GE(other, 3);    // main, gRPC's and the HTTP door's threads
+  server.Signal(SIGTERM);
+  EXPECT_EQ(server.Wait(), 0) << server.Stderr();
+
+  ServerProcess fair(ATTNSERVE_BINARY,
+                     {"--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+                      "--http_port=0", "--compute_first=false"},
+                     StderrPath("compute_first_off"));
+  ASSERT_GT(fair.ReadPort(), 0) << fair.Stderr();
+  for (const auto& [name, policy] : ThreadPolicies(fair.pid())) {
+    EXPECT_EQ(policy, SCHED_OTHER) << name;
+  }
+  fair.Signal(SIGTERM);
+  EXPECT_EQ(fair.Wait(), 0) << fair.Stderr();
 }
 
 TEST(ServerProcessTest, BadModelRepositoryFailsStartupNamingTheFile) {

@@ -2,9 +2,13 @@
 // executor that records what it was given. No core, no gRPC; time is a FakeClock.
 #include "server/batching/batch_scheduler.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -422,6 +426,56 @@ TEST(BatchSchedulerTest, BadOptionsAreRefusedByName) {
   EXPECT_EQ(scheduler.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(scheduler.status().message(),
               HasSubstr("answer_threads must be in [0, 256], got -1"));
+}
+
+// What a worker runs as: the policy of the worker and of a thread it starts (as oneDNN's
+// intra-op threads are started at a worker's first batch), and the worker's name. The
+// thread calling Create runs under SCHED_BATCH, as the server's main thread does.
+struct WorkerThreads {
+  int worker_policy = -1;
+  int started_thread_policy = -1;
+  std::string worker_name;
+};
+
+WorkerThreads RunOneBatch(bool compute_first) {
+  FakeClock clock;
+  BatchingOptions options = Options(clock);
+  options.max_batch_size = 1;
+  options.compute_first = compute_first;
+  sched_param priority{};
+  EXPECT_EQ(pthread_setschedparam(pthread_self(), SCHED_BATCH, &priority), 0);
+  WorkerThreads seen;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(
+      options, [&seen](int /*instance*/, absl::Span<FakeTask* const> /*batch*/) {
+        seen.worker_policy = sched_getscheduler(0);
+        std::thread([&seen] {
+          seen.started_thread_policy = sched_getscheduler(0);
+        }).join();
+        char name[16] = {};
+        pthread_getname_np(pthread_self(), name, sizeof(name));
+        seen.worker_name = name;
+        return absl::OkStatus();
+      });
+  EXPECT_EQ(pthread_setschedparam(pthread_self(), SCHED_OTHER, &priority), 0);
+  EXPECT_TRUE(scheduler.ok()) << scheduler.status();
+  if (!scheduler.ok()) return seen;
+  EXPECT_TRUE((*scheduler)->Enqueue(Task(1), recorder.Callback()).ok());
+  recorder.Wait(1);
+  return seen;
+}
+
+TEST(BatchSchedulerTest, ComputeFirstWorkersAndTheirThreadsRunUnderSchedOther) {
+  const WorkerThreads seen = RunOneBatch(/*compute_first=*/true);
+  EXPECT_EQ(seen.worker_policy, SCHED_OTHER);
+  EXPECT_EQ(seen.started_thread_policy, SCHED_OTHER);
+  EXPECT_EQ(seen.worker_name, "attn-compute");
+}
+
+TEST(BatchSchedulerTest, WithoutComputeFirstWorkersKeepTheCreatorsPolicy) {
+  const WorkerThreads seen = RunOneBatch(/*compute_first=*/false);
+  EXPECT_EQ(seen.worker_policy, SCHED_BATCH);
+  EXPECT_EQ(seen.started_thread_policy, SCHED_BATCH);
 }
 
 }  // namespace
