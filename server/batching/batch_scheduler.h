@@ -5,6 +5,8 @@
 #ifndef ATTNSERVE_SERVER_BATCHING_BATCH_SCHEDULER_H_
 #define ATTNSERVE_SERVER_BATCHING_BATCH_SCHEDULER_H_
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -379,6 +381,12 @@ class BatchScheduler {
     return std::nullopt;
   }
 
+  // Whether no task is queued (the next batch may still be forming in gRPC's threads).
+  bool QueueEmpty() {
+    absl::MutexLock lock(&mu_);
+    return queue_.empty();
+  }
+
   void WorkerLoop(int instance) {
     std::vector<Task*> tasks;
     while (true) {
@@ -430,10 +438,15 @@ class BatchScheduler {
       }
       if (answerers_.empty()) {
         for (Pending& pending : batch.tasks) Answer(pending, status);
-        continue;
+      } else {
+        absl::MutexLock lock(&answer_mu_);
+        answers_.push_back(Executed{std::move(batch.tasks), status});
       }
-      absl::MutexLock lock(&answer_mu_);
-      answers_.push_back(Executed{std::move(batch.tasks), status});
+      // Under compute first the I/O threads that the answers woke wait for this thread
+      // to block; with nothing queued it yields at once instead, so that the answers go
+      // out as soon as they did under SCHED_OTHER (without it, concurrency 1 measured 2%
+      // slower). With a batch waiting, compute goes on first.
+      if (options_.compute_first && QueueEmpty()) sched_yield();
     }
   }
 
