@@ -68,11 +68,12 @@ ABSL_FLAG(int, answer_threads, 0,
           "Threads per model that build, serialize and send responses, so that a "
           "compute worker starts its next batch at once; 0 = the worker answers its own "
           "batch first.");
-ABSL_FLAG(bool, compute_first, true,
+ABSL_FLAG(bool, compute_first, false,
           "Run the I/O threads (gRPC, HTTP, metrics) under Linux's SCHED_BATCH and the "
           "compute workers under SCHED_OTHER, so that a packet or timer waking an I/O "
-          "thread does not preempt a batch computing on the same core; false: every "
-          "thread SCHED_OTHER.");
+          "thread does not preempt a batch computing on the same core (lower p99 under "
+          "load where they share cores; but the I/O threads no longer preempt other "
+          "processes either); false: every thread SCHED_OTHER.");
 ABSL_FLAG(int, intra_op_threads, 0,
           "OpenMP threads per worker; 0 = the cores divided by the instances.");
 ABSL_FLAG(int64_t, max_sequence_length, 8192,

@@ -470,6 +470,19 @@ def main():
               f"{int(row['p50 latency']) / 1e3:7.2f} ms  p99 {int(row['p99 latency']) / 1e3:7.2f} ms",
               flush=True)
 
+    # 4d. The design choice --compute_first against the default (every thread under
+    # SCHED_OTHER, `ours` above): the same load on the same server otherwise.
+    server, target, metrics = attnserve("--compute_first")
+    first_steps = bench(target, "--concurrency=1,16", "--seq_len=128")
+    stop(server)
+    print("4d. --compute_first (I/O threads SCHED_BATCH, compute SCHED_OTHER) vs the default "
+          "(all SCHED_OTHER), L=128:")
+    for first, other in zip(first_steps, ours):
+        print(f"   concurrency {first['level']:>4.0f}: on {line(first)} | off {line(other)} | "
+              f"throughput x{first['requests_per_second'] / other['requests_per_second']:.2f}"
+              f", p99 x{first['latency_ms']['p99'] / other['latency_ms']['p99']:.2f}",
+              flush=True)
+
     # 5. Large messages: d=1024, L=2048 (8 MiB each way). Transport time = client mean
     # minus the server's own request time; the echo shows the floor for the same bytes.
     mib8 = 2048 * 1024 * 4

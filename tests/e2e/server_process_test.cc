@@ -232,11 +232,13 @@ std::vector<std::pair<std::string, int>> ThreadPolicies(pid_t pid) {
   return threads;
 }
 
-TEST(ServerProcessTest, ComputeWorkersRunUnderSchedOtherAndEveryOtherThreadBatch) {
-  ServerProcess server(ATTNSERVE_BINARY,
-                       {"--host=127.0.0.1", "--port=0", "--metrics_port=-1",
-                        "--http_port=0", "--instances=2", "--intra_op_threads=2"},
-                       StderrPath("compute_first"));
+// --compute_first, then the default (off).
+TEST(ServerProcessTest, ComputeFirstRunsWorkersUnderSchedOtherAndEveryOtherThreadBatch) {
+  ServerProcess server(
+      ATTNSERVE_BINARY,
+      {"--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--http_port=0",
+       "--instances=2", "--intra_op_threads=2", "--compute_first"},
+      StderrPath("compute_first"));
   const int port = server.ReadPort();
   ASSERT_GT(port, 0) << server.Stderr();
   // A batch starts the workers' intra-op threads, which inherit a worker's name.
@@ -256,10 +258,10 @@ TEST(ServerProcessTest, ComputeWorkersRunUnderSchedOtherAndEveryOtherThreadBatch
   server.Signal(SIGTERM);
   EXPECT_EQ(server.Wait(), 0) << server.Stderr();
 
-  ServerProcess fair(ATTNSERVE_BINARY,
-                     {"--host=127.0.0.1", "--port=0", "--metrics_port=-1",
-                      "--http_port=0", "--compute_first=false"},
-                     StderrPath("compute_first_off"));
+  ServerProcess fair(
+      ATTNSERVE_BINARY,
+      {"--host=127.0.0.1", "--port=0", "--metrics_port=-1", "--http_port=0"},
+      StderrPath("compute_first_off"));
   ASSERT_GT(fair.ReadPort(), 0) << fair.Stderr();
   for (const auto& [name, policy] : ThreadPolicies(fair.pid())) {
     EXPECT_EQ(policy, SCHED_OTHER) << name;
