@@ -471,17 +471,30 @@ def main():
               flush=True)
 
     # 4d. The design choice --compute_first against the default (every thread under
-    # SCHED_OTHER, `ours` above): the same load on the same server otherwise.
-    server, target, metrics = attnserve("--compute_first")
-    first_steps = bench(target, "--concurrency=1,16", "--seq_len=128")
-    stop(server)
+    # SCHED_OTHER): fresh servers, alternating default, on, default, on, so that drift
+    # in this shared host's speed falls on both; the mean of each pair of runs.
+    runs = {"default": [], "on": []}
+    for _ in range(2):
+        for arm, flags in (("default", ()), ("on", ("--compute_first",))):
+            server, target, metrics = attnserve(*flags)
+            runs[arm].append(bench(target, "--concurrency=1,16", "--seq_len=128"))
+            stop(server)
     print("4d. --compute_first (I/O threads SCHED_BATCH, compute SCHED_OTHER) vs the default "
-          "(all SCHED_OTHER), L=128:")
-    for first, other in zip(first_steps, ours):
-        print(f"   concurrency {first['level']:>4.0f}: on {line(first)} | off {line(other)} | "
-              f"throughput x{first['requests_per_second'] / other['requests_per_second']:.2f}"
-              f", p99 x{first['latency_ms']['p99'] / other['latency_ms']['p99']:.2f}",
-              flush=True)
+          "(all SCHED_OTHER), L=128, mean of 2 alternating runs each:")
+    for level in range(2):
+        def mean(arm, *keys):
+            values = []
+            for steps in runs[arm]:
+                value = steps[level]
+                for key in keys:
+                    value = value[key]
+                values.append(value)
+            return sum(values) / len(values)
+        on_rps, off_rps = mean("on", "requests_per_second"), mean("default", "requests_per_second")
+        on_p99, off_p99 = mean("on", "latency_ms", "p99"), mean("default", "latency_ms", "p99")
+        print(f"   concurrency {runs['on'][0][level]['level']:>4.0f}: on {on_rps:8.1f} req/s  "
+              f"p99 {on_p99:7.2f} ms | default {off_rps:8.1f} req/s  p99 {off_p99:7.2f} ms | "
+              f"throughput x{on_rps / off_rps:.2f}, p99 x{on_p99 / off_p99:.2f}", flush=True)
 
     # 5. Large messages: d=1024, L=2048 (8 MiB each way). Transport time = client mean
     # minus the server's own request time; the echo shows the floor for the same bytes.
