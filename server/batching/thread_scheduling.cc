@@ -8,19 +8,15 @@
 
 namespace attnserve::server {
 
-absl::string_view SchedulingPolicyName(SchedulingPolicy policy) {
-  return policy == SchedulingPolicy::kBatch ? "SCHED_BATCH" : "SCHED_OTHER";
-}
-
 absl::Status SetSchedulingPolicy(pthread_t thread, SchedulingPolicy policy) {
-  sched_param priority{};
-  priority.sched_priority = 0;
-  const int error = pthread_setschedparam(
-      thread, policy == SchedulingPolicy::kBatch ? SCHED_BATCH : SCHED_OTHER, &priority);
+  const bool batch = policy == SchedulingPolicy::kBatch;
+  const sched_param priority{};  // static priority 0, the only one these policies take
+  const int error =
+      pthread_setschedparam(thread, batch ? SCHED_BATCH : SCHED_OTHER, &priority);
   if (error != 0) {
-    return absl::FailedPreconditionError(absl::StrCat("cannot set scheduling policy ",
-                                                      SchedulingPolicyName(policy), ": ",
-                                                      std::strerror(error)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot set scheduling policy ",
+                     batch ? "SCHED_BATCH" : "SCHED_OTHER", ": ", std::strerror(error)));
   }
   return absl::OkStatus();
 }

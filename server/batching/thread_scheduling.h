@@ -10,7 +10,6 @@
 #include <pthread.h>
 
 #include "absl/status/status.h"
-#include "absl/strings/string_view.h"
 
 namespace attnserve::server {
 
@@ -18,9 +17,6 @@ enum class SchedulingPolicy {
   kOther,  // SCHED_OTHER, Linux's default: a waking thread may preempt the running one.
   kBatch,  // SCHED_BATCH: the same share of the CPU, without preempting on wake-up.
 };
-
-// "SCHED_OTHER" or "SCHED_BATCH".
-absl::string_view SchedulingPolicyName(SchedulingPolicy policy);
 
 // Sets `thread`'s policy, at static priority 0; threads it starts later inherit it.
 // Needs no privilege: any thread may move itself or a sibling between these two.

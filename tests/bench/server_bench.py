@@ -505,18 +505,10 @@ def main():
             stop(server)
     print("4d. --compute_first (I/O threads SCHED_BATCH, compute SCHED_OTHER) vs the default "
           "(all SCHED_OTHER), L=128, mean of 2 alternating runs each:")
-    for level in range(2):
-        def mean(arm, *keys):
-            values = []
-            for steps in runs[arm]:
-                value = steps[level]
-                for key in keys:
-                    value = value[key]
-                values.append(value)
-            return sum(values) / len(values)
-        on_rps, off_rps = mean("on", "requests_per_second"), mean("default", "requests_per_second")
-        on_p99, off_p99 = mean("on", "latency_ms", "p99"), mean("default", "latency_ms", "p99")
-        print(f"   concurrency {runs['on'][0][level]['level']:>4.0f}: on {on_rps:8.1f} req/s  "
+    for on, off in zip(mean_steps(runs["on"]), mean_steps(runs["default"])):
+        on_rps, off_rps = on["requests_per_second"], off["requests_per_second"]
+        on_p99, off_p99 = on["latency_ms"]["p99"], off["latency_ms"]["p99"]
+        print(f"   concurrency {on['level']:>4.0f}: on {on_rps:8.1f} req/s  "
               f"p99 {on_p99:7.2f} ms | default {off_rps:8.1f} req/s  p99 {off_p99:7.2f} ms | "
               f"throughput x{on_rps / off_rps:.2f}, p99 x{on_p99 / off_p99:.2f}", flush=True)
 
