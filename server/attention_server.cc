@@ -18,6 +18,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "server/observability/event_log.h"
+#include "transport/listen_error.h"
 #include "transport/transport.h"
 
 namespace attnserve::server {
@@ -217,6 +218,9 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
   builder.SetResourceQuota(quota);
   transport::ApplyTransportDefaults(builder);
+  // gRPC sets SO_REUSEPORT by default: a second server on the same port then binds
+  // silently beside the first and takes half its connections. Only when asked.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, options.reuse_grpc_port ? 1 : 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
                              options.max_concurrent_streams);
   if (options.max_connection_age > absl::ZeroDuration() &&
@@ -234,13 +238,14 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    return transport::ListenError("gRPC", "--port", options.host, options.port);
   }
   if (options.http_port >= 0) {
     KServeHttp::Options http_options;
     http_options.host = options.host;
     http_options.port = options.http_port;
     http_options.default_timeout = options.http_timeout;
+    http_options.keep_alive_timeout = options.http_keep_alive_timeout;
     // JSON text of a tensor is several times its bytes; binary requests are smaller.
     http_options.max_body_bytes = 4 * static_cast<int64_t>(options.max_message_bytes);
     absl::StatusOr<std::unique_ptr<KServeHttp>> http =

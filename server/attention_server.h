@@ -72,6 +72,11 @@ class AttentionServer {
     int http_port = -1;
     // How long an HTTP infer request may take when it sets no "timeout" parameter.
     absl::Duration http_timeout = absl::Seconds(60);
+    // How long an idle kept-alive HTTP connection stays open (KServeHttp::Options).
+    absl::Duration http_keep_alive_timeout = absl::Seconds(75);
+    // Let another process bind the same gRPC port beside this one (SO_REUSEPORT), and
+    // share its connections. Off: a second server on a taken port fails at start.
+    bool reuse_grpc_port = false;
     // Extra integer gRPC channel arguments for the server (name -> value), e.g.
     // {"grpc.http2.max_frame_size", 16777215}; applied after the ones above.
     std::vector<std::pair<std::string, int>> grpc_arguments;

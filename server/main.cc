@@ -129,6 +129,13 @@ ABSL_FLAG(
 ABSL_FLAG(absl::Duration, http_timeout, absl::Seconds(60),
           "How long a KServe HTTP infer request may take when it sets no \"timeout\" "
           "parameter (microseconds, as Triton defines it); then 504.");
+ABSL_FLAG(absl::Duration, http_keep_alive_timeout, absl::Seconds(75),
+          "How long an idle kept-alive HTTP connection stays open (said in each "
+          "answer's Keep-Alive header); each open connection holds an HTTP thread. "
+          "Range [1s, 1h].");
+ABSL_FLAG(bool, reuse_grpc_port, false,
+          "Let other processes bind the same gRPC port (SO_REUSEPORT) and share its "
+          "connections; off, a second server on a taken port fails at start.");
 ABSL_FLAG(
     std::string, port_file, "",
     "After binding, write the gRPC port to this file (for health checks and scripts, "
@@ -192,6 +199,8 @@ int Run() {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_timeout = absl::GetFlag(FLAGS_http_timeout);
+  options.http_keep_alive_timeout = absl::GetFlag(FLAGS_http_keep_alive_timeout);
+  options.reuse_grpc_port = absl::GetFlag(FLAGS_reuse_grpc_port);
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "transport/listen_error.h"
 
 namespace attnserve::server {
 namespace {
@@ -53,14 +54,23 @@ absl::StatusOr<std::unique_ptr<MetricsHttp>> MetricsHttp::Start(
   const bool ipv6 = absl::StrContains(options.host, ':');
   const std::string address = ipv6 ? absl::StrCat("[", options.host, "]:", options.port)
                                    : absl::StrCat(options.host, ":", options.port);
-  const char* civet_options[] = {
-      "listening_ports", address.c_str(),     "num_threads", "4",    "request_timeout_ms",
-      "10000",           "enable_keep_alive", "yes",         nullptr};
+  const char* civet_options[] = {"listening_ports",
+                                 address.c_str(),
+                                 "num_threads",
+                                 "4",
+                                 "request_timeout_ms",
+                                 "10000",
+                                 "enable_keep_alive",
+                                 "yes",
+                                 "tcp_nodelay",
+                                 "1",
+                                 nullptr};
   mg_callbacks callbacks;
   std::memset(&callbacks, 0, sizeof(callbacks));
   http->context_ = mg_start(&callbacks, http.get(), civet_options);
   if (http->context_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot serve /metrics on ", address));
+    return transport::ListenError("metrics", "--metrics_port", options.host,
+                                  options.port);
   }
   mg_set_request_handler(http->context_, "/", Dispatch, http.get());
   mg_server_port ports[1];
