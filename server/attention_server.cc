@@ -118,8 +118,12 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   model_options.make_observer = [metrics](const v1::ModelInfo& info) {
     return metrics->AddModel(info);
   };
-  model_options.on_event = [metrics](const ModelEvent& event) {
+  model_options.on_event = [metrics, raw = server.get()](const ModelEvent& event) {
     metrics->OnModelEvent(event);
+    if (event.kind == ModelEvent::Kind::kLoaded ||
+        event.kind == ModelEvent::Kind::kUnloaded) {
+      raw->SyncModelHealth(event.model);
+    }
     if (event.kind == ModelEvent::Kind::kLoaded) {
       metrics->SetProjectionChoices(core::CpuProjectionChoiceList());
       metrics->SetAttentionChoices(core::CpuAttentionChoiceList());
@@ -256,10 +260,22 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus("", true);
   health->SetServingStatus(v1::AttentionService::service_full_name(), true);
+  {
+    // From here on, loads and unloads keep each model's status current; a model the
+    // registry changes meanwhile is set twice, the same way.
+    absl::MutexLock lock(&server->health_mu_);
+    server->health_ = health;
+  }
   for (const auto& model : server->registry_->models()) {
-    health->SetServingStatus(model->name, true);
+    server->SyncModelHealth(model->name);
   }
   return server;
+}
+
+void AttentionServer::SyncModelHealth(const std::string& model) {
+  absl::MutexLock lock(&health_mu_);
+  if (health_ == nullptr) return;
+  health_->SetServingStatus(model, pipeline_->ModelReady(model));
 }
 
 AttentionServer::~AttentionServer() { Shutdown(); }
@@ -280,7 +296,12 @@ void AttentionServer::Shutdown() {
   const absl::Time start = absl::Now();
   LogEvent("shutdown_started",
            {{"grace_period", absl::FormatDuration(options_.grace_period)}});
-  // Sets every service NOT_SERVING and ignores later updates.
+  // Registry events stop touching health; then every service turns NOT_SERVING (and
+  // the service ignores later updates).
+  {
+    absl::MutexLock lock(&health_mu_);
+    health_ = nullptr;
+  }
   server_->GetHealthCheckService()->Shutdown();
   // One drain state for every door: new calls are answered UNAVAILABLE from now on,
   // before any work (clients with a retry policy retry them elsewhere), and readiness

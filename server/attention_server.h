@@ -110,11 +110,20 @@ class AttentionServer {
  private:
   AttentionServer() = default;
 
+  // Sets `model`'s grpc.health.v1 status to what the pipeline says of it now; called
+  // on each registry load and unload, on the thread that made it. A no-op before the
+  // gRPC server runs and once it has begun shutting down.
+  void SyncModelHealth(const std::string& model);
+
   Options options_;
   int port_ = 0;
   int metrics_port_ = -1;
   // Declared before what reports into it, so it is destroyed after them.
   std::unique_ptr<ServerMetrics> metrics_;
+  // The gRPC server's health service while it serves (registry events update it);
+  // declared before the registry, whose events lock it.
+  absl::Mutex health_mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) = nullptr;
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<TokenAuthenticator> auth_;
   std::unique_ptr<MetricsHttp> metrics_http_;

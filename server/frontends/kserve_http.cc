@@ -354,7 +354,6 @@ void KServeHttp::Route(mg_connection* connection) {
   const std::string method = request->request_method;
   const std::string uri = request->local_uri;
   if (options_.on_request) options_.on_request(uri);
-  const bool ready = !pipeline_->draining();
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"
   const auto not_found = [&] {
@@ -376,7 +375,7 @@ void KServeHttp::Route(mg_connection* connection) {
     if (method != "GET") return wrong_method("GET");
     if (parts[2] == "live") return Send(connection, 200, JsonText({{"live", true}}));
     if (parts[2] != "ready") return not_found();
-    const bool serving = ready && !pipeline_->registry()->models().empty();
+    const bool serving = pipeline_->Ready();
     return Send(connection, serving ? 200 : 503, JsonText({{"ready", serving}}));
   }
   if (parts.size() >= 3 && parts[1] == "repository") {
@@ -386,7 +385,7 @@ void KServeHttp::Route(mg_connection* connection) {
   if (!ParseModelRoute(parts, &route)) return not_found();
   if (route.action == "ready") {
     if (method != "GET") return wrong_method("GET");
-    const bool serving = ready && pipeline_->FindModel(route.model, route.version).ok();
+    const bool serving = pipeline_->ModelReady(route.model, route.version);
     return Send(connection, serving ? 200 : 503,
                 JsonText({{"name", route.model}, {"ready", serving}}));
   }

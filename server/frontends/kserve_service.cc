@@ -27,7 +27,7 @@ grpc::ServerUnaryReactor* KServeService::ServerReady(
     grpc::CallbackServerContext* /*context*/, const inference::ServerReadyRequest*,
     inference::ServerReadyResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "ServerReady");
-  response->set_ready(!pipeline_->draining() && !pipeline_->registry()->models().empty());
+  response->set_ready(pipeline_->Ready());
   return rpc.FinishNow(absl::OkStatus());
 }
 
@@ -35,8 +35,9 @@ grpc::ServerUnaryReactor* KServeService::ModelReady(
     grpc::CallbackServerContext* /*context*/, const inference::ModelReadyRequest* request,
     inference::ModelReadyResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "ModelReady");
-  const bool known = FindServed(request->name(), request->version()).ok();
-  response->set_ready(known && !pipeline_->draining());
+  // The protocol's model endpoints name their model: no default.
+  response->set_ready(!request->name().empty() &&
+                      pipeline_->ModelReady(request->name(), request->version()));
   return rpc.FinishNow(absl::OkStatus());
 }
 

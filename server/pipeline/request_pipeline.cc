@@ -99,6 +99,17 @@ absl::StatusOr<std::shared_ptr<ServedModel>> RequestPipeline::FindModel(
   return absl::NotFoundError(absl::StrCat(asked, " is not served (", served, ")"));
 }
 
+bool RequestPipeline::Ready() const {
+  return !draining() && !registry_->models().empty();
+}
+
+bool RequestPipeline::ModelReady(absl::string_view name,
+                                 absl::string_view version) const {
+  if (draining()) return false;
+  const std::shared_ptr<ServedModel> model = registry_->Find(name);
+  return model != nullptr && (version.empty() || version == model->version);
+}
+
 std::vector<ModelRegistry::IndexEntry> RequestPipeline::RepositoryIndex(
     bool ready_only) const {
   const bool is_draining = draining();

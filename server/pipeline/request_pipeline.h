@@ -113,6 +113,12 @@ class RequestPipeline {
   absl::StatusOr<std::shared_ptr<ServedModel>> FindModel(
       absl::string_view name, absl::string_view version = "") const;
   ModelRegistry* registry() const { return registry_; }
+
+  // ---- Readiness: the one answer every door and gRPC health give.
+  // Not draining, and at least one model served.
+  bool Ready() const;
+  // Not draining, and FindModel(name, version) finds a model. Does not block.
+  bool ModelReady(absl::string_view name, absl::string_view version = "") const;
   // The registry's index as every door reports it: while draining, no model is
   // "READY" (each says the server is shutting down); `ready_only` keeps the ready ones.
   std::vector<ModelRegistry::IndexEntry> RepositoryIndex(bool ready_only) const;

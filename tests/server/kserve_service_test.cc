@@ -11,6 +11,7 @@
 
 #include "core/bfloat16.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/server/test_server.h"
@@ -335,6 +336,93 @@ TEST(KServeRepositoryTest, LoadAndUnloadOverGrpcNameTheirMistakes) {
   EXPECT_TRUE(unload(good_unload).ok());
   EXPECT_EQ(unload(good_unload).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(server.client->GetModel("m").status().code(), absl::StatusCode::kNotFound);
+}
+
+// Per-model grpc.health.v1 status (what Kubernetes probes and health-checking gRPC
+// clients read) follows the registry: a model loaded at runtime turns SERVING, a
+// replaced one stays SERVING, an unloaded one turns NOT_SERVING; ModelReady agrees.
+TEST(ServerHealthTest, PerModelHealthFollowsLoadReplaceAndUnload) {
+  const std::string repository = ::testing::TempDir() + "/health_repository";
+  std::filesystem::remove_all(repository);
+  std::filesystem::create_directories(repository + "/m");
+  std::ofstream(repository + "/m/config.pbtxt")
+      << "d_model: 32\nnum_heads: 2\ngenerated_weights: true\n";
+  auto server = StartServer([&](AttentionServer::Options& options) {
+    options.models.model_repository = repository;
+    options.models.control_mode = ModelControlMode::kExplicit;
+    options.models.builtin_model = false;
+    options.models.warm_up = false;
+  });
+  ASSERT_NE(server.server, nullptr);
+  const auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.server->port()),
+                          grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  auto kserve = inference::GRPCInferenceService::NewStub(channel);
+  using Serving = grpc::health::v1::HealthCheckResponse;
+  // The model's health status, or -1 when the service answers NOT_FOUND.
+  const auto status_of = [&](const std::string& model) {
+    grpc::ClientContext context;
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(model);
+    Serving response;
+    const grpc::Status status = health->Check(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) return -1;
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return static_cast<int>(response.status());
+  };
+  const auto ready = [&](const std::string& model) {
+    grpc::ClientContext context;
+    inference::ModelReadyRequest request;
+    request.set_name(model);
+    inference::ModelReadyResponse response;
+    EXPECT_TRUE(kserve->ModelReady(&context, request, &response).ok());
+    return response.ready();
+  };
+  const auto load = [&](const std::string& model, const std::string& config) {
+    grpc::ClientContext context;
+    inference::RepositoryModelLoadRequest request;
+    request.set_model_name(model);
+    if (!config.empty())
+      (*request.mutable_parameters())["config"].set_string_param(config);
+    inference::RepositoryModelLoadResponse response;
+    return kserve->RepositoryModelLoad(&context, request, &response);
+  };
+  const auto unload = [&](const std::string& model) {
+    grpc::ClientContext context;
+    inference::RepositoryModelUnloadRequest request;
+    request.set_model_name(model);
+    inference::RepositoryModelUnloadResponse response;
+    return kserve->RepositoryModelUnload(&context, request, &response);
+  };
+  // The repository's model at start; a folder added later is not known yet.
+  EXPECT_EQ(status_of("m"), Serving::SERVING);
+  EXPECT_EQ(status_of("n"), -1);
+  EXPECT_FALSE(ready("n"));
+
+  std::filesystem::create_directories(repository + "/n");
+  std::ofstream(repository + "/n/config.pbtxt")
+      << "d_model: 32\nnum_heads: 2\ngenerated_weights: true\n";
+  ASSERT_TRUE(load("n", "").ok());
+  EXPECT_EQ(status_of("n"), Serving::SERVING);
+  EXPECT_TRUE(ready("n"));
+
+  // Replaced by a new configuration: still serving, now the new one.
+  ASSERT_TRUE(
+      load("n", R"({"d_model": 64, "num_heads": 4, "generated_weights": true})").ok());
+  EXPECT_EQ(server.client->GetModel("n")->d_model(), 64);
+  EXPECT_EQ(status_of("n"), Serving::SERVING);
+
+  ASSERT_TRUE(unload("n").ok());
+  EXPECT_EQ(status_of("n"), Serving::NOT_SERVING);
+  EXPECT_FALSE(ready("n"));
+  ASSERT_TRUE(unload("m").ok());
+  EXPECT_EQ(status_of("m"), Serving::NOT_SERVING);
+  EXPECT_FALSE(ready("m"));
+
+  ASSERT_TRUE(load("m", "").ok());
+  EXPECT_EQ(status_of("m"), Serving::SERVING);
+  EXPECT_TRUE(ready("m"));
 }
 
 TEST_F(KServeTest, LoadAndUnloadAreRefusedWhenModelsAreFixed) {
