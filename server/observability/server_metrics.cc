@@ -12,7 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
+#include "google/protobuf/descriptor.h"
+#include "inference/grpc_service.pb.h"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
 #include "server/models/model_registry.h"
@@ -296,26 +299,27 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
            .Register(*registry_);
   // Exported at 0 from the start, so that an alert can tell "none" from "not scraped".
   internal_errors_->Add({{"door", "kserve_http"}});
-  AddRpc("Attend", "unary");
-  AddRpc("AttendStream", "bidi_stream");
-  AddRpc("ListModels", "unary");
-  AddRpc("GetModel", "unary");
-  AddRpc("HeadStatistics", "unary");
-  // KServe v2 / Open Inference Protocol (inference.GRPCInferenceService).
-  for (const char* method : {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata",
-                             "ModelMetadata", "ModelInfer"}) {
-    AddRpc(method, "unary", "inference.GRPCInferenceService");
-  }
-  AddRpc("ModelStreamInfer", "bidi_stream", "inference.GRPCInferenceService");
-  for (const char* method : {"ModelStatistics", "ModelConfig", "RepositoryIndex",
-                             "RepositoryModelLoad", "RepositoryModelUnload"}) {
-    AddRpc(method, "unary", "inference.GRPCInferenceService");
-  }
+  // Every method of both services, read from their descriptors: an RPC added to a
+  // .proto is counted without a list here to forget it in.
+  AddRpcs(
+      *v1::AttendRequest::descriptor()->file()->FindServiceByName("AttentionService"));
+  AddRpcs(*inference::ModelInferRequest::descriptor()->file()->FindServiceByName(
+      "GRPCInferenceService"));
   {
     absl::MutexLock lock(&models_mu_);
     RequestSide(kUnknownModelLabel);
   }
   process_metrics_ = std::make_shared<ProcessCollector>();
+}
+
+void ServerMetrics::AddRpcs(const google::protobuf::ServiceDescriptor& service) {
+  for (int i = 0; i < service.method_count(); ++i) {
+    const google::protobuf::MethodDescriptor& method = *service.method(i);
+    const char* type = method.client_streaming()
+                           ? (method.server_streaming() ? "bidi_stream" : "client_stream")
+                           : (method.server_streaming() ? "server_stream" : "unary");
+    AddRpc(method.name(), type, service.full_name());
+  }
 }
 
 void ServerMetrics::AddRpc(const std::string& method, const std::string& type,

@@ -139,8 +139,10 @@ class ServerMetrics {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(models_mu_);
   ModelMetrics* FindModel(const std::string& model);
   RpcMetrics* FindRpc(absl::string_view method);
+  // grpc_server_* samples for each method of `service`.
+  void AddRpcs(const google::protobuf::ServiceDescriptor& service);
   void AddRpc(const std::string& method, const std::string& type,
-              const std::string& service = "attnserve.v1.AttentionService");
+              const std::string& service);
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* requests_total_;

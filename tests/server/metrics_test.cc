@@ -5,9 +5,13 @@
 #include <thread>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "attnserve/v1/attention.grpc.pb.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "server/observability/server_metrics.h"
 #include "tests/server/test_server.h"
@@ -156,6 +160,46 @@ TEST(ServerMetricsTest, EveryMethodIsCounted) {
                    {"grpc_method=\"GetModel\"", "grpc_code=\"NotFound\""}),
             1);
   EXPECT_EQ(Sample(text, "grpc_server_started_total", {"grpc_method=\"HeadStatistics\""}),
+            1);
+}
+
+// Every RPC the port serves, as its service descriptor lists it, has its
+// grpc_server_* series from the start (at 0), and a call is counted under it: an RPC
+// added to a .proto cannot go uncounted.
+TEST(ServerMetricsTest, EveryMethodOfEveryServiceHasItsSeries) {
+  TestServer server = StartServer();
+  const std::string text = server.server->metrics().Render();
+  int methods = 0;
+  for (const char* name :
+       {"attnserve.v1.AttentionService", "inference.GRPCInferenceService"}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    ASSERT_NE(service, nullptr) << name;
+    for (int i = 0; i < service->method_count(); ++i, ++methods) {
+      const std::vector<std::string> labels = {
+          absl::StrCat("grpc_service=\"", name, "\""),
+          absl::StrCat("grpc_method=\"", service->method(i)->name(), "\"")};
+      EXPECT_EQ(Sample(text, "grpc_server_started_total", labels), 0)
+          << service->method(i)->full_name();
+    }
+  }
+  EXPECT_GE(methods, 18);
+  // Encode, once missing from the list, counts its calls.
+  auto stub = v1::AttentionService::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.server->port()),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  v1::EncodeRequest request;
+  request.set_model("no-such-encoder");
+  v1::EncodeResponse response;
+  EXPECT_EQ(stub->Encode(&context, request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(server.server->metrics().Render(), "grpc_server_handled_total",
+                  {"grpc_method=\"Encode\"", "grpc_code=\"NotFound\""}) == 1;
+  }));
+  EXPECT_EQ(Sample(server.server->metrics().Render(), "grpc_server_started_total",
+                   {"grpc_method=\"Encode\""}),
             1);
 }
 
