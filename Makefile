@@ -9,7 +9,7 @@ TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 40
 
-.PHONY: all deps deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-grid format clean
+.PHONY: all deps client deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-grid format clean
 
 all: build
 
@@ -20,6 +20,12 @@ deps:
 	deploy/install-deps.sh --build --test --venv $(VENV)
 	deploy/docker-prepare.sh --all $(BUILD_DIR)
 	deploy/tsan-abseil.sh --fetch $(BUILD_DIR)
+
+# Calling a running server as the README does: the project virtualenv build/venv with
+# attnserve's Python client, tritonclient, openai and buf; curl; PyTorch for exporting a
+# module. No Docker, no build.
+client:
+	deploy/install-deps.sh --client --venv $(VENV)
 
 # Compiling only (what the image's build stage runs).
 deps-build:

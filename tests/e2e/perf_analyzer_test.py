@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Triton's perf_analyzer (the binary in PyPI's tritonclient wheel, pinned in
-deploy/requirements-test.txt) against a real attnserve on 127.0.0.1:0, unary ModelInfer
+deploy/requirements-client.txt) against a real attnserve on 127.0.0.1:0, unary ModelInfer
 and streaming ModelStreamInfer, zero and random (its default) input data: every run
 completes, reports its client and server-side latencies (ModelConfig, ModelStatistics),
 and the server's own metrics count the calls it made.

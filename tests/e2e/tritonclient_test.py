@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Triton's own Python client (PyPI tritonclient[grpc], pinned in
-deploy/requirements-test.txt) against a real attnserve on 127.0.0.1:0, through the
+deploy/requirements-client.txt) against a real attnserve on 127.0.0.1:0, through the
 KServe v2 / Open Inference Protocol gRPC service on attnserve's port: health, metadata,
 and inference whose answers equal attnserve's own API.
 
