@@ -1,24 +1,25 @@
 #!/usr/bin/python3
-"""Runs the README's snippets against real processes: every fenced block preceded by a
-`<!-- readme_test -->` line, in order, in one scratch folder (the README's, then those of
-docs/api.md and docs/models.md, each page from a fresh quick-start server), against an
-attnserve on 127.0.0.1 (free ports). A block fails the test if any of its commands fails.
+"""Runs the README's snippets as a reader copies them: every fenced block preceded by a
+`<!-- readme_test -->` line, in order, verbatim, in one scratch folder laid out like a
+checkout (the README's, then those of docs/api.md and docs/models.md, each page from a
+fresh quick-start server). A block fails the test if any of its commands fails.
 
-What is changed before running, and nothing else:
-- a `make run [ARGS="..."]` line (re)starts the binary `make run` runs, with those
-  flags and free ports, in the scratch folder (so `--model_repository=models` means the
-  folder an earlier snippet wrote); the Makefile's `run` target must build every binary
-  the README calls before its first `make deps` (checked: the quick start used to call
-  an attnctl that `make run` had not built);
-- `localhost:50051` / `localhost:8080` / `localhost:8000` (and the Kubernetes DNS
-  target) become the server's real addresses, and `attnctl` gets `--target` when a line
-  has none;
-- `attnctl` and `build/...` resolve to this build, and `build/venv/` to the venv this
-  test runs in (a sanitizer build folder has none of its own); `proto`, `client` and `build` in the
-  scratch folder link to the repository's, so the paths read as from a checkout.
-The inputs the snippets name (x.npy, encoder.pt) are made first.
+Nothing in a block is rewritten. What the test does around them:
+- it runs in a network namespace of its own (tests/e2e/in_netns.sh), so the server
+  listens on the default ports the blocks name (:50051, :8000, :8080) beside anything
+  else on this machine;
+- a `make run [ARGS="..."]` line, the quick start's terminal 1, (re)starts the binary
+  `make run` runs with those flags in the background, as a second terminal would have
+  it; the Makefile's `run` target must build every binary the README calls
+  (checked: the quick start once called an attnctl that `make run` had not built);
+- the scratch folder holds the checkout's Makefile, deploy/, proto/ and client/, and a
+  build/ whose client/, server/ and venv/ are this build's and this test's virtualenv
+  (a sanitizer build folder has no venv of its own), so paths read as from a checkout
+  after `make run` and `make client`;
+- a Python block runs with the interpreter its first line names (`# build/venv/bin/python`,
+  optionally with environment settings before it): a block that names none fails.
 
-usage: readme_test.py REPO_ROOT BUILD_DIR
+usage: in_netns.sh python3 readme_test.py REPO_ROOT BUILD_DIR
 """
 import os
 import re
@@ -32,10 +33,15 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 import stubs  # noqa: E402
 
 MARKER = "<!-- readme_test -->"
+# A Python block's first line: "# [VAR=value ...] path/to/python".
+INTERPRETER = re.compile(r"#\s*((?:\w+=\S+\s+)*\S*python3?)\s*$")
+# What `make run` serves on (the server's own defaults), in this namespace.
+DEFAULT_PORTS = ["--port=50051", "--http_port=8000", "--metrics_port=8080",
+                 "--host=0.0.0.0", "--metrics_host=0.0.0.0"]
 
 
 def tested_blocks(text):
-    """(language, code) of each block right after a marker line."""
+    """(language, code, line) of each block right after a marker line."""
     blocks = []
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -55,10 +61,13 @@ class ReadmeTest(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.TemporaryDirectory()
         cwd = cls.dir.name
-        for name, target in (("proto", os.path.join(ROOT, "proto")),
-                             ("client", os.path.join(ROOT, "client")), ("build", BUILD)):
-            os.symlink(target, os.path.join(cwd, name))
-        cls.make_inputs(cwd)
+        for name in ("Makefile", "deploy", "proto", "client"):
+            os.symlink(os.path.join(ROOT, name), os.path.join(cwd, name))
+        os.mkdir(os.path.join(cwd, "build"))
+        for name, target in (("client", os.path.join(BUILD, "client")),
+                             ("server", os.path.join(BUILD, "server")),
+                             ("venv", sys.prefix)):
+            os.symlink(target, os.path.join(cwd, "build", name))
         cls.server = None
 
     @classmethod
@@ -69,42 +78,12 @@ class ReadmeTest(unittest.TestCase):
 
     @classmethod
     def make_run(cls, args):
-        """What `make run ARGS=...` does, on free ports, replacing the running server."""
+        """What `make run ARGS=...` starts, replacing the running server (Ctrl-C)."""
         if cls.server is not None:
             assert cls.server.stop() == 0
-        cls.server = stubs.Attnserve(os.path.join(BUILD, "server", "attnserve"), *args,
-                                     metrics=True, http=True, cwd=cls.dir.name)
-
-    @staticmethod
-    def make_inputs(cwd):
-        script = """
-import numpy as np, torch
-np.save("x.npy", np.random.default_rng(0).uniform(-1, 1, (3, 512)).astype("<f4"))
-torch.save(torch.nn.MultiheadAttention(64, 4), "mha.pt")
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.encoder = torch.nn.TransformerEncoder(
-            torch.nn.TransformerEncoderLayer(64, 8), num_layers=4)
-torch.save(Model().state_dict(), "encoder.pt")
-"""
-        subprocess.run(["/usr/bin/python3", "-c", script], cwd=cwd, check=True, timeout=120)
-
-    def rewrite(self, line):
-        target = self.server.target
-        metrics = f"127.0.0.1:{self.server.metrics_port}"
-        http = f"127.0.0.1:{self.server.http_port}"
-        line = line.replace("dns:///attnserve-headless:50051", target)
-        line = line.replace("localhost:50051", target).replace("localhost:8080", metrics)
-        line = line.replace("localhost:8000", http)
-        # The project venv is where this test's Python runs, whatever the build folder.
-        line = line.replace("build/venv/", os.path.dirname(os.path.dirname(sys.executable)) + "/")
-        match = re.match(r"(\s*)(build/client/attnctl|attnctl)(\s)", line)
-        if match:
-            binary = os.path.join(BUILD, "client", "attnctl")
-            extra = "" if "--target=" in line else f" --target={target}"
-            line = match.group(1) + binary + extra + line[match.end(2):]
-        return line
+        cls.server = stubs.Attnserve(os.path.join(BUILD, "server", "attnserve"),
+                                     *DEFAULT_PORTS, *args, metrics=True, http=True,
+                                     cwd=cls.dir.name)
 
     def run_sh(self, code, where):
         script = []
@@ -120,19 +99,21 @@ torch.save(Model().state_dict(), "encoder.pt")
         return self.run_script(script, where)
 
     def run_script(self, lines, where):
-        script = [self.rewrite(line) for line in lines]
-        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(script)],
+        result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", "\n".join(lines)],
                                 cwd=self.dir.name, capture_output=True, text=True,
                                 timeout=300)
         self.assertEqual(result.returncode, 0,
-                         f"{where}:\n{chr(10).join(script)}\n{result.stderr}")
+                         f"{where}:\n{chr(10).join(lines)}\n{result.stderr}")
         return result.stdout
 
     def run_python(self, code, where):
-        env = dict(os.environ, PYTHONPATH=os.path.join(self.dir.name, "stubs"))
-        result = subprocess.run([sys.executable, "-c", self.rewrite(code)],
+        first = code.splitlines()[0] if code else ""
+        match = INTERPRETER.fullmatch(first.strip())
+        self.assertIsNotNone(match, f"{where}: a Python block's first line must name its "
+                             f"interpreter (# build/venv/bin/python), got {first!r}")
+        result = subprocess.run(["bash", "-c", f"{match.group(1)} -"], input=code,
                                 cwd=self.dir.name, capture_output=True, text=True,
-                                timeout=300, env=env)
+                                timeout=300)
         self.assertEqual(result.returncode, 0, f"{where}:\n{result.stderr}")
         return result.stdout
 
