@@ -5,8 +5,8 @@ Three containers of the project image run with --network host on loopback. Each 
 one "slot", a fixed 127.0.0.1 port that the client lists (`ipv4:` target, round_robin,
 retries as the README recommends). A rolling update replaces the slots one at a time,
 as a Deployment with maxSurge=1, maxUnavailable=0 does: the new container starts on the
-slot's port (gRPC listens with SO_REUSEPORT, so both processes hold it while they
-overlap), becomes ready, and only then is the old one stopped with `docker stop` and the
+slot's port (--reuse_grpc_port: gRPC listens with SO_REUSEPORT, so both processes
+hold it while they overlap), becomes ready, and only then is the old one stopped with `docker stop` and the
 Deployment's grace period. The old server's GOAWAY sends the client to reconnect, and
 only the new listener is left to take the connection: the host-network analogue of a
 Service whose endpoints change. Each container's readiness is read on its own HTTP port
@@ -82,8 +82,8 @@ class Container:
         self.name = f"attnserve-rollout-{os.getpid()}-{Container.serial}"
         self.started = time.monotonic()
         docker("run", "-d", "--network", "host", "--name", self.name, IMAGE,
-               "--host=127.0.0.1", f"--port={port}", "--metrics_host=127.0.0.1",
-               "--metrics_port=0", "--http_port=0", *flags)
+               "--host=127.0.0.1", f"--port={port}", "--reuse_grpc_port",
+               "--metrics_host=127.0.0.1", "--metrics_port=0", "--http_port=0", *flags)
         self.port = self.metrics = self.http = None
         self.ready_s = None
 
