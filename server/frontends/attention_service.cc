@@ -9,17 +9,32 @@
 
 namespace attnserve::server {
 
+namespace {
+
+// A call's request with its model looked up (auth, drain, then `model`), or the
+// refusal, already counted, to finish the call with.
+absl::StatusOr<std::shared_ptr<Request>> BeginCall(
+    const RequestPipeline& pipeline, const grpc::CallbackServerContext* context,
+    const std::string& model) {
+  absl::StatusOr<std::shared_ptr<Request>> request = pipeline.Begin(context);
+  if (!request.ok()) return request.status();
+  if (absl::Status found = (*request)->Find(model); !found.ok()) return found;
+  return request;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
                                                    const v1::AttendRequest* request,
                                                    v1::AttendResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "Attend");
-  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
-    return rpc.FinishNow(allowed);
-  }
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      BeginCall(*pipeline_, context, request->model());
+  if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
   pipeline_->Submit(
-      *request, CallDeadline(context), cancellation,
+      *begun, *request, CallDeadline(context), cancellation,
       [rpc, reactor, response](const absl::Status& status, v1::AttendResponse result) {
         if (status.ok()) response->Swap(&result);
         rpc.End(status.code());
@@ -32,13 +47,13 @@ grpc::ServerUnaryReactor* AttentionService::Encode(grpc::CallbackServerContext* 
                                                    const v1::EncodeRequest* request,
                                                    v1::EncodeResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "Encode");
-  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
-    return rpc.FinishNow(allowed);
-  }
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      BeginCall(*pipeline_, context, request->model());
+  if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
   pipeline_->SubmitEncode(
-      *request, CallDeadline(context), cancellation,
+      *begun, *request, CallDeadline(context), cancellation,
       [rpc, reactor, response](const absl::Status& status, v1::EncodeResponse result) {
         if (status.ok()) response->Swap(&result);
         rpc.End(status.code());
@@ -51,9 +66,9 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
     grpc::CallbackServerContext* context, const v1::HeadStatisticsRequest* request,
     v1::HeadStatisticsResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "HeadStatistics");
-  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
-    return rpc.FinishNow(allowed);
-  }
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      BeginCall(*pipeline_, context, request->model());
+  if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
   // The same inputs as an Attend with return_attention, so that validation and
@@ -66,7 +81,7 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
   attend->set_causal(request->causal());
   attend->set_return_attention(true);
   pipeline_->Submit(
-      *attend, CallDeadline(context), cancellation,
+      *begun, *attend, CallDeadline(context), cancellation,
       [rpc, reactor, response, attend](const absl::Status& status,
                                        const v1::AttendResponse&) {
         if (!status.ok()) response->Clear();

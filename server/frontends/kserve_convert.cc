@@ -355,41 +355,39 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
 }
 
 void SubmitInfer(
-    RequestPipeline& pipeline, const std::shared_ptr<inference::ModelInferRequest>& infer,
-    absl::Time call_deadline, const std::shared_ptr<Cancellation>& cancellation,
-    RequestPipeline::Origin origin,
+    RequestPipeline& pipeline, const std::shared_ptr<Request>& request,
+    const std::shared_ptr<inference::ModelInferRequest>& infer, absl::Time call_deadline,
+    const std::shared_ptr<Cancellation>& cancellation,
     const std::function<void(absl::Status, inference::ModelInferResponse)>& done) {
-  const absl::StatusOr<std::shared_ptr<ServedModel>> model =
-      pipeline.FindModel(infer->model_name(), infer->model_version());
-  if (!model.ok()) return done(model.status(), {});
+  const auto refuse = [&](const absl::Status& status) {
+    request->Finish(status);
+    done(status, {});
+  };
   const absl::StatusOr<absl::Time> deadline = DeadlineWithTimeout(*infer, call_deadline);
-  if (!deadline.ok()) return done(deadline.status(), {});
-  if ((*model)->is_encoder()) {
+  if (!deadline.ok()) return refuse(deadline.status());
+  if (request->model()->is_encoder()) {
     absl::StatusOr<v1::EncodeRequest> encode = EncodeFromInfer(infer.get());
-    if (!encode.ok()) return done(encode.status(), {});
+    if (!encode.ok()) return refuse(encode.status());
     // The work copies the ids: the converted request may go when SubmitEncode returns.
-    pipeline.SubmitEncode(
-        *encode, *deadline, cancellation,
-        [infer, done](absl::Status status, v1::EncodeResponse result) {
-          inference::ModelInferResponse response;
-          if (status.ok()) InferResponseFromEncode(*infer, result, &response);
-          done(std::move(status), std::move(response));
-        },
-        origin);
+    pipeline.SubmitEncode(request, *encode, *deadline, cancellation,
+                          [infer, done](absl::Status status, v1::EncodeResponse result) {
+                            inference::ModelInferResponse response;
+                            if (status.ok())
+                              InferResponseFromEncode(*infer, result, &response);
+                            done(std::move(status), std::move(response));
+                          });
     return;
   }
   absl::StatusOr<v1::AttendRequest> attend = AttendFromInfer(infer.get());
-  if (!attend.ok()) return done(attend.status(), {});
+  if (!attend.ok()) return refuse(attend.status());
   // The converted request lives until its answer (the queued work views its bytes).
   auto shared = std::make_shared<v1::AttendRequest>(*std::move(attend));
-  pipeline.Submit(
-      *shared, *deadline, cancellation,
-      [infer, shared, done](absl::Status status, v1::AttendResponse result) {
-        inference::ModelInferResponse response;
-        if (status.ok()) InferResponseFromAttend(*infer, result, &response);
-        done(std::move(status), std::move(response));
-      },
-      nullptr, origin);
+  pipeline.Submit(request, *shared, *deadline, cancellation,
+                  [infer, shared, done](absl::Status status, v1::AttendResponse result) {
+                    inference::ModelInferResponse response;
+                    if (status.ok()) InferResponseFromAttend(*infer, result, &response);
+                    done(std::move(status), std::move(response));
+                  });
 }
 
 absl::StatusOr<absl::Time> DeadlineWithTimeout(const inference::ModelInferRequest& infer,

@@ -49,16 +49,18 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
                              v1::EncodeResponse& encode,
                              inference::ModelInferResponse* response);
 
-// One KServe infer request through the pipeline, whatever the model's kind: the model
-// and version are looked up first (NotFound in the pipeline's words), then the
-// "timeout" parameter, the conversion (AttendFromInfer or EncodeFromInfer; raw input
-// bytes move out of `*infer`), and the submission. `done` gets the status and the
-// response, exactly once: on a batcher thread, or inline when refused before queueing.
-// `infer` is kept alive until then.
+// One KServe infer request through the pipeline, whatever the model's kind, for
+// `request`, whose model the door looked up (Request::Find with the request's name and
+// version): the "timeout" parameter, the conversion (AttendFromInfer or
+// EncodeFromInfer; raw input bytes move out of `*infer`), and the submission to that
+// same model. `done` gets the status and the
+// response, exactly once: on a batcher thread, or inline when refused before queueing;
+// every refusal is counted as the request's answer. `infer` is kept alive until then.
+// REQUIRES: request->Find returned OK.
 void SubmitInfer(
-    RequestPipeline& pipeline, const std::shared_ptr<inference::ModelInferRequest>& infer,
-    absl::Time call_deadline, const std::shared_ptr<Cancellation>& cancellation,
-    RequestPipeline::Origin origin,
+    RequestPipeline& pipeline, const std::shared_ptr<Request>& request,
+    const std::shared_ptr<inference::ModelInferRequest>& infer, absl::Time call_deadline,
+    const std::shared_ptr<Cancellation>& cancellation,
     const std::function<void(absl::Status, inference::ModelInferResponse)>& done);
 
 // `deadline`, or sooner when the request's "timeout" parameter (Triton's schedule

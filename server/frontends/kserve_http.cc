@@ -389,7 +389,12 @@ void KServeHttp::Route(mg_connection* connection) {
     return Send(connection, serving ? 200 : 503,
                 JsonText({{"name", route.model}, {"ready", serving}}));
   }
-  // Metadata and inference need a token when tokens are configured.
+  if (route.action == "infer") {
+    if (method != "POST") return wrong_method("POST");
+    return Infer(connection, route.model, route.version);
+  }
+  // Metadata needs a token when tokens are configured (inference:
+  // RequestPipeline::Begin).
   const char* authorization = mg_get_header(connection, "Authorization");
   if (absl::Status allowed =
           pipeline_->Authorize(authorization != nullptr ? authorization : "");
@@ -437,8 +442,7 @@ void KServeHttp::Route(mg_connection* connection) {
                   {"inputs", tensors(metadata.inputs())},
                   {"outputs", tensors(metadata.outputs())}}));
   }
-  if (method != "POST") return wrong_method("POST");
-  Infer(connection, route.model, route.version);
+  return not_found();
 }
 
 void KServeHttp::Repository(mg_connection* connection,
@@ -493,26 +497,30 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
                        const std::string& version) {
   const mg_request_info* request = mg_get_request_info(connection);
   const OpenCall call(pipeline_);
-  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
-    return SendStatus(connection, serving);
-  }
+  const char* authorization = mg_get_header(connection, "Authorization");
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      pipeline_->Begin(authorization != nullptr ? authorization : "");
+  if (!begun.ok()) return SendStatus(connection, begun.status());
+  const std::shared_ptr<Request>& counted = *begun;
+  const auto refuse = [&](const absl::Status& status, int http_status) {
+    counted->Finish(status);
+    SendError(connection, http_status, status.message());
+  };
   absl::StatusOr<int64_t> header_length =
       ParseHeaderLength(mg_get_header(connection, "Inference-Header-Content-Length"));
-  if (!header_length.ok()) return SendStatus(connection, header_length.status());
-  std::string body;
-  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
-    return SendError(connection, 413, read.message());
+  if (!header_length.ok()) {
+    return refuse(header_length.status(), HttpStatus(header_length.status().code()));
   }
-  // The model first, then the body: every door answers a request for a model it does
-  // not serve the same way.
-  if (absl::StatusOr<std::shared_ptr<ServedModel>> served =
-          pipeline_->FindModel(model, version);
-      !served.ok()) {
-    return SendStatus(connection, served.status());
+  std::string body;
+  if (absl::Status read = ReadBody(connection, &body); !read.ok())
+    return refuse(read, 413);
+  // The model first, then the body: every door looks a model up before it decodes.
+  if (absl::Status found = counted->Find(model, version); !found.ok()) {
+    return SendStatus(connection, found);
   }
   absl::StatusOr<HttpInferRequest> parsed =
       ParseInferBody(model, version, body, *header_length);
-  if (!parsed.ok()) return SendStatus(connection, parsed.status());
+  if (!parsed.ok()) return refuse(parsed.status(), HttpStatus(parsed.status().code()));
   body = std::string();  // the inputs' bytes now live in the request
   // The outputs' names and the id stay in the request; the raw input bytes move.
   auto infer = std::make_shared<inference::ModelInferRequest>(std::move(parsed->infer));
@@ -522,8 +530,8 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   absl::Status status;
   inference::ModelInferResponse response;
   auto cancellation = std::make_shared<Cancellation>();
-  SubmitInfer(*pipeline_, infer, absl::Now() + options_.default_timeout, cancellation,
-              RequestPipeline::Origin::kCall,
+  SubmitInfer(*pipeline_, counted, infer, absl::Now() + options_.default_timeout,
+              cancellation,
               [&](absl::Status result_status, inference::ModelInferResponse result) {
                 status = std::move(result_status);
                 if (status.ok()) response.Swap(&result);
@@ -596,36 +604,42 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
                 405);
   }
   const OpenCall open_call(pipeline_);
-  if (absl::Status serving = pipeline_->CheckServing(); !serving.ok()) {
-    return refuse(serving);
-  }
   const char* authorization = mg_get_header(connection, "Authorization");
-  if (absl::Status allowed =
-          pipeline_->Authorize(authorization != nullptr ? authorization : "");
-      !allowed.ok()) {
-    return refuse(allowed);
-  }
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      pipeline_->Begin(authorization != nullptr ? authorization : "");
+  if (!begun.ok()) return refuse(begun.status());
+  const std::shared_ptr<Request>& counted = *begun;
   std::string body;
-  if (absl::Status read = ReadBody(connection, &body); !read.ok()) return fail(read, 413);
+  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
+    counted->Finish(read);
+    return fail(read, 413);
+  }
   absl::StatusOr<EmbeddingsCall> call = api == EmbeddingsCall::Api::kOpenAi
                                             ? ParseOpenAiEmbeddings(body)
                                             : ParseTeiEmbed(body);
   body = std::string();
-  if (!call.ok()) return refuse(call.status());
-  absl::StatusOr<std::shared_ptr<ServedModel>> model =
-      pipeline_->FindModel(call->encode.model(), "");
-  if (!model.ok()) return refuse(model.status());
-  if (absl::Status fits = CheckEmbeddingsCall(*call, **model); !fits.ok()) {
+  if (!call.ok()) {
+    counted->Finish(call.status());
+    return refuse(call.status());
+  }
+  // The body names the model: it is looked up once, and that model validates, computes
+  // and describes the answer.
+  if (absl::Status found = counted->Find(call->encode.model()); !found.ok()) {
+    return refuse(found);
+  }
+  const std::shared_ptr<ServedModel>& model = counted->model();
+  if (absl::Status fits = CheckEmbeddingsCall(*call, *model); !fits.ok()) {
+    counted->Finish(fits);
     return refuse(fits);
   }
   const bool model_normalizes =
-      (*model)->info.encoder().normalization() == v1::EncoderConfig::NORMALIZATION_L2;
+      model->info.encoder().normalization() == v1::EncoderConfig::NORMALIZATION_L2;
   // This thread waits for the batcher's answer, watching for the client to hang up.
   absl::Notification done;
   absl::Status status;
   v1::EncodeResponse response;
   auto cancellation = std::make_shared<Cancellation>();
-  pipeline_->SubmitEncode(call->encode, absl::Now() + options_.default_timeout,
+  pipeline_->SubmitEncode(counted, call->encode, absl::Now() + options_.default_timeout,
                           cancellation,
                           [&](absl::Status result_status, v1::EncodeResponse result) {
                             status = std::move(result_status);

@@ -164,15 +164,18 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "ModelInfer");
-  if (absl::Status allowed = pipeline_->Authorize(context); !allowed.ok()) {
-    return rpc.FinishNow(allowed);
+  absl::StatusOr<std::shared_ptr<Request>> begun = pipeline_->Begin(context);
+  if (!begun.ok()) return rpc.FinishNow(begun.status());
+  if (absl::Status found =
+          (*begun)->Find(request->model_name(), request->model_version());
+      !found.ok()) {
+    return rpc.FinishNow(found);
   }
   // One copy of the request (gRPC owns `request`): its raw inputs then move on.
   auto infer = std::make_shared<inference::ModelInferRequest>(*request);
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
-  SubmitInfer(*pipeline_, infer, CallDeadline(context), cancellation,
-              RequestPipeline::Origin::kCall,
+  SubmitInfer(*pipeline_, *begun, infer, CallDeadline(context), cancellation,
               [rpc, response, reactor](const absl::Status& status,
                                        inference::ModelInferResponse result) {
                 if (status.ok()) response->Swap(&result);
@@ -189,28 +192,30 @@ struct ModelStreamInferProtocol {
   using Read = inference::ModelInferRequest;
   using Write = inference::ModelStreamInferResponse;
   static constexpr char kMethod[] = "ModelStreamInfer";
-  static absl::string_view ModelName(const Read& read) { return read.model_name(); }
-  static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Read>& read,
-                     absl::Time call_deadline,
+  static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Request>& request,
+                     const std::shared_ptr<Read>& read, absl::Time call_deadline,
                      const std::shared_ptr<Cancellation>& cancellation,
                      const std::function<void(absl::Status, Write)>& answer) {
+    const auto reply = [read, answer](absl::Status status,
+                                      inference::ModelInferResponse response) {
+      Write message;
+      if (status.ok()) {
+        *message.mutable_infer_response() = std::move(response);
+      } else {
+        message.set_error_message(absl::StrCat(absl::StatusCodeToString(status.code()),
+                                               ": ", status.message()));
+        message.mutable_infer_response()->set_model_name(read->model_name());
+        message.mutable_infer_response()->set_id(read->id());
+      }
+      answer(std::move(status), std::move(message));
+    };
+    if (absl::Status found = request->Find(read->model_name(), read->model_version());
+        !found.ok()) {
+      return reply(found, {});
+    }
     // SubmitInfer moves only the raw inputs out of `read`: its name and id stay for an
     // error's answer.
-    SubmitInfer(
-        pipeline, read, call_deadline, cancellation,
-        RequestPipeline::Origin::kStreamMessage,
-        [read, answer](absl::Status status, inference::ModelInferResponse response) {
-          Write message;
-          if (status.ok()) {
-            *message.mutable_infer_response() = std::move(response);
-          } else {
-            message.set_error_message(absl::StrCat(
-                absl::StatusCodeToString(status.code()), ": ", status.message()));
-            message.mutable_infer_response()->set_model_name(read->model_name());
-            message.mutable_infer_response()->set_id(read->id());
-          }
-          answer(std::move(status), std::move(message));
-        });
+    SubmitInfer(pipeline, request, read, call_deadline, cancellation, reply);
   }
 };
 

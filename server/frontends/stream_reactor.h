@@ -50,14 +50,16 @@ class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
 // write in flight at a time. `Protocol` says what the messages are:
 //   using Read = ...; using Write = ...;          // the stream's message types
 //   static constexpr char kMethod[] = "...";       // the RPC's name, for metrics
-//   static absl::string_view ModelName(const Read& read);  // the model it names
-//   static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Read>& read,
-//                      absl::Time call_deadline,
+//   static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Request>&
+//   request,
+//                      const std::shared_ptr<Read>& read, absl::Time call_deadline,
 //                      const std::shared_ptr<Cancellation>& cancellation,
 //                      const std::function<void(absl::Status, Write)>& answer);
-// Submit converts the message (it may move out of `*read`), submits it with
-// Origin::kStreamMessage and calls `answer` exactly once: on a batcher thread, or inline
-// when the message is refused before queueing; the message written is `answer`'s.
+// Submit looks the message's model up (request->Find), converts the message (it may
+// move out of `*read`), submits it and calls `answer` exactly once: on a batcher
+// thread, or inline when the message is refused before queueing; the message written
+// is `answer`'s. Each message is its own Request (Origin::kStreamMessage: the stream was
+// authorized when it opened).
 //
 // Lifetime: a reference count under mu_. gRPC holds one reference from construction to
 // OnDone; each submitted message holds one until its answer has been handed on
@@ -88,6 +90,7 @@ class StreamReactor final
         issuing_read_ = true;
       } else {
         draining_ = true;
+        opened_draining_ = true;
         reads_done_ = true;  // no read is started: the stream ends at once
       }
     }
@@ -129,26 +132,27 @@ class StreamReactor final
       }
     }
     if (read_more) IssueRead();
-    const std::shared_ptr<ServedModel> model =
-        service_->registry()->Find(Protocol::ModelName(*read));
-    // Held until the answer is written: the model may be replaced meanwhile.
-    std::shared_ptr<BatchQueue> batcher =
-        model != nullptr ? std::shared_ptr<BatchQueue>(model, model->queue()) : nullptr;
-    Protocol::Submit(*service_, read, CallDeadline(context_), cancellation_,
-                     [this, sequence, batcher = std::move(batcher)](
-                         const absl::Status& status, Write message) {
-                       int64_t held = 0;
-                       // Until it is written, the answer stays counted in the model's
-                       // queue budget (taken here, before the batcher returns the
-                       // request's own bytes): a client that stops reading keeps new work
-                       // out instead of growing memory.
-                       if (status.ok() && batcher != nullptr) {
-                         held = static_cast<int64_t>(message.ByteSizeLong());
-                         batcher->Hold(held);
-                       }
-                       Complete(sequence, std::move(message),
-                                status.ok() ? batcher : nullptr, held);
-                     });
+    // A stream's message is never refused by Begin.
+    const std::shared_ptr<Request> request =
+        *service_->Begin("", RequestPipeline::Origin::kStreamMessage);
+    Protocol::Submit(
+        *service_, request, read, CallDeadline(context_), cancellation_,
+        [this, sequence, request](const absl::Status& status, Write message) {
+          int64_t held = 0;
+          // Until it is written, the answer stays counted in its model's queue budget
+          // (taken here, before the batcher returns the request's own bytes): a client
+          // that stops reading keeps new work out instead of growing memory. The model
+          // the message was computed by, held until the answer is written: it may be
+          // replaced meanwhile.
+          std::shared_ptr<BatchQueue> batcher;
+          if (status.ok()) {
+            const std::shared_ptr<ServedModel>& model = request->model();
+            batcher = std::shared_ptr<BatchQueue>(model, model->queue());
+            held = static_cast<int64_t>(message.ByteSizeLong());
+            batcher->Hold(held);
+          }
+          Complete(sequence, std::move(message), std::move(batcher), held);
+        });
   }
 
   void OnWriteDone(bool ok) override {
@@ -284,6 +288,9 @@ class StreamReactor final
         if (broken_) {
           finish_status =
               grpc::Status(grpc::StatusCode::CANCELLED, "the client stopped reading");
+        } else if (opened_draining_) {
+          // Refused as every door refuses a call while draining.
+          finish_status = ToGrpcStatus(service_->CheckServing());
         } else if (draining_) {
           finish_status = grpc::Status(
               grpc::StatusCode::UNAVAILABLE,
@@ -326,6 +333,7 @@ class StreamReactor final
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool opened_draining_ ABSL_GUARDED_BY(mu_) = false;  // opened after draining began
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -334,28 +342,27 @@ struct AttendStreamProtocol {
   using Read = v1::AttendStreamRequest;
   using Write = v1::AttendStreamResponse;
   static constexpr char kMethod[] = "AttendStream";
-  static absl::string_view ModelName(const Read& read) { return read.request().model(); }
-  static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Read>& read,
-                     absl::Time call_deadline,
+  static void Submit(RequestPipeline& pipeline, const std::shared_ptr<Request>& request,
+                     const std::shared_ptr<Read>& read, absl::Time call_deadline,
                      const std::shared_ptr<Cancellation>& cancellation,
                      const std::function<void(absl::Status, Write)>& answer) {
+    const auto reply = [read, answer](absl::Status status, v1::AttendResponse response) {
+      Write message;
+      if (status.ok()) {
+        *message.mutable_response() = std::move(response);
+      } else {
+        v1::StreamError* error = message.mutable_error();
+        error->set_code(static_cast<int>(status.code()));
+        error->set_message(std::string(status.message()));
+        error->set_request_id(read->request().request_id());
+      }
+      answer(std::move(status), std::move(message));
+    };
+    if (absl::Status found = request->Find(read->request().model()); !found.ok()) {
+      return reply(found, {});
+    }
     // The work views the request's tensor bytes: the callback keeps the message.
-    const v1::AttendRequest& request = read->request();
-    pipeline.Submit(
-        request, call_deadline, cancellation,
-        [read, answer](absl::Status status, v1::AttendResponse response) {
-          Write message;
-          if (status.ok()) {
-            *message.mutable_response() = std::move(response);
-          } else {
-            v1::StreamError* error = message.mutable_error();
-            error->set_code(static_cast<int>(status.code()));
-            error->set_message(std::string(status.message()));
-            error->set_request_id(read->request().request_id());
-          }
-          answer(std::move(status), std::move(message));
-        },
-        nullptr, RequestPipeline::Origin::kStreamMessage);
+    pipeline.Submit(request, read->request(), call_deadline, cancellation, reply);
   }
 };
 

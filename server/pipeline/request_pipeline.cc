@@ -224,33 +224,58 @@ grpc::ServerUnaryReactor* RequestPipeline::FinishNow(absl::string_view method,
   return reactor;
 }
 
-template <typename Response>
-std::shared_ptr<ServedModel> RequestPipeline::Open(
-    absl::string_view name, Origin origin,
-    std::function<void(absl::Status, Response)> done,
-    std::shared_ptr<Finish<Response>>* finish) {
-  const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<ServedModel>> found = FindModel(name);
-  std::shared_ptr<ServedModel> model = found.ok() ? *found : nullptr;
-  std::string model_name = model != nullptr ? model->name : "";
-  if (observer_.on_request_started) observer_.on_request_started(model_name);
-  *finish = std::make_shared<Finish<Response>>(
-      [this, start, model_name = std::move(model_name), done = std::move(done)](
-          absl::Status status, Response response, int64_t tokens) {
-        if (observer_.on_request_finished) {
-          observer_.on_request_finished(model_name, status, absl::Now() - start, tokens);
-        }
-        done(std::move(status), std::move(response));
-      });
-  if (absl::Status serving = CheckServing(); origin == Origin::kCall && !serving.ok()) {
-    (**finish)(std::move(serving), {}, 0);
-    return nullptr;
+Request::Request(const RequestPipeline* pipeline)
+    : pipeline_(pipeline), start_(absl::Now()) {}
+
+Request::~Request() {
+  // A door that dropped its request without an answer is a bug; the counts stay whole.
+  Finish(absl::InternalError("the request was dropped without an answer"));
+}
+
+absl::Status Request::Find(absl::string_view name, absl::string_view version) {
+  absl::StatusOr<std::shared_ptr<ServedModel>> found =
+      pipeline_->FindModel(name, version);
+  if (found.ok()) {
+    model_ = *std::move(found);
+    label_ = model_->name;
   }
-  if (!found.ok()) {
-    (**finish)(found.status(), {}, 0);
-    return nullptr;
+  started_ = true;
+  const ServiceObserver& observer = pipeline_->observer();
+  if (observer.on_request_started) observer.on_request_started(label_);
+  if (!found.ok()) Finish(found.status());
+  return found.status();
+}
+
+void Request::Finish(const absl::Status& status, int64_t tokens) {
+  if (finished_.exchange(true)) return;
+  const ServiceObserver& observer = pipeline_->observer();
+  if (!started_ && observer.on_request_started) observer.on_request_started(label_);
+  if (observer.on_request_finished) {
+    observer.on_request_finished(label_, status, absl::Now() - start_,
+                                 status.ok() ? tokens : 0);
   }
-  return model;
+}
+
+absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
+    absl::string_view authorization, Origin origin) const {
+  std::shared_ptr<Request> request(new Request(this));
+  if (origin == Origin::kStreamMessage) return request;
+  absl::Status allowed = Authorize(authorization);
+  if (allowed.ok()) allowed = CheckServing();
+  if (!allowed.ok()) {
+    request->Finish(allowed);
+    return allowed;
+  }
+  return request;
+}
+
+absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
+    const grpc::CallbackServerContext* context) const {
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find("authorization");
+  return Begin(it == metadata.end()
+                   ? absl::string_view()
+                   : absl::string_view(it->second.data(), it->second.size()));
 }
 
 AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
@@ -300,32 +325,31 @@ absl::Status ForModel(const absl::Status& status, const ServedModel& model) {
 
 }  // namespace
 
-void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadline,
+void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
+                             const v1::AttendRequest& attend, absl::Time deadline,
                              const std::shared_ptr<Cancellation>& cancellation,
                              std::function<void(absl::Status, v1::AttendResponse)> done,
-                             v1::HeadStatisticsResponse* statistics, Origin origin) {
-  std::shared_ptr<Finish<v1::AttendResponse>> finish;
-  std::shared_ptr<ServedModel> model =
-      Open(request.model(), origin, std::move(done), &finish);
-  if (model == nullptr) return;
+                             v1::HeadStatisticsResponse* statistics) {
+  const auto refuse = [&](const absl::Status& status) {
+    request->Finish(status);
+    done(status, {});
+  };
+  std::shared_ptr<ServedModel> model = request->model();
   if (model->is_encoder()) {
-    (*finish)(
-        absl::InvalidArgumentError(absl::StrCat(
-            "model \"", model->name,
-            "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")),
-        {}, 0);
-    return;
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "model \"", model->name,
+        "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")));
   }
   AdmissionLimits limits = LimitsFor(*model);
   limits.weights_for_statistics = statistics != nullptr;
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
-      WorkFromRequest(request, model->spec, limits);
-  if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
+      WorkFromRequest(attend, model->spec, limits);
+  if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (absl::Status queueable = CheckQueueable(
           deadline, cancellation,
           std::shared_ptr<BatchQueue>(model, model->batcher.get()), &(*work)->cancelled);
       !queueable.ok()) {
-    return (*finish)(std::move(queueable), {}, 0);
+    return refuse(queueable);
   }
   (*work)->deadline = deadline;
   if (statistics != nullptr) {
@@ -335,11 +359,13 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
     (*work)->return_attention = false;
   }
   const int64_t tokens = (*work)->tokens();
-  auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(request));
+  auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(attend));
+  auto answer = std::make_shared<std::function<void(absl::Status, v1::AttendResponse)>>(
+      std::move(done));
   // The batcher calls back exactly once, unless Enqueue fails (then never).
   const absl::Status enqueued = model->batcher->Enqueue(
       std::move(work).value(),
-      [this, model, format, tokens, finish, statistics](
+      [this, request, model, format, tokens, answer, statistics](
           absl::Status status, std::unique_ptr<AttentionWork> result) {
         v1::AttendResponse response;
         if (status.ok() && statistics != nullptr) {
@@ -360,45 +386,49 @@ void RequestPipeline::Submit(const v1::AttendRequest& request, absl::Time deadli
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
         }
-        const int64_t computed = status.ok() ? tokens : 0;
-        (*finish)(std::move(status), std::move(response), computed);
+        request->Finish(status, tokens);
+        (*answer)(std::move(status), std::move(response));
       });
-  if (!enqueued.ok()) (*finish)(enqueued, {}, 0);
+  if (!enqueued.ok()) {
+    request->Finish(enqueued);
+    (*answer)(enqueued, {});
+  }
 }
 
 void RequestPipeline::SubmitEncode(
-    const v1::EncodeRequest& request, absl::Time deadline,
-    const std::shared_ptr<Cancellation>& cancellation,
-    std::function<void(absl::Status, v1::EncodeResponse)> done, Origin origin) {
-  std::shared_ptr<Finish<v1::EncodeResponse>> finish;
-  std::shared_ptr<ServedModel> model =
-      Open(request.model(), origin, std::move(done), &finish);
-  if (model == nullptr) return;
+    const std::shared_ptr<Request>& request, const v1::EncodeRequest& encode,
+    absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
+    std::function<void(absl::Status, v1::EncodeResponse)> done) {
+  const auto refuse = [&](const absl::Status& status) {
+    request->Finish(status);
+    done(status, {});
+  };
+  std::shared_ptr<ServedModel> model = request->model();
   if (!model->is_encoder()) {
-    (*finish)(absl::InvalidArgumentError(absl::StrCat(
-                  "model \"", model->name,
-                  "\" is an attention layer, not an encoder: send [L, d_model] queries "
-                  "to Attend (KServe: input \"query\")")),
-              {}, 0);
-    return;
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "model \"", model->name,
+        "\" is an attention layer, not an encoder: send [L, d_model] queries "
+        "to Attend (KServe: input \"query\")")));
   }
   absl::StatusOr<std::unique_ptr<EncoderWork>> work = EncoderWorkFromRequest(
-      request, model->encoder_spec, LimitsFor(*model), model->tokenizer.get());
-  if (!work.ok()) return (*finish)(ForModel(work.status(), *model), {}, 0);
+      encode, model->encoder_spec, LimitsFor(*model), model->tokenizer.get());
+  if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (absl::Status queueable = CheckQueueable(
           deadline, cancellation,
           std::shared_ptr<BatchQueue>(model, model->encoder.get()), &(*work)->cancelled);
       !queueable.ok()) {
-    return (*finish)(std::move(queueable), {}, 0);
+    return refuse(queueable);
   }
   (*work)->deadline = deadline;
   if ((*work)->truncated > 0 && observer_.on_texts_truncated) {
     observer_.on_texts_truncated(model->name, (*work)->truncated);
   }
   const int64_t tokens = (*work)->tokens();
+  auto answer = std::make_shared<std::function<void(absl::Status, v1::EncodeResponse)>>(
+      std::move(done));
   const absl::Status enqueued = model->encoder->Enqueue(
       std::move(work).value(),
-      [this, model, tokens, finish, request_id = request.request_id()](
+      [this, request, model, tokens, answer, request_id = encode.request_id()](
           absl::Status status, std::unique_ptr<EncoderWork> result) {
         v1::EncodeResponse response;
         if (status.ok()) {
@@ -408,10 +438,13 @@ void RequestPipeline::SubmitEncode(
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
         }
-        const int64_t computed = status.ok() ? tokens : 0;
-        (*finish)(std::move(status), std::move(response), computed);
+        request->Finish(status, tokens);
+        (*answer)(std::move(status), std::move(response));
       });
-  if (!enqueued.ok()) (*finish)(enqueued, {}, 0);
+  if (!enqueued.ok()) {
+    request->Finish(enqueued);
+    (*answer)(enqueued, {});
+  }
 }
 
 }  // namespace attnserve::server

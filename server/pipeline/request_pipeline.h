@@ -80,6 +80,47 @@ class OpenStream {
   virtual void Drain() = 0;
 };
 
+class RequestPipeline;
+
+// One request (a call, or one message of a stream) from the moment a door hands it to
+// the pipeline until its answer. It is counted once when its model is looked up
+// (ServiceObserver::on_request_started, under the model's name, or "" when none is
+// served by that name) and once when it is answered (on_request_finished); a request
+// refused before the lookup (auth, drain) is counted under "". The model it was looked
+// up to is kept until the answer, even when that model is replaced or unloaded
+// meanwhile, so a request is decoded, admitted and computed by the one model object.
+// Made by RequestPipeline::Begin; held by the door in a shared_ptr and passed to Submit
+// or SubmitEncode. Find and model() on the door's thread; Finish on any thread.
+class Request {
+ public:
+  ~Request();
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+
+  // Looks the model up, once: `name` (empty: the default model) at `version` (empty:
+  // the current one). NotFound in the pipeline's words (RequestPipeline::FindModel),
+  // which is counted as this request's answer: the door answers it and stops.
+  // REQUIRES: called once, before Submit or SubmitEncode.
+  absl::Status Find(absl::string_view name, absl::string_view version = "");
+  // The model Find found. REQUIRES: Find returned OK.
+  const std::shared_ptr<ServedModel>& model() const { return model_; }
+  // Counts the answer once: `status`, and the tokens computed (0 unless OK). A door
+  // calls it for a refusal of its own (a body it cannot decode); Submit and
+  // SubmitEncode call it for theirs. Later calls are ignored.
+  void Finish(const absl::Status& status, int64_t tokens = 0);
+
+ private:
+  friend class RequestPipeline;
+  explicit Request(const RequestPipeline* pipeline);
+
+  const RequestPipeline* const pipeline_;
+  const absl::Time start_;
+  std::string label_;     // the model's name, or "" (set before on_request_started)
+  bool started_ = false;  // on_request_started told (by Find, or by a refusal)
+  std::atomic<bool> finished_{false};
+  std::shared_ptr<ServedModel> model_;
+};
+
 // The call's deadline (InfiniteFuture when it has none).
 absl::Time CallDeadline(const grpc::CallbackServerContext* context);
 
@@ -184,47 +225,47 @@ class RequestPipeline {
     absl::Time start_;
   };
 
-  // ---- The request.
-  // Looks the model up, validates and admits `request`, and enqueues it; `done` gets
+  // ---- The request, in the same order at every door: Begin (auth, then drain), the
+  // door reads what names the model, Request::Find (the model, once), the door decodes
+  // its wire format (Request::Finish on an error of its own), then Submit or
+  // SubmitEncode (validation, admission, the deadline, enqueue, the answer).
+  enum class Origin { kCall, kStreamMessage };
+  // A new request. UNAUTHENTICATED when `authorization` ("Bearer <token>") is not
+  // valid; UNAVAILABLE for a call once draining has begun. A message of an open stream
+  // (kStreamMessage) skips both: its stream was authorized when it opened, and once
+  // draining the stream stops reading instead. A refusal is already counted (under
+  // "") when it is returned: the door answers it. Does not block.
+  absl::StatusOr<std::shared_ptr<Request>> Begin(absl::string_view authorization,
+                                                 Origin origin = Origin::kCall) const;
+  // The same with a gRPC call's "authorization" metadata.
+  absl::StatusOr<std::shared_ptr<Request>> Begin(
+      const grpc::CallbackServerContext* context) const;
+
+  // Validates and admits `attend` for `request`'s model, and enqueues it; `done` gets
   // the status and, when OK, the filled response. It runs on a batcher thread, or
-  // inline when the request is refused before queueing. `request` must stay alive
-  // until `done` has run: the queued work reads its tensor bytes in place.
-  // `deadline` passes → DEADLINE_EXCEEDED; `cancellation` (may be null) cancelled →
-  // CANCELLED; either drops the work before compute.
+  // inline when the request is refused before queueing; either way the request is
+  // counted first (Request::Finish). `attend` must stay alive until `done` has run: the
+  // queued work reads its tensor bytes in place. `deadline` passes → DEADLINE_EXCEEDED;
+  // `cancellation` (may be null) cancelled → CANCELLED; either drops the work before
+  // compute. An encoder model is refused INVALID_ARGUMENT.
   // With `statistics` (kept alive by the caller until `done`), the request measures the
   // model's heads instead, and `done` gets an empty response.
-  // Once draining has begun a call's request is refused UNAVAILABLE, while a message of
-  // an open stream is still computed: the stream was accepted before, and it stops
-  // reading instead.
-  enum class Origin { kCall, kStreamMessage };
-  void Submit(const v1::AttendRequest& request, absl::Time deadline,
-              const std::shared_ptr<Cancellation>& cancellation,
+  // REQUIRES: `request->Find` returned OK.
+  void Submit(const std::shared_ptr<Request>& request, const v1::AttendRequest& attend,
+              absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
               std::function<void(absl::Status, v1::AttendResponse)> done,
-              v1::HeadStatisticsResponse* statistics = nullptr,
-              Origin origin = Origin::kCall);
+              v1::HeadStatisticsResponse* statistics = nullptr);
 
-  // The same for an encoder model's request (Encode): looked up, validated
-  // (EncoderWorkFromRequest), admitted and queued on the model's encoder batcher.
-  // The work copies what it needs, so `request` may go once this returns. A request
-  // for an attention model is refused INVALID_ARGUMENT, as Submit refuses an encoder.
-  void SubmitEncode(const v1::EncodeRequest& request, absl::Time deadline,
+  // The same for an encoder model's request (Encode): validated
+  // (EncoderWorkFromRequest), admitted and queued on the model's encoder batcher. The
+  // work copies what it needs, so `encode` may go once this returns. An attention model
+  // is refused INVALID_ARGUMENT, as Submit refuses an encoder.
+  void SubmitEncode(const std::shared_ptr<Request>& request,
+                    const v1::EncodeRequest& encode, absl::Time deadline,
                     const std::shared_ptr<Cancellation>& cancellation,
-                    std::function<void(absl::Status, v1::EncodeResponse)> done,
-                    Origin origin = Origin::kCall);
+                    std::function<void(absl::Status, v1::EncodeResponse)> done);
 
  private:
-  // A request's answer, counted once (on_request_finished) when it is given; `tokens`
-  // are the computed ones.
-  template <typename Response>
-  using Finish = std::function<void(absl::Status, Response, int64_t tokens)>;
-
-  // What every request does first: the model looked up (`name`, empty for the default)
-  // and the request counted; `done` wrapped into `*finish`. Null, with the request
-  // answered, when a call arrives while draining or names no served model.
-  template <typename Response>
-  std::shared_ptr<ServedModel> Open(absl::string_view name, Origin origin,
-                                    std::function<void(absl::Status, Response)> done,
-                                    std::shared_ptr<Finish<Response>>* finish);
   // The limits `model`'s requests are admitted under.
   AdmissionLimits LimitsFor(const ServedModel& model) const;
   // What every validated request does last before Enqueue: DEADLINE_EXCEEDED when

@@ -130,7 +130,9 @@ void BM_ServicePath(benchmark::State& state) {
   const v1::AttendRequest request = Request();
   const auto call = [&] {
     absl::Notification done;
-    service.Submit(request, absl::InfiniteFuture(), nullptr,
+    std::shared_ptr<server::Request> counted = *service.Begin("");
+    if (!counted->Find(request.model()).ok()) std::abort();
+    service.Submit(counted, request, absl::InfiniteFuture(), nullptr,
                    [&](absl::Status status, v1::AttendResponse response) {
                      benchmark::DoNotOptimize(response);
                      if (!status.ok()) std::abort();

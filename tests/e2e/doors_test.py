@@ -7,6 +7,10 @@ and KServe v2 HTTP (JSON and binary tensors) of one real attnserve on 127.0.0.1:
 - Each class of bad input gets the same status class and the same message text.
 - A deadline that passes while the request is queued ends it DEADLINE_EXCEEDED (504).
 - A call cancelled while queued is dropped before compute (CANCELLED in the metrics).
+- While the server drains, a call for a model it does not serve and a call without a
+  valid token get the same code and words from every door (the drain check comes after
+  auth and before the lookup everywhere), and every door's refusal is counted the same
+  way in attnserve_requests_total.
 
 usage: doors_test.py ATTNSERVE REPO_ROOT
 """
@@ -14,10 +18,13 @@ import http.client
 import json
 import os
 import queue
+import signal
 import socket
 import sys
+import tempfile
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 import grpc
@@ -33,7 +40,8 @@ from attnserve.v1 import attention_pb2, attention_pb2_grpc, tensor_pb2  # noqa: 
 D = 512
 # gRPC status code name -> HTTP status, as the HTTP door maps them.
 HTTP_OF = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "DEADLINE_EXCEEDED": 504,
-           "CANCELLED": 499, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503}
+           "CANCELLED": 499, "RESOURCE_EXHAUSTED": 429, "UNAVAILABLE": 503,
+           "UNAUTHENTICATED": 401}
 
 
 class Answer:
@@ -49,7 +57,10 @@ class Answer:
 class Doors:
     """Sends one request (model, query array, parameters) through each door."""
 
-    def __init__(self, server, timeout=30.0):
+    def __init__(self, server, timeout=30.0, token=None):
+        # `token`: sent as "authorization: Bearer <token>" by every door.
+        self.metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.channel = grpc.insecure_channel(server.target)
         self.v1 = attention_pb2_grpc.AttentionServiceStub(self.channel)
         self.kserve = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
@@ -81,7 +92,7 @@ class Doors:
     def v1_unary(self, model, query, causal=False, timeout=None, **_):
         try:
             reply = self.v1.Attend(self._attend(model, query, causal),
-                                   timeout=timeout or self.timeout)
+                                   timeout=timeout or self.timeout, metadata=self.metadata)
             return Answer(output=reply.output.raw)
         except grpc.RpcError as error:
             return Answer(error.code().name, error.details())
@@ -91,7 +102,7 @@ class Doors:
             replies = self.v1.AttendStream(
                 iter([attention_pb2.AttendStreamRequest(
                     request=self._attend(model, query, causal))]),
-                timeout=timeout or self.timeout)
+                timeout=timeout or self.timeout, metadata=self.metadata)
             reply = next(iter(replies))
         except grpc.RpcError as error:
             return Answer(error.code().name, error.details())
@@ -104,7 +115,7 @@ class Doors:
     def kserve_unary(self, model, query, causal=False, timeout_us=0, **_):
         try:
             reply = self.kserve.ModelInfer(self._infer(model, query, causal, timeout_us),
-                                           timeout=self.timeout)
+                                           timeout=self.timeout, metadata=self.metadata)
             return Answer(output=reply.raw_output_contents[0])
         except grpc.RpcError as error:
             return Answer(error.code().name, error.details())
@@ -112,7 +123,8 @@ class Doors:
     def kserve_stream(self, model, query, causal=False, timeout_us=0, **_):
         try:
             replies = self.kserve.ModelStreamInfer(
-                iter([self._infer(model, query, causal, timeout_us)]), timeout=self.timeout)
+                iter([self._infer(model, query, causal, timeout_us)]), timeout=self.timeout,
+                metadata=self.metadata)
             reply = next(iter(replies))
         except grpc.RpcError as error:
             return Answer(error.code().name, error.details())
@@ -126,7 +138,7 @@ class Doors:
                                                 timeout=self.timeout)
         try:
             connection.request("POST", f"/v2/models/{model}/infer", body=body,
-                               headers=headers)
+                               headers={**self.headers, **headers})
             reply = connection.getresponse()
             return reply.status, reply.getheaders(), reply.read()
         finally:
@@ -230,6 +242,97 @@ class DoorsTest(unittest.TestCase):
                 with self.subTest(case=case, door=name):
                     self.assertEqual(answer.code, code, answer.message)
                     self.assertEqual(answer.message, answers["v1 unary"].message)
+
+
+class DoorsDrainingTest(unittest.TestCase):
+    """A server held in its drain by one HTTP request whose body is not finished: it stays
+    open (an open call delays shutdown up to the grace period) until the test sends the
+    rest. Its first HELD bytes are more than loopback's socket buffers hold, so once they
+    are sent the server's handler is reading the body: the drain begins with it open."""
+
+    HELD = 32 << 20
+
+    UNARY = ("v1 unary", "kserve unary", "http json", "http binary")
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tokens = tempfile.NamedTemporaryFile("w", suffix=".tokens")
+        cls.tokens.write("secret\n")
+        cls.tokens.flush()
+        cls.server = stubs.Attnserve(SERVER, f"--auth_token_file={cls.tokens.name}",
+                                     "--grace_period=120s", metrics=True, http=True)
+        cls.doors = Doors(cls.server, token="secret")
+        cls.strangers = Doors(cls.server)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.doors.close()
+        cls.strangers.close()
+        cls.tokens.close()
+
+    def embeddings(self, path, headers, model):
+        """The embedding APIs' answer to a request for `model`: (HTTP status, message)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.server.http_port,
+                                                timeout=60)
+        try:
+            connection.request("POST", path, json.dumps({"model": model, "input": ["a"],
+                                                         "inputs": "a"}),
+                               {"Content-Type": "application/json", **headers})
+            reply = connection.getresponse()
+            error = json.loads(reply.read())["error"]
+            return reply.status, error["message"] if isinstance(error, dict) else error
+        finally:
+            connection.close()
+
+    def refusals(self, code):
+        return metric(self.server.metrics_port, "attnserve_requests_total",
+                      [f'code="{code}"'])
+
+    def test_unknown_model_and_no_token_while_draining_are_refused_alike(self):
+        held = socket.create_connection(("127.0.0.1", self.server.http_port), timeout=60)
+        held.sendall(b"POST /v2/models/mha-base/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Authorization: Bearer secret\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {self.HELD + 1}\r\n\r\n".encode())
+        held.sendall(b" " * self.HELD)
+        before = {code: self.refusals(code) for code in ("UNAVAILABLE", "UNAUTHENTICATED")}
+        self.server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while True:  # readiness turns false once draining has begun
+            try:
+                urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.server.http_port}/v2/health/ready", timeout=10)
+            except urllib.error.HTTPError as error:
+                if error.code == 503:
+                    break
+            self.assertLess(time.monotonic(), deadline, "the drain did not begin")
+            time.sleep(0.05)
+        good = np.full((2, D), 0.5, np.float32)
+        cases = {"model not served": (self.doors, "nope", "UNAVAILABLE"),
+                 "no token, model served": (self.strangers, "mha-base", "UNAUTHENTICATED"),
+                 "no token, model not served": (self.strangers, "nope", "UNAUTHENTICATED")}
+        for case, (doors, model, code) in cases.items():
+            answers = {name: door(model, good) for name, door in doors.all().items()}
+            for name, answer in answers.items():
+                with self.subTest(case=case, door=name):
+                    self.assertEqual(answer.code, code, answer.message)
+                    self.assertEqual(answer.message, answers["v1 unary"].message)
+            # The embedding APIs (OpenAI, TEI), in their own error shapes.
+            for path in ("/v1/embeddings", "/embed"):
+                with self.subTest(case=case, door=path):
+                    status, message = self.embeddings(path, doors.headers, model)
+                    self.assertEqual(status, HTTP_OF[code], message)
+                    self.assertEqual(message, answers["v1 unary"].message)
+        # Each unary door's refusals are requests, counted under their code (a stream
+        # refused when it opens has no message to count).
+        unary = len(self.UNARY) + 2
+        self.assertEqual(self.refusals("UNAVAILABLE") - before["UNAVAILABLE"], unary)
+        self.assertEqual(self.refusals("UNAUTHENTICATED") - before["UNAUTHENTICATED"],
+                         2 * unary)
+        held.sendall(b" ")  # the held call ends (400: not JSON), then the server
+        self.assertIn(b"400", held.recv(4096))
+        held.close()
+        self.assertEqual(self.server.process.wait(timeout=120), 0)
+        self.server.process.stdout.close()
 
 
 class DoorsQueuedTest(unittest.TestCase):
