@@ -372,8 +372,9 @@ void SubmitInfer(
     pipeline.SubmitEncode(request, *encode, *deadline, cancellation,
                           [infer, done](absl::Status status, v1::EncodeResponse result) {
                             inference::ModelInferResponse response;
-                            if (status.ok())
+                            if (status.ok()) {
                               InferResponseFromEncode(*infer, result, &response);
+                            }
                             done(std::move(status), std::move(response));
                           });
     return;

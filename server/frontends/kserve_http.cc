@@ -512,8 +512,9 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
     return refuse(header_length.status(), HttpStatus(header_length.status().code()));
   }
   std::string body;
-  if (absl::Status read = ReadBody(connection, &body); !read.ok())
+  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
     return refuse(read, 413);
+  }
   // The model first, then the body: every door looks a model up before it decodes.
   if (absl::Status found = counted->Find(model, version); !found.ok()) {
     return SendStatus(connection, found);

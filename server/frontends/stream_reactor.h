@@ -151,7 +151,7 @@ class StreamReactor final
             held = static_cast<int64_t>(message.ByteSizeLong());
             batcher->Hold(held);
           }
-          Complete(sequence, std::move(message), std::move(batcher), held);
+          Complete(sequence, std::move(message), batcher, held);
         });
   }
 

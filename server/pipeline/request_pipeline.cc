@@ -235,15 +235,16 @@ Request::~Request() {
 absl::Status Request::Find(absl::string_view name, absl::string_view version) {
   absl::StatusOr<std::shared_ptr<ServedModel>> found =
       pipeline_->FindModel(name, version);
-  if (found.ok()) {
+  absl::Status status = found.status();
+  if (status.ok()) {
     model_ = *std::move(found);
     label_ = model_->name;
   }
   started_ = true;
   const ServiceObserver& observer = pipeline_->observer();
   if (observer.on_request_started) observer.on_request_started(label_);
-  if (!found.ok()) Finish(found.status());
-  return found.status();
+  if (!status.ok()) Finish(status);
+  return status;
 }
 
 void Request::Finish(const absl::Status& status, int64_t tokens) {
