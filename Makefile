@@ -39,10 +39,12 @@ build: configure
 
 # Installs dependencies, builds Release, runs every test through CTest, then the
 # sanitizer builds' tests and fuzzers (test-asan, test-tsan).
+# The sanitizer stages after it skip `deps` (DEPS is what they depend on).
+DEPS ?= deps
 test: deps build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
-	$(MAKE) test-asan
-	$(MAKE) test-tsan
+	$(MAKE) test-asan DEPS=
+	$(MAKE) test-tsan DEPS=
 
 # clang build of every target with AddressSanitizer + UndefinedBehaviorSanitizer (any
 # report fails the test that triggered it) and libFuzzer coverage; runs the C++ and
@@ -51,9 +53,10 @@ test: deps build
 test-asan: asan-build
 	cd $(SANITIZE_DIR) && ctest --output-on-failure -j $(JOBS) -LE 'lint|deploy|docker'
 
-asan-build: deps
+asan-build: $(DEPS)
 	CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DATTNSERVE_VENV=$(VENV) -DATTNSERVE_SANITIZE=address,undefined,fuzzer-no-link \
+	  -DATTNSERVE_BUILD_BENCHMARKS=off \
 	  -DATTNSERVE_FUZZ_SECONDS=$(FUZZ_SECONDS) -DATTNSERVE_CUDA=off
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
 
@@ -70,7 +73,7 @@ test-tsan: tsan-build
 	  ctest --output-on-failure -j $(JOBS) -L 'server|client|e2e' -LE lint \
 	  -E '^(readme_test|perf_analyzer_test|tritonclient_test|prometheus_scrape_test|export_test|python_package_test|text_test)$$'
 
-tsan-build: deps
+tsan-build: $(DEPS)
 	deploy/tsan-abseil.sh --build $(BUILD_DIR)
 	CC=clang CXX=clang++ cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DATTNSERVE_VENV=$(VENV) -DATTNSERVE_SANITIZE=thread -DATTNSERVE_CUDA=off \

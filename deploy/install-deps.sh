@@ -74,12 +74,14 @@ build_packages=(
 
 # Running the tests: the foreign Python client, a real Prometheus (promtool), the Docker
 # engine and the tools that make its base image, clang-format, clang (-Wthread-safety,
-# the sanitizer build) with its sanitizer and libFuzzer runtimes, python3-venv for
+# the sanitizer build) with its sanitizer and libFuzzer runtimes, ccache (a compiler
+# cache under each build folder), python3-venv for
 # the project virtualenv, PyTorch (the exporter's and README's tests, bf16 rounding
 # checks), openssl (certificates for the TLS tests) and libb64 (which the perf_analyzer
 # binary in tritonclient's wheel links).
 test_packages=(
   git
+  ccache
   clang
   libclang-rt-14-dev
   clang-format
