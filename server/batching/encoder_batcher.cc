@@ -1,10 +1,39 @@
 #include "server/batching/encoder_batcher.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <utility>
 
 namespace attnserve::server {
+namespace {
+
+// `n` pooled rows of `d` floats into `work->embedding` as the request asked for them:
+// the first `dimensions` of each row, L2-normalized when `normalize`.
+void ServeEmbedding(const float* pooled, int64_t n, int64_t d, EncoderWork* work) {
+  const int64_t kept = work->dimensions > 0 ? std::min(work->dimensions, d) : d;
+  const auto row_bytes = static_cast<size_t>(kept) * sizeof(float);
+  if (kept == d && !work->normalize) {
+    work->embedding.assign(reinterpret_cast<const char*>(pooled), n * row_bytes);
+    return;
+  }
+  work->embedding.clear();
+  work->embedding.reserve(n * row_bytes);
+  std::vector<float> row(static_cast<size_t>(kept));
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(row.data(), pooled + i * d, row_bytes);
+    if (work->normalize) {
+      double norm = 0.0;
+      for (const float value : row) norm += static_cast<double>(value) * value;
+      const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
+      for (float& value : row) value = static_cast<float>(value * scale);
+    }
+    work->embedding.append(reinterpret_cast<const char*>(row.data()), row_bytes);
+  }
+}
+
+}  // namespace
 
 int64_t EncoderWork::tokens() const {
   return std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
@@ -97,10 +126,7 @@ absl::Status EncoderBatcher::RunBatch(core::TransformerEncoder* encoder,
     const auto n = static_cast<int64_t>(work->lengths.size());
     const int64_t count = work->tokens();
     if (status.ok()) {
-      if (pools && work->pooled) {
-        work->embedding.assign(reinterpret_cast<const char*>(&pooled[sequence * d]),
-                               static_cast<size_t>(n * d) * sizeof(float));
-      }
+      if (pools && work->pooled) ServeEmbedding(&pooled[sequence * d], n, d, work);
       if (work->return_hidden) {
         work->hidden.assign(reinterpret_cast<const char*>(&hidden[token * d]),
                             static_cast<size_t>(count * d) * sizeof(float));

@@ -31,6 +31,11 @@ struct EncoderWork {
   // Return the pooled embedding (the model pools) / the last hidden state.
   bool pooled = true;
   bool return_hidden = false;
+  // The embedding as served: its first `dimensions` values (0: all d_model), then
+  // L2-normalized when `normalize` (the one rule: divided by max(norm, 1e-12), as the
+  // core and sentence-transformers normalize).
+  int64_t dimensions = 0;
+  bool normalize = false;
   // Text in: return the token ids; how many texts were truncated.
   bool return_token_ids = false;
   int64_t truncated = 0;

@@ -121,26 +121,20 @@ absl::StatusOr<bool> BoolAt(const Json& value, const std::string& field) {
   return Invalid(absl::StrCat(field, " must be true or false, got ", JsonExcerpt(value)));
 }
 
-absl::StatusOr<int64_t> DimensionsAt(const Json& value) {
+// A positive int32 (larger ones exceed every model's d_model, which the work checks).
+absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
   const std::optional<int64_t> count = JsonInt64(value);
   if (!count || *count < 1) {
     return Invalid(
         absl::StrCat("dimensions must be a positive integer, got ", JsonExcerpt(value)));
   }
-  return *count;
+  return static_cast<int32_t>(std::min<int64_t>(*count, INT32_MAX));
 }
 
 absl::StatusOr<Json> BodyObject(absl::string_view body) {
   ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
   if (!json.is_object()) return Invalid("the body must be a JSON object");
   return json;
-}
-
-// The L2 norm of `values`, in double so that long vectors lose nothing.
-double Norm(const float* values, int64_t count) {
-  double sum = 0;
-  for (int64_t i = 0; i < count; ++i) sum += static_cast<double>(values[i]) * values[i];
-  return std::sqrt(sum);
 }
 
 }  // namespace
@@ -169,7 +163,8 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
       }
       call.base64 = *format == "base64";
     } else if (key == "dimensions") {
-      ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));
+      ATTN_ASSIGN_OR_RETURN(const int32_t dimensions, DimensionsAt(value));
+      call.encode.set_dimensions(dimensions);
     } else if (key == "user") {
       if (!value.is_string()) {
         return Invalid(absl::StrCat("user must be a string, got ", JsonExcerpt(value)));
@@ -209,7 +204,8 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
                                     "a text is cut), got ", JsonExcerpt(value)));
       }
     } else if (key == "dimensions") {
-      ATTN_ASSIGN_OR_RETURN(call.dimensions, DimensionsAt(value));
+      ATTN_ASSIGN_OR_RETURN(const int32_t dimensions, DimensionsAt(value));
+      call.encode.set_dimensions(dimensions);
     } else {
       return Invalid(
           absl::StrCat("unknown field \"", key, "\" (accepted: inputs, ",
@@ -217,6 +213,7 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
     }
   }
   if (!has_input) return Invalid("inputs is required: a string or a list of strings");
+  call.encode.set_normalize(call.normalize);
   // Token ids carry no text to cut.
   if (call.encode.truncate() && call.encode.text().empty()) {
     call.encode.set_truncate(false);
@@ -234,10 +231,6 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
     return Invalid(absl::StrCat("model \"", model.name,
                                 "\" pools nothing (pooling NONE): it has no embedding"));
   }
-  if (call.dimensions > model.encoder_spec.d_model) {
-    return Invalid(absl::StrCat("dimensions must be at most ", model.encoder_spec.d_model,
-                                " (the model's d_model), got ", call.dimensions));
-  }
   const bool model_normalizes =
       model.info.encoder().normalization() == v1::EncoderConfig::NORMALIZATION_L2;
   if (call.api == EmbeddingsCall::Api::kTei && !call.normalize && model_normalizes) {
@@ -248,29 +241,17 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
   return absl::OkStatus();
 }
 
-std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
-                           bool model_normalizes) {
+std::string EmbeddingsBody(const EmbeddingsCall& call,
+                           const v1::EncodeResponse& response) {
   const v1::Tensor& embedding = response.embedding();
   const int64_t count = embedding.shape_size() == 2 ? embedding.shape(0) : 0;
   const int64_t d = embedding.shape_size() == 2 ? embedding.shape(1) : 0;
-  const int64_t kept = call.dimensions > 0 ? std::min(call.dimensions, d) : d;
-  // Re-normalized when shortened (a normalized model's) or when TEI asks for it and the
-  // model does not normalize; left bit for bit as the model made it otherwise.
-  const bool normalize =
-      (kept < d && model_normalizes) ||
-      (call.api == EmbeddingsCall::Api::kTei && call.normalize && !model_normalizes);
-  std::vector<float> row(static_cast<size_t>(kept));
+  std::vector<float> row(static_cast<size_t>(d));
   Json data = Json::array();
   for (int64_t i = 0; i < count; ++i) {
-    if (kept > 0) {
+    if (d > 0) {
       std::memcpy(row.data(), embedding.raw().data() + i * d * sizeof(float),
-                  static_cast<size_t>(kept) * sizeof(float));
-    }
-    if (normalize) {
-      const double norm = Norm(row.data(), kept);
-      if (norm > 0) {
-        for (float& value : row) value = static_cast<float>(value / norm);
-      }
+                  static_cast<size_t>(d) * sizeof(float));
     }
     if (call.api == EmbeddingsCall::Api::kTei) {
       data.push_back(row);

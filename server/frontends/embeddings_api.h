@@ -25,14 +25,12 @@ struct EmbeddingsCall {
   Api api = Api::kOpenAi;
   // The work: `text` (one or many), or token ids as input_ids [n, L] with an
   // attention_mask when the sequences differ in length. `model` is the body's "model"
-  // (OpenAI; empty selects the default model), empty for TEI.
+  // (OpenAI; empty selects the default model), empty for TEI. The body's "dimensions"
+  // and TEI's "normalize" travel in it, to the work that applies them.
   v1::EncodeRequest encode;
   // OpenAI encoding_format "base64": each embedding as the base64 of its little-endian
   // float32 bytes instead of a list of numbers.
   bool base64 = false;
-  // Keep the first `dimensions` values of each embedding (re-normalized when the model
-  // L2-normalizes its embeddings, as OpenAI's shortened embeddings are); 0 keeps all.
-  int64_t dimensions = 0;
   // TEI "normalize" (default true): answer L2-normalized embeddings.
   bool normalize = true;
 };
@@ -51,15 +49,16 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body);
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body);
 
 // What needs the model, checked before the call is queued: the model pools (an
-// embedding exists), dimensions <= d_model, and TEI's normalize=false is possible (the
-// model does not L2-normalize by its recipe). InvalidArgument naming the field.
+// embedding exists), and TEI's normalize=false is possible (the model does not
+// L2-normalize by its recipe). InvalidArgument naming the field. (The work checks
+// dimensions, as on every door.)
 absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& model);
 
 // The answer's JSON. OpenAI: {"object": "list", "data": [{"object": "embedding",
 // "index", "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}. TEI:
-// [[...], ...]. `model_normalizes`: the model's embeddings are L2-normalized already.
-std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
-                           bool model_normalizes);
+// [[...], ...]. The embeddings as the work made them (shortened, normalized).
+std::string EmbeddingsBody(const EmbeddingsCall& call,
+                           const v1::EncodeResponse& response);
 
 // An error in the API's own shape, with its HTTP status: OpenAI's {"error": {"message",
 // "type", "param", "code"}}; TEI's {"error", "error_type"} (validation errors are 422

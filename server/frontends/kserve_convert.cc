@@ -305,16 +305,30 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
   }
   for (const auto& [name, value] : infer->parameters()) {
     if (absl::StartsWith(name, "triton_") || name == kTimeout) continue;
-    if (name == "truncate") {
+    if (name == "truncate" || name == "normalize") {
       if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
-        return Invalid("parameters[\"truncate\"] must be a bool_param");
+        return Invalid(absl::StrCat("parameters[\"", name, "\"] must be a bool_param"));
       }
-      encode.set_truncate(value.bool_param());
+      if (name == "truncate") {
+        encode.set_truncate(value.bool_param());
+      } else {
+        encode.set_normalize(value.bool_param());
+      }
+      continue;
+    }
+    if (name == "dimensions") {
+      // The work checks the range against the model's d_model, as on every door.
+      if (value.parameter_choice_case() != inference::InferParameter::kInt64Param ||
+          value.int64_param() < 0 || value.int64_param() > INT32_MAX) {
+        return Invalid(
+            "parameters[\"dimensions\"] must be an int64_param, 0 (all) or positive");
+      }
+      encode.set_dimensions(static_cast<int32_t>(value.int64_param()));
       continue;
     }
     return Invalid(absl::StrCat("parameters[\"", name,
                                 "\"] is not a parameter of an encoder model (timeout, "
-                                "truncate)"));
+                                "truncate, dimensions, normalize)"));
   }
   for (int i = 0; i < infer->outputs_size(); ++i) {
     const std::string& name = infer->outputs(i).name();

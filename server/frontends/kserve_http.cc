@@ -633,8 +633,6 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
     counted->Finish(fits);
     return refuse(fits);
   }
-  const bool model_normalizes =
-      model->info.encoder().normalization() == v1::EncoderConfig::NORMALIZATION_L2;
   // This thread waits for the batcher's answer, watching for the client to hang up.
   absl::Notification done;
   absl::Status status;
@@ -649,7 +647,7 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
                           });
   AwaitAnswer(request, done, *cancellation);
   if (!status.ok()) return refuse(status);
-  Send(connection, 200, EmbeddingsBody(*call, response, model_normalizes));
+  Send(connection, 200, EmbeddingsBody(*call, response));
 }
 
 }  // namespace attnserve::server

@@ -469,6 +469,38 @@ absl::Status CheckEncodeBytes(const EncodeBytes& bytes, const v1::EncodeRequest&
   return absl::OkStatus();
 }
 
+// The serving options of the embedding (dimensions, normalize), checked against the
+// model before any input is read.
+absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
+                                   const core::EncoderSpec& spec) {
+  if (request.dimensions() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dimensions must be 0 (all of them) or positive, got ", request.dimensions()));
+  }
+  if (request.dimensions() > spec.d_model) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dimensions must be at most ", spec.d_model,
+                     " (the model's d_model), got ", request.dimensions()));
+  }
+  if ((request.dimensions() > 0 || request.normalize()) &&
+      spec.pooling == core::EncoderSpec::Pooling::kNone) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.dimensions() > 0 ? "dimensions" : "normalize",
+        " applies to the pooled embedding, and this model pools nothing (pooling NONE)"));
+  }
+  return absl::OkStatus();
+}
+
+// Shortened, a normalized model's embedding is normalized again; asked for, a model
+// that does not normalize is; otherwise the embedding stays bit for bit as the model
+// made it.
+void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSpec& spec,
+                         EncoderWork* work) {
+  work->dimensions = request.dimensions();
+  const bool shortened = request.dimensions() > 0 && request.dimensions() < spec.d_model;
+  work->normalize = spec.normalize ? shortened : request.normalize();
+}
+
 // Text in: each text tokenized and checked in turn.
 absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
@@ -519,6 +551,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
   work->pooled = bytes.embedding > 0;
   work->return_hidden = request.return_hidden();
   work->return_token_ids = request.return_token_ids();
+  SetEmbeddingOptions(request, spec, work.get());
   return work;
 }
 
@@ -532,6 +565,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
                                                    kMaxRequestIdBytes, " bytes, got ",
                                                    request.request_id().size()));
   }
+  ATTN_RETURN_IF_ERROR(CheckEmbeddingOptions(request, spec));
   if (request.text_size() > 0) return TextWork(request, spec, limits, tokenizer);
   if (request.truncate() || request.return_token_ids()) {
     return absl::InvalidArgumentError(
@@ -593,6 +627,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   work->reserved_bytes = bytes.work;
   work->pooled = bytes.embedding > 0;
   work->return_hidden = request.return_hidden();
+  SetEmbeddingOptions(request, spec, work.get());
   if (ids) {
     work->token_ids.reserve(static_cast<size_t>(tokens));
     if (request.has_token_type_ids()) {
@@ -652,7 +687,7 @@ void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
     v1::Tensor* embedding = response->mutable_embedding();
     embedding->set_dtype(v1::DATA_TYPE_FP32);
     embedding->add_shape(static_cast<int64_t>(work.lengths.size()));
-    embedding->add_shape(d_model);
+    embedding->add_shape(work.dimensions > 0 ? work.dimensions : d_model);
     embedding->set_raw(std::move(work.embedding));
   }
   if (work.return_hidden) {

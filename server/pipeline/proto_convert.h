@@ -97,13 +97,14 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // the byte offset), a text of more than limits.max_text_tokens tokens unless
 // request.truncate (naming the text, its count and the limit), attention_mask or
 // token_type_ids beside text, and the response and work budgets as for ids (checked as
-// the tokens add up, so no more than the budget is ever held).
+// the tokens add up, so no more than the budget is ever held); first of all, dimensions
+// outside [0, d_model], and dimensions or normalize for a model that pools nothing.
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
     const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer = nullptr);
 
-// Moves `work`'s results into `response`: embedding [n, d] and hidden [tokens, d]
-// (float32), lengths, timings.
+// Moves `work`'s results into `response`: embedding [n, dimensions or d] and hidden
+// [tokens, d] (float32), lengths, timings.
 void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
                         const std::string& request_id, int64_t d_model,
                         v1::EncodeResponse* response);

@@ -58,17 +58,24 @@ class TextTest(unittest.TestCase):
         cls.stub_dir = stubs.generate_stubs(ROOT)
         cls.repository = tempfile.TemporaryDirectory()
         # The model's folder as Hugging Face ships it (the default model: TEI's /embed
-        # serves that one); and the same weights without a tokenizer, which takes token
-        # ids only.
+        # serves that one); and the same weights without a tokenizer and without the
+        # recipe's Normalize step, which takes token ids only and serves raw mean-pooled
+        # vectors.
         for model, names in (("minilm", sorted(os.listdir(MODEL_DIR))),
-                             ("minilm-ids", ["config.json", "modules.json",
-                                             "model.safetensors", "1_Pooling"])):
+                             ("minilm-ids", ["config.json", "model.safetensors",
+                                             "1_Pooling"])):
             folder = os.path.join(cls.repository.name, model)
             os.mkdir(folder)
             for name in names:
                 os.symlink(os.path.join(MODEL_DIR, name), os.path.join(folder, name))
             with open(os.path.join(folder, "config.pbtxt"), "w") as f:
                 f.write("encoder {}\n")
+        with open(os.path.join(MODEL_DIR, "modules.json"), encoding="utf-8") as f:
+            recipe = [m for m in json.load(f)
+                      if m["type"] != "sentence_transformers.models.Normalize"]
+        with open(os.path.join(cls.repository.name, "minilm-ids", "modules.json"), "w",
+                  encoding="utf-8") as f:
+            json.dump(recipe, f)
         cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
                                      "--max_queue_delay=2ms", "--default_model=minilm",
                                      metrics=True, http=True)
@@ -256,6 +263,61 @@ class TextTest(unittest.TestCase):
             with self.subTest(door=door):
                 np.testing.assert_array_equal(values, got["v1"])
 
+    def test_dimensions_and_normalize_are_the_same_on_every_door(self):
+        """The work shortens and normalizes (one rule, in the batcher), so every door that
+        can ask for it gets the same bytes: the first values, re-normalized for a model
+        that L2-normalizes (minilm); normalized on request for one that does not
+        (minilm-ids, no Normalize module)."""
+        text, dims = self.sentences[9], 48
+        got = {}
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(model="minilm", text=[text],
+                                                           dimensions=dims), timeout=60)
+        self.assertEqual(list(reply.embedding.shape), [1, dims])
+        got["v1"] = np.frombuffer(reply.embedding.raw, np.float32)
+        grpc_client = triton_grpc.InferenceServerClient(self.server.target)
+        entry = triton_grpc.InferInput("text", [1], "BYTES")
+        entry.set_data_from_numpy(np.array([text.encode()], dtype=np.object_))
+        got["kserve"] = grpc_client.infer("minilm", [entry], parameters={
+            "dimensions": dims}).as_numpy("embedding")[0]
+        grpc_client.close()
+        status, body = self.post("/v2/models/minilm/infer", {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+            "parameters": {"dimensions": dims}})
+        self.assertEqual(status, 200, body)
+        got["kserve_http"] = np.array(body["outputs"][0]["data"], np.float32)
+        status, body = self.post("/v1/embeddings", {"model": "minilm", "input": text,
+                                                    "dimensions": dims})
+        self.assertEqual(status, 200, body)
+        got["openai"] = np.array(body["data"][0]["embedding"], np.float32)
+        status, body = self.post("/embed", {"inputs": text, "dimensions": dims})
+        self.assertEqual(status, 200, body)
+        got["tei"] = np.array(body[0], np.float32)
+        # The reference, in float64 from sentence-transformers' full vector.
+        want = self.golden[9][:dims].astype(np.float64)
+        want /= np.linalg.norm(want)
+        self.assertLess(float(np.abs(got["v1"] - want).max()), 1e-5)
+        for door, values in got.items():
+            with self.subTest(door=door):
+                np.testing.assert_array_equal(values, got["v1"])
+        # A model that does not normalize: as it is unless asked; asked, unit length, and
+        # the same on the v1 and KServe doors.
+        ids = attention_pb2.EncodeRequest(model="minilm-ids")
+        ids.input_ids.dtype = 3  # INT64
+        ids.input_ids.shape.append(len(self.ids[9]))
+        ids.input_ids.raw = np.asarray(self.ids[9], np.int64).tobytes()
+        raw = np.frombuffer(self.v1.Encode(ids, timeout=60).embedding.raw, np.float32)
+        self.assertGreater(abs(float(np.linalg.norm(raw)) - 1), 1e-3)
+        ids.normalize = True
+        unit = np.frombuffer(self.v1.Encode(ids, timeout=60).embedding.raw, np.float32)
+        np.testing.assert_allclose(unit, raw / np.linalg.norm(raw.astype(np.float64)),
+                                   rtol=0, atol=1e-6)
+        status, body = self.post("/v2/models/minilm-ids/infer", {
+            "inputs": [{"name": "input_ids", "datatype": "INT64",
+                        "shape": [1, len(self.ids[9])], "data": self.ids[9]}],
+            "parameters": {"normalize": True}})
+        self.assertEqual(status, 200, body)
+        np.testing.assert_array_equal(np.array(body["outputs"][0]["data"], np.float32), unit)
+
     def test_truncation_is_asked_for_and_counted(self):
         long_text = " ".join(["word"] * 400)  # 402 tokens with [CLS] and [SEP]
         before = self.metric("attnserve_truncated_texts_total") or 0.0
@@ -365,6 +427,17 @@ class TextTest(unittest.TestCase):
                 status, reply = self.post("/v2/models/minilm/infer", {"inputs": [entry]})
                 self.assertEqual(status, 400, reply)
                 self.assertIn(message, reply["error"])
+        text_entry = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}
+        for parameters, message in (
+                ({"dimensions": True}, 'parameters["dimensions"] must be an int64_param'),
+                ({"dimensions": D + 1}, f"dimensions must be at most {D} (the model's "
+                                        f"d_model), got {D + 1}"),
+                ({"normalize": 1}, 'parameters["normalize"] must be a bool_param')):
+            with self.subTest(door="kserve_http", parameters=parameters):
+                status, reply = self.post("/v2/models/minilm/infer", {
+                    "inputs": [text_entry], "parameters": parameters})
+                self.assertEqual(status, 400, reply)
+                self.assertIn(message, reply["error"])
         v1_cases = [
             (attention_pb2.EncodeRequest(model="minilm", text=["a"], truncate=False,
                                          return_hidden=False,
@@ -375,6 +448,10 @@ class TextTest(unittest.TestCase):
                                          input_ids={"dtype": 3, "shape": [1],
                                                     "raw": b"\x65" + b"\0" * 7}),
              "truncate applies to text input only"),
+            (attention_pb2.EncodeRequest(model="minilm", text=["a"], dimensions=-1),
+             "dimensions must be 0 (all of them) or positive, got -1"),
+            (attention_pb2.EncodeRequest(model="minilm", text=["a"], dimensions=D + 1),
+             f"dimensions must be at most {D} (the model's d_model), got {D + 1}"),
         ]
         for request, message in v1_cases:
             with self.subTest(door="v1", message=message):

@@ -1,11 +1,15 @@
 // EncoderBatcher: requests of different lengths batched by tokens into one packed call
 // give what the golden model (tests/data/encoder_tiny.*, PyTorch) gives each sequence;
-// ids and hidden states do not share a batch; max_batch_tokens splits batches.
+// ids and hidden states do not share a batch; max_batch_tokens splits batches; the work
+// serves the embedding shortened and normalized as asked.
 #include "server/batching/encoder_batcher.h"
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -168,6 +172,41 @@ TEST(EncoderBatcherTest, TokenBudgetSplitsBatchesAndKindsDoNotMix) {
   EXPECT_EQ(results.works()[3]->batch_size, 1);
   EXPECT_EQ(results.works()[3]->hidden.size(), 3 * kD * sizeof(float));
   EXPECT_EQ((*batcher)->stats().batches, 3);
+}
+
+TEST(EncoderBatcherTest, WorkShortensAndNormalizesTheEmbeddingItServes) {
+  const Golden golden = ReadGolden();
+  FakeClock clock;
+  auto batcher = EncoderBatcher::Create(FakeTime(clock), Factory());
+  ASSERT_TRUE(batcher.ok()) << batcher.status();
+  constexpr int64_t kKept = 16;
+  // (dimensions, normalize): all as made; shortened and normalized; shortened as made.
+  const std::vector<std::pair<int64_t, bool>> asked = {
+      {0, false}, {kKept, true}, {kKept, false}};
+  Results results(static_cast<int>(asked.size()));
+  for (size_t i = 0; i < asked.size(); ++i) {
+    std::unique_ptr<EncoderWork> work = IdsWork(golden, 0);
+    work->dimensions = asked[i].first;
+    work->normalize = asked[i].second;
+    ASSERT_TRUE((*batcher)->Enqueue(std::move(work), results.Callback(i)).ok());
+  }
+  clock.Advance(absl::Milliseconds(10));
+  results.Wait();
+  // The reference in float64 from the golden's full vector.
+  double norm = 0;
+  for (int64_t c = 0; c < kKept; ++c) norm += golden.pooled[c] * golden.pooled[c];
+  norm = std::sqrt(norm);
+  for (size_t i = 0; i < asked.size(); ++i) {
+    const EncoderWork& work = *results.works()[static_cast<int>(i)];
+    const int64_t kept = asked[i].first > 0 ? asked[i].first : kD;
+    ASSERT_EQ(work.embedding.size(), kept * sizeof(float)) << i;
+    std::vector<float> served(static_cast<size_t>(kept));
+    std::memcpy(served.data(), work.embedding.data(), work.embedding.size());
+    for (int64_t c = 0; c < kept; ++c) {
+      const double want = asked[i].second ? golden.pooled[c] / norm : golden.pooled[c];
+      EXPECT_NEAR(served[c], want, kTolerance) << i << "," << c;
+    }
+  }
 }
 
 }  // namespace
