@@ -9,7 +9,7 @@ TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 40
 
-.PHONY: all deps client deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-grid format clean
+.PHONY: all deps client deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-servers bench-grid format clean
 
 all: build
 
@@ -144,6 +144,15 @@ bench-encoder: build
 	deploy/install-deps.sh --test --venv $(VENV) --peers $(PEERS_VENV)
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target encoder_bench tokenizer_bench
 	$(PEERS_VENV)/bin/python tests/bench/encoder_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
+
+# attnserve beside the embedding servers users deploy instead (infinity-emb on PyTorch 2.x
+# and on ONNX Runtime, in build/servers-venv, several GB): all-MiniLM-L6-v2 over HTTP,
+# one closed-loop load generator, sentences/s and p50/p99 with targets. Not part of
+# `make test`.
+SERVERS_VENV ?= $(BUILD_DIR)/servers-venv
+bench-servers: build
+	deploy/install-deps.sh --test --venv $(VENV) --servers $(SERVERS_VENV)
+	$(SERVERS_VENV)/bin/python tests/bench/servers_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
 
 # Instances x intra-op threads on the whole machine (how the defaults were chosen).
 bench-grid: build

@@ -14,6 +14,9 @@
 #   --peers DIR the PyPI peers of `make bench-encoder` (PyTorch 2.x, sentence-transformers,
 #               ONNX Runtime), pinned in deploy/requirements-peers.txt, in their own
 #               virtualenv DIR (several GB; not needed by `make test`)
+#   --servers DIR    the embedding servers of `make bench-servers` (infinity-emb with its
+#               torch and ONNX Runtime engines), pinned in deploy/requirements-servers.txt,
+#               in their own virtualenv DIR (several GB; not needed by `make test`)
 #   --list-runtime   print the runtime list, one per line
 #
 # Several groups may be given at once (`--build --test`). With no argument: --build.
@@ -122,6 +125,7 @@ bench_packages=(
 
 usage() {
   echo "usage: $0 [--build] [--runtime] [--client|--test [--venv DIR]] [--bench] [--peers DIR]" \
+    "[--servers DIR]" \
     "| --list-runtime" >&2
   exit 2
 }
@@ -129,6 +133,7 @@ usage() {
 wanted=()
 venv=""
 peers=""
+servers=""
 with_client=0
 with_test=0
 [[ $# -eq 0 ]] && set -- --build
@@ -158,6 +163,11 @@ while [[ $# -gt 0 ]]; do
     --peers)
       [[ $# -ge 2 ]] || usage
       peers="$2"
+      shift
+      ;;
+    --servers)
+      [[ $# -ge 2 ]] || usage
+      servers="$2"
       shift
       ;;
     *) usage ;;
@@ -243,18 +253,24 @@ if [[ ${with_client} -eq 1 ]]; then
   fi
 fi
 
-# The peers' virtualenv: no system site packages, so that PyPI's PyTorch 2.x and
-# Debian's 1.13 never meet.
-if [[ -n "${peers}" ]]; then
-  requirements="${here}/requirements-peers.txt"
-  stamp="${peers}/.requirements"
+# The peers' virtualenvs: no system site packages, so that PyPI's PyTorch 2.x and
+# Debian's 1.13 never meet. Each is remade from its pinned file only when that changed.
+isolated_venv() {  # isolated_venv WHAT DIR REQUIREMENTS
+  local what="$1" dir="$2" requirements="$3"
+  local stamp="${dir}/.requirements"
   if [[ -f "${stamp}" ]] && cmp -s "${stamp}" "${requirements}"; then
-    echo "install-deps: peers virtualenv ${peers} up to date"
-  else
-    echo "install-deps: peers virtualenv ${peers} from ${requirements}"
-    /usr/bin/python3 -m venv "${peers}"
-    "${peers}/bin/python" -m pip install -q --disable-pip-version-check \
-      --require-virtualenv -r "${requirements}"
-    cp "${requirements}" "${stamp}"
+    echo "install-deps: ${what} virtualenv ${dir} up to date"
+    return
   fi
+  echo "install-deps: ${what} virtualenv ${dir} from ${requirements}"
+  /usr/bin/python3 -m venv "${dir}"
+  "${dir}/bin/python" -m pip install -q --disable-pip-version-check \
+    --require-virtualenv -r "${requirements}"
+  cp "${requirements}" "${stamp}"
+}
+if [[ -n "${peers}" ]]; then
+  isolated_venv peers "${peers}" "${here}/requirements-peers.txt"
+fi
+if [[ -n "${servers}" ]]; then
+  isolated_venv servers "${servers}" "${here}/requirements-servers.txt"
 fi
