@@ -47,10 +47,10 @@ ABSL_FLAG(int, max_batch_size, 32, "Most requests per batch (models may override
 ABSL_FLAG(int64_t, max_batch_tokens, 8192,
           "Most query tokens per batch; a longer single request runs alone.");
 ABSL_FLAG(
-    absl::Duration, max_queue_delay, absl::ZeroDuration(),
-    "How long the oldest queued request waits for company before its batch runs; "
-    "0 runs at once with whatever is queued (under load, requests that arrive while "
-    "a batch computes form the next one).");
+    absl::Duration, max_queue_delay, absl::Milliseconds(2),
+    "How long the oldest queued request waits for company before its batch runs, and "
+    "only while its batch is smaller than the last one (a lone caller's requests run at "
+    "once); 0 runs at once with whatever is queued.");
 ABSL_FLAG(int, max_queue_size, 1024,
           "Queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_queue_bytes, 0,

@@ -81,9 +81,11 @@ struct BatchingOptions {
   int max_batch_size = 32;
   // Most tokens per batch. Range >= 1.
   int64_t max_batch_tokens = 8192;
-  // How long the oldest request may wait for company. Range >= 0; 0 dispatches at
-  // once with whatever is queued (under load, requests queue up while a batch
-  // runs, so batches still form).
+  // How long the oldest request may wait for company: at most this long, and only while
+  // the batch is smaller than the last one dispatched (callers answered together come
+  // back together; a lone caller's next request goes at once). Range >= 0; 0
+  // dispatches at once with whatever is queued (under load, requests queue up while a
+  // batch runs, so batches still form).
   absl::Duration max_queue_delay = absl::ZeroDuration();
   // Queued requests beyond which Enqueue fails with RESOURCE_EXHAUSTED. Range >= 1.
   int max_queue_size = 1024;
@@ -121,8 +123,9 @@ absl::Status CheckBatchingOptions(const BatchingOptions& options);
 //
 // Policy: a batch holds tasks in arrival order that share a batch with the oldest task,
 // at most max_batch_size of them and max_batch_tokens tokens (a larger single task runs
-// alone). It is dispatched when full, or when its oldest task has waited
-// max_queue_delay, or at once while flushing or shutting down. A task whose deadline
+// alone). It is dispatched when full, or as large as the last batch dispatched (before
+// the first, max_batch_size), or when its oldest task has waited max_queue_delay, or at
+// once while flushing or shutting down. A task whose deadline
 // passed or whose call was cancelled is dropped before it is executed.
 //
 // Thread-safe. Owns its worker threads (started by Create, joined by Shutdown or the
@@ -361,7 +364,11 @@ class BatchScheduler {
       }
     }
     const absl::Time due_time = oldest.enqueue_time + options_.max_queue_delay;
-    if (!full && !stopping_ && !flushing_ && now < due_time) {
+    // A closed loop of n callers, answered together, sends its next n requests a few
+    // hundred microseconds apart: without waiting for them, the first goes alone and
+    // the others wait for it (measured: p99 twice p50 at 16 callers).
+    const bool as_large_as_last = static_cast<int64_t>(chosen.size()) >= last_batch_size_;
+    if (!full && !as_large_as_last && !stopping_ && !flushing_ && now < due_time) {
       absl::Time next = due_time;
       for (const Pending& pending : queue_) next = std::min(next, pending.task->deadline);
       return next;
@@ -378,6 +385,7 @@ class BatchScheduler {
       }
     }
     queue_.swap(rest);
+    last_batch_size_ = static_cast<int64_t>(batch.tasks.size());
     return std::nullopt;
   }
 
@@ -482,6 +490,8 @@ class BatchScheduler {
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Bumped on every Enqueue so that waiting workers re-evaluate the policy.
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  // Tasks in the last batch dispatched; a forming batch this large does not wait.
+  int64_t last_batch_size_ ABSL_GUARDED_BY(mu_) = options_.max_batch_size;
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
   // Executed batches for the answer threads. Their tasks' bytes stay held until each
   // is answered, so this queue is inside max_queue_bytes.

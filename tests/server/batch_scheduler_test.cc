@@ -128,6 +128,38 @@ TEST(BatchSchedulerTest, PartialBatchWaitsForItsDelayThenGoesTogether) {
   EXPECT_EQ((*scheduler)->stats().computed_requests, 3);
 }
 
+TEST(BatchSchedulerTest, ABatchAsLargeAsTheLastGoesWithoutWaiting) {
+  FakeClock clock;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(Options(clock), recorder.Executor());
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  const auto enqueue = [&](int id) {
+    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
+  };
+  // Two callers, answered together (the first batch waits: there is no last one yet).
+  enqueue(1);
+  enqueue(2);
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(2);
+  // Their next two requests: the second completes a batch as large as the last, which
+  // goes while time stands still; the first alone would have waited.
+  enqueue(3);
+  enqueue(4);
+  recorder.Wait(4);
+  // One caller left: its first request waits for the company it had, its next goes at
+  // once.
+  enqueue(5);
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(5);
+  enqueue(6);
+  recorder.Wait(6);
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2), ElementsAre(3, 4),
+                                              ElementsAre(5), ElementsAre(6)));
+  EXPECT_EQ(recorder.TaskOf(4).queue_time, absl::ZeroDuration());
+  EXPECT_EQ(recorder.TaskOf(5).queue_time, absl::Milliseconds(10));
+  EXPECT_EQ(recorder.TaskOf(6).queue_time, absl::ZeroDuration());
+}
+
 TEST(BatchSchedulerTest, FullBatchGoesWithoutWaiting) {
   FakeClock clock;
   Recorder recorder;
