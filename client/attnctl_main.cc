@@ -7,6 +7,8 @@
 //                 [--memory=m.npy] [--causal] [--head_mask=1,1,0,...]
 //                 [--output=y.npy] [--attention_out=a.npy]
 //   attnctl encode [--model=M] [--truncate] [--token_ids] [--output=e.npy] TEXT...
+//   attnctl rerank [--model=M] [--truncate] [--top_n=N] [--raw_scores] QUERY DOC...
+//   attnctl classify [--model=M] [--truncate] [--pairs] [--raw_scores] TEXT...
 //
 // Exit codes: 0 ok; 1 the call failed (gRPC code name and message printed); 2 usage.
 #include <algorithm>
@@ -52,10 +54,15 @@ ABSL_FLAG(std::string, head_mask, "",
           "infer: comma-separated factor per head, e.g. 1,1,0,1.");
 ABSL_FLAG(std::string, output, "",
           "infer: write the output here (.npy); encode: the embeddings [n, d].");
-ABSL_FLAG(
-    bool, truncate, false,
-    "encode: cut texts longer than the model's max_text_tokens instead of failing.");
+ABSL_FLAG(bool, truncate, false,
+          "encode, rerank, classify: cut texts longer than the model's max_text_tokens "
+          "instead of failing.");
 ABSL_FLAG(bool, token_ids, false, "encode: also print the token ids of each text.");
+ABSL_FLAG(int64_t, top_n, 0, "rerank: print the best N documents only; 0 = all.");
+ABSL_FLAG(bool, raw_scores, false,
+          "rerank, classify: the head's logits, without the model's activation.");
+ABSL_FLAG(bool, pairs, false,
+          "classify: the texts are pairs, taken two at a time (first, second).");
 ABSL_FLAG(std::string, config, "",
           "load: the model's ModelConfig as JSON, replacing its config.pbtxt.");
 ABSL_FLAG(std::string, attention_out, "",
@@ -389,6 +396,81 @@ int Encode(const AttentionClient& client, const std::vector<char*>& texts) {
   return kOk;
 }
 
+// A classification model's scores [n, labels] from one Encode of texts (and pairs).
+absl::StatusOr<std::vector<float>> Scores(const AttentionClient& client,
+                                          attnserve::v1::EncodeRequest& request,
+                                          int64_t* labels) {
+  request.set_model(absl::GetFlag(FLAGS_model));
+  request.set_truncate(absl::GetFlag(FLAGS_truncate));
+  request.set_raw_scores(absl::GetFlag(FLAGS_raw_scores));
+  absl::StatusOr<attnserve::v1::EncodeResponse> response = client.Encode(request);
+  if (!response.ok()) return response.status();
+  const attnserve::v1::Tensor& scores = response->scores();
+  if (scores.shape_size() != 2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model \"", response->model(),
+        "\" answered no scores: it is not a classification model (a cross-encoder)"));
+  }
+  *labels = scores.shape(1);
+  std::printf("model=%s scores_shape=[%lld, %lld] truncated=%d compute_us=%lld\n",
+              response->model().c_str(), static_cast<long long>(scores.shape(0)),
+              static_cast<long long>(*labels), response->truncated(),
+              static_cast<long long>(response->compute_time_us()));
+  return attnserve::client::Float32Values(scores);
+}
+
+// A query and its documents in, the documents best first out: one line each with its
+// index in the command line and its score.
+int Rerank(const AttentionClient& client, const std::vector<char*>& words) {
+  attnserve::v1::EncodeRequest request;
+  for (size_t i = 1; i < words.size(); ++i) {
+    request.add_text(words[0]);
+    request.add_text_pair(words[i]);
+  }
+  int64_t labels = 0;
+  absl::StatusOr<std::vector<float>> scores = Scores(client, request, &labels);
+  if (!scores.ok()) return Failed(scores.status());
+  if (labels != 1) {
+    return Failed(absl::FailedPreconditionError(absl::StrCat(
+        "the model has ", labels, " labels; rerank needs a one-label cross-encoder")));
+  }
+  std::vector<size_t> order(scores->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return (*scores)[a] > (*scores)[b]; });
+  const auto top_n =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_top_n)));
+  if (top_n > 0 && top_n < order.size()) order.resize(top_n);
+  for (size_t rank = 0; rank < order.size(); ++rank) {
+    std::printf("%zu. document[%zu] score=%.6f %s\n", rank + 1, order[rank],
+                (*scores)[order[rank]], words[order[rank] + 1]);
+  }
+  return kOk;
+}
+
+// Texts (or pairs) in, each one's scores per label out.
+int Classify(const AttentionClient& client, const std::vector<char*>& words) {
+  attnserve::v1::EncodeRequest request;
+  const bool pairs = absl::GetFlag(FLAGS_pairs);
+  if (pairs && words.size() % 2 != 0) {
+    return Usage(
+        absl::StrCat("classify --pairs takes texts two at a time, got ", words.size()));
+  }
+  for (size_t i = 0; i < words.size(); i += pairs ? 2 : 1) {
+    request.add_text(words[i]);
+    if (pairs) request.add_text_pair(words[i + 1]);
+  }
+  int64_t labels = 0;
+  absl::StatusOr<std::vector<float>> scores = Scores(client, request, &labels);
+  if (!scores.ok()) return Failed(scores.status());
+  for (int i = 0; i < request.text_size(); ++i) {
+    const auto row = scores->begin() + i * labels;
+    std::printf("input[%d] scores=[%s]\n", i,
+                absl::StrJoin(row, row + labels, ", ").c_str());
+  }
+  return kOk;
+}
+
 int main(int argc, char** argv) {
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
@@ -410,6 +492,11 @@ int main(int argc, char** argv) {
       "                [--memory=m.npy] [--causal]   (per-head figures, to prune by)\n"
       "  attnctl encode [--model=M] [--truncate] [--token_ids] [--output=e.npy] TEXT...\n"
       "                (an encoder: texts in, embeddings out)\n"
+      "  attnctl rerank [--model=M] [--truncate] [--top_n=N] [--raw_scores] QUERY "
+      "DOC...\n"
+      "                (a cross-encoder: the documents best first, with scores)\n"
+      "  attnctl classify [--model=M] [--truncate] [--pairs] [--raw_scores] TEXT...\n"
+      "                (a classification model: scores per label)\n"
       "Exit codes: 0 ok, 1 the call failed, 2 usage.");
   std::string problem;
   if (attnserve::cli::PrintHelpIfAsked(
@@ -420,8 +507,8 @@ int main(int argc, char** argv) {
   attnserve::transport::KeepAllocatorMemory();
   if (positional.size() < 2)
     return Usage(
-        "missing command: health, models, model, repository, load, unload, infer, heads "
-        "or encode");
+        "missing command: health, models, model, repository, load, unload, infer, heads, "
+        "encode, rerank or classify");
   const std::string command = positional[1];
 
   AttentionClient::Options options;
@@ -447,6 +534,13 @@ int main(int argc, char** argv) {
   if (command == "heads" && positional.size() == 2) return Heads(**client);
   if (command == "encode" && positional.size() >= 3) {
     return Encode(**client, std::vector<char*>(positional.begin() + 2, positional.end()));
+  }
+  if (command == "rerank" && positional.size() >= 4) {
+    return Rerank(**client, std::vector<char*>(positional.begin() + 2, positional.end()));
+  }
+  if (command == "classify" && positional.size() >= 3) {
+    return Classify(**client,
+                    std::vector<char*>(positional.begin() + 2, positional.end()));
   }
   return Usage(absl::StrCat("bad command line for '", command, "'"));
 }

@@ -79,6 +79,10 @@ absl::Status EncoderSpec::Validate() const {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
   }
+  if (num_labels < 0 || num_labels > kMaxLabels) {
+    return Invalid(
+        absl::StrCat("num_labels must be in [0, ", kMaxLabels, "], got ", num_labels));
+  }
   if (!(layer_norm_eps > 0.0f)) {
     return Invalid(absl::StrCat("layer_norm_eps must be > 0, got ", layer_norm_eps));
   }
@@ -106,6 +110,12 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
       CheckSize(embedding_norm_shift, pre ? 0 : d, "embedding_norm_shift"));
   ATTN_RETURN_IF_ERROR(CheckSize(final_norm_scale, pre ? d : 0, "final_norm_scale"));
   ATTN_RETURN_IF_ERROR(CheckSize(final_norm_shift, pre ? d : 0, "final_norm_shift"));
+  const int64_t labels = spec.num_labels;
+  const int64_t head = labels > 0 ? d : 0;
+  ATTN_RETURN_IF_ERROR(CheckSize(pooler_weight, head * d, "pooler_weight"));
+  ATTN_RETURN_IF_ERROR(CheckSize(pooler_bias, head, "pooler_bias"));
+  ATTN_RETURN_IF_ERROR(CheckSize(classifier_weight, labels * d, "classifier_weight"));
+  ATTN_RETURN_IF_ERROR(CheckSize(classifier_bias, labels, "classifier_bias"));
   if (static_cast<int64_t>(layers.size()) != spec.num_layers) {
     return Invalid(absl::StrCat("layers has ", layers.size(), " entries, expected ",
                                 spec.num_layers));
@@ -141,14 +151,15 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   ATTN_RETURN_IF_ERROR(spec.Validate());
   const int64_t d = spec.d_model;
   std::vector<std::string> used;
-  // The tensor `name` (under the prefix) with `shape`, as float32.
-  const auto read =
-      [&](const std::string& name,
-          std::vector<int64_t> shape) -> absl::StatusOr<std::vector<float>> {
-    const std::string full = absl::StrCat(prefix, name);
+  // The tensor `name` (under the prefix unless `outside`) with `shape`, as float32.
+  const auto read = [&](const std::string& name, std::vector<int64_t> shape,
+                        bool outside = false) -> absl::StatusOr<std::vector<float>> {
+    const std::string full = outside ? name : absl::StrCat(prefix, name);
     if (file.Find(full) == nullptr) {
       return Invalid(absl::StrCat("missing tensor ", full, " (a BERT checkpoint with ",
-                                  spec.num_layers, " layers names it)"));
+                                  spec.num_layers, " layers",
+                                  spec.num_labels > 0 ? " and a classification head" : "",
+                                  " names it)"));
     }
     used.push_back(full);
     return file.ReadFloat32(full, shape);
@@ -213,6 +224,14 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift, read(at + output_norm + "bias", {d}));
     weights.layers.push_back(std::move(layer));
   }
+  if (spec.num_labels > 0) {
+    ATTN_ASSIGN_OR_RETURN(weights.pooler_weight, read("pooler.dense.weight", {d, d}));
+    ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("pooler.dense.bias", {d}));
+    ATTN_ASSIGN_OR_RETURN(weights.classifier_weight,
+                          read("classifier.weight", {spec.num_labels, d}, true));
+    ATTN_ASSIGN_OR_RETURN(weights.classifier_bias,
+                          read("classifier.bias", {spec.num_labels}, true));
+  }
   // Every other tensor under the prefix is an error naming it: a checkpoint of another
   // architecture (or with more layers) must not load as if it were this one.
   for (const std::string& name : file.Names()) {
@@ -221,14 +240,14 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     const absl::string_view local = absl::string_view(name).substr(prefix.size());
     // A buffer, not a weight; and BertModel's [CLS] pooler (a dense layer + tanh), which
     // every BertModel checkpoint carries and no pooling served here uses.
-    if (local == "embeddings.position_ids" || local == "pooler.dense.weight" ||
-        local == "pooler.dense.bias") {
+    if (local == "embeddings.position_ids" ||
+        (spec.num_labels == 0 &&
+         (local == "pooler.dense.weight" || local == "pooler.dense.bias"))) {
       continue;
     }
     return Invalid(absl::StrCat("unexpected tensor ", name,
                                 ": not part of a BERT encoder of ", spec.num_layers,
-                                " layers (task heads are not served; set a prefix to "
-                                "load the encoder alone)"));
+                                " layers (set a prefix to load the encoder alone)"));
   }
   return weights;
 }
@@ -636,6 +655,34 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   return encoder;
 }
 
+void TransformerEncoder::ClassifyHead(const float* last,
+                                      absl::Span<const int64_t> lengths,
+                                      absl::Span<float> logits) const {
+  // One row per sequence: a few products of [d, d] and [labels, d], small beside the
+  // encoder's, summed in double as the pooling is.
+  const int64_t d = spec_.d_model;
+  const int64_t labels = spec_.num_labels;
+  const EncoderWeights& weights = state_->weights;
+  std::vector<float> pooled(static_cast<size_t>(d));
+  int64_t first = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const float* cls = &last[first * d];
+    for (int64_t r = 0; r < d; ++r) {
+      const float* row = &weights.pooler_weight[r * d];
+      double sum = weights.pooler_bias[r];
+      for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(row[c]) * cls[c];
+      pooled[r] = static_cast<float>(std::tanh(sum));
+    }
+    for (int64_t label = 0; label < labels; ++label) {
+      const float* row = &weights.classifier_weight[label * d];
+      double sum = weights.classifier_bias[label];
+      for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(row[c]) * pooled[c];
+      logits[i * labels + label] = static_cast<float>(sum);
+    }
+    first += lengths[i];
+  }
+}
+
 std::string TransformerEncoder::ComputePath() const {
   return state_->attention.front()->ComputePath();
 }
@@ -684,12 +731,13 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     }
   }
   const int64_t sequences = static_cast<int64_t>(batch.lengths.size());
-  if (spec_.pooling == EncoderSpec::Pooling::kNone && !pooled.empty()) {
+  if (!spec_.pools() && !pooled.empty()) {
     return Invalid("pooled must be empty: this encoder's pooling is none");
   }
-  if (!pooled.empty() && static_cast<int64_t>(pooled.size()) != sequences * d) {
-    return Invalid(
-        absl::StrCat("pooled has ", pooled.size(), " values, expected ", sequences * d));
+  const int64_t width = spec_.pooled_width();
+  if (!pooled.empty() && static_cast<int64_t>(pooled.size()) != sequences * width) {
+    return Invalid(absl::StrCat("pooled has ", pooled.size(), " values, expected ",
+                                sequences * width));
   }
   if (!hidden.empty() && static_cast<int64_t>(hidden.size()) != tokens * d) {
     return Invalid(
@@ -793,6 +841,10 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   }
   if (!hidden.empty()) std::memcpy(hidden.data(), last, hidden.size() * sizeof(float));
   if (pooled.empty()) return absl::OkStatus();
+  if (spec_.num_labels > 0) {
+    ClassifyHead(last, batch.lengths, pooled);
+    return absl::OkStatus();
+  }
   int64_t first = 0;
   for (int64_t i = 0; i < sequences; ++i) {
     const int64_t length = batch.lengths[i];

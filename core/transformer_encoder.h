@@ -56,6 +56,17 @@ struct EncoderSpec {
   Pooling pooling = Pooling::kMean;
   // L2-normalize the pooled embedding (sentence-transformers' Normalize module).
   bool normalize = false;
+  // A sequence-classification head (Hugging Face's BertForSequenceClassification): 0
+  // for none; else each sequence's output is num_labels logits instead of a pooled
+  // embedding, classifier(tanh(pooler([CLS]'s last hidden state))), and `pooling` and
+  // `normalize` do not apply. The head computes in f32 at every precision. Range
+  // [0, kMaxLabels].
+  int64_t num_labels = 0;
+  static constexpr int64_t kMaxLabels = 65536;
+  // The values per sequence Forward's `pooled` receives: num_labels logits, or d_model.
+  int64_t pooled_width() const { return num_labels > 0 ? num_labels : d_model; }
+  // Whether Forward can fill `pooled` (a head, or a pooling other than none).
+  bool pools() const { return num_labels > 0 || pooling != Pooling::kNone; }
   // fp32: every product in f32. bf16: the attention and feed-forward weights are
   // rounded to bf16, and their products run in bf16 with f32 accumulation where the
   // CPU has native bf16 (else in f32 on the bf16-valued weights: see
@@ -92,6 +103,10 @@ struct EncoderWeights {
   std::vector<EncoderLayerWeights> layers;  // num_layers
   // Pre-LN only: the norm after the last block ([d]; empty for post-LN).
   std::vector<float> final_norm_scale, final_norm_shift;
+  // The classification head (empty without one): BERT's pooler, a dense layer + tanh
+  // over [CLS] ([d, d], [d]), and the classifier ([num_labels, d], [num_labels]).
+  std::vector<float> pooler_weight, pooler_bias;
+  std::vector<float> classifier_weight, classifier_bias;
 
   // InvalidArgument naming the first tensor whose size does not fit `spec`.
   absl::Status CheckShapes(const EncoderSpec& spec) const;
@@ -103,8 +118,11 @@ struct EncoderWeights {
 // `encoder.layer.N.ln.*`, `encoder.ln.*`), each behind `prefix` (for example "bert." for
 // a checkpoint saved from a task model). Every tensor under the prefix is used, or named
 // in the error: InvalidArgument for a missing or unexpected tensor or a wrong shape. F32
-// or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) and BertModel's
-// `pooler.dense.*` (the [CLS] pooler no served pooling uses) are accepted and ignored.
+// or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) is ignored. With a
+// classification head (spec.num_labels > 0) the pooler `pooler.dense.*` under the prefix
+// and `classifier.weight`/`classifier.bias` outside it (where
+// BertForSequenceClassification keeps them) are read; without one BertModel's pooler,
+// which no served pooling uses, is accepted and ignored.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");
@@ -146,8 +164,9 @@ class TransformerEncoder {
   TransformerEncoder(const TransformerEncoder&) = delete;
   TransformerEncoder& operator=(const TransformerEncoder&) = delete;
 
-  // Computes the batch. `pooled` receives [n, d] (n = lengths.size()) and must have
-  // exactly that size, or be empty; it must be empty when the spec's pooling is none.
+  // Computes the batch. `pooled` receives [n, spec().pooled_width()] (n =
+  // lengths.size(): the pooled embeddings, or a head's logits) and must have exactly
+  // that size, or be empty; it must be empty when the spec pools nothing.
   // `hidden` receives the last hidden state [sum(lengths), d], or is empty.
   // InvalidArgument naming the field and the value (an id, type or length out of
   // range, a size that does not match); Internal when oneDNN fails. Blocks the calling
@@ -162,6 +181,9 @@ class TransformerEncoder {
  private:
   struct State;
   TransformerEncoder(const EncoderSpec& spec, const Options& options);
+  // The head's logits [n, num_labels] from the last hidden state (packed by `lengths`).
+  void ClassifyHead(const float* last, absl::Span<const int64_t> lengths,
+                    absl::Span<float> logits) const;
 
   const EncoderSpec spec_;
   const Options options_;

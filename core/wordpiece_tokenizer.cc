@@ -654,17 +654,15 @@ std::vector<std::string> WordPieceTokenizer::PreTokenize(
   return words;
 }
 
-absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
-    absl::string_view text, int64_t max_tokens, std::vector<int64_t>* ids) const {
+absl::Status WordPieceTokenizer::AppendTextPieces(absl::string_view text,
+                                                  int64_t max_pieces,
+                                                  std::vector<int64_t>* ids,
+                                                  int64_t* pieces) const {
   if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("not valid UTF-8 at byte offset %d (0x%02X)", bad,
                         static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
   }
-  ids->push_back(cls_id_);
-  // Room for the pieces: everything but [CLS] and [SEP].
-  const int64_t max_pieces = std::max<int64_t>(max_tokens - 2, 0);
-  int64_t pieces = 0;
   thread_local std::u32string normalized;
   // The text between special tokens is normalized and split; each special token is
   // its own id.
@@ -672,7 +670,7 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
   const auto flush = [&](size_t end) {
     if (end > start) {
       NormalizeInto(text.substr(start, end - start), &normalized);
-      AppendPieces(normalized, max_pieces, ids, &pieces);
+      AppendPieces(normalized, max_pieces, ids, pieces);
     }
   };
   for (size_t i = 0; i < text.size();) {
@@ -682,8 +680,8 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
       for (const auto& [token, id] : specials_) {
         if (text.substr(i, token.size()) == token) {
           flush(i);
-          if (pieces < max_pieces) ids->push_back(id);
-          ++pieces;
+          if (*pieces < max_pieces) ids->push_back(id);
+          ++*pieces;
           i += token.size();
           start = i;
           matched = true;
@@ -695,10 +693,64 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
     ++i;
   }
   flush(text.size());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
+    absl::string_view text, int64_t max_tokens, std::vector<int64_t>* ids) const {
+  const size_t before = ids->size();
+  ids->push_back(cls_id_);
+  // Room for the pieces: everything but [CLS] and [SEP].
+  const int64_t max_pieces = std::max<int64_t>(max_tokens - 2, 0);
+  int64_t pieces = 0;
+  if (absl::Status status = AppendTextPieces(text, max_pieces, ids, &pieces);
+      !status.ok()) {
+    ids->resize(before);
+    return status;
+  }
   ids->push_back(sep_id_);
   Encoding encoding;
   encoding.tokens = pieces + 2;
   encoding.truncated = pieces > max_pieces;
+  return encoding;
+}
+
+absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::EncodePair(
+    absl::string_view first, absl::string_view second, int64_t max_tokens,
+    std::vector<int64_t>* ids, std::vector<int64_t>* types) const {
+  // Room for the pieces: everything but [CLS] and two [SEP]. Neither text keeps more
+  // than that, so no more is collected; every piece is counted.
+  const int64_t budget = std::max<int64_t>(max_tokens - 3, 0);
+  thread_local std::vector<int64_t> a, b;
+  a.clear();
+  b.clear();
+  int64_t n1 = 0, n2 = 0;
+  ATTN_RETURN_IF_ERROR(AppendTextPieces(first, budget, &a, &n1));
+  ATTN_RETURN_IF_ERROR(AppendTextPieces(second, budget, &b, &n2));
+  // tokenizers' longest_first: with s <= l the shorter and longer counts, the longer
+  // is cut to what the shorter leaves (and never below it); when both still do not
+  // fit, each gets half (the longer the odd one).
+  int64_t keep1 = n1, keep2 = n2;
+  if (n1 + n2 > budget) {
+    int64_t shorter = std::min(n1, n2);
+    int64_t longer = shorter > budget ? shorter : std::max(shorter, budget - shorter);
+    if (shorter + longer > budget) {
+      shorter = budget / 2;
+      longer = shorter + budget % 2;
+    }
+    keep1 = std::min(n1, n1 > n2 ? longer : shorter);
+    keep2 = std::min(n2, n1 > n2 ? shorter : longer);
+  }
+  ids->push_back(cls_id_);
+  ids->insert(ids->end(), a.begin(), a.begin() + keep1);
+  ids->push_back(sep_id_);
+  types->insert(types->end(), static_cast<size_t>(keep1 + 2), 0);
+  ids->insert(ids->end(), b.begin(), b.begin() + keep2);
+  ids->push_back(sep_id_);
+  types->insert(types->end(), static_cast<size_t>(keep2 + 1), 1);
+  Encoding encoding;
+  encoding.tokens = n1 + n2 + 3;
+  encoding.truncated = keep1 < n1 || keep2 < n2;
   return encoding;
 }
 

@@ -77,6 +77,16 @@ class WordPieceTokenizer {
   absl::StatusOr<Encoding> Encode(absl::string_view text, int64_t max_tokens,
                                   std::vector<int64_t>* ids) const;
 
+  // The pair template BERT's cross-encoders read: [CLS] first [SEP] second [SEP], ids
+  // appended to `ids` and token types (0 through the first [SEP], then 1) to `types`.
+  // At most max_tokens in all, cut as Hugging Face tokenizers' longest_first cuts a
+  // pair: the longer text loses pieces from its end until it is no longer than the
+  // other, then both are cut to half the room each. REQUIRES: max_tokens >= 3. Errors
+  // as Encode's; `ids` and `types` are then unchanged.
+  absl::StatusOr<Encoding> EncodePair(absl::string_view first, absl::string_view second,
+                                      int64_t max_tokens, std::vector<int64_t>* ids,
+                                      std::vector<int64_t>* types) const;
+
   // The steps, for tests: the normalized text (UTF-8) of a text holding no special
   // token, and the words a normalized text is split into.
   absl::StatusOr<std::string> Normalize(absl::string_view text) const;
@@ -89,6 +99,11 @@ class WordPieceTokenizer {
  private:
   explicit WordPieceTokenizer(Options options) : options_(std::move(options)) {}
   absl::Status Build(std::vector<std::pair<std::string, int64_t>> vocab);
+  // Appends the pieces of `text` without [CLS] and [SEP]: at most max_pieces of them,
+  // each counted in *pieces. InvalidArgument for text that is not valid UTF-8 (nothing
+  // appended).
+  absl::Status AppendTextPieces(absl::string_view text, int64_t max_pieces,
+                                std::vector<int64_t>* ids, int64_t* pieces) const;
   // The code points of `text` (valid UTF-8) after normalization, into `out`.
   void NormalizeInto(absl::string_view text, std::u32string* out) const;
   // Appends the pieces of one normalized span; counts every piece in *tokens.

@@ -33,6 +33,29 @@ void ServeEmbedding(const float* pooled, int64_t n, int64_t d, EncoderWork* work
   }
 }
 
+// `n` rows of `labels` logits into `work->scores`, through the work's activation.
+void ServeScores(const float* logits, int64_t n, int64_t labels, EncoderWork* work) {
+  using Activation = EncoderWork::ScoreActivation;
+  std::vector<float> scores(logits, logits + n * labels);
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = &scores[i * labels];
+    if (work->score_activation == Activation::kSigmoid) {
+      for (int64_t j = 0; j < labels; ++j) {
+        row[j] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(row[j]))));
+      }
+    } else if (work->score_activation == Activation::kSoftmax) {
+      const float largest = *std::max_element(row, row + labels);
+      double sum = 0.0;
+      for (int64_t j = 0; j < labels; ++j) sum += std::exp(double{row[j]} - largest);
+      for (int64_t j = 0; j < labels; ++j) {
+        row[j] = static_cast<float>(std::exp(double{row[j]} - largest) / sum);
+      }
+    }
+  }
+  work->scores.assign(reinterpret_cast<const char*>(scores.data()),
+                      scores.size() * sizeof(float));
+}
+
 }  // namespace
 
 int64_t EncoderWork::tokens() const {
@@ -72,7 +95,9 @@ absl::Status EncoderBatcher::RunBatch(core::TransformerEncoder* encoder,
                                       absl::Span<EncoderWork* const> batch) {
   const int batch_size = static_cast<int>(batch.size());
   const int64_t d = encoder->spec().d_model;
-  const bool pools = encoder->spec().pooling != core::EncoderSpec::Pooling::kNone;
+  const bool pools = encoder->spec().pools();
+  const int64_t labels = encoder->spec().num_labels;
+  const int64_t width = encoder->spec().pooled_width();
   // A lone request is computed from its own vectors; a batch packs them once.
   core::EncoderBatch packed;
   std::vector<int64_t> ids, types, lengths;
@@ -111,7 +136,7 @@ absl::Status EncoderBatcher::RunBatch(core::TransformerEncoder* encoder,
     packed.lengths = lengths;
   }
   const auto sequences = static_cast<int64_t>(packed.lengths.size());
-  std::vector<float> pooled(pools ? static_cast<size_t>(sequences * d) : 0);
+  std::vector<float> pooled(pools ? static_cast<size_t>(sequences * width) : 0);
   std::vector<float> hidden(any_hidden ? static_cast<size_t>(tokens * d) : 0);
   const absl::Time compute_start = absl::Now();
   const absl::Status status =
@@ -126,7 +151,13 @@ absl::Status EncoderBatcher::RunBatch(core::TransformerEncoder* encoder,
     const auto n = static_cast<int64_t>(work->lengths.size());
     const int64_t count = work->tokens();
     if (status.ok()) {
-      if (pools && work->pooled) ServeEmbedding(&pooled[sequence * d], n, d, work);
+      if (pools && work->pooled) {
+        if (labels > 0) {
+          ServeScores(&pooled[sequence * width], n, labels, work);
+        } else {
+          ServeEmbedding(&pooled[sequence * d], n, d, work);
+        }
+      }
       if (work->return_hidden) {
         work->hidden.assign(reinterpret_cast<const char*>(&hidden[token * d]),
                             static_cast<size_t>(count * d) * sizeof(float));

@@ -36,6 +36,10 @@ struct EncoderWork {
   // core and sentence-transformers normalize).
   int64_t dimensions = 0;
   bool normalize = false;
+  // A classification model's scores: its logits through this activation (over each
+  // sequence's labels for softmax), into `scores` instead of `embedding`.
+  enum class ScoreActivation { kNone, kSigmoid, kSoftmax };
+  ScoreActivation score_activation = ScoreActivation::kNone;
   // Text in: return the token ids; how many texts were truncated.
   bool return_token_ids = false;
   int64_t truncated = 0;
@@ -44,8 +48,10 @@ struct EncoderWork {
   // Bytes held from Enqueue until the callback returns (inputs and results).
   int64_t reserved_bytes = 0;
 
-  // Results, float32 bytes: [n, d] and, when asked, [sum(lengths), d].
+  // Results, float32 bytes: [n, d] (or a classifier's [n, num_labels] scores) and,
+  // when asked, [sum(lengths), d].
   std::string embedding;
+  std::string scores;
   std::string hidden;
   absl::Duration queue_time;
   absl::Duration compute_time;

@@ -13,6 +13,7 @@
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_http_request.h"
+#include "server/frontends/rerank_api.h"
 
 namespace attnserve::server {
 namespace {
@@ -227,6 +228,26 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
                                 "\" is an attention layer, not an encoder: it makes no "
                                 "embeddings"));
   }
+  const int64_t labels = model.encoder_spec.num_labels;
+  if (call.classifies()) {
+    if (labels == 0) {
+      return Invalid(absl::StrCat(
+          "model \"", model.name,
+          "\" embeds and has no classification head: rerank and predict need a "
+          "cross-encoder (config.json architectures *ForSequenceClassification)"));
+    }
+    if (call.reranks() && labels != 1) {
+      return Invalid(absl::StrCat("model \"", model.name, "\" has ", labels,
+                                  " labels, and reranking needs a one-label "
+                                  "cross-encoder's score: use /predict"));
+    }
+    return absl::OkStatus();
+  }
+  if (labels > 0) {
+    return Invalid(absl::StrCat("model \"", model.name,
+                                "\" classifies (a cross-encoder) and makes no "
+                                "embeddings: call /rerank or /predict"));
+  }
   if (model.encoder_spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return Invalid(absl::StrCat("model \"", model.name,
                                 "\" pools nothing (pooling NONE): it has no embedding"));
@@ -241,8 +262,9 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
   return absl::OkStatus();
 }
 
-std::string EmbeddingsBody(const EmbeddingsCall& call,
-                           const v1::EncodeResponse& response) {
+std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
+                           const ServedModel& model) {
+  if (call.classifies()) return ScoresBody(call, response, model);
   const v1::Tensor& embedding = response.embedding();
   const int64_t count = embedding.shape_size() == 2 ? embedding.shape(0) : 0;
   const int64_t d = embedding.shape_size() == 2 ? embedding.shape(1) : 0;
@@ -279,7 +301,10 @@ std::string EmbeddingsBody(const EmbeddingsCall& call,
 std::pair<int, std::string> EmbeddingsError(EmbeddingsCall::Api api,
                                             const absl::Status& status, int http_status) {
   const std::string message(status.message());
-  if (api == EmbeddingsCall::Api::kTei) {
+  if (api == EmbeddingsCall::Api::kRerank) {
+    return {http_status, JsonText({{"message", message}})};
+  }
+  if (api != EmbeddingsCall::Api::kOpenAi) {
     const char* type = "Backend";
     switch (status.code()) {
       case absl::StatusCode::kInvalidArgument:

@@ -19,9 +19,14 @@
 
 namespace attnserve::server {
 
-// One embeddings call, parsed.
+// One call of these APIs, parsed: an embeddings call, or a rerank or classification
+// call (server/frontends/rerank_api.cc) on a classification model.
 struct EmbeddingsCall {
-  enum class Api { kOpenAi, kTei };
+  // kTeiRerank: TEI's POST /rerank; kTeiPredict: TEI's POST /predict; kRerank: the
+  // Cohere and Jina shape, POST /v1/rerank and /v2/rerank.
+  enum class Api { kOpenAi, kTei, kTeiRerank, kTeiPredict, kRerank };
+  bool reranks() const { return api == Api::kTeiRerank || api == Api::kRerank; }
+  bool classifies() const { return reranks() || api == Api::kTeiPredict; }
   Api api = Api::kOpenAi;
   // The work: `text` (one or many), or token ids as input_ids [n, L] with an
   // attention_mask when the sequences differ in length. `model` is the body's "model"
@@ -33,7 +38,18 @@ struct EmbeddingsCall {
   bool base64 = false;
   // TEI "normalize" (default true): answer L2-normalized embeddings.
   bool normalize = true;
+  // Rerank: the query is encode.text (once per document), the documents
+  // encode.text_pair. Answer the best `top_n` (0: all), with their text when
+  // `return_documents` (TEI: return_text).
+  int64_t top_n = 0;
+  bool return_documents = false;
+  // TEI /predict: the inputs came as a list of inputs (answered as a list of lists).
+  bool batch = false;
 };
+
+// The most documents one rerank call may hold (Cohere's limit), and the most inputs of
+// one /predict call.
+inline constexpr int64_t kMaxRerankDocuments = 1000;
 
 // A POST /v1/embeddings body: {"model", "input": text | [text] | [ids] | [[ids]],
 // "encoding_format"?: "float" | "base64", "dimensions"?: n, "user"?}. `body_bytes`
@@ -48,21 +64,43 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body);
 // ParseOpenAiEmbeddings's.
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body);
 
-// What needs the model, checked before the call is queued: the model pools (an
-// embedding exists), and TEI's normalize=false is possible (the model does not
-// L2-normalize by its recipe). InvalidArgument naming the field. (The work checks
-// dimensions, as on every door.)
+// TEI's POST /rerank: {"query", "texts": [text], "truncate"?, "truncation_direction"?:
+// "Right", "raw_scores"?, "return_text"?}. Errors as ParseOpenAiEmbeddings's, and more
+// than kMaxRerankDocuments texts.
+absl::StatusOr<EmbeddingsCall> ParseTeiRerank(absl::string_view body);
+
+// The Cohere and Jina rerank body: {"model"?, "query", "documents": [text | {"text"}],
+// "top_n"?: n >= 1 (more than the documents: all of them), "return_documents"?,
+// "max_tokens_per_doc"?}. A document over the model's max_text_tokens with the query is
+// cut (as those APIs cut). Errors as ParseTeiRerank's.
+absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body);
+
+// TEI's POST /predict: {"inputs": text | [text, text] | [text] | [[text, text]] (a
+// text, a pair, or a list of either), "raw_scores"?, "truncate"?,
+// "truncation_direction"?}. Errors as ParseTeiRerank's.
+absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body);
+
+// What needs the model, checked before the call is queued: an embeddings call's model
+// pools (an embedding exists) and does not classify, and TEI's normalize=false is
+// possible (the model does not L2-normalize by its recipe); a rerank or predict call's
+// model classifies (and reranks with one label). InvalidArgument naming the field.
+// (The work checks dimensions, as on every door.)
 absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& model);
 
 // The answer's JSON. OpenAI: {"object": "list", "data": [{"object": "embedding",
 // "index", "embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}. TEI:
 // [[...], ...]. The embeddings as the work made them (shortened, normalized).
-std::string EmbeddingsBody(const EmbeddingsCall& call,
-                           const v1::EncodeResponse& response);
+// TEI /rerank: [{"index", "score", "text"?}]; Cohere/Jina: {"id", "model", "results":
+// [{"index", "relevance_score", "document"?: {"text"}}], "usage": {"total_tokens"},
+// "meta"}; both best first, cut to top_n. TEI /predict: [{"label", "score"}] best
+// first (a list of them for a batch), labels from `model`.
+std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
+                           const ServedModel& model);
 
 // An error in the API's own shape, with its HTTP status: OpenAI's {"error": {"message",
 // "type", "param", "code"}}; TEI's {"error", "error_type"} (validation errors are 422
-// there). `http_status` is the status the KServe door gives the same error.
+// there, for /rerank and /predict too); Cohere's {"message"} for kRerank. `http_status`
+// is the status the KServe door gives the same error.
 std::pair<int, std::string> EmbeddingsError(EmbeddingsCall::Api api,
                                             const absl::Status& status, int http_status);
 

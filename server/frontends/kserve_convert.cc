@@ -14,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
+#include "server/frontends/embeddings_api.h"
 
 namespace attnserve::server {
 
@@ -33,6 +34,11 @@ constexpr char kText[] = "text";
 constexpr char kEmbedding[] = "embedding";
 constexpr char kHidden[] = "hidden";
 constexpr char kLengths[] = "lengths";
+// A classification model's (a cross-encoder's): the second text of each pair, or a
+// query [1] and its documents [n] (n pairs); the scores out.
+constexpr char kTextPair[] = "text_pair";
+constexpr char kDocuments[] = "documents";
+constexpr char kScores[] = "scores";
 
 absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
@@ -106,11 +112,11 @@ absl::Status ConvertInput(inference::ModelInferRequest* infer, int index, InputK
   return absl::OkStatus();
 }
 
-// A BYTES input "text" of shape [n] (or [n, 1]) as EncodeRequest.text: raw contents
-// hold each element as a 4-byte little-endian length and its bytes (Triton's layout);
-// typed contents hold bytes_contents.
+// A BYTES input of shape [n] (or [n, 1]) appended to `texts`: raw contents hold each
+// element as a 4-byte little-endian length and its bytes (Triton's layout); typed
+// contents hold bytes_contents.
 absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
-                              v1::EncodeRequest* encode) {
+                              google::protobuf::RepeatedPtrField<std::string>* texts) {
   const inference::ModelInferRequest::InferInputTensor& input = infer->inputs(index);
   const std::string field = absl::StrCat("inputs[", index, "] (\"", input.name(), "\")");
   if (input.datatype() != "BYTES") {
@@ -150,7 +156,7 @@ absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
         return Invalid(absl::StrCat(field, ": element ", i, " says ", length,
                                     " bytes, but ", raw.size(), " are left"));
       }
-      encode->add_text(std::string(raw.substr(0, length)));
+      texts->Add(std::string(raw.substr(0, length)));
       raw.remove_prefix(length);
     }
     if (!raw.empty()) {
@@ -164,7 +170,7 @@ absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
     return Invalid(absl::StrCat(field, ".contents.bytes_contents must hold ", count,
                                 " elements (the shape), got ", contents.size()));
   }
-  for (const std::string& text : contents) encode->add_text(text);
+  for (const std::string& text : contents) texts->Add(std::string(text));
   return absl::OkStatus();
 }
 
@@ -277,6 +283,8 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
   encode.set_model(infer->model_name());
   encode.set_request_id(infer->id());
   ATTN_RETURN_IF_ERROR(CheckRawCount(*infer));
+  bool text = false, text_pair = false, query_seen = false, documents_seen = false;
+  google::protobuf::RepeatedPtrField<std::string> query, documents;
   for (int i = 0; i < infer->inputs_size(); ++i) {
     const std::string& name = infer->inputs(i).name();
     v1::Tensor* tensor = nullptr;
@@ -290,29 +298,75 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
     } else if (name == kHiddenStates && !encode.has_hidden_states()) {
       tensor = encode.mutable_hidden_states();
       kind = InputKind::kFloat;
-    } else if (name == kText && encode.text().empty()) {
-      ATTN_RETURN_IF_ERROR(ConvertTextInput(infer, i, &encode));
+    } else if (name == kText && !text) {
+      ATTN_RETURN_IF_ERROR(ConvertTextInput(infer, i, encode.mutable_text()));
+      text = true;
+      continue;
+    } else if (name == kTextPair && !text_pair) {
+      ATTN_RETURN_IF_ERROR(ConvertTextInput(infer, i, encode.mutable_text_pair()));
+      text_pair = true;
+      continue;
+    } else if (name == kQuery && !query_seen && infer->inputs(i).datatype() == "BYTES") {
+      ATTN_RETURN_IF_ERROR(ConvertTextInput(infer, i, &query));
+      query_seen = true;
+      continue;
+    } else if (name == kDocuments && !documents_seen) {
+      ATTN_RETURN_IF_ERROR(ConvertTextInput(infer, i, &documents));
+      documents_seen = true;
       continue;
     } else {
-      return Invalid(
-          absl::StrCat("inputs[", i,
-                       "].name must be \"input_ids\", \"attention_mask\", "
-                       "\"token_type_ids\", \"hidden_states\" or \"text\" (each once), "
-                       "got \"",
-                       name, "\""));
+      return Invalid(absl::StrCat(
+          "inputs[", i,
+          "].name must be \"input_ids\", \"attention_mask\", \"token_type_ids\", "
+          "\"hidden_states\", \"text\", \"text_pair\", or \"query\" with "
+          "\"documents\" (each once), got \"",
+          name, "\"",
+          name == kQuery ? absl::StrCat(" of datatype ", infer->inputs(i).datatype(),
+                                        ": an encoder's \"query\" is a rerank's text "
+                                        "(BYTES), and an attention layer's query goes "
+                                        "to an attention model")
+                         : ""));
     }
     ATTN_RETURN_IF_ERROR(ConvertInput(infer, i, kind, tensor));
   }
+  if (query_seen || documents_seen) {
+    if (!query_seen || !documents_seen) {
+      return Invalid(absl::StrCat("input \"", query_seen ? kQuery : kDocuments,
+                                  "\" needs input \"", query_seen ? kDocuments : kQuery,
+                                  "\": a query [1] and the documents [n] ranked for it"));
+    }
+    if (text || text_pair) {
+      return Invalid(
+          absl::StrCat("inputs \"query\" and \"documents\" make the pairs: "
+                       "send them without \"",
+                       text ? kText : kTextPair, "\""));
+    }
+    if (query.size() != 1) {
+      return Invalid(
+          absl::StrCat("input \"query\" must hold 1 text, got ", query.size()));
+    }
+    if (documents.size() > kMaxRerankDocuments) {
+      return Invalid(absl::StrCat("input \"documents\" holds ", documents.size(),
+                                  " texts, over the limit of ", kMaxRerankDocuments,
+                                  " per request: send fewer"));
+    }
+    for (std::string& document : documents) {
+      encode.add_text(query[0]);
+      encode.add_text_pair(std::move(document));
+    }
+  }
   for (const auto& [name, value] : infer->parameters()) {
     if (absl::StartsWith(name, "triton_") || name == kTimeout) continue;
-    if (name == "truncate" || name == "normalize") {
+    if (name == "truncate" || name == "normalize" || name == "raw_scores") {
       if (value.parameter_choice_case() != inference::InferParameter::kBoolParam) {
         return Invalid(absl::StrCat("parameters[\"", name, "\"] must be a bool_param"));
       }
       if (name == "truncate") {
         encode.set_truncate(value.bool_param());
-      } else {
+      } else if (name == "normalize") {
         encode.set_normalize(value.bool_param());
+      } else {
+        encode.set_raw_scores(value.bool_param());
       }
       continue;
     }
@@ -328,15 +382,16 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
     }
     return Invalid(absl::StrCat("parameters[\"", name,
                                 "\"] is not a parameter of an encoder model (timeout, "
-                                "truncate, dimensions, normalize)"));
+                                "truncate, dimensions, normalize, raw_scores)"));
   }
   for (int i = 0; i < infer->outputs_size(); ++i) {
     const std::string& name = infer->outputs(i).name();
     if (name == kHidden) {
       encode.set_return_hidden(true);
-    } else if (name != kEmbedding && name != kLengths) {
+    } else if (name != kEmbedding && name != kLengths && name != kScores) {
       return Invalid(absl::StrCat("outputs[", i, "].name must be \"embedding\", ",
-                                  "\"hidden\" or \"lengths\", got \"", name, "\""));
+                                  "\"scores\", \"hidden\" or \"lengths\", got \"", name,
+                                  "\""));
     }
   }
   return encode;
@@ -349,12 +404,25 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
   response->set_model_version(encode.model_version());
   response->set_id(infer.id());
   bool want_embedding = infer.outputs().empty(), want_lengths = false;
+  bool want_scores = infer.outputs().empty();
   for (const auto& requested : infer.outputs()) {
     want_embedding |= requested.name() == kEmbedding;
     want_lengths |= requested.name() == kLengths;
+    want_scores |= requested.name() == kScores;
   }
   if (want_embedding && encode.has_embedding()) {
     AddOutput(kEmbedding, encode.mutable_embedding(), response);
+  }
+  if (want_scores && encode.has_scores()) {
+    v1::Tensor* scores = encode.mutable_scores();
+    // Ranked documents get one score each: [n], not [n, 1].
+    const bool ranked =
+        std::any_of(infer.inputs().begin(), infer.inputs().end(),
+                    [](const auto& input) { return input.name() == kDocuments; });
+    if (ranked && scores->shape_size() == 2 && scores->shape(1) == 1) {
+      scores->mutable_shape()->RemoveLast();
+    }
+    AddOutput(kScores, scores, response);
   }
   if (encode.has_hidden()) AddOutput(kHidden, encode.mutable_hidden(), response);
   if (want_lengths) {
@@ -382,6 +450,16 @@ void SubmitInfer(
   if (request->model()->is_encoder()) {
     absl::StatusOr<v1::EncodeRequest> encode = EncodeFromInfer(infer.get());
     if (!encode.ok()) return refuse(encode.status());
+    const int64_t labels = request->model()->encoder_spec.num_labels;
+    const bool ranked =
+        std::any_of(infer->inputs().begin(), infer->inputs().end(),
+                    [](const auto& input) { return input.name() == kDocuments; });
+    if (ranked && labels != 1) {
+      return refuse(Invalid(absl::StrCat(
+          "input \"documents\" ranks by a one-label cross-encoder's score, and model \"",
+          request->model()->name, "\" has ", labels,
+          " labels: send \"text\" (and \"text_pair\") for its scores")));
+    }
     // The work copies the ids: the converted request may go when SubmitEncode returns.
     pipeline.SubmitEncode(request, *encode, *deadline, cancellation,
                           [infer, done](absl::Status status, v1::EncodeResponse result) {
@@ -455,10 +533,20 @@ void FillModelMetadata(const ServedModel& model,
     tensor(response->mutable_inputs(), kAttentionMask, {-1, -1}, "INT64");
     tensor(response->mutable_inputs(), kTokenTypeIds, {-1, -1}, "INT64");
     tensor(response->mutable_inputs(), kHiddenStates, {-1, -1, d});
+    const int64_t labels = model.encoder_spec.num_labels;
     if (model.tokenizer != nullptr) {
       tensor(response->mutable_inputs(), kText, {-1}, "BYTES");
+      if (labels > 0) tensor(response->mutable_inputs(), kTextPair, {-1}, "BYTES");
+      if (labels == 1) {
+        tensor(response->mutable_inputs(), kQuery, {1}, "BYTES");
+        tensor(response->mutable_inputs(), kDocuments, {-1}, "BYTES");
+      }
     }
-    tensor(response->mutable_outputs(), kEmbedding, {-1, d});
+    if (labels > 0) {
+      tensor(response->mutable_outputs(), kScores, {-1, labels});
+    } else {
+      tensor(response->mutable_outputs(), kEmbedding, {-1, d});
+    }
     tensor(response->mutable_outputs(), kHidden, {-1, d});
     tensor(response->mutable_outputs(), kLengths, {-1}, "INT64");
     return;
@@ -492,10 +580,24 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
         ->set_optional(true);
     add(config->add_input(), kHiddenStates, inference::TYPE_FP32, {-1, -1, d})
         ->set_optional(true);
+    const int64_t labels = model.encoder_spec.num_labels;
     if (model.tokenizer != nullptr) {
       add(config->add_input(), kText, inference::TYPE_STRING, {-1})->set_optional(true);
+      if (labels > 0) {
+        add(config->add_input(), kTextPair, inference::TYPE_STRING, {-1})
+            ->set_optional(true);
+      }
+      if (labels == 1) {
+        add(config->add_input(), kQuery, inference::TYPE_STRING, {1})->set_optional(true);
+        add(config->add_input(), kDocuments, inference::TYPE_STRING, {-1})
+            ->set_optional(true);
+      }
     }
-    add(config->add_output(), kEmbedding, inference::TYPE_FP32, {-1, d});
+    if (labels > 0) {
+      add(config->add_output(), kScores, inference::TYPE_FP32, {-1, labels});
+    } else {
+      add(config->add_output(), kEmbedding, inference::TYPE_FP32, {-1, d});
+    }
     add(config->add_output(), kHidden, inference::TYPE_FP32, {-1, d});
     add(config->add_output(), kLengths, inference::TYPE_INT64, {-1});
     return;

@@ -36,15 +36,19 @@ inline constexpr const char* kExtensions[] = {"model_configuration", "statistics
 absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* infer);
 
 // A ModelInferRequest for an encoder model as an EncodeRequest: inputs "input_ids",
-// "attention_mask", "token_type_ids" (INT64 or INT32, raw or typed contents) or
-// "hidden_states" (FP32 or BF16); requesting output "hidden" asks for the last hidden
-// state. Parameters: "timeout" only. InvalidArgument naming the field for anything
-// else. Raw input bytes move out of `*infer`.
+// "attention_mask", "token_type_ids" (INT64 or INT32, raw or typed contents),
+// "hidden_states" (FP32 or BF16), or BYTES texts: "text" [n] (with "text_pair" [n] for
+// a classification model's pairs), or a rerank's "query" [1] and "documents" [n] (n
+// pairs, at most kMaxRerankDocuments); requesting output "hidden" asks for the last
+// hidden state. Parameters: "timeout", "truncate", "normalize", "raw_scores" (bool),
+// "dimensions" (int64). InvalidArgument naming the field for anything else. Raw input
+// bytes move out of `*infer`.
 absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* infer);
 
-// The answer of an encoder as a ModelInferResponse: "embedding" FP32 [n, d] (when no
-// outputs are listed, or it is), "hidden" FP32 [tokens, d] when asked, "lengths" INT64
-// [n] when listed. Moves the tensors' bytes out of `encode`.
+// The answer of an encoder as a ModelInferResponse: "embedding" FP32 [n, d], or a
+// classification model's "scores" FP32 [n, num_labels] ([n] for ranked "documents")
+// (when no outputs are listed, or it is), "hidden" FP32 [tokens, d] when asked,
+// "lengths" INT64 [n] when listed. Moves the tensors' bytes out of `encode`.
 void InferResponseFromEncode(const inference::ModelInferRequest& infer,
                              v1::EncodeResponse& encode,
                              inference::ModelInferResponse* response);

@@ -231,6 +231,38 @@ int DispatchTei(mg_connection* connection, void* self) {
   return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kTei);
 }
 
+int DispatchTeiRerank(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->Handle(connection,
+                                                EmbeddingsCall::Api::kTeiRerank);
+}
+
+int DispatchTeiPredict(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->Handle(connection,
+                                                EmbeddingsCall::Api::kTeiPredict);
+}
+
+int DispatchRerank(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kRerank);
+}
+
+// The parser of each API's body.
+absl::StatusOr<EmbeddingsCall> ParseCall(EmbeddingsCall::Api api,
+                                         absl::string_view body) {
+  switch (api) {
+    case EmbeddingsCall::Api::kOpenAi:
+      return ParseOpenAiEmbeddings(body);
+    case EmbeddingsCall::Api::kTei:
+      return ParseTeiEmbed(body);
+    case EmbeddingsCall::Api::kTeiRerank:
+      return ParseTeiRerank(body);
+    case EmbeddingsCall::Api::kTeiPredict:
+      return ParseTeiPredict(body);
+    case EmbeddingsCall::Api::kRerank:
+      break;
+  }
+  return ParseRerank(body);
+}
+
 // The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
 struct ModelRoute {
   std::string model;
@@ -301,6 +333,11 @@ absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
   mg_set_request_handler(http->context_, "/v2", Dispatch, http.get());
   mg_set_request_handler(http->context_, "/v1/embeddings$", DispatchOpenAi, http.get());
   mg_set_request_handler(http->context_, "/embed$", DispatchTei, http.get());
+  // TEI's /rerank takes "texts"; the Cohere and Jina shape ("documents") is served at
+  // their paths.
+  mg_set_request_handler(http->context_, "/rerank$", DispatchTeiRerank, http.get());
+  mg_set_request_handler(http->context_, "/predict$", DispatchTeiPredict, http.get());
+  mg_set_request_handler(http->context_, "/v1/rerank$", DispatchRerank, http.get());
   mg_server_port ports[1];
   if (mg_get_server_ports(http->context_, 1, ports) < 1) {
     http->Stop();
@@ -353,6 +390,9 @@ void KServeHttp::Route(mg_connection* connection) {
   const mg_request_info* request = mg_get_request_info(connection);
   const std::string method = request->request_method;
   const std::string uri = request->local_uri;
+  // Cohere's v2 rerank path lies under KServe's /v2 prefix, whichever handler civetweb
+  // matched it to.
+  if (uri == "/v2/rerank") return Embeddings(connection, EmbeddingsCall::Api::kRerank);
   if (options_.on_request) options_.on_request(uri);
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"
@@ -615,9 +655,7 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
     counted->Finish(read);
     return fail(read, 413);
   }
-  absl::StatusOr<EmbeddingsCall> call = api == EmbeddingsCall::Api::kOpenAi
-                                            ? ParseOpenAiEmbeddings(body)
-                                            : ParseTeiEmbed(body);
+  absl::StatusOr<EmbeddingsCall> call = ParseCall(api, body);
   body = std::string();
   if (!call.ok()) {
     counted->Finish(call.status());
@@ -647,7 +685,7 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
                           });
   AwaitAnswer(request, done, *cancellation);
   if (!status.ok()) return refuse(status);
-  Send(connection, 200, EmbeddingsBody(*call, response));
+  Send(connection, 200, EmbeddingsBody(*call, response, *model));
 }
 
 }  // namespace attnserve::server

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -255,6 +258,110 @@ absl::Status ApplySentenceTransformers(const EncoderFiles& files,
   return absl::OkStatus();
 }
 
+// The task from config.json's architectures, and for a classification head its labels
+// (id2label) and the activation of its scores (sentence-transformers' CrossEncoder
+// records it in config.json).
+absl::Status ApplyTask(const Json& json, const EncoderFiles& files,
+                       v1::ModelConfig* config) {
+  constexpr absl::string_view kFile = "config.json";
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  if (encoder->task() == v1::EncoderConfig::TASK_UNSPECIFIED) {
+    bool classify = false;
+    if (const auto it = json.find("architectures"); it != json.end() && !it->is_null()) {
+      if (!it->is_array()) {
+        return Invalid(
+            absl::StrCat(kFile, ": architectures must be a list, got ", Shown(*it)));
+      }
+      for (const Json& name : *it) {
+        const auto* text = name.get_ptr<const Json::string_t*>();
+        if (text == nullptr) {
+          return Invalid(absl::StrCat(kFile, ": architectures must hold strings, got ",
+                                      Shown(name)));
+        }
+        classify |= absl::EndsWith(*text, "ForSequenceClassification");
+      }
+    }
+    encoder->set_task(classify ? v1::EncoderConfig::TASK_CLASSIFY
+                               : v1::EncoderConfig::TASK_EMBED);
+  }
+  if (encoder->task() != v1::EncoderConfig::TASK_CLASSIFY) {
+    if (encoder->labels_size() > 0 ||
+        encoder->score_activation() != v1::EncoderConfig::SCORE_ACTIVATION_UNSPECIFIED) {
+      return Invalid(
+          "encoder.labels and encoder.score_activation apply to task TASK_CLASSIFY only");
+    }
+    return absl::OkStatus();
+  }
+  if (encoder->labels_size() == 0) {
+    const auto it = json.find("id2label");
+    if (it == json.end() || it->is_null()) {
+      encoder->add_labels("LABEL_0");
+    } else {
+      if (!it->is_object() || it->empty() ||
+          it->size() > static_cast<size_t>(core::EncoderSpec::kMaxLabels)) {
+        return Invalid(absl::StrCat(kFile, ": id2label must be an object of 1 to ",
+                                    core::EncoderSpec::kMaxLabels, " labels"));
+      }
+      std::vector<std::string> labels(it->size());
+      std::vector<bool> seen(it->size(), false);
+      for (const auto& [key, value] : it->items()) {
+        size_t id = 0;
+        const bool number = !key.empty() && key.size() <= 6 &&
+                            key.find_first_not_of("0123456789") == std::string::npos;
+        if (number) id = std::stoul(key);
+        const auto* label = value.get_ptr<const Json::string_t*>();
+        if (!number || id >= labels.size() || seen[id] || label == nullptr) {
+          return Invalid(absl::StrCat(kFile, ": id2label must map each id 0 to ",
+                                      labels.size() - 1, " once to a string, got \"", key,
+                                      "\": ", Shown(value)));
+        }
+        seen[id] = true;
+        labels[id] = *label;
+      }
+      for (const std::string& label : labels) encoder->add_labels(label);
+    }
+  }
+  if (encoder->labels_size() > core::EncoderSpec::kMaxLabels) {
+    return Invalid(absl::StrCat("encoder.labels must hold at most ",
+                                core::EncoderSpec::kMaxLabels, " labels, got ",
+                                encoder->labels_size()));
+  }
+  if (encoder->score_activation() == v1::EncoderConfig::SCORE_ACTIVATION_UNSPECIFIED) {
+    std::string recorded;
+    if (!files.sentence_transformers_json.empty()) {
+      constexpr absl::string_view kStFile = "config_sentence_transformers.json";
+      ATTN_ASSIGN_OR_RETURN(const Json st,
+                            Parse(files.sentence_transformers_json, kStFile));
+      if (!st.is_object()) return Invalid(absl::StrCat(kStFile, ": must be an object"));
+      ATTN_ASSIGN_OR_RETURN(recorded, Text(st, "activation_fn", "", kStFile));
+    }
+    if (const auto st = json.find("sentence_transformers");
+        recorded.empty() && st != json.end() && st->is_object()) {
+      ATTN_ASSIGN_OR_RETURN(recorded, Text(*st, "activation_fn", "", kFile));
+    }
+    if (recorded.empty()) {  // sentence-transformers before v4
+      ATTN_ASSIGN_OR_RETURN(
+          recorded, Text(json, "sbert_ce_default_activation_function", "", kFile));
+    }
+    v1::EncoderConfig::ScoreActivation activation =
+        encoder->labels_size() == 1 ? v1::EncoderConfig::SCORE_ACTIVATION_SIGMOID
+                                    : v1::EncoderConfig::SCORE_ACTIVATION_SOFTMAX;
+    if (absl::EndsWith(recorded, ".Sigmoid")) {
+      activation = v1::EncoderConfig::SCORE_ACTIVATION_SIGMOID;
+    } else if (absl::EndsWith(recorded, ".Softmax")) {
+      activation = v1::EncoderConfig::SCORE_ACTIVATION_SOFTMAX;
+    } else if (absl::EndsWith(recorded, ".Identity")) {
+      activation = v1::EncoderConfig::SCORE_ACTIVATION_NONE;
+    } else if (!recorded.empty()) {
+      return Invalid(
+          absl::StrCat(kFile, ": activation_fn \"", recorded,
+                       "\" is not served (served: Sigmoid, Softmax, Identity)"));
+    }
+    encoder->set_score_activation(activation);
+  }
+  return absl::OkStatus();
+}
+
 // max_text_tokens: config.pbtxt's, else sentence-transformers' max_seq_length, else
 // max_positions; never above max_positions (no position embedding exists past it).
 absl::Status ApplyTextLimit(const EncoderFiles& files, v1::ModelConfig* config) {
@@ -286,6 +393,7 @@ absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* co
   }
   try {
     ATTN_RETURN_IF_ERROR(ApplyArchitecture(architecture, config));
+    ATTN_RETURN_IF_ERROR(ApplyTask(architecture, files, config));
     ATTN_RETURN_IF_ERROR(ApplySentenceTransformers(files, config));
     ATTN_RETURN_IF_ERROR(ApplyTextLimit(files, config));
   } catch (const std::exception& e) {
@@ -330,6 +438,9 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       spec.pooling = core::EncoderSpec::Pooling::kMean;
   }
   spec.normalize = encoder.normalization() == v1::EncoderConfig::NORMALIZATION_L2;
+  if (encoder.task() == v1::EncoderConfig::TASK_CLASSIFY) {
+    spec.num_labels = encoder.labels_size();
+  }
   if (absl::Status status = spec.Validate(); !status.ok()) {
     return Invalid(absl::StrCat("encoder: ", status.message()));
   }

@@ -20,14 +20,17 @@ struct EncoderFiles {
   std::string modules_json;        // modules.json
   std::string pooling_json;        // 1_Pooling/config.json (the Pooling module's folder)
   std::string sentence_bert_json;  // sentence_bert_config.json (max_seq_length)
+  // config_sentence_transformers.json (a CrossEncoder's activation_fn)
+  std::string sentence_transformers_json;
 };
 
 // Fills the unset fields of `config` (d_model, num_heads and `config->encoder()`) from
-// `files`. InvalidArgument naming the file, the field and the value: text that is not
-// JSON, a field of the wrong type, an architecture that is not served (model_type
-// other than "bert", relative position embeddings, a decoder), an activation or a
-// pooling mode that is not served, or a config.pbtxt value that contradicts
-// config.json. Never throws.
+// `files`: the task (a *ForSequenceClassification architecture classifies), its labels
+// (id2label) and score activation too. InvalidArgument naming the file, the field and the
+// value: text that is not JSON, a field of the wrong type, an architecture that is not
+// served (model_type other than "bert", relative position embeddings, a decoder), an
+// activation or a pooling mode that is not served, or a config.pbtxt value that
+// contradicts config.json. Never throws.
 absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config);
 
 // The core's spec of a resolved config (ResolveEncoderConfig) and checks it.

@@ -183,8 +183,7 @@ absl::Status WarmUpEncoder(core::TransformerEncoder& encoder) {
   for (int64_t length : {int64_t{8}, int64_t{128}}) {
     length = std::min(length, spec.max_positions);
     const std::vector<int64_t> ids(static_cast<size_t>(length), 0), lengths = {length};
-    std::vector<float> pooled(
-        spec.pooling == core::EncoderSpec::Pooling::kNone ? 0 : spec.d_model);
+    std::vector<float> pooled(spec.pools() ? spec.pooled_width() : 0);
     ATTN_RETURN_IF_ERROR(encoder.Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}));
   }
   return absl::OkStatus();
@@ -208,6 +207,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
                         ReadOptionalFile(folder / "1_Pooling" / "config.json"));
   ATTN_ASSIGN_OR_RETURN(files.sentence_bert_json,
                         ReadOptionalFile(folder / "sentence_bert_config.json"));
+  ATTN_ASSIGN_OR_RETURN(files.sentence_transformers_json,
+                        ReadOptionalFile(folder / "config_sentence_transformers.json"));
   ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));
   ATTN_ASSIGN_OR_RETURN(core::EncoderSpec spec, EncoderSpecFromConfig(config));
   spec.precision = ToCorePrecision(config.precision());
@@ -261,6 +262,18 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   model->spec.precision = spec.precision;
   model->encoder_spec = spec;
   model->tokenizer = std::move(tokenizer);
+  model->labels.assign(config.encoder().labels().begin(),
+                       config.encoder().labels().end());
+  switch (config.encoder().score_activation()) {
+    case v1::EncoderConfig::SCORE_ACTIVATION_SIGMOID:
+      model->score_activation = EncoderWork::ScoreActivation::kSigmoid;
+      break;
+    case v1::EncoderConfig::SCORE_ACTIVATION_SOFTMAX:
+      model->score_activation = EncoderWork::ScoreActivation::kSoftmax;
+      break;
+    default:
+      model->score_activation = EncoderWork::ScoreActivation::kNone;
+  }
   model->max_sequence_length = config.max_sequence_length() != 0
                                    ? config.max_sequence_length()
                                    : spec.max_positions;

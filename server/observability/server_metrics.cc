@@ -175,10 +175,11 @@ std::vector<double> PowerOfTwoBuckets(int64_t max) {
 }
 
 ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
-  requests_total_ = &prometheus::BuildCounter()
-                         .Name("attnserve_requests_total")
-                         .Help("Attention requests finished, by model and gRPC code.")
-                         .Register(*registry_);
+  requests_total_ =
+      &prometheus::BuildCounter()
+           .Name("attnserve_requests_total")
+           .Help("Requests finished (every door and model kind), by model and gRPC code.")
+           .Register(*registry_);
   request_duration_ = &prometheus::BuildHistogram()
                            .Name("attnserve_request_duration_seconds")
                            .Help("Time from receiving a request to answering it.")
@@ -222,6 +223,12 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
                               "Texts cut to the model's max_text_tokens because the "
                               "request asked to truncate.")
                           .Register(*registry_);
+  scored_sequences_ = &prometheus::BuildCounter()
+                           .Name("attnserve_scored_sequences_total")
+                           .Help(
+                               "Texts or pairs a classification model answered with "
+                               "scores (a rerank's documents).")
+                           .Register(*registry_);
   queue_depth_ = &prometheus::BuildGauge()
                       .Name("attnserve_queue_depth")
                       .Help("Requests waiting in the batcher queue now.")
@@ -373,6 +380,7 @@ BatcherObserver ServerMetrics::AddModel(const v1::ModelInfo& info) {
     // Every model has the series (0 where no text comes in), so that dashboards and
     // the documented list do not depend on which models are loaded.
     metrics.truncated_texts = &truncated_texts_->Add(labels);
+    metrics.scored_sequences = &scored_sequences_->Add(labels);
     metrics.queue_depth = &queue_depth_->Add(labels);
   }
   queue_capacity_->Add(labels).Set(info.batching().max_queue_size());
@@ -510,6 +518,12 @@ ServiceObserver ServerMetrics::service_observer() {
     ModelMetrics* metrics = FindModel(model);
     if (metrics->truncated_texts != nullptr) {
       metrics->truncated_texts->Increment(static_cast<double>(texts));
+    }
+  };
+  observer.on_sequences_scored = [this](const std::string& model, int64_t sequences) {
+    ModelMetrics* metrics = FindModel(model);
+    if (metrics->scored_sequences != nullptr) {
+      metrics->scored_sequences->Increment(static_cast<double>(sequences));
     }
   };
   observer.on_request_started = [this](const std::string& model) {

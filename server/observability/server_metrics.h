@@ -118,6 +118,7 @@ class ServerMetrics {
     prometheus::Counter* tokens = nullptr;
     prometheus::Histogram* request_tokens = nullptr;
     prometheus::Counter* truncated_texts = nullptr;
+    prometheus::Counter* scored_sequences = nullptr;
     prometheus::Gauge* queue_depth = nullptr;
     prometheus::Gauge* inflight = nullptr;
     // Totals (relaxed atomics: each field is a monotonic sum, read as a snapshot).
@@ -155,6 +156,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>* tokens_total_;
   prometheus::Family<prometheus::Histogram>* request_tokens_;
   prometheus::Family<prometheus::Counter>* truncated_texts_;
+  prometheus::Family<prometheus::Counter>* scored_sequences_;
   prometheus::Family<prometheus::Gauge>* queue_depth_;
   prometheus::Family<prometheus::Gauge>* device_memory_;
   prometheus::Family<prometheus::Gauge>* queue_capacity_;

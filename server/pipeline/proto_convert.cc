@@ -439,7 +439,7 @@ EncodeBytes EncodeBytesFor(int64_t count, int64_t tokens, bool hidden_in,
                            const core::EncoderSpec& spec) {
   const int64_t d = spec.d_model;
   EncodeBytes bytes;
-  bytes.embedding = spec.pooling != core::EncoderSpec::Pooling::kNone ? count * d * 4 : 0;
+  bytes.embedding = spec.pools() ? count * spec.pooled_width() * 4 : 0;
   bytes.hidden = request.return_hidden() ? tokens * d * 4 : 0;
   bytes.response = bytes.embedding + bytes.hidden + count * 10 +
                    (request.return_token_ids() ? tokens * 10 : 0) +
@@ -482,6 +482,17 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
         absl::StrCat("dimensions must be at most ", spec.d_model,
                      " (the model's d_model), got ", request.dimensions()));
   }
+  const bool classifies = spec.num_labels > 0;
+  if (classifies && (request.dimensions() > 0 || request.normalize())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.dimensions() > 0 ? "dimensions" : "normalize",
+        " applies to an embedding, and this model classifies (its answer is scores)"));
+  }
+  if (!classifies && (request.raw_scores() || request.text_pair_size() > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.raw_scores() ? "raw_scores" : "text_pair",
+        " applies to a classification model (a cross-encoder), and this model embeds"));
+  }
   if ((request.dimensions() > 0 || request.normalize()) &&
       spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -495,7 +506,9 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
 // that does not normalize is; otherwise the embedding stays bit for bit as the model
 // made it.
 void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-                         EncoderWork* work) {
+                         EncoderWork::ScoreActivation activation, EncoderWork* work) {
+  work->score_activation =
+      request.raw_scores() ? EncoderWork::ScoreActivation::kNone : activation;
   work->dimensions = request.dimensions();
   const bool shortened = request.dimensions() > 0 && request.dimensions() < spec.d_model;
   work->normalize = spec.normalize ? shortened : request.normalize();
@@ -504,7 +517,8 @@ void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSp
 // Text in: each text tokenized and checked in turn.
 absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer) {
+    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer,
+    EncoderWork::ScoreActivation activation) {
   if (tokenizer == nullptr) {
     return absl::InvalidArgumentError(
         "text needs a tokenizer, and this model's folder has neither tokenizer.json nor "
@@ -519,22 +533,37 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
         absl::StrCat(request.has_attention_mask() ? "attention_mask" : "token_type_ids",
                      " must be unset with text (the tokenizer makes the ids)"));
   }
+  const bool pairs = request.text_pair_size() > 0;
+  if (pairs && request.text_pair_size() != request.text_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("text_pair has ", request.text_pair_size(), " texts and text ",
+                     request.text_size(), ": each text needs its second text"));
+  }
+  const int64_t limit = limits.max_text_tokens;
+  if (pairs && limit < 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pairs need max_text_tokens >= 3 ([CLS] and two [SEP]), and it is ", limit));
+  }
   auto work = std::make_unique<EncoderWork>();
   work->lengths.reserve(static_cast<size_t>(request.text_size()));
-  const int64_t limit = limits.max_text_tokens;
   for (int i = 0; i < request.text_size(); ++i) {
     const size_t before = work->token_ids.size();
     absl::StatusOr<core::WordPieceTokenizer::Encoding> encoding =
-        tokenizer->Encode(request.text(i), limit, &work->token_ids);
+        pairs ? tokenizer->EncodePair(request.text(i), request.text_pair(i), limit,
+                                      &work->token_ids, &work->token_types)
+              : tokenizer->Encode(request.text(i), limit, &work->token_ids);
+    const std::string which = pairs
+                                  ? absl::StrCat("text[", i, "] with text_pair[", i, "]")
+                                  : absl::StrCat("text[", i, "]");
     if (!encoding.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("text[", i, "] is ", encoding.status().message()));
+          absl::StrCat(which, " is ", encoding.status().message()));
     }
     if (encoding->truncated) {
       if (!request.truncate()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "text[", i, "] is ", encoding->tokens, " tokens, over the model's limit of ",
-            limit, " (max_text_tokens): shorten it, or set truncate to cut it"));
+            which, " is ", encoding->tokens, " tokens, over the model's limit of ", limit,
+            " (max_text_tokens): shorten it, or set truncate to cut it"));
       }
       ++work->truncated;
     }
@@ -551,7 +580,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
   work->pooled = bytes.embedding > 0;
   work->return_hidden = request.return_hidden();
   work->return_token_ids = request.return_token_ids();
-  SetEmbeddingOptions(request, spec, work.get());
+  SetEmbeddingOptions(request, spec, activation, work.get());
   return work;
 }
 
@@ -559,14 +588,21 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
 
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer) {
+    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer,
+    EncoderWork::ScoreActivation activation) {
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("request_id must be at most ",
                                                    kMaxRequestIdBytes, " bytes, got ",
                                                    request.request_id().size()));
   }
   ATTN_RETURN_IF_ERROR(CheckEmbeddingOptions(request, spec));
-  if (request.text_size() > 0) return TextWork(request, spec, limits, tokenizer);
+  if (request.text_size() > 0) {
+    return TextWork(request, spec, limits, tokenizer, activation);
+  }
+  if (request.text_pair_size() > 0) {
+    return absl::InvalidArgumentError(
+        "text_pair needs text: the first text of each pair");
+  }
   if (request.truncate() || request.return_token_ids()) {
     return absl::InvalidArgumentError(
         absl::StrCat(request.truncate() ? "truncate" : "return_token_ids",
@@ -627,7 +663,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   work->reserved_bytes = bytes.work;
   work->pooled = bytes.embedding > 0;
   work->return_hidden = request.return_hidden();
-  SetEmbeddingOptions(request, spec, work.get());
+  SetEmbeddingOptions(request, spec, activation, work.get());
   if (ids) {
     work->token_ids.reserve(static_cast<size_t>(tokens));
     if (request.has_token_type_ids()) {
@@ -683,6 +719,15 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
 void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
                         const std::string& request_id, int64_t d_model,
                         v1::EncodeResponse* response) {
+  const auto sequences = static_cast<int64_t>(work.lengths.size());
+  if (!work.scores.empty()) {
+    v1::Tensor* scores = response->mutable_scores();
+    scores->set_dtype(v1::DATA_TYPE_FP32);
+    scores->add_shape(sequences);
+    scores->add_shape(static_cast<int64_t>(work.scores.size() / sizeof(float)) /
+                      std::max<int64_t>(sequences, 1));
+    scores->set_raw(std::move(work.scores));
+  }
   if (!work.embedding.empty()) {
     v1::Tensor* embedding = response->mutable_embedding();
     embedding->set_dtype(v1::DATA_TYPE_FP32);

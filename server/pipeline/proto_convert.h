@@ -99,11 +99,16 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // token_type_ids beside text, and the response and work budgets as for ids (checked as
 // the tokens add up, so no more than the budget is ever held); first of all, dimensions
 // outside [0, d_model], and dimensions or normalize for a model that pools nothing.
+// Pairs (request.text_pair, a classification model's) are tokenized as BERT's pair
+// template; a classification model's scores go through `activation` unless
+// request.raw_scores.
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer = nullptr);
+    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer = nullptr,
+    EncoderWork::ScoreActivation activation = EncoderWork::ScoreActivation::kNone);
 
-// Moves `work`'s results into `response`: embedding [n, dimensions or d] and hidden
+// Moves `work`'s results into `response`: embedding [n, dimensions or d] (or a
+// classifier's scores [n, num_labels]) and hidden
 // [tokens, d] (float32), lengths, timings.
 void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
                         const std::string& request_id, int64_t d_model,

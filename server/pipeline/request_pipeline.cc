@@ -411,8 +411,9 @@ void RequestPipeline::SubmitEncode(
         "\" is an attention layer, not an encoder: send [L, d_model] queries "
         "to Attend (KServe: input \"query\")")));
   }
-  absl::StatusOr<std::unique_ptr<EncoderWork>> work = EncoderWorkFromRequest(
-      encode, model->encoder_spec, LimitsFor(*model), model->tokenizer.get());
+  absl::StatusOr<std::unique_ptr<EncoderWork>> work =
+      EncoderWorkFromRequest(encode, model->encoder_spec, LimitsFor(*model),
+                             model->tokenizer.get(), model->score_activation);
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (absl::Status queueable = CheckQueueable(
           deadline, cancellation,
@@ -433,6 +434,10 @@ void RequestPipeline::SubmitEncode(
           absl::Status status, std::unique_ptr<EncoderWork> result) {
         v1::EncodeResponse response;
         if (status.ok()) {
+          const auto sequences = static_cast<int64_t>(result->lengths.size());
+          if (!result->scores.empty() && observer_.on_sequences_scored) {
+            observer_.on_sequences_scored(model->name, sequences);
+          }
           FillEncodeResponse(*result, model->name, request_id, model->spec.d_model,
                              &response);
           response.set_model_version(model->version);

@@ -44,6 +44,9 @@ struct ServiceObserver {
       on_request_finished;
   // An encoder request's texts were admitted, `texts` of them truncated (> 0).
   std::function<void(const std::string& model, int64_t texts)> on_texts_truncated;
+  // A classification model answered `sequences` texts or pairs with scores (a
+  // rerank's documents); on the batcher's answer thread.
+  std::function<void(const std::string& model, int64_t sequences)> on_sequences_scored;
   // A door caught an exception at its boundary (a bug: it was answered 500/INTERNAL).
   std::function<void(absl::string_view door)> on_internal_error;
 };

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -274,6 +275,49 @@ TEST_F(WordPieceTokenizerTest, TruncationKeepsClsAndSepAndCountsEveryPiece) {
   ASSERT_TRUE(two.ok());
   EXPECT_EQ(std::vector<int64_t>(ids.end() - 2, ids.end()),
             (std::vector<int64_t>{101, 102}));
+}
+
+// Pairs as Hugging Face tokenizers' longest_first cuts them (its truncate_encodings):
+// the longer text down to what the shorter leaves, and when both are too long, half
+// the room each, the odd piece to the second text when they tie.
+TEST(WordPiecePairTest, PairsAreCutLongestFirstWithTokenTypes) {
+  auto tokenizer =
+      WordPieceTokenizer::FromVocab("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\nb\n", {});
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  const auto pair = [&](const std::string& first, const std::string& second,
+                        int64_t max_tokens, bool truncated) {
+    std::vector<int64_t> ids, types;
+    const auto encoding =
+        (*tokenizer)->EncodePair(first, second, max_tokens, &ids, &types);
+    EXPECT_TRUE(encoding.ok()) << encoding.status();
+    EXPECT_EQ(encoding->truncated, truncated) << first << " | " << second;
+    EXPECT_EQ(ids.size(), types.size());
+    return std::make_pair(ids, types);
+  };
+  // Fits: [CLS] a a [SEP] b [SEP], types 0 through the first [SEP].
+  EXPECT_EQ(pair("a a", "b", 64, false),
+            std::make_pair(std::vector<int64_t>{2, 5, 5, 3, 6, 3},
+                           std::vector<int64_t>{0, 0, 0, 0, 1, 1}));
+  // 6 + 2 pieces in room for 4: the longer (first) text keeps 2, the shorter all.
+  EXPECT_EQ(pair("a a a a a a", "b b", 7, true).first,
+            (std::vector<int64_t>{2, 5, 5, 3, 6, 6, 3}));
+  // The query is kept whole when the document is the long one.
+  EXPECT_EQ(pair("a", "b b b b b b b", 6, true).first,
+            (std::vector<int64_t>{2, 5, 3, 6, 6, 3}));
+  // Both too long, 5 places: 2 and 3, the odd one to the second text on a tie.
+  EXPECT_EQ(pair("a a a a a a", "b b b b b b", 8, true),
+            std::make_pair(std::vector<int64_t>{2, 5, 5, 3, 6, 6, 6, 3},
+                           std::vector<int64_t>{0, 0, 0, 0, 1, 1, 1, 1}));
+  // ... and to the longer text otherwise.
+  EXPECT_EQ(pair("a a a a a a a", "b b b b b b", 8, true).first,
+            (std::vector<int64_t>{2, 5, 5, 5, 3, 6, 6, 3}));
+  // No room for pieces at all: the template alone.
+  EXPECT_EQ(pair("a", "b", 3, true).first, (std::vector<int64_t>{2, 3, 3}));
+  // Invalid UTF-8 in either text leaves ids and types as they were.
+  std::vector<int64_t> ids = {9}, types = {0};
+  EXPECT_FALSE((*tokenizer)->EncodePair("a", "\xff", 64, &ids, &types).ok());
+  EXPECT_EQ(ids, (std::vector<int64_t>{9}));
+  EXPECT_EQ(types, (std::vector<int64_t>{0}));
 }
 
 // vocab.txt + tokenizer_config.json (a folder without tokenizer.json) make the same ids.

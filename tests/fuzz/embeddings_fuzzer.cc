@@ -1,8 +1,10 @@
-// libFuzzer target: the embedding APIs' bodies (OpenAI's /v1/embeddings when input byte
-// 0 is even, TEI's /embed when odd) as the HTTP door takes them: parsed, checked against
-// a small encoder that takes text (its tokenizer a small vocabulary), validated as an
-// EncodeRequest, and answered with an embedding of the admitted shape in the API's own
-// JSON; refusals go through EmbeddingsError. Any input must give a Status or an answer:
+// libFuzzer target: the JSON APIs' bodies as the HTTP door takes them, input byte 0 % 5
+// choosing the API: OpenAI's /v1/embeddings, TEI's /embed, TEI's /rerank, TEI's
+// /predict, the Cohere/Jina /v1/rerank. Parsed, checked against a small encoder that
+// takes text (its tokenizer a small vocabulary: an embedder, a one-label reranker or a
+// three-label classifier, as the API needs), validated as an EncodeRequest, and
+// answered with an embedding or scores of the admitted shape in the API's own JSON;
+// refusals go through EmbeddingsError. Any input must give a Status or an answer:
 // never a crash, an exception, a read out of bounds or undefined behaviour.
 #include <cstddef>
 #include <cstdint>
@@ -25,14 +27,16 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnserve::server;  // NOLINT(build/namespaces): a fuzzer's one function
   if (size == 0) return 0;
-  const auto api =
-      data[0] % 2 == 0 ? EmbeddingsCall::Api::kOpenAi : EmbeddingsCall::Api::kTei;
+  using Api = EmbeddingsCall::Api;
+  constexpr Api kApis[] = {Api::kOpenAi, Api::kTei, Api::kTeiRerank, Api::kTeiPredict,
+                           Api::kRerank};
+  const Api api = kApis[data[0] % 5];
   const absl::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   static const auto* const tokenizer =
       attnserve::core::WordPieceTokenizer::FromVocab(
           "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n##s\n!\n\xc3\xa9\n", {})
           ->release();
-  static ServedModel* const model = [] {
+  const auto make_model = [](int64_t labels) {
     auto* served = new ServedModel();
     served->name = "tiny";
     served->encoder_spec.num_layers = 1;
@@ -41,37 +45,55 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     served->encoder_spec.ffn_dim = 16;
     served->encoder_spec.vocab_size = 10;
     served->encoder_spec.max_positions = 32;
+    served->encoder_spec.num_labels = labels;
+    for (int64_t i = 0; i < labels; ++i)
+      served->labels.push_back("L" + std::to_string(i));
     served->info.mutable_encoder()->set_normalization(
         attnserve::v1::EncoderConfig::NORMALIZATION_L2);
     return served;
-  }();
+  };
+  static ServedModel* const embedder = make_model(0);
+  static ServedModel* const reranker = make_model(1);
+  static ServedModel* const classifier = make_model(3);
   const auto refuse = [api](const absl::Status& status) {
     const auto answer = EmbeddingsError(api, status, 400);
     if (answer.second.empty()) __builtin_trap();
   };
-  absl::StatusOr<EmbeddingsCall> call = api == EmbeddingsCall::Api::kOpenAi
-                                            ? ParseOpenAiEmbeddings(body)
-                                            : ParseTeiEmbed(body);
+  absl::StatusOr<EmbeddingsCall> call = api == Api::kOpenAi ? ParseOpenAiEmbeddings(body)
+                                        : api == Api::kTei  ? ParseTeiEmbed(body)
+                                        : api == Api::kTeiRerank ? ParseTeiRerank(body)
+                                        : api == Api::kRerank    ? ParseRerank(body)
+                                                                 : ParseTeiPredict(body);
   if (!call.ok()) return refuse(call.status()), 0;
-  // CheckEmbeddingsCall wants an encoder: the fuzzed model is one (its batcher unused).
-  if (api == EmbeddingsCall::Api::kTei && !call->normalize) return 0;
+  const ServedModel* model = !call->classifies()       ? embedder
+                             : api == Api::kTeiPredict ? classifier
+                                                       : reranker;
+  // The fuzzed models are encoders (their batchers unused) of the kind each API needs.
+  if (absl::Status fits = CheckEmbeddingsCall(*call, *model); !fits.ok()) {
+    if (api != Api::kTei) __builtin_trap();  // only normalize=false may be refused
+    return refuse(fits), 0;
+  }
   AdmissionLimits limits;
   limits.max_sequence_length = 32;
   limits.max_text_tokens = 16;
   limits.max_response_bytes = 1 << 16;
   limits.max_work_bytes = 1 << 18;
-  auto work =
-      EncoderWorkFromRequest(call->encode, model->encoder_spec, limits, tokenizer);
+  auto work = EncoderWorkFromRequest(call->encode, model->encoder_spec, limits, tokenizer,
+                                     EncoderWork::ScoreActivation::kSigmoid);
   if (!work.ok()) return refuse(work.status()), 0;
   attnserve::v1::EncodeResponse response;
   const auto count = static_cast<int64_t>((*work)->lengths.size());
-  auto* embedding = response.mutable_embedding();
-  embedding->add_shape(count);
-  embedding->add_shape(8);
-  std::vector<float> values(static_cast<size_t>(count * 8), 0.25f);
-  embedding->set_raw(std::string(reinterpret_cast<const char*>(values.data()),
-                                 values.size() * sizeof(float)));
+  const int64_t width = model->encoder_spec.pooled_width();
+  auto* result =
+      call->classifies() ? response.mutable_scores() : response.mutable_embedding();
+  result->add_shape(count);
+  result->add_shape(width);
+  std::vector<float> values(static_cast<size_t>(count * width));
+  for (size_t i = 0; i < values.size(); ++i)
+    values[i] = 0.25f * static_cast<float>(i % 7);
+  result->set_raw(std::string(reinterpret_cast<const char*>(values.data()),
+                              values.size() * sizeof(float)));
   response.mutable_lengths()->Add((*work)->lengths.begin(), (*work)->lengths.end());
-  if (EmbeddingsBody(*call, response).empty()) __builtin_trap();
+  if (EmbeddingsBody(*call, response, *model).empty()) __builtin_trap();
   return 0;
 }

@@ -158,7 +158,8 @@ def tokenizer_inputs():
 
 
 def embeddings_bodies():
-    """OpenAI bodies (byte 0 even) and TEI bodies (odd)."""
+    """Byte 0 % 5 picks the API: OpenAI, TEI /embed, TEI /rerank, TEI /predict,
+    Cohere/Jina rerank."""
     openai_bodies = [
         {"model": "tiny", "input": "hello worlds!"},
         {"model": "tiny", "input": ["hello", "world \u00e9"], "encoding_format": "base64",
@@ -175,6 +176,28 @@ def embeddings_bodies():
     ]
     for i, body in enumerate(tei_bodies):
         write("embeddings", f"tei_{i}", b"\x01" + json.dumps(body).encode())
+    tei_rerank = [
+        {"query": "hello", "texts": ["world", "hello worlds !"]},
+        {"query": "hello world hello world", "texts": ["world " * 20], "truncate": True,
+         "raw_scores": True, "return_text": True, "truncation_direction": "Right"},
+    ]
+    for i, body in enumerate(tei_rerank):
+        write("embeddings", f"tei_rerank_{i}", b"\x02" + json.dumps(body).encode())
+    tei_predict = [
+        {"inputs": "hello world"},
+        {"inputs": ["hello", "world"], "raw_scores": True},
+        {"inputs": [["hello", "world"], ["world", "hello !"]], "truncate": True},
+        {"inputs": ["hello", "world", "worlds"]},
+    ]
+    for i, body in enumerate(tei_predict):
+        write("embeddings", f"tei_predict_{i}", b"\x03" + json.dumps(body).encode())
+    rerank = [
+        {"model": "tiny", "query": "hello", "documents": ["world", {"text": "hello !"}],
+         "top_n": 1, "return_documents": True},
+        {"query": "hello \u00e9", "documents": ["world " * 30, "hello"]},
+    ]
+    for i, body in enumerate(rerank):
+        write("embeddings", f"rerank_{i}", b"\x04" + json.dumps(body).encode())
 
 
 if __name__ == "__main__":

@@ -145,5 +145,72 @@ TEST(EncoderConfigTest, TheModelTypeSaysWhereTheNormsSit) {
   EXPECT_EQ(bare->encoder().norm_placement(), v1::EncoderConfig::NORM_PLACEMENT_PRE);
 }
 
+// A *ForSequenceClassification checkpoint classifies: its labels from id2label, its
+// activation as sentence-transformers' CrossEncoder applies it.
+TEST(EncoderConfigTest, ASequenceClassifierGetsItsLabelsAndActivation) {
+  const std::string reranker =
+      R"({"architectures": ["BertForSequenceClassification"], "model_type": "bert",
+          "id2label": {"0": "LABEL_0"}})";
+  auto config = Resolve({reranker, "", "", "", ""});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->encoder().task(), v1::EncoderConfig::TASK_CLASSIFY);
+  EXPECT_THAT(config->encoder().labels(), ::testing::ElementsAre("LABEL_0"));
+  EXPECT_EQ(config->encoder().score_activation(),
+            v1::EncoderConfig::SCORE_ACTIVATION_SIGMOID);
+  auto spec = EncoderSpecFromConfig(*config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->num_labels, 1);
+  EXPECT_EQ(spec->pooled_width(), 1);
+
+  const std::string classifier =
+      R"({"architectures": ["BertForSequenceClassification"], "model_type": "bert",
+          "id2label": {"2": "positive", "0": "negative", "1": "neutral"}})";
+  config = Resolve({classifier, "", "", "", ""});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_THAT(config->encoder().labels(),
+              ::testing::ElementsAre("negative", "neutral", "positive"));
+  EXPECT_EQ(config->encoder().score_activation(),
+            v1::EncoderConfig::SCORE_ACTIVATION_SOFTMAX);
+  // What CrossEncoder recorded wins over the label count.
+  config = Resolve({classifier, "", "", "",
+                    R"({"activation_fn": "torch.nn.modules.linear.Identity"})"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->encoder().score_activation(),
+            v1::EncoderConfig::SCORE_ACTIVATION_NONE);
+  // An embedder stays one.
+  config = Resolve({kMiniLm, kModules, kMeanPooling});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->encoder().task(), v1::EncoderConfig::TASK_EMBED);
+  EXPECT_EQ(EncoderSpecFromConfig(*config)->num_labels, 0);
+}
+
+TEST(EncoderConfigTest, RefusesABadClassificationHeadNamingTheField) {
+  const auto refused = [](const std::string& json, const std::string& st,
+                          const std::string& words) {
+    auto config = Resolve({json, "", "", "", st});
+    ASSERT_FALSE(config.ok()) << json;
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(config.status().message(), HasSubstr(words)) << json;
+  };
+  const std::string head =
+      R"({"architectures": ["BertForSequenceClassification"], "model_type": "bert", )";
+  refused(head + R"("id2label": {"0": "a", "0x": "b"}})", "",
+          "id2label must map each id");
+  refused(head + R"("id2label": {"0": "a", "2": "b"}})", "", "id2label must map each id");
+  refused(head + R"("id2label": {"0": 7}})", "", "id2label must map each id");
+  refused(head + R"("id2label": {}})", "", "id2label must be an object of 1 to");
+  refused(head + R"("id2label": {"0": "a"}})",
+          R"({"activation_fn": "torch.nn.modules.activation.Tanh"})",
+          "activation_fn \"torch.nn.modules.activation.Tanh\" is not served");
+  refused(R"({"architectures": "BertModel"})", "", "architectures must be a list");
+  refused(R"({"architectures": [7]})", "", "architectures must hold strings");
+  v1::ModelConfig embed;
+  embed.mutable_encoder()->set_task(v1::EncoderConfig::TASK_EMBED);
+  embed.mutable_encoder()->add_labels("x");
+  auto config = Resolve({kMiniLm, kModules, kMeanPooling}, embed);
+  ASSERT_FALSE(config.ok());
+  EXPECT_THAT(config.status().message(), HasSubstr("apply to task TASK_CLASSIFY only"));
+}
+
 }  // namespace
 }  // namespace attnserve::server

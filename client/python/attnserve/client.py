@@ -126,6 +126,38 @@ class Client:
             start += length
         return embeddings, ids
 
+    def classify(self, texts, pairs=None, model="", truncate=False, raw_scores=False):
+        """A classification model's (a cross-encoder's) scores, float32 [n, labels], of
+        `texts` (a string or a list of strings), each paired with pairs[i] when `pairs`
+        is given (as many as texts). raw_scores: the head's logits, without the
+        activation the model's recipe applies (sigmoid for one label, else softmax).
+        Raises grpc.RpcError with the server's status."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        request = attention_pb2.EncodeRequest(model=model, truncate=truncate,
+                                              raw_scores=raw_scores, text=texts)
+        if pairs is not None:
+            request.text_pair.extend([pairs] if isinstance(pairs, str) else list(pairs))
+        reply = self.stub.Encode(request, timeout=self.timeout)
+        if not reply.HasField("scores"):
+            raise ValueError(f"model {reply.model!r} answered no scores: it embeds, and "
+                             f"classify needs a classification model (a cross-encoder)")
+        return from_tensor(reply.scores)
+
+    def rerank(self, query, documents, model="", top_n=None, truncate=True,
+               raw_scores=False):
+        """`documents` ranked for `query` by a one-label cross-encoder:
+        [(index, score), ...] best first, cut to top_n. truncate (default, as rerank
+        APIs do): cut a pair past the model's max_text_tokens from its longer text.
+        Raises grpc.RpcError with the server's status."""
+        documents = list(documents)
+        scores = self.classify([query] * len(documents), documents, model=model,
+                               truncate=truncate, raw_scores=raw_scores)
+        if scores.ndim != 2 or scores.shape[1] != 1:
+            raise ValueError(f"rerank needs a one-label cross-encoder; scores are "
+                             f"{list(scores.shape)}")
+        order = sorted(range(len(documents)), key=lambda i: -scores[i, 0])
+        return [(i, float(scores[i, 0])) for i in order[:top_n]]
+
     def head_statistics(self, query, memory=None, model="", causal=False):
         """[{head, pruned, mean_entropy, mean_max_weight, mean_output_norm}, ...]."""
         request = attention_pb2.HeadStatisticsRequest(model=model, query=to_tensor(query),

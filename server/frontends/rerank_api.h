@@ -1,0 +1,23 @@
+// The rerank and classification APIs (TEI's /rerank and /predict, the Cohere and Jina
+// rerank shape): their answers, built from a classification model's scores. The parsers
+// and the shared types are declared in embeddings_api.h, beside the embeddings APIs
+// whose call type they share (one HTTP path serves both).
+#ifndef ATTNSERVE_SERVER_FRONTENDS_RERANK_API_H_
+#define ATTNSERVE_SERVER_FRONTENDS_RERANK_API_H_
+
+#include <string>
+
+#include "attnserve/v1/attention.pb.h"
+#include "server/frontends/embeddings_api.h"
+#include "server/models/model_registry.h"
+
+namespace attnserve::server {
+
+// The answer of a rerank or predict call (EmbeddingsBody's words). REQUIRES:
+// call.classifies().
+std::string ScoresBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
+                       const ServedModel& model);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_FRONTENDS_RERANK_API_H_
