@@ -15,6 +15,9 @@
 //                                              extension) in and out
 //   POST /v1/embeddings                        OpenAI's embeddings API
 //   POST /embed                                text-embeddings-inference's /embed
+//   POST /rerank, /predict                     text-embeddings-inference's rerank and
+//                                              sequence classification
+//   POST /v1/rerank, /v2/rerank                Jina's and Cohere's rerank APIs
 // Errors are {"error": "..."} with the HTTP status of the gRPC code (400, 401, 404,
 // 413, 429, 499, 503, 504, 500), and the same message text as the gRPC doors; the
 // embedding APIs send the same text in their own error shapes (embeddings_api.h).
