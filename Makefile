@@ -139,11 +139,13 @@ bench-doors: build
 
 # The encoder (all-MiniLM-L6-v2) beside ONNX Runtime and sentence-transformers on PyPI's
 # PyTorch 2.x (a peers venv of several GB, build/peers-venv), core and server, fp32 and
-# bf16, one table with targets. Not part of `make test`.
+# bf16, one table with targets; then a MiniLM-shaped cross-encoder's rerank (one query x
+# 32 documents) beside CrossEncoder.predict and ONNX Runtime. Not part of `make test`.
 bench-encoder: build
 	deploy/install-deps.sh --test --venv $(VENV) --peers $(PEERS_VENV)
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target encoder_bench tokenizer_bench
 	$(PEERS_VENV)/bin/python tests/bench/encoder_bench.py $(BUILD_DIR) . $(BENCH_ARGS)
+	$(PEERS_VENV)/bin/python tests/bench/rerank_bench.py $(BUILD_DIR) .
 
 # attnserve beside the embedding servers users deploy instead (infinity-emb on PyTorch 2.x
 # and on ONNX Runtime, in build/servers-venv, several GB): all-MiniLM-L6-v2 over HTTP,
