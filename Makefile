@@ -3,6 +3,8 @@ BUILD_DIR ?= build
 BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 VENV := $(abspath $(BUILD_DIR))/venv
+# LangChain's Cohere rerank class, for the rerank test (its cohere pin differs from VENV's).
+RAG_VENV := $(abspath $(BUILD_DIR))/rag-venv
 CMAKE_ARGS ?=
 SANITIZE_DIR := $(BUILD_DIR)/asan
 TSAN_DIR := $(BUILD_DIR)/tsan
@@ -17,7 +19,7 @@ all: build
 # compiling and testing, the PyPI tools in $(VENV), the Docker engine, the locally made
 # base image and the image's package layers. Tests afterwards never download anything.
 deps:
-	deploy/install-deps.sh --build --test --venv $(VENV)
+	deploy/install-deps.sh --build --test --venv $(VENV) --rag $(RAG_VENV)
 	deploy/docker-prepare.sh --all $(BUILD_DIR)
 	deploy/tsan-abseil.sh --fetch $(BUILD_DIR)
 

@@ -17,6 +17,9 @@
 #   --servers DIR    the embedding servers of `make bench-servers` (infinity-emb with its
 #               torch and ONNX Runtime engines), pinned in deploy/requirements-servers.txt,
 #               in their own virtualenv DIR (several GB; not needed by `make test`)
+#   --rag DIR   the RAG frameworks' rerank classes the rerank test calls (LangChain's
+#               CohereRerank), pinned in deploy/requirements-rag.txt, in their own small
+#               virtualenv DIR (their cohere pin differs from the project venv's)
 #   --list-runtime   print the runtime list, one per line
 #
 # Several groups may be given at once (`--build --test`). With no argument: --build.
@@ -124,7 +127,7 @@ bench_packages=(
 )
 
 usage() {
-  echo "usage: $0 [--build] [--runtime] [--client|--test [--venv DIR]] [--bench] [--peers DIR]" \
+  echo "usage: $0 [--build] [--runtime] [--client|--test [--venv DIR]] [--bench] [--peers DIR] [--rag DIR]" \
     "[--servers DIR]" \
     "| --list-runtime" >&2
   exit 2
@@ -134,6 +137,7 @@ wanted=()
 venv=""
 peers=""
 servers=""
+rag=""
 with_client=0
 with_test=0
 [[ $# -eq 0 ]] && set -- --build
@@ -168,6 +172,11 @@ while [[ $# -gt 0 ]]; do
     --servers)
       [[ $# -ge 2 ]] || usage
       servers="$2"
+      shift
+      ;;
+    --rag)
+      [[ $# -ge 2 ]] || usage
+      rag="$2"
       shift
       ;;
     *) usage ;;
@@ -273,4 +282,7 @@ if [[ -n "${peers}" ]]; then
 fi
 if [[ -n "${servers}" ]]; then
   isolated_venv servers "${servers}" "${here}/requirements-servers.txt"
+fi
+if [[ -n "${rag}" ]]; then
+  isolated_venv rag "${rag}" "${here}/requirements-rag.txt"
 fi

@@ -236,6 +236,12 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
           "\" embeds and has no classification head: rerank and predict need a "
           "cross-encoder (config.json architectures *ForSequenceClassification)"));
     }
+    if (call.max_tokens_per_doc > 0 && call.max_tokens_per_doc < model.max_text_tokens) {
+      return Invalid(absl::StrCat(
+          "max_tokens_per_doc below the model's max_text_tokens (", model.max_text_tokens,
+          ") is not supported, got ", call.max_tokens_per_doc,
+          ": each document is cut with the query to ", model.max_text_tokens, " tokens"));
+    }
     if (call.reranks() && labels != 1) {
       return Invalid(absl::StrCat("model \"", model.name, "\" has ", labels,
                                   " labels, and reranking needs a one-label "

@@ -43,6 +43,10 @@ struct EmbeddingsCall {
   // `return_documents` (TEI: return_text).
   int64_t top_n = 0;
   bool return_documents = false;
+  // Cohere's max_tokens_per_doc (0: unset). Each pair is cut to the model's
+  // max_text_tokens, so a document never keeps more than that: a limit at or above it
+  // is met, and one below it is refused (CheckEmbeddingsCall).
+  int64_t max_tokens_per_doc = 0;
   // TEI /predict: the inputs came as a list of inputs (answered as a list of lists).
   bool batch = false;
 };
@@ -71,8 +75,9 @@ absl::StatusOr<EmbeddingsCall> ParseTeiRerank(absl::string_view body);
 
 // The Cohere and Jina rerank body: {"model"?, "query", "documents": [text | {"text"}],
 // "top_n"?: n >= 1 (more than the documents: all of them), "return_documents"?,
-// "max_tokens_per_doc"?}. A document over the model's max_text_tokens with the query is
-// cut (as those APIs cut). Errors as ParseTeiRerank's.
+// "max_tokens_per_doc"?: n >= 1}. A document over the model's max_text_tokens with the
+// query is cut (as those APIs cut). An optional field sent as null is absent, in every
+// parser here. Errors as ParseTeiRerank's.
 absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body);
 
 // TEI's POST /predict: {"inputs": text | [text, text] | [text] | [[text, text]] (a

@@ -46,6 +46,11 @@ absl::Status CheckDirection(const Json& value) {
   return absl::OkStatus();
 }
 
+// Whether `key` names an optional field of one of these bodies.
+bool IsOptional(const std::string& key) {
+  return key != "query" && key != "texts" && key != "documents" && key != "inputs";
+}
+
 // The query once per document: pair i is (query, documents[i]).
 void AddPairs(const std::string& query, const std::vector<std::string>& documents,
               v1::EncodeRequest* encode) {
@@ -96,6 +101,9 @@ absl::StatusOr<EmbeddingsCall> ParseTeiRerank(absl::string_view body) {
   std::vector<std::string> texts;
   bool has_texts = false;
   for (const auto& [key, value] : json.items()) {
+    // An optional field given as null is absent (clients send null for what they leave
+    // unset); a required one (query, texts, documents, inputs) is still required.
+    if (value.is_null() && IsOptional(key)) continue;
     if (key == "query") {
       ATTN_ASSIGN_OR_RETURN(query, Text(value, "query"));
     } else if (key == "texts") {
@@ -140,6 +148,9 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
   std::vector<std::string> documents;
   bool has_documents = false;
   for (const auto& [key, value] : json.items()) {
+    // An optional field given as null is absent (clients send null for what they leave
+    // unset); a required one (query, texts, documents, inputs) is still required.
+    if (value.is_null() && IsOptional(key)) continue;
     if (key == "query") {
       ATTN_ASSIGN_OR_RETURN(query, Text(value, "query"));
     } else if (key == "model") {
@@ -184,13 +195,11 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
         return Invalid(absl::StrCat("max_tokens_per_doc must be a positive integer, got ",
                                     JsonExcerpt(value)));
       }
-      return Invalid(absl::StrCat(
-          "max_tokens_per_doc is not supported (got ", *limit,
-          "): each query and document pair is cut to the model's max_text_tokens"));
+      call.max_tokens_per_doc = *limit;
     } else {
       return Invalid(absl::StrCat("unknown field \"", key,
                                   "\" (accepted: model, query, documents, top_n, "
-                                  "return_documents)"));
+                                  "return_documents, max_tokens_per_doc)"));
     }
   }
   if (!query) return Invalid("query is required: the text the documents are ranked for");
@@ -224,6 +233,9 @@ absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body) {
                                 JsonExcerpt(input)));
   };
   for (const auto& [key, value] : json.items()) {
+    // An optional field given as null is absent (clients send null for what they leave
+    // unset); a required one (query, texts, documents, inputs) is still required.
+    if (value.is_null() && IsOptional(key)) continue;
     if (key == "inputs") {
       has_inputs = true;
       // A batch is a list whose entries are lists, or a list of more than two texts

@@ -9,14 +9,15 @@ labels with id2label) served from their folders as saved, on one real attnserve 
 - Cohere's own Python client (ClientV2.rerank, POST /v2/rerank), the Jina/Cohere body at
   /v1/rerank, TEI's /rerank and /predict, attnserve.v1 Encode with text pairs,
   tritonclient gRPC and HTTP (BYTES "query" and "documents", or "text" and "text_pair"),
-  attnctl rerank and classify, and attnserve's Python client: scores within 1e-5 of
-  CrossEncoder.predict, the same order, top_n and documents.
+  attnctl rerank and classify, attnserve's Python client, and LangChain's CohereRerank
+  (its own venv, RAG_PYTHON): scores within 1e-5 of CrossEncoder.predict, the same
+  order, top_n and documents.
 - The pairs' token ids (return_token_ids) equal tokenizers' encode(query, document),
   truncated longest_first at the model's 64 positions.
 - A malformed-input matrix over the new doors: each refused naming the field, the value
   or the limit, in the API's own error shape; the server keeps serving.
 
-usage: rerank_test.py ATTNSERVE ATTNCTL REPO_ROOT
+usage: rerank_test.py ATTNSERVE ATTNCTL REPO_ROOT RAG_PYTHON
 """
 import json
 import os
@@ -33,7 +34,7 @@ import numpy as np
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 
-SERVER, ATTNCTL, ROOT = sys.argv[1], sys.argv[2], sys.argv[3]
+SERVER, ATTNCTL, ROOT, RAG_PYTHON = sys.argv[1:5]
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import stubs  # noqa: E402
@@ -124,6 +125,35 @@ class RerankTest(unittest.TestCase):
                           [r.relevance_score for r in top.results], "cohere top_n",
                           top_n=3)
 
+    def test_langchain_cohere_rerank_ranks_as_cross_encoder(self):
+        # LangChain's class, as a RAG pipeline calls it: rerank() and compress_documents().
+        script = """
+import json, sys
+from langchain_cohere import CohereRerank
+from langchain_core.documents import Document
+base_url, query, documents = json.loads(sys.stdin.read())
+reranker = CohereRerank(base_url=base_url, cohere_api_key="not-checked",
+                        model="reranker_tiny", top_n=3)
+ranked = reranker.rerank(documents, query)
+kept = reranker.compress_documents([Document(page_content=d) for d in documents], query)
+print(json.dumps({"ranked": ranked, "kept": [[d.page_content, d.metadata["relevance_score"]]
+                                             for d in kept]}))
+"""
+        self.assertTrue(os.path.exists(RAG_PYTHON),
+                        f"{RAG_PYTHON} is missing: `make deps` makes it")
+        run = subprocess.run(
+            [RAG_PYTHON, "-c", script], capture_output=True, text=True, timeout=120,
+            input=json.dumps([self.http, self.rerank["query"], self.rerank["documents"]]))
+        self.assertEqual(run.returncode, 0, run.stderr[-2000:])
+        reply = json.loads(run.stdout.strip().splitlines()[-1])
+        self.assertRanked([r["index"] for r in reply["ranked"]],
+                          [r["relevance_score"] for r in reply["ranked"]], "langchain",
+                          top_n=3)
+        documents = self.rerank["documents"]
+        self.assertRanked([documents.index(text) for text, _ in reply["kept"]],
+                          [score for _, score in reply["kept"]], "langchain documents",
+                          top_n=3)
+
     def test_jina_shape_with_documents_and_usage(self):
         documents = [{"text": d} for d in self.rerank["documents"]]
         status, body = self.post("/v1/rerank", {
@@ -138,6 +168,14 @@ class RerankTest(unittest.TestCase):
                              self.rerank["documents"][result["index"]])
         self.assertEqual(body["usage"]["total_tokens"],
                          sum(len(ids) for ids in self.rerank["token_ids"]))
+        # Optional fields sent as null are absent; a document limit the model's own
+        # limit already meets is accepted.
+        status, body = self.post("/v1/rerank", {
+            "model": "reranker_tiny", "query": self.rerank["query"],
+            "documents": self.rerank["documents"], "top_n": None, "return_documents": None,
+            "max_tokens_per_doc": 4096})
+        self.assertEqual(status, 200, body)
+        self.assertEqual(len(body["results"]), len(self.rerank["documents"]))
         # top_n over the documents: all of them, as Cohere and Jina answer.
         status, body = self.post("/v1/rerank", {
             "query": self.rerank["query"], "documents": self.rerank["documents"],
@@ -336,7 +374,13 @@ class RerankTest(unittest.TestCase):
             ("/v1/rerank", {"query": query, "documents": [{"title": "x"}]}, 400,
              "documents[0] must be a string or {\"text\": string}"),
             ("/v1/rerank", {"query": query, "documents": documents,
-                            "max_tokens_per_doc": 8}, 400, "max_tokens_per_doc"),
+                            "max_tokens_per_doc": 8}, 400,
+             "max_tokens_per_doc below the model's max_text_tokens (64)"),
+            ("/v1/rerank", {"query": query, "documents": documents,
+                            "max_tokens_per_doc": 0}, 400,
+             "max_tokens_per_doc must be a positive integer, got 0"),
+            ("/v1/rerank", {"query": None, "documents": documents}, 400,
+             "query must be a string, got null"),
             ("/v1/rerank", {"query": 7, "documents": documents}, 400,
              "query must be a string"),
             ("/v1/rerank", {"query": query, "documents": documents, "model": "nope"}, 404,

@@ -195,6 +195,8 @@ def embeddings_bodies():
         {"model": "tiny", "query": "hello", "documents": ["world", {"text": "hello !"}],
          "top_n": 1, "return_documents": True},
         {"query": "hello \u00e9", "documents": ["world " * 30, "hello"]},
+        {"model": None, "query": "hello", "documents": ["world"], "top_n": None,
+         "return_documents": None, "max_tokens_per_doc": 4096},
     ]
     for i, body in enumerate(rerank):
         write("embeddings", f"rerank_{i}", b"\x04" + json.dumps(body).encode())
