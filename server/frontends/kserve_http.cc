@@ -223,44 +223,39 @@ int Dispatch(mg_connection* connection, void* self) {
   return static_cast<KServeHttp*>(self)->Handle(connection);
 }
 
-int DispatchOpenAi(mg_connection* connection, void* self) {
-  return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kOpenAi);
-}
+// The JSON APIs on the HTTP port: each path and the parser of the body it takes. TEI's
+// /rerank takes "texts"; the Cohere and Jina shape ("documents") is served at their
+// paths (/v2/rerank lies under KServe's /v2, and Route sends it here too).
+struct ApiRoute {
+  const char* path;
+  EmbeddingsCall::Api api;
+  absl::StatusOr<EmbeddingsCall> (*parse)(absl::string_view body);
+};
+constexpr ApiRoute kApiRoutes[] = {
+    {"/v1/embeddings", EmbeddingsCall::Api::kOpenAi, ParseOpenAiEmbeddings},
+    {"/embed", EmbeddingsCall::Api::kTei, ParseTeiEmbed},
+    {"/rerank", EmbeddingsCall::Api::kTeiRerank, ParseTeiRerank},
+    {"/predict", EmbeddingsCall::Api::kTeiPredict, ParseTeiPredict},
+    {"/v1/rerank", EmbeddingsCall::Api::kRerank, ParseRerank},
+};
 
-int DispatchTei(mg_connection* connection, void* self) {
-  return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kTei);
-}
-
-int DispatchTeiRerank(mg_connection* connection, void* self) {
-  return static_cast<KServeHttp*>(self)->Handle(connection,
-                                                EmbeddingsCall::Api::kTeiRerank);
-}
-
-int DispatchTeiPredict(mg_connection* connection, void* self) {
-  return static_cast<KServeHttp*>(self)->Handle(connection,
-                                                EmbeddingsCall::Api::kTeiPredict);
-}
-
-int DispatchRerank(mg_connection* connection, void* self) {
-  return static_cast<KServeHttp*>(self)->Handle(connection, EmbeddingsCall::Api::kRerank);
+// One handler for every path of kApiRoutes (civetweb matched the path exactly).
+int DispatchApi(mg_connection* connection, void* self) {
+  const absl::string_view uri = mg_get_request_info(connection)->local_uri;
+  for (const ApiRoute& route : kApiRoutes) {
+    if (uri == route.path)
+      return static_cast<KServeHttp*>(self)->Handle(connection, route.api);
+  }
+  return 0;  // not ours: civetweb answers 404
 }
 
 // The parser of each API's body.
 absl::StatusOr<EmbeddingsCall> ParseCall(EmbeddingsCall::Api api,
                                          absl::string_view body) {
-  switch (api) {
-    case EmbeddingsCall::Api::kOpenAi:
-      return ParseOpenAiEmbeddings(body);
-    case EmbeddingsCall::Api::kTei:
-      return ParseTeiEmbed(body);
-    case EmbeddingsCall::Api::kTeiRerank:
-      return ParseTeiRerank(body);
-    case EmbeddingsCall::Api::kTeiPredict:
-      return ParseTeiPredict(body);
-    case EmbeddingsCall::Api::kRerank:
-      break;
+  for (const ApiRoute& route : kApiRoutes) {
+    if (route.api == api) return route.parse(body);
   }
-  return ParseRerank(body);
+  return absl::InternalError("no parser for this API");  // every Api has a route
 }
 
 // The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
@@ -331,13 +326,11 @@ absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
     return transport::ListenError("HTTP", "--http_port", options.host, options.port);
   }
   mg_set_request_handler(http->context_, "/v2", Dispatch, http.get());
-  mg_set_request_handler(http->context_, "/v1/embeddings$", DispatchOpenAi, http.get());
-  mg_set_request_handler(http->context_, "/embed$", DispatchTei, http.get());
-  // TEI's /rerank takes "texts"; the Cohere and Jina shape ("documents") is served at
-  // their paths.
-  mg_set_request_handler(http->context_, "/rerank$", DispatchTeiRerank, http.get());
-  mg_set_request_handler(http->context_, "/predict$", DispatchTeiPredict, http.get());
-  mg_set_request_handler(http->context_, "/v1/rerank$", DispatchRerank, http.get());
+  for (const ApiRoute& route : kApiRoutes) {
+    // "$": the path itself, nothing below it.
+    mg_set_request_handler(http->context_, absl::StrCat(route.path, "$").c_str(),
+                           DispatchApi, http.get());
+  }
   mg_server_port ports[1];
   if (mg_get_server_ports(http->context_, 1, ports) < 1) {
     http->Stop();
