@@ -83,8 +83,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
-    const Options& options) {
+namespace {
+
+// InvalidArgument naming the first field of `options` out of its range.
+absl::Status CheckOptions(const AttentionServer::Options& options) {
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("port must be in [0, 65535], got ", options.port));
@@ -108,48 +110,85 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("metrics_port must be in [-1, 65535], got ", options.metrics_port));
   }
+  return absl::OkStatus();
+}
+
+// One registry event into the metrics and the event log.
+void RecordModelEvent(ServerMetrics& metrics, const ModelEvent& event) {
+  metrics.OnModelEvent(event);
+  if (event.kind == ModelEvent::Kind::kLoaded) {
+    metrics.SetProjectionChoices(core::CpuProjectionChoiceList());
+    metrics.SetAttentionChoices(core::CpuAttentionChoiceList());
+  }
+  switch (event.kind) {
+    case ModelEvent::Kind::kLoaded:
+      LogEvent("model_loaded", {{"model", event.model}, {"version", event.version}});
+      break;
+    case ModelEvent::Kind::kLoadFailed:
+      LogEvent(
+          "model_load_failed",
+          {{"model", event.model}, {"version", event.version}, {"error", event.reason}});
+      break;
+    case ModelEvent::Kind::kUnloaded:
+      LogEvent("model_unloaded", {{"model", event.model}, {"version", event.version}});
+      break;
+    case ModelEvent::Kind::kFreed:
+      LogEvent("model_freed", {{"model", event.model}, {"version", event.version}});
+      break;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
+    const Options& options) {
+  ATTN_RETURN_IF_ERROR(CheckOptions(options));
   // Every early return below destroys `server`, whose destructor (Shutdown) stops
   // whatever was started so far.
   std::unique_ptr<AttentionServer> server(new AttentionServer());
   server->options_ = options;
   server->metrics_ = std::make_unique<ServerMetrics>();
-  ModelRegistry::Options model_options = options.models;
-  ServerMetrics* metrics = server->metrics_.get();
+  ATTN_RETURN_IF_ERROR(server->LoadModels());
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
+        TokenAuthenticator::Load(options.auth_token_file);
+    if (!auth.ok()) return auth.status();
+    server->auth_ = *std::move(auth);
+  }
+  RequestPipeline::Options pipeline_options;
+  pipeline_options.auth = server->auth_.get();
+  pipeline_options.max_response_bytes = options.max_message_bytes;
+  pipeline_options.reject_non_finite = options.reject_non_finite;
+  server->pipeline_ = std::make_unique<RequestPipeline>(
+      server->registry_.get(), pipeline_options, server->metrics_->service_observer());
+  server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());
+  server->kserve_ =
+      std::make_unique<KServeService>(server->pipeline_.get(), server->metrics_.get());
+  ATTN_RETURN_IF_ERROR(server->StartMetricsHttp());
+  ATTN_RETURN_IF_ERROR(server->StartGrpc());
+  ATTN_RETURN_IF_ERROR(server->StartHttp());
+  server->StartHealth();
+  return server;
+}
+
+absl::Status AttentionServer::LoadModels() {
+  ServerMetrics* metrics = metrics_.get();
+  ModelRegistry::Options model_options = options_.models;
   model_options.make_observer = [metrics](const v1::ModelInfo& info) {
     return metrics->AddModel(info);
   };
-  model_options.on_event = [metrics, raw = server.get()](const ModelEvent& event) {
-    metrics->OnModelEvent(event);
+  model_options.on_event = [metrics, this](const ModelEvent& event) {
+    RecordModelEvent(*metrics, event);
     if (event.kind == ModelEvent::Kind::kLoaded ||
         event.kind == ModelEvent::Kind::kUnloaded) {
-      raw->SyncModelHealth(event.model);
-    }
-    if (event.kind == ModelEvent::Kind::kLoaded) {
-      metrics->SetProjectionChoices(core::CpuProjectionChoiceList());
-      metrics->SetAttentionChoices(core::CpuAttentionChoiceList());
-    }
-    switch (event.kind) {
-      case ModelEvent::Kind::kLoaded:
-        LogEvent("model_loaded", {{"model", event.model}, {"version", event.version}});
-        break;
-      case ModelEvent::Kind::kLoadFailed:
-        LogEvent("model_load_failed", {{"model", event.model},
-                                       {"version", event.version},
-                                       {"error", event.reason}});
-        break;
-      case ModelEvent::Kind::kUnloaded:
-        LogEvent("model_unloaded", {{"model", event.model}, {"version", event.version}});
-        break;
-      case ModelEvent::Kind::kFreed:
-        LogEvent("model_freed", {{"model", event.model}, {"version", event.version}});
-        break;
+      SyncModelHealth(event.model);
     }
   };
   absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
       ModelRegistry::Create(model_options);
   if (!registry.ok()) return registry.status();
-  server->registry_ = std::move(registry).value();
-  for (const auto& model : server->registry_->models()) {
+  registry_ = std::move(registry).value();
+  for (const auto& model : registry_->models()) {
     metrics->OnModelEvent({ModelEvent::Kind::kLoaded, model->name, model->version, ""});
     LogEvent("model_loaded",
              {{"model", model->name},
@@ -157,7 +196,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
               {"d_model", absl::StrCat(model->spec.d_model)},
               {"num_heads", absl::StrCat(model->spec.num_heads)},
               {"max_sequence_length", absl::StrCat(model->max_sequence_length)},
-              {"compute", core::ComputePath(model->spec, options.models.device)},
+              {"compute", core::ComputePath(model->spec, options_.models.device)},
               {"batching", model->info.batching().ShortDebugString()}});
   }
   // What the warm-up measured this CPU to prefer for the f32 projections (the core's
@@ -171,37 +210,30 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
     LogEvent("attention_choices", {{"choices", choices}});
   }
   metrics->SetAttentionChoices(core::CpuAttentionChoiceList());
-  if (!options.auth_token_file.empty()) {
-    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
-        TokenAuthenticator::Load(options.auth_token_file);
-    if (!auth.ok()) return auth.status();
-    server->auth_ = *std::move(auth);
-  }
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      ServerCredentialsFor(options);
-  if (!credentials.ok()) return credentials.status();
-  RequestPipeline::Options pipeline_options;
-  pipeline_options.auth = server->auth_.get();
-  pipeline_options.max_response_bytes = options.max_message_bytes;
-  pipeline_options.reject_non_finite = options.reject_non_finite;
-  server->pipeline_ = std::make_unique<RequestPipeline>(
-      server->registry_.get(), pipeline_options, metrics->service_observer());
-  server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());
-  server->kserve_ = std::make_unique<KServeService>(server->pipeline_.get(), metrics);
-  if (options.metrics_port >= 0) {
-    MetricsHttp::Options metrics_options;
-    metrics_options.host = options.metrics_host;
-    metrics_options.port = options.metrics_port;
-    metrics_options.version = kServerVersion;
-    metrics_options.flags = options.status_flags;
-    metrics_options.sample_interval = options.status_interval;
-    absl::StatusOr<std::unique_ptr<MetricsHttp>> metrics_http = MetricsHttp::Start(
-        metrics_options, metrics, server->registry_.get(), server->auth_.get());
-    if (!metrics_http.ok()) return metrics_http.status();
-    server->metrics_http_ = *std::move(metrics_http);
-    server->metrics_port_ = server->metrics_http_->port();
-  }
+  return absl::OkStatus();
+}
 
+absl::Status AttentionServer::StartMetricsHttp() {
+  if (options_.metrics_port >= 0) {
+    MetricsHttp::Options metrics_options;
+    metrics_options.host = options_.metrics_host;
+    metrics_options.port = options_.metrics_port;
+    metrics_options.version = kServerVersion;
+    metrics_options.flags = options_.status_flags;
+    metrics_options.sample_interval = options_.status_interval;
+    absl::StatusOr<std::unique_ptr<MetricsHttp>> metrics_http =
+        MetricsHttp::Start(metrics_options, metrics_.get(), registry_.get(), auth_.get());
+    if (!metrics_http.ok()) return metrics_http.status();
+    metrics_http_ = *std::move(metrics_http);
+    metrics_port_ = metrics_http_->port();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttentionServer::StartGrpc() {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFor(options_);
+  if (!credentials.ok()) return credentials.status();
   grpc::EnableDefaultHealthCheckService(true);
   // gRPC's built-in health service does not use protobuf, so reflection would list
   // grpc.health.v1.Health without being able to describe it (buf curl and grpcurl then
@@ -211,65 +243,72 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   // a server without reflection removes it from its own builder.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  const std::string address = absl::StrCat(options.host, ":", options.port);
-  builder.AddListeningPort(address, *credentials, &server->port_);
-  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
-  builder.RegisterService(server->service_.get());
-  builder.RegisterService(server->kserve_.get());
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
-  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  const std::string address = absl::StrCat(options_.host, ":", options_.port);
+  builder.AddListeningPort(address, *credentials, &port_);
+  if (!options_.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
+  builder.RegisterService(service_.get());
+  builder.RegisterService(kserve_.get());
+  builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
+  builder.SetMaxSendMessageSize(options_.max_message_bytes);
   grpc::ResourceQuota quota("attnserve");
-  quota.Resize(static_cast<size_t>(options.grpc_memory_bytes));
+  quota.Resize(static_cast<size_t>(options_.grpc_memory_bytes));
   builder.SetResourceQuota(quota);
   transport::ApplyTransportDefaults(builder);
   // gRPC sets SO_REUSEPORT by default: a second server on the same port then binds
   // silently beside the first and takes half its connections. Only when asked.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, options.reuse_grpc_port ? 1 : 0);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, options_.reuse_grpc_port ? 1 : 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                             options.max_concurrent_streams);
-  if (options.max_connection_age > absl::ZeroDuration() &&
-      options.max_connection_age < absl::InfiniteDuration()) {
+                             options_.max_concurrent_streams);
+  if (options_.max_connection_age > absl::ZeroDuration() &&
+      options_.max_connection_age < absl::InfiniteDuration()) {
     builder.AddChannelArgument(
         GRPC_ARG_MAX_CONNECTION_AGE_MS,
-        static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+        static_cast<int>(absl::ToInt64Milliseconds(options_.max_connection_age)));
     // In-flight calls on an aged connection get this long to finish.
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                                static_cast<int>(absl::ToInt64Milliseconds(
-                                   std::max(options.grace_period, absl::Seconds(1)))));
+                                   std::max(options_.grace_period, absl::Seconds(1)))));
   }
-  for (const auto& [name, value] : options.grpc_arguments) {
+  for (const auto& [name, value] : options_.grpc_arguments) {
     builder.AddChannelArgument(name, value);
   }
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return transport::ListenError("gRPC", "--port", options.host, options.port);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return transport::ListenError("gRPC", "--port", options_.host, options_.port);
   }
-  if (options.http_port >= 0) {
+  return absl::OkStatus();
+}
+
+absl::Status AttentionServer::StartHttp() {
+  if (options_.http_port >= 0) {
     KServeHttp::Options http_options;
-    http_options.host = options.host;
-    http_options.port = options.http_port;
-    http_options.default_timeout = options.http_timeout;
-    http_options.keep_alive_timeout = options.http_keep_alive_timeout;
+    http_options.host = options_.host;
+    http_options.port = options_.http_port;
+    http_options.default_timeout = options_.http_timeout;
+    http_options.keep_alive_timeout = options_.http_keep_alive_timeout;
     // JSON text of a tensor is several times its bytes; binary requests are smaller.
-    http_options.max_body_bytes = 4 * static_cast<int64_t>(options.max_message_bytes);
+    http_options.max_body_bytes = 4 * static_cast<int64_t>(options_.max_message_bytes);
     absl::StatusOr<std::unique_ptr<KServeHttp>> http =
-        KServeHttp::Start(http_options, server->pipeline_.get(), metrics);
+        KServeHttp::Start(http_options, pipeline_.get(), metrics_.get());
     if (!http.ok()) return http.status();
-    server->http_ = *std::move(http);
+    http_ = *std::move(http);
   }
-  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  return absl::OkStatus();
+}
+
+void AttentionServer::StartHealth() {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus("", true);
   health->SetServingStatus(v1::AttentionService::service_full_name(), true);
   {
     // From here on, loads and unloads keep each model's status current; a model the
     // registry changes meanwhile is set twice, the same way.
-    absl::MutexLock lock(&server->health_mu_);
-    server->health_ = health;
+    absl::MutexLock lock(&health_mu_);
+    health_ = health;
   }
-  for (const auto& model : server->registry_->models()) {
-    server->SyncModelHealth(model->name);
+  for (const auto& model : registry_->models()) {
+    SyncModelHealth(model->name);
   }
-  return server;
 }
 
 void AttentionServer::SyncModelHealth(const std::string& model) {

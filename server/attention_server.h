@@ -110,6 +110,18 @@ class AttentionServer {
  private:
   AttentionServer() = default;
 
+  // Create's steps, in order; each error is Create's. The model registry, with its
+  // events feeding the metrics, the event log and gRPC health.
+  absl::Status LoadModels();
+  // /metrics and the status page on the metrics port, when it is >= 0.
+  absl::Status StartMetricsHttp();
+  // The gRPC server with both services: credentials, limits, channel arguments.
+  absl::Status StartGrpc();
+  // The KServe HTTP door and the JSON APIs, when the HTTP port is >= 0.
+  absl::Status StartHttp();
+  // Overall and per-model gRPC health, kept current by registry events from now on.
+  void StartHealth();
+
   // Sets `model`'s grpc.health.v1 status to what the pipeline says of it now; called
   // on each registry load and unload, on the thread that made it. A no-op before the
   // gRPC server runs and once it has begun shutting down.
