@@ -16,10 +16,14 @@ server's scores are checked against CrossEncoder.predict on the same pairs.
 The peers run in this process on core 0 with one thread, one request (32 pairs) at a
 time, tokenizing included; attnserve serves on core 0 with one compute thread, and a
 closed-loop load generator on core 1 posts Cohere-shaped bodies to /v1/rerank at
-concurrency 1 and 16. A server around a peer could only be slower than the peer alone,
-so the ratios are against the peers' best case; at concurrency 16 such a server would
-answer one request at a time, so the peer's p99 there is at least 16 of its median
-request times (printed as its bound). Rounds alternate the arms.
+concurrency 1 and 16. When build/servers-venv exists (`make bench-servers` makes it),
+infinity-emb serves the same folder with its torch engine on the same core, driven the
+same way through its /rerank (its body is Cohere's too), checked against
+CrossEncoder.predict first. A server that calls a library peer as its users do could
+only be slower than the library alone, so those ratios are against the library's best
+case; at concurrency 16 such a server would answer one request at a time, so its p99
+there is at least 16 of the library's median request times (printed as its bound).
+Rounds alternate the arms.
 
 usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/rerank_bench.py
        BUILD_DIR REPO_ROOT [--rounds 2] [--seconds 6]
@@ -139,6 +143,37 @@ def peer_latencies(name, folder, onnx_path, requests, seconds):
     return latencies
 
 
+def wait_ready(process, url, log, name):
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log.seek(0)
+            sys.exit(f"{name} exited: {log.read()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    sys.exit(f"{name} did not become ready")
+
+
+def start_infinity(servers_python, folder, port):
+    """infinity-emb's torch engine serving the folder on the server core, one thread."""
+    log = tempfile.TemporaryFile("w+")
+    infinity = os.path.join(os.path.dirname(servers_python), "infinity_emb")
+    threads = {name: "1" for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                      "OPENBLAS_NUM_THREADS")}
+    process = subprocess.Popen(
+        ["taskset", "-c", str(SERVER_CORE), infinity, "v2", "--model-id", folder,
+         "--engine", "torch", "--device", "cpu", "--served-model-name", "reranker",
+         "--port", str(port), "--host", "127.0.0.1", "--no-bettertransformer"],
+        stdout=log, stderr=subprocess.STDOUT,
+        env=dict(os.environ, INFINITY_ANONYMOUS_USAGE_STATS="0", **threads, **ALLOCATOR))
+    return wait_ready(process, f"http://127.0.0.1:{port}/health", log, "infinity-emb")
+
+
 def start_server(build, repository, port):
     log = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(
@@ -148,20 +183,7 @@ def start_server(build, repository, port):
          "--intra_op_threads=1"],
         stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ, OMP_NUM_THREADS="1",
                                                         **ALLOCATOR))
-    url = f"http://127.0.0.1:{port}/v2/health/ready"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.seek(0)
-            sys.exit(f"attnserve exited: {log.read()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as reply:
-                if reply.status == 200:
-                    return process
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    sys.exit("attnserve did not become ready")
+    return wait_ready(process, f"http://127.0.0.1:{port}/v2/health/ready", log, "attnserve")
 
 
 def free_port():
@@ -171,9 +193,9 @@ def free_port():
         return s.getsockname()[1]
 
 
-def rerank(port, query, documents):
+def rerank(port, query, documents, path="/v1/rerank"):
     body = json.dumps({"model": "reranker", "query": query, "documents": documents}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/rerank", data=body,
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as reply:
         results = json.loads(reply.read())["results"]
@@ -183,7 +205,7 @@ def rerank(port, query, documents):
     return scores
 
 
-async def closed_loop(port, requests, concurrency, warmup, seconds):
+async def closed_loop(port, path, requests, concurrency, warmup, seconds):
     """The requests answered inside the window after the warm-up, and the latencies (s)
     of those of them that also started inside it."""
     bodies = [json.dumps({"model": "reranker", "query": q, "documents": d}).encode()
@@ -200,7 +222,7 @@ async def closed_loop(port, requests, concurrency, warmup, seconds):
             sent = time.monotonic()
             if sent >= end:
                 break
-            writer.write(f"POST /v1/rerank HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
                          f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                          + body)
             head = await reader.readuntil(b"\r\n\r\n")
@@ -219,13 +241,13 @@ async def closed_loop(port, requests, concurrency, warmup, seconds):
     return {"answered": answered[0], "latencies": latencies}
 
 
-def load_main(port, concurrency, seconds, root):
+def load_main(port, path, concurrency, seconds, root):
     """The load generator's own process (pinned to the client core). At concurrency c a
     caller waits for about c answers, so the warm-up and the window grow with c."""
     os.sched_setaffinity(0, {CLIENT_CORE})
     scale = max(1, concurrency // 4)
-    result = asyncio.run(closed_loop(port, requests_from(root), concurrency, 2.0 * scale,
-                                     seconds * scale))
+    result = asyncio.run(closed_loop(port, path, requests_from(root), concurrency,
+                                     2.0 * scale, seconds * scale))
     result["seconds"] = seconds * scale
     print(json.dumps(result))
 
@@ -247,10 +269,17 @@ def main():
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--load", nargs=2, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--servers-python", default="",
+                        help="the servers venv's python (default: build/servers-venv's, "
+                        "when it exists): adds infinity-emb's /rerank")
+    parser.add_argument("--load", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.load:
-        return load_main(args.load[0], args.load[1], args.seconds, args.root)
+        return load_main(int(args.load[0]), args.load[1], int(args.load[2]), args.seconds,
+                         args.root)
+    servers_python = args.servers_python or os.path.join(
+        os.path.abspath(args.build), "servers-venv", "bin", "python")
+    with_infinity = os.path.exists(servers_python)
 
     import onnxruntime
     import sentence_transformers
@@ -269,47 +298,58 @@ def main():
           f"core {SERVER_CORE} one thread for every arm, load generator on core "
           f"{CLIENT_CORE}; {args.seconds:g} s per cell, {args.rounds} rounds alternating")
 
-    port = free_port()
-    server = start_server(args.build, repository, port)
-    try:
-        from sentence_transformers import CrossEncoder
-        golden = CrossEncoder(folder, device="cpu").predict(
-            [(requests[0][0], d) for d in requests[0][1]])
-        served = rerank(port, *requests[0])
-        error = float(np.max(np.abs(served - golden)))
-        print(f"attnserve vs CrossEncoder.predict on {DOCUMENTS} pairs: max abs "
-              f"{error:.2e}")
-        if error > 1e-4:
-            sys.exit("attnserve's scores differ from CrossEncoder.predict: not timing it")
-        cells = {}
-        arms = ["torch", "onnxruntime", "attnserve"]
-        for round_index in range(args.rounds):
-            for arm in arms if round_index % 2 == 0 else arms[::-1]:
-                if arm == "attnserve":
-                    for concurrency in (1, 16):
-                        out = subprocess.run(
-                            [sys.executable, os.path.abspath(__file__), args.build, args.root,
-                             f"--seconds={args.seconds}", "--load", str(port),
-                             str(concurrency)],
-                            check=True, capture_output=True, text=True)
-                        result = json.loads(out.stdout)
-                        cells.setdefault((arm, concurrency), []).append(summary(
-                            result["latencies"], result["answered"], result["seconds"]))
-                else:
-                    cells.setdefault((arm, 1), []).append(summary(peer_latencies(
-                        arm, folder, onnx_path, requests, args.seconds)))
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    from sentence_transformers import CrossEncoder
+    golden = CrossEncoder(folder, device="cpu").predict(
+        [(requests[0][0], d) for d in requests[0][1]])
+    servers = {"attnserve": lambda port: start_server(args.build, repository, port)}
+    paths = {"attnserve": "/v1/rerank", "infinity": "/rerank"}
+    if with_infinity:
+        servers["infinity"] = lambda port: start_infinity(servers_python, folder, port)
+    else:
+        print(f"({servers_python} is missing: no infinity-emb row; `make bench-servers` "
+              "makes it)")
+    cells = {}
+
+    def serve(arm):
+        """One server's cells: checked against CrossEncoder.predict, then loaded."""
+        port = free_port()
+        server = servers[arm](port)
+        try:
+            error = float(np.max(np.abs(rerank(port, *requests[0], paths[arm]) - golden)))
+            print(f"{arm} vs CrossEncoder.predict on {DOCUMENTS} pairs: max abs {error:.2e}")
+            if error > 1e-4:
+                sys.exit(f"{arm}'s scores differ from CrossEncoder.predict: not timing it")
+            for concurrency in (1, 16):
+                out = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), args.build, args.root,
+                     f"--seconds={args.seconds}", "--load", str(port), paths[arm],
+                     str(concurrency)],
+                    check=True, capture_output=True, text=True)
+                result = json.loads(out.stdout)
+                cells.setdefault((arm, concurrency), []).append(summary(
+                    result["latencies"], result["answered"], result["seconds"]))
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+    arms = ["torch", "onnxruntime", *servers]
+    for round_index in range(args.rounds):
+        for arm in arms if round_index % 2 == 0 else arms[::-1]:
+            if arm in servers:
+                serve(arm)
+            else:
+                cells.setdefault((arm, 1), []).append(summary(peer_latencies(
+                    arm, folder, onnx_path, requests, args.seconds)))
 
     def median(arm, concurrency, key):
         return statistics.median(cell[key] for cell in cells[(arm, concurrency)])
 
     print("\n| arm | pairs/s | p50 ms | p99 ms |\n| --- | --- | --- | --- |")
     names = {"torch": "CrossEncoder.predict (PyTorch), one request at a time",
-             "onnxruntime": "ONNX Runtime + tokenizers, one request at a time"}
+             "onnxruntime": "ONNX Runtime + tokenizers, one request at a time",
+             "attnserve": "attnserve /v1/rerank", "infinity": "infinity-emb /rerank (torch)"}
     for (arm, concurrency) in sorted(cells):
-        name = names.get(arm, f"attnserve /v1/rerank, concurrency {concurrency}")
+        name = names[arm] + (f", concurrency {concurrency}" if arm in servers else "")
         print(f"| {name} | {median(arm, concurrency, 'pairs_per_s'):.1f} | "
               f"{median(arm, concurrency, 'p50_ms'):.1f} | "
               f"{median(arm, concurrency, 'p99_ms'):.1f} |")
@@ -325,6 +365,16 @@ def main():
     ours = median("attnserve", 16, "p99_ms")
     print(f"c16 p99 {ours:.1f} ms vs a server around the fastest peer, one request at a "
           f"time: >= {peer_bound:.1f} ms (target: below){' PASS' if ours < peer_bound else ' FAIL'}")
+    if "infinity" in servers:
+        for concurrency, target in ((1, None), (16, TARGET_C16)):
+            ratio = (median("attnserve", concurrency, "pairs_per_s")
+                     / median("infinity", concurrency, "pairs_per_s"))
+            verdict = "" if target is None else (" PASS" if ratio >= target else " FAIL")
+            goal = f" (target >= x{target})" if target else ""
+            print(f"c{concurrency} pairs/s vs infinity-emb: x{ratio:.2f}{goal}{verdict}")
+        theirs = median("infinity", 16, "p99_ms")
+        print(f"c16 p99 {ours:.1f} ms vs infinity-emb's {theirs:.1f} ms (target: below)"
+              f"{' PASS' if ours < theirs else ' FAIL'}")
 
 
 if __name__ == "__main__":
