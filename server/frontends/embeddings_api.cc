@@ -132,16 +132,10 @@ absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
   return static_cast<int32_t>(std::min<int64_t>(*count, INT32_MAX));
 }
 
-absl::StatusOr<Json> BodyObject(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
-  if (!json.is_object()) return Invalid("the body must be a JSON object");
-  return json;
-}
-
 }  // namespace
 
 absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(const Json json, BodyObject(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
   call.api = EmbeddingsCall::Api::kOpenAi;
   bool has_input = false, has_model = false;
@@ -185,7 +179,7 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
 }
 
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(const Json json, BodyObject(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
   call.api = EmbeddingsCall::Api::kTei;
   bool has_input = false;

@@ -430,6 +430,15 @@ absl::StatusOr<Json> ParseJsonBody(absl::string_view text) {
   return json;
 }
 
+absl::StatusOr<Json> ParseJsonObjectBody(absl::string_view text) {
+  ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(text));
+  if (!json.is_object()) {
+    return Invalid(
+        absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
+  }
+  return json;
+}
+
 std::string ErrorBody(absl::string_view message) {
   return JsonText(Json{{"error", std::string(message)}});
 }
@@ -439,12 +448,7 @@ namespace {
 // A repository request's body: a JSON object, or {} when empty.
 absl::StatusOr<Json> ParseObjectBody(absl::string_view body) {
   if (body.empty()) return Json::object();
-  ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
-  if (!json.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the body must be a JSON object, got ", JsonExcerpt(json)));
-  }
-  return json;
+  return ParseJsonObjectBody(body);
 }
 
 }  // namespace

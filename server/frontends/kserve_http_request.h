@@ -64,6 +64,10 @@ std::string JsonText(const nlohmann::json& json);
 // valid JSON". Never throws.
 absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view text);
 
+// ParseJsonBody's, and InvalidArgument "the body must be a JSON object, got ..." for
+// any other JSON value. Never throws.
+absl::StatusOr<nlohmann::json> ParseJsonObjectBody(absl::string_view text);
+
 // A JSON value as a short excerpt for an error message (at most 40 characters).
 std::string JsonExcerpt(const nlohmann::json& value);
 

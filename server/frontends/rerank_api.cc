@@ -21,12 +21,6 @@ absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-absl::StatusOr<Json> Object(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(Json json, ParseJsonBody(body));
-  if (!json.is_object()) return Invalid("the body must be a JSON object");
-  return json;
-}
-
 absl::StatusOr<bool> Flag(const Json& value, absl::string_view field) {
   if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) return *flag;
   return Invalid(absl::StrCat(field, " must be true or false, got ", JsonExcerpt(value)));
@@ -94,7 +88,7 @@ std::vector<int64_t> Ranked(const std::vector<float>& scores, int64_t top_n) {
 }  // namespace
 
 absl::StatusOr<EmbeddingsCall> ParseTeiRerank(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(const Json json, Object(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
   call.api = EmbeddingsCall::Api::kTeiRerank;
   std::optional<std::string> query;
@@ -141,7 +135,7 @@ absl::StatusOr<EmbeddingsCall> ParseTeiRerank(absl::string_view body) {
 }
 
 absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(const Json json, Object(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
   call.api = EmbeddingsCall::Api::kRerank;
   std::optional<std::string> query;
@@ -213,7 +207,7 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
 }
 
 absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body) {
-  ATTN_ASSIGN_OR_RETURN(const Json json, Object(body));
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
   call.api = EmbeddingsCall::Api::kTeiPredict;
   bool has_inputs = false;
