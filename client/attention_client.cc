@@ -239,6 +239,16 @@ absl::StatusOr<v1::EncodeResponse> AttentionClient::Encode(
   return response;
 }
 
+absl::StatusOr<v1::RerankResponse> AttentionClient::Rerank(
+    const v1::RerankRequest& request) const {
+  grpc::ClientContext context;
+  PrepareContext(context, options_.timeout);
+  v1::RerankResponse response;
+  const grpc::Status status = stub_->Rerank(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::StatusOr<v1::HeadStatisticsResponse> AttentionClient::HeadStatistics(
     const v1::HeadStatisticsRequest& request) const {
   grpc::ClientContext context;

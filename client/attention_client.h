@@ -1,5 +1,5 @@
 // AttentionClient: a small C++ client for attnserve: Attend (blocking and async),
-// Encode, health checks, model listing and head statistics over one gRPC channel.
+// Encode, Rerank, health checks, model listing and head statistics over one gRPC channel.
 #ifndef ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
 #define ATTNSERVE_CLIENT_ATTENTION_CLIENT_H_
 
@@ -65,6 +65,10 @@ class AttentionClient {
   // Blocking Encode (an encoder model): token ids, hidden states or text in,
   // embeddings out. The server's status on failure.
   absl::StatusOr<v1::EncodeResponse> Encode(const v1::EncodeRequest& request) const;
+
+  // Blocking Rerank (a one-label classification model): a query and documents in,
+  // the documents best first with their scores out. The server's status on failure.
+  absl::StatusOr<v1::RerankResponse> Rerank(const v1::RerankRequest& request) const;
 
   // grpc.health.v1 Check for `service` ("" = the server, or a model name, or
   // "attnserve.v1.AttentionService"): true when SERVING.

@@ -419,31 +419,27 @@ absl::StatusOr<std::vector<float>> Scores(const AttentionClient& client,
   return attnserve::client::Float32Values(scores);
 }
 
-// A query and its documents in, the documents best first out: one line each with its
-// index in the command line and its score.
+// A query and its documents in (the Rerank RPC), the documents best first out: one
+// line each with its index in the command line and its score.
 int Rerank(const AttentionClient& client, const std::vector<char*>& words) {
-  attnserve::v1::EncodeRequest request;
-  for (size_t i = 1; i < words.size(); ++i) {
-    request.add_text(words[0]);
-    request.add_text_pair(words[i]);
-  }
-  int64_t labels = 0;
-  absl::StatusOr<std::vector<float>> scores = Scores(client, request, &labels);
-  if (!scores.ok()) return Failed(scores.status());
-  if (labels != 1) {
-    return Failed(absl::FailedPreconditionError(absl::StrCat(
-        "the model has ", labels, " labels; rerank needs a one-label cross-encoder")));
-  }
-  std::vector<size_t> order(scores->size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return (*scores)[a] > (*scores)[b]; });
-  const auto top_n =
-      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_top_n)));
-  if (top_n > 0 && top_n < order.size()) order.resize(top_n);
-  for (size_t rank = 0; rank < order.size(); ++rank) {
-    std::printf("%zu. document[%zu] score=%.6f %s\n", rank + 1, order[rank],
-                (*scores)[order[rank]], words[order[rank] + 1]);
+  attnserve::v1::RerankRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  request.set_query(words[0]);
+  for (size_t i = 1; i < words.size(); ++i) request.add_documents(words[i]);
+  request.set_top_n(
+      static_cast<int32_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_top_n))));
+  request.set_truncate(absl::GetFlag(FLAGS_truncate));
+  request.set_raw_scores(absl::GetFlag(FLAGS_raw_scores));
+  absl::StatusOr<attnserve::v1::RerankResponse> response = client.Rerank(request);
+  if (!response.ok()) return Failed(response.status());
+  std::printf("model=%s documents=%d tokens=%lld truncated=%d compute_us=%lld\n",
+              response->model().c_str(), request.documents_size(),
+              static_cast<long long>(response->tokens()), response->truncated(),
+              static_cast<long long>(response->compute_time_us()));
+  int rank = 0;
+  for (const attnserve::v1::RerankResult& result : response->results()) {
+    std::printf("%d. document[%d] score=%.6f %s\n", ++rank, result.index(),
+                result.score(), words[static_cast<size_t>(result.index()) + 1]);
   }
   return kOk;
 }

@@ -1,9 +1,14 @@
 #include "server/frontends/attention_service.h"
 
+#include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "server/frontends/embeddings_api.h"
+#include "server/frontends/rerank_api.h"
 #include "server/frontends/stream_reactor.h"
 #include "server/pipeline/proto_convert.h"
 
@@ -20,6 +25,33 @@ absl::StatusOr<std::shared_ptr<Request>> BeginCall(
   if (!request.ok()) return request.status();
   if (absl::Status found = (*request)->Find(model); !found.ok()) return found;
   return request;
+}
+
+// A rerank's answer from its pairs' scores [n, 1]: best first, cut to top_n.
+void FillRerankResponse(const v1::RerankRequest& request,
+                        const v1::EncodeResponse& result, v1::RerankResponse* response) {
+  std::vector<float> scores(result.scores().raw().size() / sizeof(float));
+  if (!scores.empty()) {
+    std::memcpy(scores.data(), result.scores().raw().data(),
+                scores.size() * sizeof(float));
+  }
+  for (const int64_t index : RankScores(scores, request.top_n())) {
+    v1::RerankResult* ranked = response->add_results();
+    ranked->set_index(static_cast<int32_t>(index));
+    ranked->set_score(scores[static_cast<size_t>(index)]);
+    if (request.return_documents()) {
+      ranked->set_document(request.documents(static_cast<int>(index)));
+    }
+  }
+  response->set_model(result.model());
+  response->set_model_version(result.model_version());
+  response->set_request_id(result.request_id());
+  int64_t tokens = 0;
+  for (const int64_t length : result.lengths()) tokens += length;
+  response->set_tokens(tokens);
+  response->set_truncated(result.truncated());
+  response->set_queue_time_us(result.queue_time_us());
+  response->set_compute_time_us(result.compute_time_us());
 }
 
 }  // namespace
@@ -56,6 +88,61 @@ grpc::ServerUnaryReactor* AttentionService::Encode(grpc::CallbackServerContext* 
       *begun, *request, CallDeadline(context), cancellation,
       [rpc, reactor, response](const absl::Status& status, v1::EncodeResponse result) {
         if (status.ok()) response->Swap(&result);
+        rpc.End(status.code());
+        reactor->Finish(ToGrpcStatus(status));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AttentionService::Rerank(grpc::CallbackServerContext* context,
+                                                   const v1::RerankRequest* request,
+                                                   v1::RerankResponse* response) {
+  const RequestPipeline::Rpc rpc(pipeline_, "Rerank");
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      BeginCall(*pipeline_, context, request->model());
+  if (!begun.ok()) return rpc.FinishNow(begun.status());
+  const auto refuse = [&](const absl::Status& status) {
+    (*begun)->Finish(status);
+    return rpc.FinishNow(status);
+  };
+  // What the rerank doors check, with the same words: the model ranks, the documents
+  // fit the limit, top_n is not negative.
+  if (absl::Status ranks = CheckReranker(*(*begun)->model(), "Encode with text_pair");
+      !ranks.ok()) {
+    return refuse(ranks);
+  }
+  const int documents = request->documents_size();
+  if (documents == 0) {
+    return refuse(absl::InvalidArgumentError("documents must not be empty"));
+  }
+  if (documents > kMaxRerankDocuments) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("documents holds ", documents, " entries, over the limit of ",
+                     kMaxRerankDocuments, " per request: send fewer")));
+  }
+  if (request->top_n() < 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "top_n must be 0 (every document) or positive, got ", request->top_n())));
+  }
+  // The pairs, as every rerank door makes them: (query, documents[i]).
+  v1::EncodeRequest encode;
+  encode.set_model(request->model());
+  encode.set_request_id(request->request_id());
+  encode.set_truncate(request->truncate());
+  encode.set_raw_scores(request->raw_scores());
+  for (const std::string& document : request->documents()) {
+    encode.add_text(request->query());
+    encode.add_text_pair(document);
+  }
+  auto cancellation = std::make_shared<Cancellation>();
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+  pipeline_->SubmitEncode(
+      *begun, encode, CallDeadline(context), cancellation,
+      [rpc, reactor, request, response](const absl::Status& status,
+                                        const v1::EncodeResponse& result) {
+        if (status.ok()) {
+          FillRerankResponse(*request, result, response);
+        }
         rpc.End(status.code());
         reactor->Finish(ToGrpcStatus(status));
       });

@@ -30,6 +30,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   grpc::ServerUnaryReactor* Encode(grpc::CallbackServerContext* context,
                                    const v1::EncodeRequest* request,
                                    v1::EncodeResponse* response) override;
+  grpc::ServerUnaryReactor* Rerank(grpc::CallbackServerContext* context,
+                                   const v1::RerankRequest* request,
+                                   v1::RerankResponse* response) override;
   grpc::ServerUnaryReactor* HeadStatistics(grpc::CallbackServerContext* context,
                                            const v1::HeadStatisticsRequest* request,
                                            v1::HeadStatisticsResponse* response) override;

@@ -217,7 +217,9 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
 }
 
 absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& model) {
-  if (!model.is_encoder()) {
+  // The model's kind as ListModels reports it (the batcher behind it is the pipeline's
+  // business, and SubmitEncode checks it again).
+  if (model.info.kind() != v1::MODEL_KIND_ENCODER) {
     return Invalid(absl::StrCat("model \"", model.name,
                                 "\" is an attention layer, not an encoder: it makes no "
                                 "embeddings"));
@@ -236,11 +238,7 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
           ") is not supported, got ", call.max_tokens_per_doc,
           ": each document is cut with the query to ", model.max_text_tokens, " tokens"));
     }
-    if (call.reranks() && labels != 1) {
-      return Invalid(absl::StrCat("model \"", model.name, "\" has ", labels,
-                                  " labels, and reranking needs a one-label "
-                                  "cross-encoder's score: use /predict"));
-    }
+    if (call.reranks()) return CheckReranker(model, "/predict");
     return absl::OkStatus();
   }
   if (labels > 0) {

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "core/status_macros.h"
 #include "server/frontends/embeddings_api.h"
+#include "server/frontends/rerank_api.h"
 
 namespace attnserve::server {
 
@@ -450,15 +451,15 @@ void SubmitInfer(
   if (request->model()->is_encoder()) {
     absl::StatusOr<v1::EncodeRequest> encode = EncodeFromInfer(infer.get());
     if (!encode.ok()) return refuse(encode.status());
-    const int64_t labels = request->model()->encoder_spec.num_labels;
     const bool ranked =
         std::any_of(infer->inputs().begin(), infer->inputs().end(),
                     [](const auto& input) { return input.name() == kDocuments; });
-    if (ranked && labels != 1) {
-      return refuse(Invalid(absl::StrCat(
-          "input \"documents\" ranks by a one-label cross-encoder's score, and model \"",
-          request->model()->name, "\" has ", labels,
-          " labels: send \"text\" (and \"text_pair\") for its scores")));
+    if (ranked) {
+      if (absl::Status ranks =
+              CheckReranker(*request->model(), "inputs \"text\" and \"text_pair\"");
+          !ranks.ok()) {
+        return refuse(ranks);
+      }
     }
     // The work copies the ids: the converted request may go when SubmitEncode returns.
     pipeline.SubmitEncode(request, *encode, *deadline, cancellation,

@@ -243,8 +243,9 @@ constexpr ApiRoute kApiRoutes[] = {
 int DispatchApi(mg_connection* connection, void* self) {
   const absl::string_view uri = mg_get_request_info(connection)->local_uri;
   for (const ApiRoute& route : kApiRoutes) {
-    if (uri == route.path)
+    if (uri == route.path) {
       return static_cast<KServeHttp*>(self)->Handle(connection, route.api);
+    }
   }
   return 0;  // not ours: civetweb answers 404
 }

@@ -68,21 +68,10 @@ std::vector<float> Scores(const v1::EncodeResponse& response, int64_t* labels) {
   const v1::Tensor& scores = response.scores();
   *labels = scores.shape_size() == 2 ? scores.shape(1) : 0;
   std::vector<float> values(scores.raw().size() / sizeof(float));
-  if (!values.empty())
+  if (!values.empty()) {
     std::memcpy(values.data(), scores.raw().data(), scores.raw().size());
-  return values;
-}
-
-// Indices 0..n-1, best score first (ties keep document order), cut to top_n.
-std::vector<int64_t> Ranked(const std::vector<float>& scores, int64_t top_n) {
-  std::vector<int64_t> order(scores.size());
-  std::iota(order.begin(), order.end(), int64_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return scores[a] > scores[b]; });
-  if (top_n > 0 && static_cast<size_t>(top_n) < order.size()) {
-    order.resize(static_cast<size_t>(top_n));
   }
-  return order;
+  return values;
 }
 
 }  // namespace
@@ -269,6 +258,35 @@ absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body) {
   return call;
 }
 
+absl::Status CheckReranker(const ServedModel& model, absl::string_view instead) {
+  const int64_t labels = model.encoder_spec.num_labels;
+  if (model.info.kind() != v1::MODEL_KIND_ENCODER || labels == 0) {
+    return Invalid(absl::StrCat(
+        "model \"", model.name,
+        "\" has no classification head: ranking needs a cross-encoder (config.json "
+        "architectures *ForSequenceClassification)"));
+  }
+  if (labels != 1) {
+    return Invalid(
+        absl::StrCat("model \"", model.name, "\" has ", labels,
+                     " labels, and reranking needs a one-label cross-encoder's "
+                     "score: use ",
+                     instead));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> RankScores(absl::Span<const float> scores, int64_t top_n) {
+  std::vector<int64_t> order(scores.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return scores[a] > scores[b]; });
+  if (top_n > 0 && static_cast<size_t>(top_n) < order.size()) {
+    order.resize(static_cast<size_t>(top_n));
+  }
+  return order;
+}
+
 std::string ScoresBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
                        const ServedModel& model) {
   int64_t labels = 0;
@@ -281,7 +299,7 @@ std::string ScoresBody(const EmbeddingsCall& call, const v1::EncodeResponse& res
       const std::vector<float> row(scores.begin() + i * labels,
                                    scores.begin() + (i + 1) * labels);
       Json ranked = Json::array();
-      for (const int64_t label : Ranked(row, 0)) {
+      for (const int64_t label : RankScores(row, 0)) {
         ranked.push_back({{"label", label < static_cast<int64_t>(model.labels.size())
                                         ? model.labels[label]
                                         : absl::StrCat("LABEL_", label)},
@@ -294,7 +312,7 @@ std::string ScoresBody(const EmbeddingsCall& call, const v1::EncodeResponse& res
   }
   // Rerank: one score per document.
   Json results = Json::array();
-  for (const int64_t index : Ranked(scores, call.top_n)) {
+  for (const int64_t index : RankScores(scores, call.top_n)) {
     const std::string& text = call.encode.text_pair(static_cast<int>(index));
     if (call.api == EmbeddingsCall::Api::kTeiRerank) {
       Json result = {{"index", index}, {"score", scores[index]}};

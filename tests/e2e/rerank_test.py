@@ -7,7 +7,7 @@ labels with id2label) served from their folders as saved, on one real attnserve 
 (tests/data/*.golden.json).
 
 - Cohere's own Python client (ClientV2.rerank, POST /v2/rerank), the Jina/Cohere body at
-  /v1/rerank, TEI's /rerank and /predict, attnserve.v1 Encode with text pairs,
+  /v1/rerank, TEI's /rerank and /predict, attnserve.v1 Rerank and Encode with text pairs,
   tritonclient gRPC and HTTP (BYTES "query" and "documents", or "text" and "text_pair"),
   attnctl rerank and classify, attnserve's Python client, and LangChain's CohereRerank
   (its own venv, RAG_PYTHON): scores within 1e-5 of CrossEncoder.predict, the same
@@ -300,6 +300,48 @@ print(json.dumps({"ranked": ranked, "kept": [[d.page_content, d.metadata["releva
             scores = client.classify(self.classify["texts"], model="classifier_tiny")
             np.testing.assert_allclose(scores, self.classify["texts_scores"],
                                        atol=TOLERANCE)
+
+    def test_grpc_rerank(self):
+        request = attention_pb2.RerankRequest(
+            model="reranker_tiny", query=self.rerank["query"],
+            documents=self.rerank["documents"], truncate=True, return_documents=True,
+            request_id="r-1")
+        reply = self.v1.Rerank(request, timeout=60)
+        self.assertRanked([r.index for r in reply.results],
+                          [r.score for r in reply.results], "grpc Rerank")
+        for result in reply.results:
+            self.assertEqual(result.document, self.rerank["documents"][result.index])
+        self.assertEqual(reply.tokens, sum(len(ids) for ids in self.rerank["token_ids"]))
+        self.assertEqual(reply.truncated, 1)
+        self.assertEqual((reply.model, reply.request_id), ("reranker_tiny", "r-1"))
+        request.top_n, request.return_documents = 2, False
+        reply = self.v1.Rerank(request, timeout=60)
+        self.assertRanked([r.index for r in reply.results],
+                          [r.score for r in reply.results], "grpc top_n", top_n=2)
+        self.assertEqual(reply.results[0].document, "")
+        # Refusals, each naming what is wrong, the server still serving after them.
+        documents = self.rerank["documents"]
+        cases = [
+            (dict(model="classifier_tiny", query="q", documents=["d"]), "has 3 labels"),
+            (dict(model="reranker_tiny", query="q", documents=[]),
+             "documents must not be empty"),
+            (dict(model="reranker_tiny", query="q", documents=["d"] * 1001),
+             "documents holds 1001 entries, over the limit of 1000"),
+            (dict(model="reranker_tiny", query="q", documents=["d"], top_n=-1),
+             "top_n must be 0 (every document) or positive, got -1"),
+            (dict(model="reranker_tiny", query=self.rerank["query"], documents=documents),
+             "over the model's limit of 64"),
+            (dict(model="nope", query="q", documents=["d"]), "nope"),
+        ]
+        for fields, words in cases:
+            with self.subTest(words=words):
+                with self.assertRaises(grpc.RpcError) as caught:
+                    self.v1.Rerank(attention_pb2.RerankRequest(**fields), timeout=60)
+                self.assertIn(caught.exception.code(), (grpc.StatusCode.INVALID_ARGUMENT,
+                                                        grpc.StatusCode.NOT_FOUND))
+                self.assertIn(words, caught.exception.details())
+        self.assertEqual(len(self.v1.Rerank(attention_pb2.RerankRequest(
+            model="reranker_tiny", query="q", documents=["d", "e"]), timeout=60).results), 2)
 
     def test_tei_predict_matches_transformers(self):
         golden = self.classify

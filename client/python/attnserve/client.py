@@ -143,20 +143,18 @@ class Client:
                              f"classify needs a classification model (a cross-encoder)")
         return from_tensor(reply.scores)
 
-    def rerank(self, query, documents, model="", top_n=None, truncate=True,
+    def rerank(self, query, documents, model="", top_n=0, truncate=True,
                raw_scores=False):
-        """`documents` ranked for `query` by a one-label cross-encoder:
-        [(index, score), ...] best first, cut to top_n. truncate (default, as rerank
-        APIs do): cut a pair past the model's max_text_tokens from its longer text.
-        Raises grpc.RpcError with the server's status."""
-        documents = list(documents)
-        scores = self.classify([query] * len(documents), documents, model=model,
-                               truncate=truncate, raw_scores=raw_scores)
-        if scores.ndim != 2 or scores.shape[1] != 1:
-            raise ValueError(f"rerank needs a one-label cross-encoder; scores are "
-                             f"{list(scores.shape)}")
-        order = sorted(range(len(documents)), key=lambda i: -scores[i, 0])
-        return [(i, float(scores[i, 0])) for i in order[:top_n]]
+        """`documents` ranked for `query` by a one-label cross-encoder (the Rerank RPC):
+        [(index, score), ...] best first, the best top_n only (0: all). truncate
+        (default, as rerank APIs do): cut a pair past the model's max_text_tokens from
+        its longer text instead of failing. Raises grpc.RpcError with the server's
+        status."""
+        request = attention_pb2.RerankRequest(
+            model=model, query=query, documents=list(documents), top_n=top_n or 0,
+            truncate=truncate, raw_scores=raw_scores)
+        reply = self.stub.Rerank(request, timeout=self.timeout)
+        return [(r.index, r.score) for r in reply.results]
 
     def head_statistics(self, query, memory=None, model="", causal=False):
         """[{head, pruned, mean_entropy, mean_max_weight, mean_output_norm}, ...]."""
