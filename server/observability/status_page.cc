@@ -12,6 +12,15 @@
 namespace attnserve::server {
 namespace {
 
+// What a model does, as the models table shows it: an attention layer, an encoder that
+// embeds, or one that scores (a reranker has one label, a classifier more).
+std::string KindName(const v1::ModelInfo& model) {
+  if (model.kind() != v1::MODEL_KIND_ENCODER) return "attention";
+  if (model.encoder().task() != v1::EncoderConfig::TASK_CLASSIFY) return "encoder";
+  if (model.encoder().labels_size() == 1) return "reranker";
+  return absl::StrCat("classifier (", model.encoder().labels_size(), " labels)");
+}
+
 std::string Escape(const std::string& text) {
   std::string out;
   out.reserve(text.size());
@@ -229,8 +238,7 @@ std::string RenderStatusPage(const StatusView& view) {
         "max_queue_delay %d us, max_queue_size %d, instances "
         "%d</td><td>%d</td><td>%d</td>"
         "<td>%d</td><td>%s</td></tr>",
-        Escape(model.name()), Escape(model.name()),
-        model.kind() == v1::MODEL_KIND_ENCODER ? "encoder" : "attention",
+        Escape(model.name()), Escape(model.name()), KindName(model).c_str(),
         Escape(model.version()), Escape(model.device()),
         core::PrecisionName(ToCorePrecision(model.precision())), model.d_model(),
         model.num_heads(), batching.max_batch_size(), batching.max_batch_tokens(),

@@ -63,5 +63,31 @@ TEST(StatusPageTest, TextFromModelsAndFlagsIsEscaped) {
   EXPECT_THAT(html, HasSubstr("up 3m"));
 }
 
+// The models table says what each model does: attention, encoder, reranker, classifier.
+TEST(StatusPageTest, TheModelsTableNamesEachModelsTask) {
+  StatusView view;
+  view.version = "0.1.0";
+  view.started = absl::Now();
+  const auto add = [&](const std::string& name, v1::ModelKind kind, int labels) {
+    v1::ModelInfo model;
+    model.set_name(name);
+    model.set_kind(kind);
+    if (labels > 0) {
+      model.mutable_encoder()->set_task(v1::EncoderConfig::TASK_CLASSIFY);
+      for (int i = 0; i < labels; ++i) model.mutable_encoder()->add_labels("l");
+    }
+    view.models.push_back(model);
+  };
+  add("mha", v1::MODEL_KIND_ATTENTION, 0);
+  add("minilm", v1::MODEL_KIND_ENCODER, 0);
+  add("ce", v1::MODEL_KIND_ENCODER, 1);
+  add("nli", v1::MODEL_KIND_ENCODER, 3);
+  const std::string html = RenderStatusPage(view);
+  EXPECT_THAT(html, HasSubstr("<td>mha</td><td>attention</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>minilm</td><td>encoder</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>ce</td><td>reranker</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>nli</td><td>classifier (3 labels)</td>"));
+}
+
 }  // namespace
 }  // namespace attnserve::server
