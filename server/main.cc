@@ -173,21 +173,17 @@ bool ParseGrpcArguments(const std::string& text,
   return true;
 }
 
-int Run() {
+// The server's options from the flags; InvalidArgument naming the flag for a value that
+// does not parse (the process then exits 2).
+absl::StatusOr<attnserve::server::AttentionServer::Options> OptionsFromFlags() {
   namespace server = attnserve::server;
   const absl::StatusOr<attnserve::core::Device> device =
       attnserve::core::ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    server::LogEvent("startup_failed", {{"error", device.status().ToString()}});
-    return 2;
-  }
+  if (!device.ok()) return device.status();
   const std::string precision = absl::GetFlag(FLAGS_precision);
   if (precision != "fp32" && precision != "bf16" && precision != "int8") {
-    server::LogEvent(
-        "startup_failed",
-        {{"error", absl::StrCat("--precision must be fp32, bf16 or int8, got \"",
-                                precision, "\"")}});
-    return 2;
+    return absl::InvalidArgumentError(
+        absl::StrCat("--precision must be fp32, bf16 or int8, got \"", precision, "\""));
   }
   server::AttentionServer::Options options;
   options.host = absl::GetFlag(FLAGS_host);
@@ -207,9 +203,8 @@ int Run() {
   options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   if (!ParseGrpcArguments(absl::GetFlag(FLAGS_grpc_args), options.grpc_arguments)) {
-    server::LogEvent("startup_failed",
-                     {{"error", "--grpc_args must be name=integer,name=integer,..."}});
-    return 2;
+    return absl::InvalidArgumentError(
+        "--grpc_args must be name=integer,name=integer,...");
   }
   options.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   options.status_interval = absl::GetFlag(FLAGS_status_interval);
@@ -223,10 +218,7 @@ int Run() {
   options.models.model_repository = absl::GetFlag(FLAGS_model_repository);
   const absl::StatusOr<server::ModelControlMode> control_mode =
       server::ParseModelControlMode(absl::GetFlag(FLAGS_model_control_mode));
-  if (!control_mode.ok()) {
-    server::LogEvent("startup_failed", {{"error", control_mode.status().ToString()}});
-    return 2;
-  }
+  if (!control_mode.ok()) return control_mode.status();
   options.models.control_mode = *control_mode;
   options.models.poll_interval = absl::GetFlag(FLAGS_repository_poll_interval);
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
@@ -256,17 +248,13 @@ int Run() {
                                   ? absl::GetFlag(FLAGS_grpc_memory_bytes)
                                   : quarter_of_memory;
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  return options;
+}
 
-  // Signals are taken synchronously by this thread; every thread started below
-  // inherits the blocked mask, so none of them is interrupted.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // Likewise the scheduling policy: every thread started below runs under SCHED_BATCH
-  // but the batch workers, which the batchers set back to SCHED_OTHER.
+// With --compute_first: SCHED_BATCH for this thread, and so for every thread started
+// after it, but the batch workers, which the batchers set back to SCHED_OTHER.
+void ApplyComputeFirst(attnserve::server::AttentionServer::Options& options) {
+  namespace server = attnserve::server;
   if (absl::GetFlag(FLAGS_compute_first)) {
     const absl::Status status =
         server::SetSchedulingPolicy(pthread_self(), server::SchedulingPolicy::kBatch);
@@ -275,47 +263,45 @@ int Run() {
       server::LogEvent("compute_first_off", {{"error", status.ToString()}});
     }
   }
+}
 
-  absl::StatusOr<std::unique_ptr<server::AttentionServer>> attention_server =
-      server::AttentionServer::Create(options);
-  if (!attention_server.ok()) {
-    server::LogEvent("startup_failed", {{"error", attention_server.status().ToString()}});
-    return 1;
-  }
-  attnserve::transport::ReturnFreedMemory();
-  server::LogEvent("serving", {{"host", options.host},
-                               {"port", absl::StrCat((*attention_server)->port())},
-                               {"device", absl::GetFlag(FLAGS_device)}});
+// Where the server listens, for whoever started it: --port_file (written whole, then
+// renamed, so a reader never sees a partial number) and the lines on stdout that tests
+// and scripts read. False when the port file cannot be written.
+bool Announce(const attnserve::server::AttentionServer& server,
+              const attnserve::server::AttentionServer::Options& options) {
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    // Written whole then renamed, so a reader never sees a partial number.
     const std::string partial = path + ".partial";
     std::FILE* file = std::fopen(partial.c_str(), "w");
     const bool written =
-        file != nullptr && std::fprintf(file, "%d\n", (*attention_server)->port()) > 0 &&
+        file != nullptr && std::fprintf(file, "%d\n", server.port()) > 0 &&
         std::fclose(file) == 0 && std::rename(partial.c_str(), path.c_str()) == 0;
     if (!written) {
-      server::LogEvent("startup_failed",
-                       {{"error", absl::StrCat("cannot write --port_file=", path)}});
-      return 1;
+      attnserve::server::LogEvent(
+          "startup_failed", {{"error", absl::StrCat("cannot write --port_file=", path)}});
+      return false;
     }
   }
-  std::printf("attnserve listening on %s:%d\n", options.host.c_str(),
-              (*attention_server)->port());
-  if ((*attention_server)->metrics_port() >= 0) {
+  std::printf("attnserve listening on %s:%d\n", options.host.c_str(), server.port());
+  if (server.metrics_port() >= 0) {
     std::printf("attnserve metrics on %s:%d\n", options.metrics_host.c_str(),
-                (*attention_server)->metrics_port());
+                server.metrics_port());
   }
-  if ((*attention_server)->http_port() >= 0) {
-    std::printf("attnserve http on %s:%d\n", options.host.c_str(),
-                (*attention_server)->http_port());
+  if (server.http_port() >= 0) {
+    std::printf("attnserve http on %s:%d\n", options.host.c_str(), server.http_port());
   }
   std::fflush(stdout);
+  return true;
+}
 
+// Serves until SIGTERM or SIGINT (then drains); SIGHUP re-reads the token file now (it
+// is also re-read when it changes; the TLS files are watched by gRPC every 5 s).
+void ServeUntilSignalled(attnserve::server::AttentionServer& attention_server,
+                         const sigset_t& signals) {
+  namespace server = attnserve::server;
   int signal_number = 0;
-  // SIGHUP re-reads the token file now (it is also re-read when it changes); the
-  // TLS files are watched by gRPC every 5 s.
   while (sigwait(&signals, &signal_number) == 0 && signal_number == SIGHUP) {
-    const absl::Status reloaded = (*attention_server)->ReloadCredentials();
+    const absl::Status reloaded = attention_server.ReloadCredentials();
     server::LogEvent(
         "signal",
         {{"signal", "SIGHUP"},
@@ -323,7 +309,37 @@ int Run() {
   }
   server::LogEvent("signal",
                    {{"signal", signal_number == SIGTERM ? "SIGTERM" : "SIGINT"}});
-  (*attention_server)->Shutdown();
+  attention_server.Shutdown();
+}
+
+int Run() {
+  namespace server = attnserve::server;
+  absl::StatusOr<server::AttentionServer::Options> options = OptionsFromFlags();
+  if (!options.ok()) {
+    server::LogEvent("startup_failed", {{"error", options.status().ToString()}});
+    return 2;
+  }
+  // Signals are taken synchronously by this thread; every thread started below
+  // inherits the blocked mask, so none of them is interrupted.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ApplyComputeFirst(*options);
+  absl::StatusOr<std::unique_ptr<server::AttentionServer>> attention_server =
+      server::AttentionServer::Create(*options);
+  if (!attention_server.ok()) {
+    server::LogEvent("startup_failed", {{"error", attention_server.status().ToString()}});
+    return 1;
+  }
+  attnserve::transport::ReturnFreedMemory();
+  server::LogEvent("serving", {{"host", options->host},
+                               {"port", absl::StrCat((*attention_server)->port())},
+                               {"device", absl::GetFlag(FLAGS_device)}});
+  if (!Announce(**attention_server, *options)) return 1;
+  ServeUntilSignalled(**attention_server, signals);
   return 0;
 }
 
