@@ -175,6 +175,12 @@ absl::Status ConvertTextInput(inference::ModelInferRequest* infer, int index,
   return absl::OkStatus();
 }
 
+// Whether the request ranks documents (its inputs "query" and "documents").
+bool RanksDocuments(const inference::ModelInferRequest& infer) {
+  return std::any_of(infer.inputs().begin(), infer.inputs().end(),
+                     [](const auto& input) { return input.name() == kDocuments; });
+}
+
 absl::Status ApplyParameter(const std::string& name,
                             const inference::InferParameter& value,
                             v1::AttendRequest* attend) {
@@ -417,10 +423,7 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
   if (want_scores && encode.has_scores()) {
     v1::Tensor* scores = encode.mutable_scores();
     // Ranked documents get one score each: [n], not [n, 1].
-    const bool ranked =
-        std::any_of(infer.inputs().begin(), infer.inputs().end(),
-                    [](const auto& input) { return input.name() == kDocuments; });
-    if (ranked && scores->shape_size() == 2 && scores->shape(1) == 1) {
+    if (RanksDocuments(infer) && scores->shape_size() == 2 && scores->shape(1) == 1) {
       scores->mutable_shape()->RemoveLast();
     }
     AddOutput(kScores, scores, response);
@@ -451,10 +454,7 @@ void SubmitInfer(
   if (request->model()->is_encoder()) {
     absl::StatusOr<v1::EncodeRequest> encode = EncodeFromInfer(infer.get());
     if (!encode.ok()) return refuse(encode.status());
-    const bool ranked =
-        std::any_of(infer->inputs().begin(), infer->inputs().end(),
-                    [](const auto& input) { return input.name() == kDocuments; });
-    if (ranked) {
+    if (RanksDocuments(*infer)) {
       if (absl::Status ranks =
               CheckReranker(*request->model(), "inputs \"text\" and \"text_pair\"");
           !ranks.ok()) {

@@ -294,16 +294,16 @@ std::string ScoresBody(const EmbeddingsCall& call, const v1::EncodeResponse& res
   if (call.api == EmbeddingsCall::Api::kTeiPredict) {
     // Each input's labels, best first.
     Json inputs = Json::array();
+    const auto& names = model.info.encoder().labels();
     const size_t count = labels > 0 ? scores.size() / static_cast<size_t>(labels) : 0;
     for (size_t i = 0; i < count; ++i) {
-      const std::vector<float> row(scores.begin() + i * labels,
-                                   scores.begin() + (i + 1) * labels);
+      const absl::Span<const float> row =
+          absl::MakeConstSpan(scores).subspan(i * labels, static_cast<size_t>(labels));
       Json ranked = Json::array();
       for (const int64_t label : RankScores(row, 0)) {
-        ranked.push_back({{"label", label < static_cast<int64_t>(model.labels.size())
-                                        ? model.labels[label]
-                                        : absl::StrCat("LABEL_", label)},
-                          {"score", row[label]}});
+        ranked.push_back({{"label", label < names.size() ? names[static_cast<int>(label)]
+                                                         : absl::StrCat("LABEL_", label)},
+                          {"score", row[static_cast<size_t>(label)]}});
       }
       inputs.push_back(std::move(ranked));
     }

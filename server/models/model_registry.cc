@@ -262,8 +262,6 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   model->spec.precision = spec.precision;
   model->encoder_spec = spec;
   model->tokenizer = std::move(tokenizer);
-  model->labels.assign(config.encoder().labels().begin(),
-                       config.encoder().labels().end());
   switch (config.encoder().score_activation()) {
     case v1::EncoderConfig::SCORE_ACTIVATION_SIGMOID:
       model->score_activation = EncoderWork::ScoreActivation::kSigmoid;

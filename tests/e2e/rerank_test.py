@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import unittest
-import urllib.error
 import urllib.request
 
 import cohere
@@ -77,13 +76,7 @@ class RerankTest(unittest.TestCase):
 
     def post(self, path, body):
         """(HTTP status, parsed JSON) of a POST of `body` (bytes or a JSON value)."""
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.http + path, data=data, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
+        return stubs.post_json(self.http + path, body)
 
     def scored(self):
         """attnserve_scored_sequences_total{model="reranker_tiny"} now."""

@@ -7,6 +7,21 @@ import sys
 import tempfile
 
 
+def post_json(url, body, timeout=60):
+    """(HTTP status, parsed JSON answer) of a POST of `body` (bytes as they are, or a
+    JSON value) to `url`; an HTTP error status is returned, not raised."""
+    import json
+    import urllib.error
+    import urllib.request
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 def generate_stubs(root):
     """Generates stubs for proto/ and tests/e2e/reflection.proto into a temporary folder,
     puts it on sys.path and returns the TemporaryDirectory (keep it alive)."""

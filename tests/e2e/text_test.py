@@ -113,13 +113,7 @@ class TextTest(unittest.TestCase):
 
     def post(self, path, body):
         """(HTTP status, parsed JSON) of a POST of `body` (bytes or a JSON value)."""
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.http + path, data=data, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
+        return stubs.post_json(self.http + path, body)
 
     def metric(self, name):
         with urllib.request.urlopen(

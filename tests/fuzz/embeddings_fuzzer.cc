@@ -48,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     served->max_text_tokens = 16;
     served->encoder_spec.num_labels = labels;
     for (int64_t i = 0; i < labels; ++i)
-      served->labels.push_back("L" + std::to_string(i));
+      served->info.mutable_encoder()->add_labels("L" + std::to_string(i));
     served->info.set_kind(attnserve::v1::MODEL_KIND_ENCODER);
     served->info.mutable_encoder()->set_normalization(
         attnserve::v1::EncoderConfig::NORMALIZATION_L2);
