@@ -67,7 +67,8 @@ asan-build: $(DEPS)
 # and client tests and the server-process tests. Any report fails the process that made
 # it (halt_on_error); tests/sanitizers/tsan.supp lists what is suppressed and why.
 TSAN_TARGETS := attnserve attnctl attnbench npy_test server_process_test batch_scheduler_test \
-  host_resources_test dynamic_batcher_test attention_service_test batching_test \
+  batcher_test \
+  host_resources_test attention_batcher_test attention_service_test batching_test \
   kserve_http_test kserve_service_test model_registry_test metrics_test
 test-tsan: tsan-build
 	cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \

@@ -502,38 +502,6 @@ class BatchScheduler {
   bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
 };
 
-// A BatchQueue over a BatchScheduler<Task>: what DynamicBatcher and EncoderBatcher
-// share; each sets scheduler_ with its own executor. A subclass whose executor uses its
-// own members must call Shutdown() in its destructor, so that the workers are joined
-// before those members go (they are destroyed before this base).
-template <typename Task>
-class ScheduledBatcher : public BatchQueue {
- public:
-  // See BatchScheduler: Enqueue never blocks on compute and fails with
-  // RESOURCE_EXHAUSTED (count or bytes) or UNAVAILABLE (shutting down), `done` then not
-  // being called; Wake re-checks cancellations now; Hold/Release count results held
-  // after their callback against max_queue_bytes; Flush stops waiting for
-  // max_queue_delay; Shutdown computes what is queued and joins the workers.
-  absl::Status Enqueue(std::unique_ptr<Task> task,
-                       typename BatchScheduler<Task>::Callback done) {
-    return scheduler_->Enqueue(std::move(task), std::move(done));
-  }
-  void Wake() override { scheduler_->Wake(); }
-  void Hold(int64_t bytes) override { scheduler_->Hold(bytes); }
-  void Release(int64_t bytes) override { scheduler_->Release(bytes); }
-  void Flush() override { scheduler_->Flush(); }
-  void Shutdown() override {
-    if (scheduler_ != nullptr) scheduler_->Shutdown();
-  }
-  BatcherStats stats() const override { return scheduler_->stats(); }
-  int64_t queue_depth() const override { return scheduler_->queue_depth(); }
-  // Bytes held now by queued and computing requests.
-  int64_t held_bytes() const override { return scheduler_->held_bytes(); }
-
- protected:
-  std::unique_ptr<BatchScheduler<Task>> scheduler_;
-};
-
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_BATCHING_BATCH_SCHEDULER_H_

@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "attnserve/v1/attention.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/batching/dynamic_batcher.h"
+#include "server/batching/attention_executor.h"
 #include "server/pipeline/request_pipeline.h"
 
 namespace attnserve::server {

@@ -78,10 +78,10 @@ v1::Precision ToProtoPrecision(core::Precision precision) {
 }
 
 // Fills unset (zero) batching fields of `config` from the server defaults.
-DynamicBatcher::Options MergeBatching(const v1::BatchingConfig& config,
-                                      const DynamicBatcher::Options& defaults,
-                                      int default_threads, int& intra_op_threads) {
-  DynamicBatcher::Options options = defaults;
+BatchingOptions MergeBatching(const v1::BatchingConfig& config,
+                              const BatchingOptions& defaults, int default_threads,
+                              int& intra_op_threads) {
+  BatchingOptions options = defaults;
   if (config.max_batch_size() != 0) options.max_batch_size = config.max_batch_size();
   if (config.max_batch_tokens() != 0)
     options.max_batch_tokens = config.max_batch_tokens();
@@ -126,7 +126,7 @@ absl::Status WarmUp(core::AttentionBackend& attention, int64_t max_sequence_leng
 absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
     const std::string& name, const core::ModelSpec& spec,
     const core::AttentionWeights& weights, int64_t max_sequence_length,
-    DynamicBatcher::Options batching, int intra_op_threads,
+    BatchingOptions batching, int intra_op_threads,
     const ModelRegistry::Options& options) {
   auto model = std::make_unique<ServedModel>();
   model->name = name;
@@ -163,7 +163,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> MakeModel(
     if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUp(*attention, max_sequence_length));
     return attention;
   };
-  ATTN_ASSIGN_OR_RETURN(model->batcher, DynamicBatcher::Create(batching, make_attention));
+  ATTN_ASSIGN_OR_RETURN(model->attention_batcher,
+                        MakeAttentionBatcher(batching, make_attention));
   return model;
 }
 
@@ -310,7 +311,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUpEncoder(*encoder));
     return encoder;
   };
-  ATTN_ASSIGN_OR_RETURN(model->encoder, EncoderBatcher::Create(batching, make_encoder));
+  ATTN_ASSIGN_OR_RETURN(model->encoder_batcher,
+                        MakeEncoderBatcher(batching, make_encoder));
   return model;
 }
 
@@ -454,7 +456,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadRepositoryModel(
       weights = *std::move(loaded);
     }
     int intra_op_threads = 0;
-    const DynamicBatcher::Options batching = MergeBatching(
+    const BatchingOptions batching = MergeBatching(
         config.batching(), options.batching, options.intra_op_threads, intra_op_threads);
     model = MakeModel(name, spec, weights, max_sequence_length, batching,
                       intra_op_threads, options);

@@ -24,8 +24,8 @@
 #include "core/model_spec.h"
 #include "core/transformer_encoder.h"
 #include "core/wordpiece_tokenizer.h"
-#include "server/batching/dynamic_batcher.h"
-#include "server/batching/encoder_batcher.h"
+#include "server/batching/attention_executor.h"
+#include "server/batching/encoder_executor.h"
 
 namespace attnserve::server {
 
@@ -71,9 +71,9 @@ struct ServedModel {
   std::string name;
   // Its version: the number of the version folder it was loaded from, else kModelVersion.
   std::string version = kModelVersion;
-  // What it computes: one attention layer (`spec`, `batcher`) or an encoder
-  // (`encoder_spec`, `encoder`); info.kind() says which.
-  bool is_encoder() const { return encoder != nullptr; }
+  // What it computes: one attention layer (`spec`, `attention_batcher`) or an encoder
+  // (`encoder_spec`, `encoder_batcher`); info.kind() says which.
+  bool is_encoder() const { return encoder_batcher != nullptr; }
   core::ModelSpec spec;  // an encoder's: its attention's d_model and heads
   core::EncoderSpec encoder_spec;
   int64_t max_sequence_length = 0;
@@ -88,11 +88,12 @@ struct ServedModel {
   int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.
   v1::ModelInfo info;
-  std::unique_ptr<DynamicBatcher> batcher;  // attention models
-  std::unique_ptr<EncoderBatcher> encoder;  // encoder models
-  // The model's batcher, whichever kind.
+  // The model's batcher: one of the two, by kind.
+  std::unique_ptr<AttentionBatcher> attention_batcher;
+  std::unique_ptr<EncoderBatcher> encoder_batcher;
   BatchQueue* queue() const {
-    return encoder != nullptr ? static_cast<BatchQueue*>(encoder.get()) : batcher.get();
+    return encoder_batcher != nullptr ? static_cast<BatchQueue*>(encoder_batcher.get())
+                                      : attention_batcher.get();
   }
 };
 
@@ -119,7 +120,7 @@ class ModelRegistry {
     absl::Duration poll_interval = absl::Seconds(15);
     // Batching settings for models whose config leaves them unset (and for the
     // built-in model). `clock` and `observer` are ignored here (see below).
-    DynamicBatcher::Options batching;
+    BatchingOptions batching;
     // OpenMP threads per batcher instance; 0 = the cores divided by the model's
     // instances (at least 1).
     int intra_op_threads = 0;
@@ -200,7 +201,7 @@ class ModelRegistry {
   const std::string& default_model() const { return default_model_; }
 
   // Every batcher dispatches without waiting for company from now on (see
-  // DynamicBatcher::Flush). Does not block.
+  // Batcher::Flush). Does not block.
   void Flush();
 
   // Stops polling, drains every batcher (queued work is computed) and joins their

@@ -23,7 +23,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/batching/dynamic_batcher.h"
+#include "server/batching/attention_executor.h"
 #include "server/pipeline/request_pipeline.h"
 
 namespace attnserve::server {

@@ -16,8 +16,8 @@
 #include "core/transformer_encoder.h"
 #include "core/wordpiece_tokenizer.h"
 #include "grpcpp/support/status.h"
-#include "server/batching/dynamic_batcher.h"
-#include "server/batching/encoder_batcher.h"
+#include "server/batching/attention_executor.h"
+#include "server/batching/encoder_executor.h"
 
 namespace attnserve::server {
 

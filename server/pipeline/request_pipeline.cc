@@ -348,7 +348,8 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (absl::Status queueable = CheckQueueable(
           deadline, cancellation,
-          std::shared_ptr<BatchQueue>(model, model->batcher.get()), &(*work)->cancelled);
+          std::shared_ptr<BatchQueue>(model, model->attention_batcher.get()),
+          &(*work)->cancelled);
       !queueable.ok()) {
     return refuse(queueable);
   }
@@ -364,7 +365,7 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
   auto answer = std::make_shared<std::function<void(absl::Status, v1::AttendResponse)>>(
       std::move(done));
   // The batcher calls back exactly once, unless Enqueue fails (then never).
-  const absl::Status enqueued = model->batcher->Enqueue(
+  const absl::Status enqueued = model->attention_batcher->Enqueue(
       std::move(work).value(),
       [this, request, model, format, tokens, answer, statistics](
           absl::Status status, std::unique_ptr<AttentionWork> result) {
@@ -415,9 +416,10 @@ void RequestPipeline::SubmitEncode(
       EncoderWorkFromRequest(encode, model->encoder_spec, LimitsFor(*model),
                              model->tokenizer.get(), model->score_activation);
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
-  if (absl::Status queueable = CheckQueueable(
-          deadline, cancellation,
-          std::shared_ptr<BatchQueue>(model, model->encoder.get()), &(*work)->cancelled);
+  if (absl::Status queueable =
+          CheckQueueable(deadline, cancellation,
+                         std::shared_ptr<BatchQueue>(model, model->encoder_batcher.get()),
+                         &(*work)->cancelled);
       !queueable.ok()) {
     return refuse(queueable);
   }
@@ -428,7 +430,7 @@ void RequestPipeline::SubmitEncode(
   const int64_t tokens = (*work)->tokens();
   auto answer = std::make_shared<std::function<void(absl::Status, v1::EncodeResponse)>>(
       std::move(done));
-  const absl::Status enqueued = model->encoder->Enqueue(
+  const absl::Status enqueued = model->encoder_batcher->Enqueue(
       std::move(work).value(),
       [this, request, model, tokens, answer, request_id = encode.request_id()](
           absl::Status status, std::unique_ptr<EncoderWork> result) {

@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "attnserve/v1/attention.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/batching/dynamic_batcher.h"
+#include "server/batching/attention_executor.h"
 #include "server/models/model_registry.h"
 #include "server/pipeline/auth.h"
 #include "server/pipeline/proto_convert.h"

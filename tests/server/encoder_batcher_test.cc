@@ -2,8 +2,6 @@
 // give what the golden model (tests/data/encoder_tiny.*, PyTorch) gives each sequence;
 // ids and hidden states do not share a batch; max_batch_tokens splits batches; the work
 // serves the embedding shortened and normalized as asked.
-#include "server/batching/encoder_batcher.h"
-
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -17,6 +15,7 @@
 #include "core/transformer_encoder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/batching/encoder_executor.h"
 #include "tests/server/fake_clock.h"
 
 namespace attnserve::server {
@@ -124,7 +123,7 @@ TEST(EncoderBatcherTest, PacksMixedLengthsIntoOneCallAndMatchesTheGolden) {
   const Golden golden = ReadGolden();
   ASSERT_GE(golden.ids.size(), 3u);
   FakeClock clock;
-  auto batcher = EncoderBatcher::Create(FakeTime(clock), Factory());
+  auto batcher = MakeEncoderBatcher(FakeTime(clock), Factory());
   ASSERT_TRUE(batcher.ok()) << batcher.status();
   const int n = static_cast<int>(golden.ids.size());
   Results results(n);
@@ -153,7 +152,7 @@ TEST(EncoderBatcherTest, TokenBudgetSplitsBatchesAndKindsDoNotMix) {
   // The first two sequences fit; the third does not.
   options.max_batch_tokens =
       static_cast<int64_t>(golden.ids[0].size() + golden.ids[1].size());
-  auto batcher = EncoderBatcher::Create(options, Factory());
+  auto batcher = MakeEncoderBatcher(options, Factory());
   ASSERT_TRUE(batcher.ok()) << batcher.status();
   Results results(4);
   for (int i = 0; i < 3; ++i) {
@@ -177,7 +176,7 @@ TEST(EncoderBatcherTest, TokenBudgetSplitsBatchesAndKindsDoNotMix) {
 TEST(EncoderBatcherTest, WorkShortensAndNormalizesTheEmbeddingItServes) {
   const Golden golden = ReadGolden();
   FakeClock clock;
-  auto batcher = EncoderBatcher::Create(FakeTime(clock), Factory());
+  auto batcher = MakeEncoderBatcher(FakeTime(clock), Factory());
   ASSERT_TRUE(batcher.ok()) << batcher.status();
   constexpr int64_t kKept = 16;
   // (dimensions, normalize): all as made; shortened and normalized; shortened as made.

@@ -141,7 +141,7 @@ TEST_F(KServeHttpTest, AClientThatHangsUpCancelsItsQueuedRequest) {
   ASSERT_EQ(send(socket, request.data(), request.size(), 0),
             static_cast<ssize_t>(request.size()));
   // Queued (it waits an hour for company), then the client goes away.
-  const DynamicBatcher& batcher = *registry_->Find("mha-base")->batcher;
+  const AttentionBatcher& batcher = *registry_->Find("mha-base")->attention_batcher;
   for (int i = 0; i < 6000 && batcher.queue_depth() == 0; ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }

@@ -20,8 +20,8 @@ struct TestServer {
   std::unique_ptr<AttentionServer> server;
   std::unique_ptr<client::AttentionClient> client;
 
-  DynamicBatcher& batcher(const std::string& model = kDefaultModelName) {
-    return *server->registry().Find(model)->batcher;
+  AttentionBatcher& batcher(const std::string& model = kDefaultModelName) {
+    return *server->registry().Find(model)->attention_batcher;
   }
 };
 

@@ -1,22 +1,15 @@
-// EncoderWork: one encoder request's work as the batcher and the core see it (validated,
-// packed token ids or hidden states, deadline, results), and EncoderBatcher, which
-// batches it by tokens for one encoder model.
-#ifndef ATTNSERVE_SERVER_BATCHING_ENCODER_BATCHER_H_
-#define ATTNSERVE_SERVER_BATCHING_ENCODER_BATCHER_H_
+// EncoderWork: one encoder request's work as the batcher and the encoder's executor see
+// it (validated, packed token ids or hidden states, serving options, deadline, results).
+#ifndef ATTNSERVE_SERVER_BATCHING_ENCODER_WORK_H_
+#define ATTNSERVE_SERVER_BATCHING_ENCODER_WORK_H_
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "absl/types/span.h"
-#include "core/transformer_encoder.h"
-#include "server/batching/batch_scheduler.h"
 
 namespace attnserve::server {
 
@@ -62,33 +55,6 @@ struct EncoderWork {
   bool SharesBatchWith(const EncoderWork& other) const;
 };
 
-// Batches encoder requests for one model: a BatchScheduler<EncoderWork> (budgets count
-// tokens: max_batch_tokens) whose executor packs each batch and runs it on that
-// worker's own TransformerEncoder. Thread-safe.
-class EncoderBatcher final : public ScheduledBatcher<EncoderWork> {
- public:
-  using Callback = BatchScheduler<EncoderWork>::Callback;
-
-  // One encoder per instance from `make_encoder`, then the workers start.
-  // InvalidArgument naming a bad option; the factory's error otherwise.
-  static absl::StatusOr<std::unique_ptr<EncoderBatcher>> Create(
-      const BatchingOptions& options,
-      const std::function<absl::StatusOr<std::unique_ptr<core::TransformerEncoder>>()>&
-          make_encoder);
-  ~EncoderBatcher() override;
-  EncoderBatcher(const EncoderBatcher&) = delete;
-  EncoderBatcher& operator=(const EncoderBatcher&) = delete;
-
- private:
-  explicit EncoderBatcher(const BatchingOptions& options) : options_(options) {}
-  absl::Status RunBatch(core::TransformerEncoder* encoder,
-                        absl::Span<EncoderWork* const> batch);
-
-  const BatchingOptions options_;
-  // The destructor joins the workers (Shutdown) before these go.
-  std::vector<std::unique_ptr<core::TransformerEncoder>> encoders_;
-};
-
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_BATCHING_ENCODER_BATCHER_H_
+#endif  // ATTNSERVE_SERVER_BATCHING_ENCODER_WORK_H_

@@ -1,5 +1,3 @@
-#include "server/batching/dynamic_batcher.h"
-
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +10,7 @@
 #include "core/multi_head_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/batching/attention_executor.h"
 #include "tests/server/fake_clock.h"
 
 namespace attnserve::server {
@@ -73,8 +72,8 @@ class Results {
   absl::Notification done_;
 };
 
-DynamicBatcher::Options FakeTimeOptions(FakeClock& clock) {
-  DynamicBatcher::Options options;
+BatchingOptions FakeTimeOptions(FakeClock& clock) {
+  BatchingOptions options;
   options.clock = &clock;
   options.max_queue_delay = absl::Milliseconds(10);
   options.max_batch_size = 4;
@@ -82,11 +81,11 @@ DynamicBatcher::Options FakeTimeOptions(FakeClock& clock) {
 }
 
 // The batching policy itself is tested without a core in batch_scheduler_test.cc; these
-// tests cover what DynamicBatcher adds: the attention executor and AttentionWork's rule
-// for sharing a batch.
-TEST(DynamicBatcherTest, FlushesPartialBatchAfterDelay) {
+// tests cover what the attention batcher adds: the attention executor and AttentionWork's
+// rule for sharing a batch.
+TEST(AttentionBatcherTest, FlushesPartialBatchAfterDelay) {
   FakeClock clock;
-  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  auto batcher = MakeAttentionBatcher(FakeTimeOptions(clock), Factory());
   ASSERT_TRUE(batcher.ok()) << batcher.status();
   Results results(3);
   for (int i = 0; i < 3; ++i) {
@@ -105,9 +104,9 @@ TEST(DynamicBatcherTest, FlushesPartialBatchAfterDelay) {
   }
 }
 
-TEST(DynamicBatcherTest, DifferentSettingsDoNotShareABatch) {
+TEST(AttentionBatcherTest, DifferentSettingsDoNotShareABatch) {
   FakeClock clock;
-  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  auto batcher = MakeAttentionBatcher(FakeTimeOptions(clock), Factory());
   ASSERT_TRUE(batcher.ok());
   Results results(3);
   auto causal = Work(3);
@@ -121,9 +120,9 @@ TEST(DynamicBatcherTest, DifferentSettingsDoNotShareABatch) {
   EXPECT_EQ((*batcher)->stats().max_batch_size_seen, 2);
 }
 
-TEST(DynamicBatcherTest, PackedResultsMatchEachRequestAlone) {
+TEST(AttentionBatcherTest, PackedResultsMatchEachRequestAlone) {
   FakeClock clock;
-  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  auto batcher = MakeAttentionBatcher(FakeTimeOptions(clock), Factory());
   ASSERT_TRUE(batcher.ok());
   auto alone = Factory()();
   ASSERT_TRUE(alone.ok());
@@ -156,9 +155,9 @@ TEST(DynamicBatcherTest, PackedResultsMatchEachRequestAlone) {
 
 // Cross-attention with weights, inputs in float32 and bf16 in one batch: each input is
 // packed once from its own bytes (bf16 widened), and every result lands in its request.
-TEST(DynamicBatcherTest, MixedDtypeCrossAttentionBatchMatchesEachRequestAlone) {
+TEST(AttentionBatcherTest, MixedDtypeCrossAttentionBatchMatchesEachRequestAlone) {
   FakeClock clock;
-  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory());
+  auto batcher = MakeAttentionBatcher(FakeTimeOptions(clock), Factory());
   ASSERT_TRUE(batcher.ok());
   auto alone = Factory()();
   ASSERT_TRUE(alone.ok());
@@ -220,7 +219,7 @@ TEST(DynamicBatcherTest, MixedDtypeCrossAttentionBatchMatchesEachRequestAlone) {
 // (which widens inside the core) and for a bf16 model (which computes on them).
 void ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision precision) {
   FakeClock clock;
-  auto batcher = DynamicBatcher::Create(FakeTimeOptions(clock), Factory(precision));
+  auto batcher = MakeAttentionBatcher(FakeTimeOptions(clock), Factory(precision));
   ASSERT_TRUE(batcher.ok()) << batcher.status();
   auto alone = Factory(precision)();
   ASSERT_TRUE(alone.ok());
@@ -265,26 +264,26 @@ void ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision precision) {
   }
 }
 
-TEST(DynamicBatcherTest, AllBf16BatchStaysBf16ForAnFp32Model) {
+TEST(AttentionBatcherTest, AllBf16BatchStaysBf16ForAnFp32Model) {
   ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision::kFp32);
 }
 
-TEST(DynamicBatcherTest, AllBf16BatchStaysBf16ForABf16Model) {
+TEST(AttentionBatcherTest, AllBf16BatchStaysBf16ForABf16Model) {
   if (!core::MultiHeadAttention::SupportsBf16()) {
     GTEST_SKIP() << "no AVX512_BF16 or AMX on this host: bf16 models are refused here";
   }
   ExpectAllBf16BatchMatchesEachRequestAlone(core::Precision::kBf16);
 }
 
-TEST(DynamicBatcherTest, RejectsBadOptionsByName) {
-  DynamicBatcher::Options options;
+TEST(AttentionBatcherTest, RejectsBadOptionsByName) {
+  BatchingOptions options;
   options.max_batch_size = 0;
-  auto batcher = DynamicBatcher::Create(options, Factory());
+  auto batcher = MakeAttentionBatcher(options, Factory());
   EXPECT_EQ(batcher.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(batcher.status().message(), HasSubstr("max_batch_size"));
-  options = DynamicBatcher::Options();
+  options = BatchingOptions();
   options.max_queue_delay = absl::Milliseconds(-1);
-  batcher = DynamicBatcher::Create(options, Factory());
+  batcher = MakeAttentionBatcher(options, Factory());
   EXPECT_THAT(batcher.status().message(), HasSubstr("max_queue_delay"));
 }
 

@@ -1,0 +1,15 @@
+#include "server/batching/encoder_work.h"
+
+#include <numeric>
+
+namespace attnserve::server {
+
+int64_t EncoderWork::tokens() const {
+  return std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+}
+
+bool EncoderWork::SharesBatchWith(const EncoderWork& other) const {
+  return token_ids.empty() == other.token_ids.empty();
+}
+
+}  // namespace attnserve::server
