@@ -1,6 +1,7 @@
 #include "server/frontends/kserve_service.h"
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +16,19 @@
 #include "server/pipeline/proto_convert.h"
 
 namespace attnserve::server {
+namespace {
+
+// The answer of a call that another thread finishes: ends `rpc`, then `reactor`.
+std::function<void(const absl::Status&)> FinishLater(const RequestPipeline::Rpc& rpc,
+                                                     grpc::ServerUnaryReactor* reactor) {
+  return [rpc, reactor](const absl::Status& status) {
+    rpc.End(status.code());
+    reactor->Finish(ToGrpcStatus(status));
+  };
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* KServeService::ServerLive(
     grpc::CallbackServerContext* /*context*/, const inference::ServerLiveRequest*,
     inference::ServerLiveResponse* response) {
@@ -118,9 +132,12 @@ grpc::ServerUnaryReactor* KServeService::RepositoryModelLoad(
   }
   absl::StatusOr<std::optional<std::string>> config = LoadConfigFromParameters(*request);
   if (!config.ok()) return rpc.FinishNow(config.status());
-  // Loading reads files and warms the model: seconds. It runs on this gRPC thread,
-  // as Triton's does; lookups and inference do not wait on it.
-  return rpc.FinishNow(pipeline_->registry()->Load(request->model_name(), *config));
+  // Loading reads files and warms the model: seconds, on the registry's control thread,
+  // not this gRPC thread (other calls keep it).
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor();
+  pipeline_->registry()->LoadInBackground(request->model_name(), *std::move(config),
+                                          FinishLater(rpc, reactor));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KServeService::RepositoryModelUnload(
@@ -134,7 +151,11 @@ grpc::ServerUnaryReactor* KServeService::RepositoryModelUnload(
   if (absl::Status checked = CheckUnloadParameters(*request); !checked.ok()) {
     return rpc.FinishNow(checked);
   }
-  return rpc.FinishNow(pipeline_->registry()->Unload(request->model_name()));
+  // Waits for a load in progress: on the control thread too.
+  grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor();
+  pipeline_->registry()->UnloadInBackground(request->model_name(),
+                                            FinishLater(rpc, reactor));
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* KServeService::ModelStatistics(

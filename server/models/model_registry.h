@@ -6,6 +6,7 @@
 #define ATTNSERVE_SERVER_MODELS_MODEL_REGISTRY_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -26,12 +27,9 @@
 #include "core/wordpiece_tokenizer.h"
 #include "server/batching/attention_executor.h"
 #include "server/batching/encoder_executor.h"
+#include "server/models/model_repository.h"
 
 namespace attnserve::server {
-
-// The version of a model whose folder has no numbered version folders (KServe's
-// model_version), and of the built-in model.
-inline constexpr char kModelVersion[] = "1";
 
 // How models may change while the server runs (Triton's --model-control-mode).
 // kNone: the models loaded at start are served until exit. kExplicit: the repository
@@ -49,19 +47,6 @@ inline constexpr char kDefaultModelName[] = "mha-base";
 // sequence can compute in a call's lifetime, and low enough that every size derived
 // from a shape ([n, h, L, L] weights included) stays far from int64 overflow.
 inline constexpr int64_t kMaxSequenceLengthCeiling = int64_t{1} << 20;
-
-// A config's precision as the core's (PRECISION_UNSPECIFIED is fp32).
-core::Precision ToCorePrecision(v1::Precision precision);
-
-// Parses the text of a model's config.pbtxt (a ModelConfig text proto) from the folder
-// `folder_name` and checks what does not need the weights: the name, the precision,
-// d_model and num_heads, max_sequence_length (0 = the server's). InvalidArgument naming
-// the field or the text proto's first error (line:column).
-absl::StatusOr<v1::ModelConfig> ParseModelConfig(const std::string& text,
-                                                 absl::string_view folder_name);
-// The checks of ParseModelConfig on a config already parsed.
-absl::Status CheckModelConfig(const v1::ModelConfig& config,
-                              absl::string_view folder_name);
 
 // One served model. Immutable after creation except for its batcher (thread-safe).
 // Requests hold it by shared_ptr until answered, so a replaced or unloaded model
@@ -193,6 +178,14 @@ class ModelRegistry {
   // computed, then its memory is freed (ModelEvent::kFreed). NotFound when not
   // served; FailedPrecondition outside kExplicit.
   absl::Status Unload(absl::string_view name);
+  // Load and Unload on the registry's control thread, for a caller that must not block
+  // (a gRPC callback handler): each runs after those posted before it, and `done` is
+  // called on that thread with what Load / Unload returns, or with UNAVAILABLE once
+  // Shutdown began (then on the calling thread when the thread has stopped). Do not
+  // block.
+  void LoadInBackground(std::string name, std::optional<std::string> config_json,
+                        std::function<void(absl::Status)> done);
+  void UnloadInBackground(std::string name, std::function<void(absl::Status)> done);
   // One rescan of the repository as kPoll does it (tests call it directly): folders
   // whose files have not changed since the previous scan and differ from what is
   // served are loaded, vanished folders unloaded. Returns the number of changes.
@@ -231,6 +224,11 @@ class ModelRegistry {
   // "unloaded") through the API in this mode.
   absl::Status CheckExplicitControl(absl::string_view done) const;
   void PollLoop();
+  // Runs `job` then `done` with its status on the control thread (started by the first
+  // post); `done` alone with UNAVAILABLE once stopping.
+  void PostControl(std::function<absl::Status()> job,
+                   std::function<void(absl::Status)> done);
+  void ControlLoop();
 
   const Options options_;
   std::shared_ptr<Reaper> reaper_;
@@ -245,6 +243,10 @@ class ModelRegistry {
   std::string default_model_;  // set by Create
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread poller_;
+  absl::Mutex control_mu_;  // never held with the others
+  std::deque<std::function<void()>> control_jobs_ ABSL_GUARDED_BY(control_mu_);
+  bool control_closed_ ABSL_GUARDED_BY(control_mu_) = false;
+  std::thread control_thread_;  // started under control_mu_; joined by Shutdown
 };
 
 }  // namespace attnserve::server

@@ -18,6 +18,7 @@
 #include "inference/grpc_service.pb.h"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
+#include "server/models/model_loader.h"
 #include "server/models/model_registry.h"
 
 namespace attnserve::server {

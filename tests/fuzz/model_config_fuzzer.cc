@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "server/models/model_registry.h"
+#include "server/models/model_loader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto config = attnserve::server::ParseModelConfig(

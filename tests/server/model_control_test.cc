@@ -5,6 +5,8 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -152,6 +154,52 @@ TEST(ModelControlTest, UnloadStopsNewRequestsAndFreesTheModel) {
   // And back.
   ASSERT_TRUE(registry->Load("m").ok());
   EXPECT_NE(registry->Find("m"), nullptr);
+}
+
+TEST(ModelControlTest, BackgroundControlRunsInOrderOnItsOwnThreadUntilShutdown) {
+  const std::string repository = NewRepository("background");
+  WriteFile(fs::path(repository) / "m" / "config.pbtxt", GeneratedConfig(1));
+  Events events;
+  auto registry = MakeRegistry(repository, ModelControlMode::kExplicit, &events);
+  ASSERT_NE(registry, nullptr);
+  WriteFile(fs::path(repository) / "m" / "2" / "config.pbtxt", GeneratedConfig(2, 64));
+  absl::Mutex mu;
+  std::vector<std::pair<absl::Status, std::thread::id>> answers;
+  const auto record = [&](const absl::Status& status) {
+    absl::MutexLock lock(&mu);
+    answers.emplace_back(status, std::this_thread::get_id());
+  };
+  const auto answered = [&](size_t count) {
+    absl::MutexLock lock(&mu);
+    const auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return answers.size() >= count;
+    };
+    mu.Await(absl::Condition(&enough));
+  };
+  registry->LoadInBackground("m", std::nullopt, record);
+  registry->UnloadInBackground("m", record);
+  registry->LoadInBackground("missing", std::nullopt, record);
+  answered(3);
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(answers[0].first.ok()) << answers[0].first;
+    EXPECT_TRUE(answers[1].first.ok()) << answers[1].first;
+    EXPECT_EQ(answers[2].first.code(), absl::StatusCode::kNotFound);
+    for (const auto& [status, thread] : answers) {
+      EXPECT_NE(thread, std::this_thread::get_id());
+      EXPECT_EQ(thread, answers[0].second);  // one control thread
+    }
+  }
+  // The unload ran after the load it followed.
+  EXPECT_EQ(registry->Find("m"), nullptr);
+  EXPECT_THAT(events.seen(), ::testing::IsSupersetOf({"loaded m 2", "unloaded m 2"}));
+
+  registry->Shutdown();
+  registry->LoadInBackground("m", std::nullopt, record);
+  answered(4);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(answers[3].first.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(registry->Find("m"), nullptr);
 }
 
 TEST(ModelControlTest, BadNamesAndConfigsAreRefusedNamingTheProblem) {
