@@ -86,6 +86,33 @@ absl::Status EncoderSpec::Validate() const {
   if (!(layer_norm_eps > 0.0f)) {
     return Invalid(absl::StrCat("layer_norm_eps must be > 0, got ", layer_norm_eps));
   }
+  for (const auto* lists : {&pruned_heads, &checkpoint_pruned_heads}) {
+    const char* name =
+        lists == &pruned_heads ? "pruned_heads" : "checkpoint_pruned_heads";
+    if (!lists->empty() && static_cast<int64_t>(lists->size()) != num_layers) {
+      return Invalid(absl::StrCat(name, " must list every one of the ", num_layers,
+                                  " layers or none, got ", lists->size()));
+    }
+  }
+  for (size_t layer = 0; layer < pruned_heads.size(); ++layer) {
+    ModelSpec attention;
+    attention.d_model = d_model;
+    attention.num_heads = num_heads;
+    attention.pruned_heads = pruned_heads[layer];
+    if (absl::Status status = attention.Validate(); !status.ok()) {
+      return Invalid(absl::StrCat("layer ", layer, ": ", status.message()));
+    }
+  }
+  for (size_t layer = 0; layer < checkpoint_pruned_heads.size(); ++layer) {
+    for (const int64_t head : checkpoint_pruned_heads[layer]) {
+      const absl::Span<const int64_t> removed = PrunedHeads(static_cast<int64_t>(layer));
+      if (std::find(removed.begin(), removed.end(), head) == removed.end()) {
+        return Invalid(absl::StrCat("layer ", layer,
+                                    ": checkpoint_pruned_heads has head ", head,
+                                    ", which pruned_heads lacks"));
+      }
+    }
+  }
   // int8 sums of 255 * 127 per term stay within int32 up to this many terms.
   constexpr int64_t kMaxInt8Terms = 65536;
   if (precision == Precision::kInt8 && ffn_dim > kMaxInt8Terms) {
@@ -93,6 +120,11 @@ absl::Status EncoderSpec::Validate() const {
                                 " for int8 precision (int32 sums), got ", ffn_dim));
   }
   return absl::OkStatus();
+}
+
+absl::Span<const int64_t> EncoderSpec::PrunedHeads(int64_t layer) const {
+  if (pruned_heads.empty()) return {};
+  return pruned_heads[static_cast<size_t>(layer)];
 }
 
 absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
@@ -191,21 +223,45 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const std::string at = absl::StrCat("encoder.layer.", n, ".");
     EncoderLayerWeights layer;
-    layer.attention.in_proj_weight.reserve(static_cast<size_t>(3 * d * d));
-    for (const char* part : {"query", "key", "value"}) {
+    // The heads this checkpoint holds, in order: a pruned one's rows (Q, K, V) and
+    // columns (output) are absent, and stay zero here.
+    std::vector<int64_t> stored;
+    const std::vector<int64_t> none;
+    const std::vector<int64_t>& absent =
+        spec.checkpoint_pruned_heads.empty() ? none : spec.checkpoint_pruned_heads[n];
+    for (int64_t head = 0; head < spec.num_heads; ++head) {
+      if (std::find(absent.begin(), absent.end(), head) == absent.end()) {
+        stored.push_back(head);
+      }
+    }
+    const int64_t head_dim = d / spec.num_heads;
+    const auto width = static_cast<int64_t>(stored.size()) * head_dim;
+    layer.attention.in_proj_weight.assign(static_cast<size_t>(3 * d * d), 0.0f);
+    layer.attention.in_proj_bias.assign(static_cast<size_t>(3 * d), 0.0f);
+    for (int64_t part = 0; part < 3; ++part) {
+      const char* name = part == 0 ? "query" : part == 1 ? "key" : "value";
       ATTN_ASSIGN_OR_RETURN(
           std::vector<float> weight,
-          read(absl::StrCat(at, "attention.self.", part, ".weight"), {d, d}));
+          read(absl::StrCat(at, "attention.self.", name, ".weight"), {width, d}));
       ATTN_ASSIGN_OR_RETURN(
           std::vector<float> bias,
-          read(absl::StrCat(at, "attention.self.", part, ".bias"), {d}));
-      layer.attention.in_proj_weight.insert(layer.attention.in_proj_weight.end(),
-                                            weight.begin(), weight.end());
-      layer.attention.in_proj_bias.insert(layer.attention.in_proj_bias.end(),
-                                          bias.begin(), bias.end());
+          read(absl::StrCat(at, "attention.self.", name, ".bias"), {width}));
+      for (size_t i = 0; i < stored.size(); ++i) {
+        const int64_t row = part * d + stored[i] * head_dim;  // in [3d, d]
+        std::copy_n(&weight[i * head_dim * d], head_dim * d,
+                    &layer.attention.in_proj_weight[row * d]);
+        std::copy_n(&bias[i * head_dim], head_dim, &layer.attention.in_proj_bias[row]);
+      }
     }
-    ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_weight,
-                          read(at + "attention.output.dense.weight", {d, d}));
+    ATTN_ASSIGN_OR_RETURN(std::vector<float> out_weight,
+                          read(at + "attention.output.dense.weight", {d, width}));
+    layer.attention.out_proj_weight.assign(static_cast<size_t>(d * d), 0.0f);
+    for (int64_t row = 0; row < d; ++row) {
+      for (size_t i = 0; i < stored.size(); ++i) {
+        std::copy_n(&out_weight[row * width + i * head_dim], head_dim,
+                    &layer.attention.out_proj_weight[row * d + stored[i] * head_dim]);
+      }
+    }
     ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
                           read(at + "attention.output.dense.bias", {d}));
     ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
@@ -616,7 +672,10 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
       }
     }
   }
-  for (const EncoderLayerWeights& layer : weights.layers) {
+  for (int64_t n = 0; n < spec.num_layers; ++n) {
+    const EncoderLayerWeights& layer = weights.layers[static_cast<size_t>(n)];
+    const absl::Span<const int64_t> pruned = spec.PrunedHeads(n);
+    attention_spec.pruned_heads.assign(pruned.begin(), pruned.end());
     ATTN_ASSIGN_OR_RETURN(std::unique_ptr<MultiHeadAttention> attention,
                           MultiHeadAttention::Create(attention_spec, layer.attention,
                                                      engine, attention_options));

@@ -73,7 +73,17 @@ struct EncoderSpec {
   // TransformerEncoder::Options::bf16_compute); embeddings, layer norms, residuals,
   // softmax and pooling stay f32.
   Precision precision = Precision::kFp32;
+  // The heads removed from each layer: empty (none), or num_layers lists, each
+  // ascending, in [0, num_heads), leaving at least one head. A removed head is not
+  // computed and its weights are dropped at load (ModelSpec::pruned_heads).
+  std::vector<std::vector<int64_t>> pruned_heads;
+  // Of those, the heads the checkpoint itself lacks, as Hugging Face's prune_heads()
+  // saves a model: its Q, K and V rows and output columns hold only the other heads, in
+  // order. Empty (none), or num_layers lists, each within that layer's pruned_heads.
+  std::vector<std::vector<int64_t>> checkpoint_pruned_heads;
 
+  // The heads removed from `layer` (empty when none are).
+  absl::Span<const int64_t> PrunedHeads(int64_t layer) const;
   // InvalidArgument naming the first field out of its range.
   absl::Status Validate() const;
 };
@@ -116,7 +126,10 @@ struct EncoderWeights {
 // (`embeddings.word_embeddings.weight`, `encoder.layer.N.attention.self.query.weight`,
 // ...), or of a Megatron-BERT one for a pre-LN spec (`encoder.layer.N.attention.ln.*`,
 // `encoder.layer.N.ln.*`, `encoder.ln.*`), each behind `prefix` (for example "bert." for
-// a checkpoint saved from a task model). Every tensor under the prefix is used, or named
+// a checkpoint saved from a task model). A layer with checkpoint_pruned_heads has the
+// smaller attention matrices prune_heads() saves ([kept * head_dim, d] Q/K/V, [d, kept *
+// head_dim] output); they are widened to the full layout, the removed heads' rows and
+// columns zero. Every tensor under the prefix is used, or named
 // in the error: InvalidArgument for a missing or unexpected tensor or a wrong shape. F32
 // or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) is ignored. With a
 // classification head (spec.num_labels > 0) the pooler `pooler.dense.*` under the prefix

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -101,6 +102,52 @@ absl::Status Merge(int64_t from_file, const char* name, int64_t* field) {
   return absl::OkStatus();
 }
 
+// config.json's pruned_heads ({"layer": [heads]}, as prune_heads() records them) into
+// encoder.checkpoint_pruned_heads; ranges are checked with the spec.
+absl::Status ApplyPrunedHeads(const Json& json, v1::EncoderConfig* encoder) {
+  const auto it = json.find("pruned_heads");
+  if (it == json.end() || it->is_null() || (it->is_object() && it->empty())) {
+    return absl::OkStatus();
+  }
+  if (!it->is_object()) {
+    return Invalid(absl::StrCat(
+        "config.json: pruned_heads must map layers to lists of heads, got ", Shown(*it)));
+  }
+  google::protobuf::RepeatedPtrField<v1::LayerHeads> read;
+  for (const auto& [key, heads] : it->items()) {
+    int64_t layer = 0;
+    if (!absl::SimpleAtoi(key, &layer) || layer < 0 || !heads.is_array()) {
+      return Invalid(absl::StrCat("config.json: pruned_heads[\"", key,
+                                  "\"] must be a layer number with a list of heads, got ",
+                                  Shown(heads)));
+    }
+    v1::LayerHeads* entry = read.Add();
+    entry->set_layer(layer);
+    for (const Json& head : heads) {
+      if (!head.is_number_integer()) {
+        return Invalid(absl::StrCat("config.json: pruned_heads[\"", key,
+                                    "\"] must list head numbers, got ", Shown(heads)));
+      }
+      entry->add_heads(head.get<int64_t>());
+    }
+  }
+  if (encoder->checkpoint_pruned_heads_size() > 0) {
+    // Set in config.pbtxt too: it must say the same.
+    std::string pbtxt, file;
+    for (const auto& entry : encoder->checkpoint_pruned_heads()) {
+      pbtxt += entry.ShortDebugString() + ";";
+    }
+    for (const auto& entry : read) file += entry.ShortDebugString() + ";";
+    if (pbtxt != file) {
+      return Invalid(absl::StrCat(
+          "encoder.checkpoint_pruned_heads is {", pbtxt,
+          "} in config.pbtxt but config.json's pruned_heads say {", file, "}"));
+    }
+  }
+  *encoder->mutable_checkpoint_pruned_heads() = std::move(read);
+  return absl::OkStatus();
+}
+
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
@@ -190,6 +237,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                                   "gelu_pytorch_tanh, relu)"));
     }
   }
+  ATTN_RETURN_IF_ERROR(ApplyPrunedHeads(json, encoder));
   if (encoder->layer_norm_eps() == 0.0f) {
     const auto it = json.find("layer_norm_eps");
     double eps = 1e-12;
@@ -384,6 +432,45 @@ absl::Status ApplyTextLimit(const EncoderFiles& files, v1::ModelConfig* config) 
   return absl::OkStatus();
 }
 
+// The config's per-layer head lists into the spec: pruned_heads is the union of both.
+absl::Status ApplyHeads(const v1::EncoderConfig& encoder, core::EncoderSpec* spec) {
+  const int64_t layers = encoder.num_layers();
+  if (encoder.checkpoint_pruned_heads_size() == 0 && encoder.pruned_heads_size() == 0) {
+    return absl::OkStatus();
+  }
+  spec->pruned_heads.assign(static_cast<size_t>(layers), {});
+  spec->checkpoint_pruned_heads.assign(static_cast<size_t>(layers), {});
+  for (const auto* lists :
+       {&encoder.checkpoint_pruned_heads(), &encoder.pruned_heads()}) {
+    const bool checkpoint = lists == &encoder.checkpoint_pruned_heads();
+    const char* name =
+        checkpoint ? "encoder.checkpoint_pruned_heads" : "encoder.pruned_heads";
+    for (const v1::LayerHeads& entry : *lists) {
+      if (entry.layer() < 0 || entry.layer() >= layers) {
+        return Invalid(absl::StrCat(name, ": layer ", entry.layer(), " is not in [0, ",
+                                    layers, ") (num_layers)"));
+      }
+      for (const int64_t head : entry.heads()) {
+        if (head < 0 || head >= spec->num_heads) {
+          return Invalid(absl::StrCat(name, ": layer ", entry.layer(), " head ", head,
+                                      " is not in [0, ", spec->num_heads,
+                                      ") (num_heads)"));
+        }
+        const auto layer = static_cast<size_t>(entry.layer());
+        if (checkpoint) spec->checkpoint_pruned_heads[layer].push_back(head);
+        spec->pruned_heads[layer].push_back(head);
+      }
+    }
+  }
+  for (auto* lists : {&spec->pruned_heads, &spec->checkpoint_pruned_heads}) {
+    for (std::vector<int64_t>& heads : *lists) {
+      std::sort(heads.begin(), heads.end());
+      heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config) {
@@ -441,6 +528,7 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
   if (encoder.task() == v1::EncoderConfig::TASK_CLASSIFY) {
     spec.num_labels = encoder.labels_size();
   }
+  ATTN_RETURN_IF_ERROR(ApplyHeads(encoder, &spec));
   if (absl::Status status = spec.Validate(); !status.ok()) {
     return Invalid(absl::StrCat("encoder: ", status.message()));
   }

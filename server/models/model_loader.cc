@@ -476,7 +476,8 @@ absl::Status CheckModelConfig(const v1::ModelConfig& config,
   if (config.has_encoder()) {
     if (config.generated_weights() || !config.pruned_heads().empty()) {
       return absl::InvalidArgumentError(
-          "generated_weights and pruned_heads are for attention models, not encoders");
+          "generated_weights and pruned_heads are for attention models, not encoders "
+          "(an encoder removes heads per layer: encoder.pruned_heads)");
     }
   } else if (absl::Status status = SpecFromConfig(config).Validate(); !status.ok()) {
     return absl::InvalidArgumentError(status.message());

@@ -118,6 +118,8 @@ def encoder_files():
           b'"hidden_size":64,"num_attention_heads":4}')
     write("encoder_config", "roberta",
           b'{"model_type":"roberta"}\0[]\0{"pooling_mode_cls_token":true}')
+    write("encoder_config", "pruned", b'{"hidden_size":32,"num_attention_heads":4,'
+          b'"num_hidden_layers":3,"pruned_heads":{"0":[0,2],"2":[1,2,3]}}')
 
 
 def npys():

@@ -1,0 +1,146 @@
+#!/usr/bin/python3
+"""Encoders with heads removed, end to end: a seeded BERT embedder made by
+tests/tools/make_heads_golden.py, served three ways from one real attnserve on
+127.0.0.1:0, against the embeddings transformers computed (tests/data/
+heads_tiny.golden.json):
+
+- `full`: the checkpoint as made;
+- `pruned`: the checkpoint Hugging Face's prune_heads() saved (config.json records
+  pruned_heads; its attention matrices lack those heads, uneven per layer), loaded as
+  saved;
+- `sliced`: the full checkpoint with the same heads listed in config.pbtxt's
+  encoder.pruned_heads, removed at load.
+
+Each answers the OpenAI /v1/embeddings body and attnserve.v1 Encode with text within
+1e-5 of transformers' mean-pooled embeddings (pruned and sliced: of the pruned model),
+and the token ids equal the tokenizer's. A malformed-input matrix over the new config
+fields: each load is refused naming the field, the value and the limit, and the server
+keeps serving.
+
+usage: heads_test.py ATTNSERVE REPO_ROOT
+"""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+import grpc
+import numpy as np
+
+SERVER, ROOT = sys.argv[1:3]
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import stubs  # noqa: E402
+from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+
+DATA = os.path.abspath(os.path.join(ROOT, "tests", "data"))
+TOLERANCE = 1e-5
+
+
+def pbtxt_heads(field, heads):
+    return "".join(f"{field} {{ layer: {layer} heads: {list(h)} }} "
+                   for layer, h in heads.items())
+
+
+class HeadsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(DATA, "heads_tiny.golden.json"), encoding="utf-8") as f:
+            cls.golden = json.load(f)
+        cls.repository = tempfile.TemporaryDirectory()
+        sliced = pbtxt_heads("pruned_heads", cls.golden["pruned_heads"])
+        for model, source, config in (("full", "full", ""), ("pruned", "pruned", ""),
+                                      ("sliced", "full", sliced)):
+            cls.add_model(model, source, config)
+        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
+                                     "--model_control_mode=explicit",
+                                     "--max_queue_delay=2ms", http=True)
+        cls.http = f"http://127.0.0.1:{cls.server.http_port}"
+        cls.channel = grpc.insecure_channel(cls.server.target)
+        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def add_model(cls, model, source, config):
+        folder = os.path.join(cls.repository.name, model)
+        os.mkdir(folder)
+        source = os.path.join(DATA, "heads_tiny", source)
+        for name in os.listdir(source):
+            os.symlink(os.path.join(source, name), os.path.join(folder, name))
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write(f"encoder {{ {config}}}\n")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        cls.repository.cleanup()
+
+    def openai(self, model):
+        status, reply = stubs.post_json(self.http + "/v1/embeddings",
+                                        {"model": model, "input": self.golden["texts"]})
+        self.assertEqual(status, 200, reply)
+        return np.array([item["embedding"] for item in reply["data"]])
+
+    def encode(self, model):
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model=model, text=self.golden["texts"], return_token_ids=True), timeout=60)
+        ids = np.array(reply.token_ids).tolist()
+        self.assertEqual(ids, sum(self.golden["token_ids"], []))
+        return np.frombuffer(reply.embedding.raw, np.float32).reshape(
+            list(reply.embedding.shape))
+
+    def test_each_model_matches_transformers_through_the_doors(self):
+        for model, golden in (("full", "full"), ("pruned", "pruned"),
+                              ("sliced", "pruned")):
+            want = np.array(self.golden[golden])
+            for door, embed in (("openai", self.openai), ("v1 Encode", self.encode)):
+                with self.subTest(model=model, door=door):
+                    np.testing.assert_allclose(embed(model), want, atol=TOLERANCE,
+                                               rtol=0)
+        # The pruned heads matter: the full model's embeddings are far from them.
+        self.assertGreater(np.abs(np.array(self.golden["full"]) -
+                                  np.array(self.golden["pruned"])).max(), 0.1)
+
+    def load(self, model, config):
+        """(HTTP status, answer) of loading `model` with config.pbtxt `config`."""
+        with open(os.path.join(self.repository.name, model, "config.pbtxt"), "w") as f:
+            f.write(config)
+        return stubs.post_json(f"{self.http}/v2/repository/models/{model}/load", {})
+
+    def test_bad_head_lists_are_refused_naming_the_field_and_the_limit(self):
+        cases = {
+            "encoder { pruned_heads { layer: 3 heads: 0 } }":
+                ["encoder.pruned_heads", "layer 3", "[0, 3)", "num_layers"],
+            "encoder { pruned_heads { layer: 1 heads: 4 } }":
+                ["encoder.pruned_heads", "head 4", "[0, 4)", "num_heads"],
+            "encoder { pruned_heads { layer: 1 heads: [0, 1, 2, 3] } }":
+                ["layer 1", "at least one"],
+            # The pruned checkpoint lacks heads 1-3 of layer 2: removing head 0 too
+            # leaves none.
+            "encoder { pruned_heads { layer: 2 heads: 0 } }": ["layer 2", "at least one"],
+            # What config.json says the checkpoint lacks cannot be contradicted.
+            "encoder { checkpoint_pruned_heads { layer: 0 heads: 1 } }":
+                ["checkpoint_pruned_heads", "config.json"],
+            "pruned_heads: 1 encoder {}": ["encoder.pruned_heads"],
+        }
+        for config, words in cases.items():
+            with self.subTest(config=config):
+                status, reply = self.load("pruned", config)
+                self.assertEqual(status, 400, reply)
+                for word in words:
+                    self.assertIn(word, reply["error"])
+        # A checkpoint whose matrices do not match its config.json's heads.
+        status, reply = self.load("full", "encoder { checkpoint_pruned_heads "
+                                          "{ layer: 0 heads: 1 } }")
+        self.assertEqual(status, 400, reply)
+        self.assertIn("attention.self.query.weight", reply["error"])
+        # The models served before keep serving.
+        np.testing.assert_allclose(self.openai("pruned"), np.array(self.golden["pruned"]),
+                                   atol=TOLERANCE, rtol=0)
+        status, reply = self.load("pruned", "encoder {}\n")
+        self.assertEqual(status, 200, reply)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
