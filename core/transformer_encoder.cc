@@ -760,6 +760,13 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     }
     tokens += length;
   }
+  const int64_t heads = spec_.num_heads;
+  if (!batch.head_mask.empty() &&
+      static_cast<int64_t>(batch.head_mask.size()) != spec_.num_layers * heads) {
+    return Invalid(absl::StrCat(
+        "head_mask has ", batch.head_mask.size(),
+        " factors, expected num_layers * num_heads = ", spec_.num_layers * heads));
+  }
   const bool from_hidden = !batch.hidden_states.empty();
   if (from_hidden) {
     if (!batch.token_ids.empty() || !batch.token_types.empty()) {
@@ -849,8 +856,11 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     return state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, into);
   };
   const auto attend = [&](int64_t n, const float* from, float* into) {
+    AttentionOptions options;
+    if (!batch.head_mask.empty())
+      options.head_mask = batch.head_mask.subspan(n * heads, heads);
     return state.attention[n]->Forward(
-        AttentionBatch{absl::MakeConstSpan(from, tokens * d), batch.lengths}, {},
+        AttentionBatch{absl::MakeConstSpan(from, tokens * d), batch.lengths}, options,
         absl::MakeSpan(into, tokens * d));
   };
   // The last hidden state: x, or (pre-LN) its final norm.

@@ -149,6 +149,11 @@ struct EncoderBatch {
   // [sum(lengths), d_model] that enter the first block as they are, skipping the
   // embeddings and their LayerNorm.
   absl::Span<const float> hidden_states;
+  // Empty, or one factor in [0, 1] per layer and head, [num_layers * num_heads] layer
+  // by layer: each layer's attention head_mask (AttentionOptions::head_mask: 0 leaves
+  // the head out of the products, a fraction scales its output, as transformers'
+  // head_mask scales its attention weights). Applies to every sequence of the batch.
+  absl::Span<const float> head_mask;
 };
 
 // Thread-compatible: one thread at a time may call Forward (run several objects for

@@ -94,6 +94,7 @@ absl::Status EncoderExecutor::Pack(absl::Span<EncoderWork* const> batch) {
     packed.batch.hidden_states = packed.hidden_in;
     packed.batch.lengths = packed.lengths;
   }
+  packed.batch.head_mask = batch.front()->head_mask;  // the same in all (SharesBatchWith)
   const core::EncoderSpec& spec = encoder_->spec();
   const auto sequences = static_cast<int64_t>(packed.batch.lengths.size());
   packed.pooled.resize(spec.pools() ? static_cast<size_t>(sequences * spec.pooled_width())

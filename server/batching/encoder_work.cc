@@ -9,7 +9,7 @@ int64_t EncoderWork::tokens() const {
 }
 
 bool EncoderWork::SharesBatchWith(const EncoderWork& other) const {
-  return token_ids.empty() == other.token_ids.empty();
+  return token_ids.empty() == other.token_ids.empty() && head_mask == other.head_mask;
 }
 
 }  // namespace attnserve::server

@@ -21,6 +21,8 @@ struct EncoderWork {
   std::vector<int64_t> token_types;  // empty (all 0) or [sum(lengths)]
   std::vector<float> hidden_states;  // [sum(lengths), d_model], or empty
   std::vector<int64_t> lengths;      // n sequences
+  // Empty, or [num_layers * num_heads] factors in [0, 1] (EncoderBatch::head_mask).
+  std::vector<float> head_mask;
   // Return the pooled embedding (the model pools) / the last hidden state.
   bool pooled = true;
   bool return_hidden = false;
@@ -51,7 +53,8 @@ struct EncoderWork {
   int batch_size = 0;
 
   int64_t tokens() const;
-  // Token-id requests batch together, and hidden-state requests together.
+  // Token-id requests batch together, and hidden-state requests together, each with
+  // the same head mask only.
   bool SharesBatchWith(const EncoderWork& other) const;
 };
 

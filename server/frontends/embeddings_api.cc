@@ -132,6 +132,32 @@ absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
   return static_cast<int32_t>(std::min<int64_t>(*count, INT32_MAX));
 }
 
+// head_mask: transformers' [layers][heads] factors, or the same flattened, into the
+// work's head mask; the work checks their count and range.
+absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
+  const auto add = [&](const Json& factor) {
+    if (!factor.is_number()) {
+      return Invalid(absl::StrCat("head_mask must hold numbers ([layers][heads]), got ",
+                                  JsonExcerpt(factor)));
+    }
+    encode->add_head_mask(static_cast<float>(factor.get<double>()));
+    return absl::OkStatus();
+  };
+  if (!value.is_array()) {
+    return Invalid(
+        absl::StrCat("head_mask must be a list of one list of factors per layer, got ",
+                     JsonExcerpt(value)));
+  }
+  for (const Json& row : value) {
+    if (!row.is_array()) {
+      ATTN_RETURN_IF_ERROR(add(row));
+      continue;
+    }
+    for (const Json& factor : row) ATTN_RETURN_IF_ERROR(add(factor));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
@@ -160,6 +186,8 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
     } else if (key == "dimensions") {
       ATTN_ASSIGN_OR_RETURN(const int32_t dimensions, DimensionsAt(value));
       call.encode.set_dimensions(dimensions);
+    } else if (key == "head_mask") {
+      ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
     } else if (key == "user") {
       if (!value.is_string()) {
         return Invalid(absl::StrCat("user must be a string, got ", JsonExcerpt(value)));
@@ -168,7 +196,7 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
       return Invalid(
           absl::StrCat("unrecognized request argument supplied: ", key,
                        " (accepted: input, model, encoding_format, dimensions, "
-                       "user)"));
+                       "head_mask, user)"));
     }
   }
   if (!has_input) {
@@ -201,10 +229,12 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
     } else if (key == "dimensions") {
       ATTN_ASSIGN_OR_RETURN(const int32_t dimensions, DimensionsAt(value));
       call.encode.set_dimensions(dimensions);
+    } else if (key == "head_mask") {
+      ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
     } else {
-      return Invalid(
-          absl::StrCat("unknown field \"", key, "\" (accepted: inputs, ",
-                       "normalize, truncate, truncation_direction, dimensions)"));
+      return Invalid(absl::StrCat(
+          "unknown field \"", key, "\" (accepted: inputs, ",
+          "normalize, truncate, truncation_direction, dimensions, head_mask)"));
     }
   }
   if (!has_input) return Invalid("inputs is required: a string or a list of strings");

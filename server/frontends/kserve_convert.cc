@@ -181,6 +181,24 @@ bool RanksDocuments(const inference::ModelInferRequest& infer) {
                      [](const auto& input) { return input.name() == kDocuments; });
 }
 
+// parameters["head_mask"]: comma-separated factors ("1,0,0.5"), one per head (per layer
+// and head for an encoder); the work checks their count and range.
+absl::Status ReadHeadMask(const inference::InferParameter& value,
+                          google::protobuf::RepeatedField<float>* mask) {
+  constexpr absl::string_view kField = "parameters[\"head_mask\"]";
+  if (value.parameter_choice_case() != inference::InferParameter::kStringParam) {
+    return Invalid(absl::StrCat(kField, " must be a string_param like \"1,0,0.5\""));
+  }
+  for (absl::string_view part : absl::StrSplit(value.string_param(), ',')) {
+    float factor = 0;
+    if (!absl::SimpleAtof(part, &factor)) {
+      return Invalid(absl::StrCat(kField, ": \"", part, "\" is not a number"));
+    }
+    mask->Add(factor);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyParameter(const std::string& name,
                             const inference::InferParameter& value,
                             v1::AttendRequest* attend) {
@@ -203,19 +221,7 @@ absl::Status ApplyParameter(const std::string& name,
     }
     return absl::OkStatus();
   }
-  if (name == "head_mask") {
-    if (value.parameter_choice_case() != inference::InferParameter::kStringParam) {
-      return Invalid(absl::StrCat(field, " must be a string_param like \"1,0,0.5\""));
-    }
-    for (absl::string_view part : absl::StrSplit(value.string_param(), ',')) {
-      float factor = 0;
-      if (!absl::SimpleAtof(part, &factor)) {
-        return Invalid(absl::StrCat(field, ": \"", part, "\" is not a number"));
-      }
-      attend->add_head_mask(factor);
-    }
-    return absl::OkStatus();
-  }
+  if (name == "head_mask") return ReadHeadMask(value, attend->mutable_head_mask());
   return Invalid(
       absl::StrCat(field,
                    " is not a parameter of attnserve's models (causal, return_attention, "
@@ -387,9 +393,14 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
       encode.set_dimensions(static_cast<int32_t>(value.int64_param()));
       continue;
     }
-    return Invalid(absl::StrCat("parameters[\"", name,
-                                "\"] is not a parameter of an encoder model (timeout, "
-                                "truncate, dimensions, normalize, raw_scores)"));
+    if (name == "head_mask") {
+      ATTN_RETURN_IF_ERROR(ReadHeadMask(value, encode.mutable_head_mask()));
+      continue;
+    }
+    return Invalid(
+        absl::StrCat("parameters[\"", name,
+                     "\"] is not a parameter of an encoder model (timeout, "
+                     "truncate, dimensions, normalize, raw_scores, head_mask)"));
   }
   for (int i = 0; i < infer->outputs_size(); ++i) {
     const std::string& name = infer->outputs(i).name();

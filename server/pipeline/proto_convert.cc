@@ -493,6 +493,23 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
         request.raw_scores() ? "raw_scores" : "text_pair",
         " applies to a classification model (a cross-encoder), and this model embeds"));
   }
+  if (request.head_mask_size() > 0) {
+    const int64_t factors = spec.num_layers * spec.num_heads;
+    if (request.head_mask_size() != factors) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("head_mask must have num_layers * num_heads = ", spec.num_layers,
+                       " * ", spec.num_heads, " = ", factors, " factors or none, got ",
+                       request.head_mask_size()));
+    }
+    for (int i = 0; i < request.head_mask_size(); ++i) {
+      const float factor = request.head_mask(i);
+      if (!(factor >= 0.0f && factor <= 1.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("head_mask[", i, "] (layer ", i / spec.num_heads, ", head ",
+                         i % spec.num_heads, ") must be in [0, 1], got ", factor));
+      }
+    }
+  }
   if ((request.dimensions() > 0 || request.normalize()) &&
       spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -510,6 +527,7 @@ void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSp
   work->score_activation =
       request.raw_scores() ? EncoderWork::ScoreActivation::kNone : activation;
   work->dimensions = request.dimensions();
+  work->head_mask.assign(request.head_mask().begin(), request.head_mask().end());
   const bool shortened = request.dimensions() > 0 && request.dimensions() < spec.d_model;
   work->normalize = spec.normalize ? shortened : request.normalize();
 }

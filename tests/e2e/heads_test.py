@@ -102,6 +102,73 @@ class HeadsTest(unittest.TestCase):
         self.assertGreater(np.abs(np.array(self.golden["full"]) -
                                   np.array(self.golden["pruned"])).max(), 0.1)
 
+    def test_a_head_mask_matches_transformers_head_mask_at_every_door(self):
+        mask = self.golden["head_mask"]
+        flat = sum(mask, [])
+        want = np.array(self.golden["masked"])
+        texts = self.golden["texts"]
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="full", text=texts, head_mask=flat), timeout=60)
+        got = {"v1 Encode": np.frombuffer(reply.embedding.raw, np.float32).reshape(
+            list(reply.embedding.shape))}
+        status, reply = stubs.post_json(self.http + "/v1/embeddings", {
+            "model": "full", "input": texts, "head_mask": mask})
+        self.assertEqual(status, 200, reply)
+        got["openai"] = np.array([item["embedding"] for item in reply["data"]])
+        status, reply = stubs.post_json(self.http + "/v2/models/full/infer", {
+            "parameters": {"head_mask": ",".join(str(f) for f in flat)},
+            "inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES",
+                        "data": texts}]})
+        self.assertEqual(status, 200, reply)
+        output = next(o for o in reply["outputs"] if o["name"] == "embedding")
+        got["kserve http"] = np.array(output["data"]).reshape(output["shape"])
+        for door, embedding in got.items():
+            with self.subTest(door=door):
+                np.testing.assert_allclose(embedding, want, atol=TOLERANCE, rtol=0)
+        # A mask of ones is the model itself.
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="full", text=texts, head_mask=[1.0] * len(flat)), timeout=60)
+        np.testing.assert_allclose(
+            np.frombuffer(reply.embedding.raw, np.float32).reshape(-1, 32),
+            np.array(self.golden["full"]), atol=TOLERANCE, rtol=0)
+
+    def test_bad_head_masks_are_refused_naming_the_field_and_the_limit(self):
+        texts = self.golden["texts"][:1]
+        ones = [1.0] * 12
+        cases = {
+            "count": (ones[:5], ["head_mask", "num_layers * num_heads", "12", "got 5"]),
+            "above": (ones[:7] + [1.5] + ones[8:], ["head_mask[7]", "layer 1, head 3",
+                                                    "[0, 1]", "1.5"]),
+            "below": ([-0.25] + ones[1:], ["head_mask[0]", "[0, 1]", "-0.25"]),
+        }
+        for name, (mask, words) in cases.items():
+            with self.subTest(case=name, door="v1 Encode"):
+                with self.assertRaises(grpc.RpcError) as raised:
+                    self.v1.Encode(attention_pb2.EncodeRequest(
+                        model="full", text=texts, head_mask=mask), timeout=60)
+                self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                for word in words:
+                    self.assertIn(word, raised.exception.details())
+            with self.subTest(case=name, door="openai"):
+                status, reply = stubs.post_json(self.http + "/v1/embeddings", {
+                    "model": "full", "input": texts, "head_mask": mask})
+                self.assertEqual(status, 400, reply)
+                for word in words:
+                    self.assertIn(word, reply["error"]["message"])
+        for body, words in ((["x"], ["head_mask", "numbers", "\"x\""]),
+                            ({"0": 1}, ["head_mask", "one list of factors per layer"])):
+            with self.subTest(body=body):
+                status, reply = stubs.post_json(self.http + "/v1/embeddings", {
+                    "model": "full", "input": texts, "head_mask": body})
+                self.assertEqual(status, 400, reply)
+                for word in words:
+                    self.assertIn(word, reply["error"]["message"])
+        status, reply = stubs.post_json(self.http + "/v2/models/full/infer", {
+            "parameters": {"head_mask": "1,x"},
+            "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": texts}]})
+        self.assertEqual(status, 400, reply)
+        self.assertIn('parameters["head_mask"]: "x" is not a number', reply["error"])
+
     def load(self, model, config):
         """(HTTP status, answer) of loading `model` with config.pbtxt `config`."""
         with open(os.path.join(self.repository.name, model, "config.pbtxt"), "w") as f:

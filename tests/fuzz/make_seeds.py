@@ -168,6 +168,7 @@ def embeddings_bodies():
          "dimensions": 4, "user": "u"},
         {"model": "tiny", "input": [[2, 5, 3], [2, 6, 7, 3]]},
         {"model": "tiny", "input": [2, 5, 3], "encoding_format": "float"},
+        {"model": "tiny", "input": "hello", "head_mask": [[1, 0.5]]},
     ]
     for i, body in enumerate(openai_bodies):
         write("embeddings", f"openai_{i}", b"\x00" + json.dumps(body).encode())
@@ -175,6 +176,7 @@ def embeddings_bodies():
         {"inputs": "hello world"},
         {"inputs": ["hello", "worlds"], "normalize": True, "truncate": True,
          "truncation_direction": "Right", "dimensions": 2},
+        {"inputs": "hello", "head_mask": [0, 1]},
     ]
     for i, body in enumerate(tei_bodies):
         write("embeddings", f"tei_{i}", b"\x01" + json.dumps(body).encode())
