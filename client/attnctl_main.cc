@@ -348,6 +348,34 @@ int Heads(const AttentionClient& client) {
   return kOk;
 }
 
+// An encoder's heads over `texts`: one line per layer and head.
+int EncoderHeads(const AttentionClient& client, const std::vector<char*>& texts) {
+  attnserve::v1::HeadStatisticsRequest request;
+  request.set_model(absl::GetFlag(FLAGS_model));
+  for (const char* text : texts) request.mutable_encode()->add_text(text);
+  request.mutable_encode()->set_truncate(absl::GetFlag(FLAGS_truncate));
+  absl::StatusOr<attnserve::v1::HeadStatisticsResponse> response =
+      client.HeadStatistics(request);
+  if (!response.ok()) return Failed(response.status());
+  std::printf("model=%s tokens=%lld\n", response->model().c_str(),
+              static_cast<long long>(response->tokens()));
+  std::printf("%5s %4s %8s %10s %8s %6s %6s %6s %6s\n", "LAYER", "HEAD", "ENTROPY",
+              "MAX_WEIGHT", "DISTANCE", "FIRST", "LAST", "SELF", "PREV");
+  for (const auto& head : response->heads()) {
+    if (head.pruned()) {
+      std::printf("%5lld %4lld %8s\n", static_cast<long long>(head.layer()),
+                  static_cast<long long>(head.head()), "pruned");
+      continue;
+    }
+    std::printf("%5lld %4lld %8.4f %10.4f %8.3f %6.3f %6.3f %6.3f %6.3f\n",
+                static_cast<long long>(head.layer()), static_cast<long long>(head.head()),
+                head.mean_entropy(), head.mean_max_weight(), head.mean_distance(),
+                head.share_first(), head.share_last(), head.share_self(),
+                head.share_previous());
+  }
+  return kOk;
+}
+
 }  // namespace
 
 // Texts in, embeddings out: one line per text (its tokens and first values), or the
@@ -486,6 +514,7 @@ int main(int argc, char** argv) {
       "                [--output=y.npy] [--attention_out=a.npy]\n"
       "  attnctl heads [--model=M] (--input=x.npy | --random --seq_len=L [--batch=n])\n"
       "                [--memory=m.npy] [--causal]   (per-head figures, to prune by)\n"
+      "  attnctl heads [--model=M] [--truncate] TEXT...   (an encoder's heads)\n"
       "  attnctl encode [--model=M] [--truncate] [--token_ids] [--output=e.npy] TEXT...\n"
       "                (an encoder: texts in, embeddings out)\n"
       "  attnctl rerank [--model=M] [--truncate] [--top_n=N] [--raw_scores] QUERY "
@@ -528,6 +557,10 @@ int main(int argc, char** argv) {
     return Unload(**client, positional[2]);
   if (command == "infer" && positional.size() == 2) return Infer(**client);
   if (command == "heads" && positional.size() == 2) return Heads(**client);
+  if (command == "heads" && positional.size() >= 3) {
+    return EncoderHeads(**client,
+                        std::vector<char*>(positional.begin() + 2, positional.end()));
+  }
   if (command == "encode" && positional.size() >= 3) {
     return Encode(**client, std::vector<char*>(positional.begin() + 2, positional.end()));
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -59,6 +60,37 @@ memory::desc Plain(int64_t rows, int64_t columns,
 memory Wrap(const memory::desc& desc, const dnnl::engine& engine, const float* data) {
   // oneDNN takes a mutable handle; inputs are only read.
   return memory(desc, engine, const_cast<float*>(data));
+}
+
+// Adds one layer's figures, from its attention weights ([heads, L, L] per sequence),
+// to `statistics` (one per head) as means over the batch's `tokens` query rows.
+void AccumulateHeadStatistics(absl::Span<const float> weights,
+                              absl::Span<const int64_t> lengths, int64_t heads,
+                              int64_t tokens,
+                              absl::Span<EncoderHeadStatistic> statistics) {
+  const double per_row = 1.0 / static_cast<double>(tokens);
+  const float* plane = weights.data();
+  for (const int64_t length : lengths) {
+    for (int64_t h = 0; h < heads; ++h) {
+      EncoderHeadStatistic& figures = statistics[h];
+      for (int64_t i = 0; i < length; ++i, plane += length) {
+        double entropy = 0.0, largest = 0.0, distance = 0.0;
+        for (int64_t j = 0; j < length; ++j) {
+          const double p = plane[j];
+          if (p > 0.0) entropy -= p * std::log(p);
+          largest = std::max(largest, p);
+          distance += p * static_cast<double>(std::abs(i - j));
+        }
+        figures.mean_entropy += entropy * per_row;
+        figures.mean_max_weight += largest * per_row;
+        figures.mean_distance += distance * per_row;
+        figures.share_first += plane[0] * per_row;
+        figures.share_last += plane[length - 1] * per_row;
+        figures.share_self += plane[i] * per_row;
+        if (i > 0) figures.share_previous += plane[i - 1] * per_row;
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -748,7 +780,8 @@ std::string TransformerEncoder::ComputePath() const {
 
 absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
                                          absl::Span<float> pooled,
-                                         absl::Span<float> hidden) {
+                                         absl::Span<float> hidden,
+                                         absl::Span<EncoderHeadStatistic> statistics) {
   const int64_t d = spec_.d_model;
   if (batch.lengths.empty()) return Invalid("lengths must not be empty");
   int64_t tokens = 0;
@@ -809,6 +842,13 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     return Invalid(
         absl::StrCat("hidden has ", hidden.size(), " values, expected ", tokens * d));
   }
+  if (!statistics.empty() &&
+      static_cast<int64_t>(statistics.size()) != spec_.num_layers * heads) {
+    return Invalid(absl::StrCat(
+        "statistics has ", statistics.size(),
+        " entries, expected num_layers * num_heads = ", spec_.num_layers * heads));
+  }
+  std::fill(statistics.begin(), statistics.end(), EncoderHeadStatistic());
   if (options_.intra_op_threads > 0) omp_set_num_threads(options_.intra_op_threads);
 
   State& state = *state_;
@@ -855,13 +895,24 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
                                       state.bf16, inner));
     return state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, into);
   };
-  const auto attend = [&](int64_t n, const float* from, float* into) {
+  // With statistics: the attention weights of each layer, [h, L, L] per sequence.
+  std::vector<float> weights_scratch(
+      statistics.empty()
+          ? 0
+          : static_cast<size_t>(AttentionWeightsSize(heads, batch.lengths, {})));
+  const auto attend = [&](int64_t n, const float* from, float* into) -> absl::Status {
     AttentionOptions options;
-    if (!batch.head_mask.empty())
+    if (!batch.head_mask.empty()) {
       options.head_mask = batch.head_mask.subspan(n * heads, heads);
-    return state.attention[n]->Forward(
+    }
+    ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(
         AttentionBatch{absl::MakeConstSpan(from, tokens * d), batch.lengths}, options,
-        absl::MakeSpan(into, tokens * d));
+        absl::MakeSpan(into, tokens * d), absl::MakeSpan(weights_scratch)));
+    if (!statistics.empty()) {
+      AccumulateHeadStatistics(weights_scratch, batch.lengths, heads, tokens,
+                               statistics.subspan(n * heads, heads));
+    }
+    return absl::OkStatus();
   };
   // The last hidden state: x, or (pre-LN) its final norm.
   const float* last = x;

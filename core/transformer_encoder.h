@@ -156,6 +156,18 @@ struct EncoderBatch {
   absl::Span<const float> head_mask;
 };
 
+// One head's attention over a batch: each figure averaged over every query token of
+// every sequence (weights p_ij of query i over keys j of its sequence, 0-based).
+struct EncoderHeadStatistic {
+  double mean_entropy = 0.0;     // -sum_j p_ij ln p_ij, nats: ln(L) when uniform
+  double mean_max_weight = 0.0;  // max_j p_ij
+  double mean_distance = 0.0;    // sum_j p_ij |i - j|, in tokens
+  double share_first = 0.0;      // p_i0: the first token ([CLS] of a text)
+  double share_last = 0.0;       // p_i(L-1): the last token ([SEP] of a text)
+  double share_self = 0.0;       // p_ii
+  double share_previous = 0.0;   // p_i(i-1); 0 for the first token
+};
+
 // Thread-compatible: one thread at a time may call Forward (run several objects for
 // parallel workers). Owns its copy of the weights and its scratch buffers.
 class TransformerEncoder {
@@ -189,8 +201,13 @@ class TransformerEncoder {
   // InvalidArgument naming the field and the value (an id, type or length out of
   // range, a size that does not match); Internal when oneDNN fails. Blocks the calling
   // thread while computing.
+  // `statistics` is empty, or receives each layer's and head's figures over the batch,
+  // [num_layers * num_heads] layer by layer, from the attention weights of this same
+  // pass (computed for it: num_heads * sum(L^2) floats of scratch, reused by every
+  // layer); a pruned or masked-out head's are zero.
   absl::Status Forward(const EncoderBatch& batch, absl::Span<float> pooled,
-                       absl::Span<float> hidden);
+                       absl::Span<float> hidden,
+                       absl::Span<EncoderHeadStatistic> statistics = {});
 
   const EncoderSpec& spec() const { return spec_; }
   // How it computes, for logs: MultiHeadAttention::ComputePath's words.

@@ -115,7 +115,7 @@ absl::Status CheckBatchingOptions(const BatchingOptions& options);
 
 // A Task has:
 //   int64_t tokens() const;                 // its size for max_batch_tokens
-//   bool SharesBatchWith(const Task&) const;  // may run in one batch with it
+//   bool SharesBatchWith(const Task&) const;  // may run in one batch with another
 //   int64_t reserved_bytes;                 // held from Enqueue until answered
 //   absl::Time deadline;                    // dropped if still queued when it passes
 //   std::shared_ptr<const std::atomic<bool>> cancelled;  // may be null
@@ -350,7 +350,8 @@ class BatchScheduler {
     bool full = false;
     for (size_t i = 0; i < queue_.size(); ++i) {
       const Task& task = *queue_[i].task;
-      if (!oldest.task->SharesBatchWith(task)) continue;
+      // The oldest always goes, even a task that shares a batch with no other.
+      if (i > 0 && !oldest.task->SharesBatchWith(task)) continue;
       if (!chosen.empty() && tokens + task.tokens() > options_.max_batch_tokens) {
         full = true;
         break;

@@ -94,6 +94,12 @@ absl::Status EncoderExecutor::Pack(absl::Span<EncoderWork* const> batch) {
     packed.batch.hidden_states = packed.hidden_in;
     packed.batch.lengths = packed.lengths;
   }
+  if (EncoderWork* work = batch.front(); work->head_statistics) {
+    packed.statistics_work = work;
+    work->statistics.assign(
+        static_cast<size_t>(encoder_->spec().num_layers * encoder_->spec().num_heads),
+        {});
+  }
   packed.batch.head_mask = batch.front()->head_mask;  // the same in all (SharesBatchWith)
   const core::EncoderSpec& spec = encoder_->spec();
   const auto sequences = static_cast<int64_t>(packed.batch.lengths.size());
@@ -104,8 +110,12 @@ absl::Status EncoderExecutor::Pack(absl::Span<EncoderWork* const> batch) {
 }
 
 absl::Status EncoderExecutor::Run() {
+  absl::Span<core::EncoderHeadStatistic> statistics;
+  if (packed_.statistics_work != nullptr) {
+    statistics = absl::MakeSpan(packed_.statistics_work->statistics);
+  }
   return encoder_->Forward(packed_.batch, absl::MakeSpan(packed_.pooled),
-                           absl::MakeSpan(packed_.hidden));
+                           absl::MakeSpan(packed_.hidden), statistics);
 }
 
 void EncoderExecutor::Scatter(absl::Span<EncoderWork* const> batch, bool computed) {

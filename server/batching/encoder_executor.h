@@ -43,6 +43,8 @@ class EncoderExecutor final : public BatchExecutor<EncoderWork> {
     std::vector<float> hidden_in;
     std::vector<float> pooled;  // [sequences, pooled_width] when the model pools
     std::vector<float> hidden;  // [tokens, d_model] when a request asked for it
+    // A head-statistics request (always alone), or null.
+    EncoderWork* statistics_work = nullptr;
   };
 
   const std::unique_ptr<core::TransformerEncoder> encoder_;

@@ -9,7 +9,8 @@ int64_t EncoderWork::tokens() const {
 }
 
 bool EncoderWork::SharesBatchWith(const EncoderWork& other) const {
-  return token_ids.empty() == other.token_ids.empty() && head_mask == other.head_mask;
+  return !head_statistics && !other.head_statistics &&
+         token_ids.empty() == other.token_ids.empty() && head_mask == other.head_mask;
 }
 
 }  // namespace attnserve::server

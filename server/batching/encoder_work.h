@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "core/transformer_encoder.h"
 
 namespace attnserve::server {
 
@@ -23,6 +24,9 @@ struct EncoderWork {
   std::vector<int64_t> lengths;      // n sequences
   // Empty, or [num_layers * num_heads] factors in [0, 1] (EncoderBatch::head_mask).
   std::vector<float> head_mask;
+  // Measure the heads (TransformerEncoder::Forward's statistics) into `statistics`,
+  // [num_layers * num_heads]; always runs alone.
+  bool head_statistics = false;
   // Return the pooled embedding (the model pools) / the last hidden state.
   bool pooled = true;
   bool return_hidden = false;
@@ -48,13 +52,14 @@ struct EncoderWork {
   std::string embedding;
   std::string scores;
   std::string hidden;
+  std::vector<core::EncoderHeadStatistic> statistics;
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;
 
   int64_t tokens() const;
   // Token-id requests batch together, and hidden-state requests together, each with
-  // the same head mask only.
+  // the same head mask only; a head-statistics request shares with none.
   bool SharesBatchWith(const EncoderWork& other) const;
 };
 

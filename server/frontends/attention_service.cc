@@ -157,6 +157,21 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
       BeginCall(*pipeline_, context, request->model());
   if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
+  // An encoder measures its heads over Encode's inputs, admitted as Encode's are.
+  if ((*begun)->model()->is_encoder() || request->has_encode()) {
+    grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
+    v1::EncodeRequest encode = request->encode();
+    encode.set_model(request->model());
+    pipeline_->SubmitEncode(
+        *begun, encode, CallDeadline(context), cancellation,
+        [rpc, reactor, response](const absl::Status& status, const v1::EncodeResponse&) {
+          if (!status.ok()) response->Clear();
+          rpc.End(status.code());
+          reactor->Finish(ToGrpcStatus(status));
+        },
+        response);
+    return reactor;
+  }
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
   // The same inputs as an Attend with return_attention, so that validation and
   // admission (field names, limits, budgets) are the same. Copied: this is an

@@ -734,6 +734,51 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
   return work;
 }
 
+absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
+                                    const AdmissionLimits& limits, EncoderWork* work) {
+  int64_t weights = 0;
+  for (const int64_t length : work->lengths) weights += length * length;
+  // Every factor is bounded by an admitted message's size: no overflow.
+  const int64_t bytes =
+      (spec.num_heads * weights + spec.num_layers * spec.num_heads * 8) *
+      static_cast<int64_t>(sizeof(float));
+  if (work->reserved_bytes + bytes > limits.max_work_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head statistics need ", work->reserved_bytes + bytes,
+        " bytes of working memory (each layer's attention weights: num_heads * sum(L^2) "
+        "floats), over max_queue_bytes=",
+        limits.max_work_bytes, "; send fewer or shorter sequences"));
+  }
+  work->reserved_bytes += bytes;
+  work->head_statistics = true;
+  return absl::OkStatus();
+}
+
+void FillEncoderStatistics(const EncoderWork& work, const core::EncoderSpec& spec,
+                           const std::string& model_name,
+                           v1::HeadStatisticsResponse* response) {
+  response->set_model(model_name);
+  response->set_tokens(work.tokens());
+  for (int64_t layer = 0; layer < spec.num_layers; ++layer) {
+    const absl::Span<const int64_t> pruned = spec.PrunedHeads(layer);
+    for (int64_t head = 0; head < spec.num_heads; ++head) {
+      const core::EncoderHeadStatistic& figures =
+          work.statistics[static_cast<size_t>(layer * spec.num_heads + head)];
+      v1::HeadStatistic* entry = response->add_heads();
+      entry->set_layer(layer);
+      entry->set_head(head);
+      entry->set_pruned(std::find(pruned.begin(), pruned.end(), head) != pruned.end());
+      entry->set_mean_entropy(figures.mean_entropy);
+      entry->set_mean_max_weight(figures.mean_max_weight);
+      entry->set_mean_distance(figures.mean_distance);
+      entry->set_share_first(figures.share_first);
+      entry->set_share_last(figures.share_last);
+      entry->set_share_self(figures.share_self);
+      entry->set_share_previous(figures.share_previous);
+    }
+  }
+}
+
 void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
                         const std::string& request_id, int64_t d_model,
                         v1::EncodeResponse* response) {

@@ -107,6 +107,19 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer = nullptr,
     EncoderWork::ScoreActivation activation = EncoderWork::ScoreActivation::kNone);
 
+// Turns `work` (from EncoderWorkFromRequest) into a head-statistics request: it also
+// holds one layer's attention weights while computing (num_heads * sum(L^2) floats),
+// counted in its reserved bytes. InvalidArgument naming the bytes and the limit when
+// they exceed limits.max_work_bytes.
+absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
+                                    const AdmissionLimits& limits, EncoderWork* work);
+
+// `work`'s head statistics into `response`: one entry per layer and head, layer by
+// layer, each marked pruned when the model removed it.
+void FillEncoderStatistics(const EncoderWork& work, const core::EncoderSpec& spec,
+                           const std::string& model_name,
+                           v1::HeadStatisticsResponse* response);
+
 // Moves `work`'s results into `response`: embedding [n, dimensions or d] (or a
 // classifier's scores [n, num_labels]) and hidden
 // [tokens, d] (float32), lengths, timings.

@@ -400,7 +400,8 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
 void RequestPipeline::SubmitEncode(
     const std::shared_ptr<Request>& request, const v1::EncodeRequest& encode,
     absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
-    std::function<void(absl::Status, v1::EncodeResponse)> done) {
+    std::function<void(absl::Status, v1::EncodeResponse)> done,
+    v1::HeadStatisticsResponse* statistics) {
   const auto refuse = [&](const absl::Status& status) {
     request->Finish(status);
     done(status, {});
@@ -416,6 +417,13 @@ void RequestPipeline::SubmitEncode(
       EncoderWorkFromRequest(encode, model->encoder_spec, LimitsFor(*model),
                              model->tokenizer.get(), model->score_activation);
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
+  if (statistics != nullptr) {
+    if (absl::Status admitted =
+            AdmitEncoderStatistics(model->encoder_spec, LimitsFor(*model), work->get());
+        !admitted.ok()) {
+      return refuse(ForModel(admitted, *model));
+    }
+  }
   if (absl::Status queueable =
           CheckQueueable(deadline, cancellation,
                          std::shared_ptr<BatchQueue>(model, model->encoder_batcher.get()),
@@ -432,10 +440,13 @@ void RequestPipeline::SubmitEncode(
       std::move(done));
   const absl::Status enqueued = model->encoder_batcher->Enqueue(
       std::move(work).value(),
-      [this, request, model, tokens, answer, request_id = encode.request_id()](
-          absl::Status status, std::unique_ptr<EncoderWork> result) {
+      [this, request, model, tokens, answer, statistics,
+       request_id = encode.request_id()](absl::Status status,
+                                         std::unique_ptr<EncoderWork> result) {
         v1::EncodeResponse response;
-        if (status.ok()) {
+        if (status.ok() && statistics != nullptr) {
+          FillEncoderStatistics(*result, model->encoder_spec, model->name, statistics);
+        } else if (status.ok()) {
           const auto sequences = static_cast<int64_t>(result->lengths.size());
           if (!result->scores.empty() && observer_.on_sequences_scored) {
             observer_.on_sequences_scored(model->name, sequences);

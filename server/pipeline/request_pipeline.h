@@ -263,10 +263,13 @@ class RequestPipeline {
   // (EncoderWorkFromRequest), admitted and queued on the model's encoder batcher. The
   // work copies what it needs, so `encode` may go once this returns. An attention model
   // is refused INVALID_ARGUMENT, as Submit refuses an encoder.
+  // With `statistics` (kept alive by the caller until `done`), the request measures the
+  // encoder's heads (AdmitEncoderStatistics) instead, and `done` gets an empty response.
   void SubmitEncode(const std::shared_ptr<Request>& request,
                     const v1::EncodeRequest& encode, absl::Time deadline,
                     const std::shared_ptr<Cancellation>& cancellation,
-                    std::function<void(absl::Status, v1::EncodeResponse)> done);
+                    std::function<void(absl::Status, v1::EncodeResponse)> done,
+                    v1::HeadStatisticsResponse* statistics = nullptr);
 
  private:
   // The limits `model`'s requests are admitted under.

@@ -17,10 +17,11 @@ and the token ids equal the tokenizer's. A malformed-input matrix over the new c
 fields: each load is refused naming the field, the value and the limit, and the server
 keeps serving.
 
-usage: heads_test.py ATTNSERVE REPO_ROOT
+usage: heads_test.py ATTNSERVE ATTNCTL REPO_ROOT
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -28,10 +29,11 @@ import unittest
 import grpc
 import numpy as np
 
-SERVER, ROOT = sys.argv[1:3]
+SERVER, ATTNCTL, ROOT = sys.argv[1:4]
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 sys.path.insert(0, os.path.join(ROOT, "client", "python"))
 import stubs  # noqa: E402
+from attnserve.client import Client  # noqa: E402
 from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
 
 DATA = os.path.abspath(os.path.join(ROOT, "tests", "data"))
@@ -168,6 +170,71 @@ class HeadsTest(unittest.TestCase):
             "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": texts}]})
         self.assertEqual(status, 400, reply)
         self.assertIn('parameters["head_mask"]: "x" is not a number', reply["error"])
+
+    def test_head_statistics_equal_those_of_transformers_attentions(self):
+        fields = ["mean_entropy", "mean_max_weight", "mean_distance", "share_first",
+                  "share_last", "share_self", "share_previous"]
+        tokens = sum(len(ids) for ids in self.golden["token_ids"])
+        pruned = self.golden["pruned_heads"]
+        for model, golden in (("full", "full_statistics"), ("pruned", "pruned_statistics"),
+                              ("sliced", "pruned_statistics")):
+            with self.subTest(model=model):
+                reply = self.v1.HeadStatistics(attention_pb2.HeadStatisticsRequest(
+                    model=model, encode=attention_pb2.EncodeRequest(
+                        text=self.golden["texts"])), timeout=60)
+                self.assertEqual(reply.model, model)
+                self.assertEqual(reply.tokens, tokens)
+                self.assertEqual(len(reply.heads), 12)
+                for entry in reply.heads:
+                    want = self.golden[golden][entry.layer][entry.head]
+                    removed = model != "full" and entry.head in pruned.get(
+                        str(entry.layer), [])
+                    self.assertEqual(entry.pruned, removed, (entry.layer, entry.head))
+                    got = [getattr(entry, field) for field in fields]
+                    np.testing.assert_allclose(got, [want[f] for f in fields],
+                                               rtol=1e-5, atol=1e-6,
+                                               err_msg=f"layer {entry.layer} head "
+                                                       f"{entry.head}")
+        with self.assertRaises(grpc.RpcError) as raised:
+            self.v1.HeadStatistics(attention_pb2.HeadStatisticsRequest(model="full"),
+                                   timeout=60)
+        self.assertEqual(raised.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("input_ids is required", raised.exception.details())
+
+    def test_attnctl_and_the_python_client_show_an_encoders_heads(self):
+        texts = self.golden["texts"]
+        out = subprocess.run([ATTNCTL, f"--target={self.server.target}", "--model=pruned",
+                              "heads", *texts], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        lines = out.splitlines()
+        self.assertIn("model=pruned", lines[0])
+        self.assertEqual(lines[1].split(), ["LAYER", "HEAD", "ENTROPY", "MAX_WEIGHT",
+                                            "DISTANCE", "FIRST", "LAST", "SELF", "PREV"])
+        rows = [line.split() for line in lines[2:]]
+        self.assertEqual(len(rows), 12)
+        self.assertEqual(rows[0], ["0", "0", "pruned"])
+        want = self.golden["pruned_statistics"][1][0]
+        self.assertAlmostEqual(float(rows[4][2]), want["mean_entropy"], places=3)
+        self.assertAlmostEqual(float(rows[4][4]), want["mean_distance"], places=2)
+
+        client = Client(self.server.target)
+        try:
+            heads = client.head_statistics(text=texts, model="full",
+                                           head_mask=sum(self.golden["head_mask"], []))
+            self.assertEqual(len(heads), 12)
+            # Head 1 of layer 0 is masked out: it is not computed, its figures are zero.
+            self.assertEqual(heads[1]["mean_entropy"], 0.0)
+            self.assertGreater(heads[0]["mean_entropy"], 0.0)
+            unmasked = client.head_statistics(text=texts, model="full")
+            self.assertAlmostEqual(unmasked[0]["share_self"],
+                                   self.golden["full_statistics"][0][0]["share_self"],
+                                   places=5)
+            embeddings = client.encode(text=texts, model="full",
+                                       head_mask=sum(self.golden["head_mask"], []))
+            np.testing.assert_allclose(embeddings, np.array(self.golden["masked"]),
+                                       atol=TOLERANCE, rtol=0)
+        finally:
+            client.close()
 
     def load(self, model, config):
         """(HTTP status, answer) of loading `model` with config.pbtxt `config`."""

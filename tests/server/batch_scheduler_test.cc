@@ -26,7 +26,8 @@ using ::testing::HasSubstr;
 struct FakeTask {
   int id = 0;
   int64_t size = 1;
-  std::string kind = "a";  // tasks share a batch only with their own kind
+  // Tasks share a batch only with their own kind; "alone" ones with none.
+  std::string kind = "a";
   int64_t reserved_bytes = 0;
   absl::Time deadline = absl::InfiniteFuture();
   std::shared_ptr<const std::atomic<bool>> cancelled;
@@ -34,7 +35,9 @@ struct FakeTask {
   int executed_in_batch_of = 0;
 
   int64_t tokens() const { return size; }
-  bool SharesBatchWith(const FakeTask& other) const { return kind == other.kind; }
+  bool SharesBatchWith(const FakeTask& other) const {
+    return kind == other.kind && kind != "alone";
+  }
 };
 
 using Scheduler = BatchScheduler<FakeTask>;
@@ -200,6 +203,20 @@ TEST(BatchSchedulerTest, TasksThatCannotShareABatchRunApartInArrivalOrder) {
   clock.Advance(absl::Milliseconds(10));
   recorder.Wait(3);
   EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 3), ElementsAre(2)));
+}
+
+TEST(BatchSchedulerTest, ATaskThatSharesWithNoneRunsAlone) {
+  FakeClock clock;
+  Recorder recorder;
+  auto scheduler = Scheduler::Create(Options(clock), recorder.Executor());
+  ASSERT_TRUE(scheduler.ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(1, 1, "alone"), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(2, 1, "alone"), recorder.Callback()).ok());
+  ASSERT_TRUE((*scheduler)->Enqueue(Task(3, 1, "a"), recorder.Callback()).ok());
+  clock.Advance(absl::Milliseconds(10));
+  recorder.Wait(3);
+  EXPECT_THAT(recorder.batches(),
+              ElementsAre(ElementsAre(1), ElementsAre(2), ElementsAre(3)));
 }
 
 TEST(BatchSchedulerTest, ExpiredAndCancelledTasksAreAnsweredWithoutExecution) {

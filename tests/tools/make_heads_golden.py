@@ -20,7 +20,9 @@ tokenizer of tests/data/reranker_tiny. Folders:
 heads_tiny.golden.json: the texts, their token ids, and the mean-pooled embeddings
 (sentence-transformers' default pooling: the mean over each text's tokens) of the full
 model, the pruned model, and the full model under HEAD_MASK (transformers' head_mask:
-each head's attention weights times its factor).
+each head's attention weights times its factor); and each layer's and head's statistics
+over all the texts' tokens, from transformers' attentions (output_attentions), for the
+full and the pruned model.
 """
 import json
 import os
@@ -58,6 +60,37 @@ def mean_pooled(model, encoded, head_mask=None):
     return hidden.mean(dim=0).tolist()
 
 
+def head_statistics(model, encoded, pruned=None):
+    """Each layer's and head's figures over every query token of `encoded` (attnserve's
+    definitions, in float64 from transformers' attentions): entropy, largest weight,
+    distance, and the weight on the first token, the last, the token itself and the one
+    before it. A pruned head's are zero."""
+    names = ["mean_entropy", "mean_max_weight", "mean_distance", "share_first",
+             "share_last", "share_self", "share_previous"]
+    sums = torch.zeros(LAYERS, HEADS, len(names), dtype=torch.float64)
+    tokens = 0
+    for e in encoded:
+        with torch.inference_mode():
+            attentions = model(**e, output_attentions=True).attentions
+        length = e["input_ids"].shape[1]
+        tokens += length
+        rows = torch.arange(length)
+        distance = (rows[:, None] - rows[None, :]).abs().double()
+        for layer, weights in enumerate(attentions):
+            kept = [h for h in range(HEADS) if h not in (pruned or {}).get(layer, [])]
+            for position, head in enumerate(kept):
+                p = weights[0, position].double()  # [L, L]
+                logs = torch.where(p > 0, p.log(), torch.zeros_like(p))
+                previous = torch.zeros(length, dtype=torch.float64)
+                previous[1:] = p[rows[1:], rows[1:] - 1]
+                figures = [-(p * logs).sum(1), p.max(1).values, (p * distance).sum(1),
+                           p[:, 0], p[:, -1], p.diagonal(), previous]
+                sums[layer, head] += torch.stack([f.sum() for f in figures])
+    means = sums / tokens
+    return [[dict(zip(names, means[layer, head].tolist())) for head in range(HEADS)]
+            for layer in range(LAYERS)]
+
+
 def main(directory):
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(
         os.path.join(directory, "reranker_tiny"))
@@ -73,10 +106,12 @@ def main(directory):
     golden = {"texts": texts, "pruned_heads": PRUNED, "head_mask": HEAD_MASK,
               "token_ids": [e["input_ids"][0].tolist() for e in encoded],
               "full": [mean_pooled(model, e) for e in encoded],
-              "masked": [mean_pooled(model, e, mask) for e in encoded]}
+              "masked": [mean_pooled(model, e, mask) for e in encoded],
+              "full_statistics": head_statistics(model, encoded)}
     model.save_pretrained(os.path.join(root, "full"))
     model.prune_heads(PRUNED)
     golden["pruned"] = [mean_pooled(model, e) for e in encoded]
+    golden["pruned_statistics"] = head_statistics(model, encoded, PRUNED)
     model.save_pretrained(os.path.join(root, "pruned"))
     for folder in ("full", "pruned"):
         tokenizer.save_pretrained(os.path.join(root, folder))

@@ -91,16 +91,18 @@ class Client:
         return output
 
     def encode(self, text=None, input_ids=None, model="", truncate=False,
-               return_token_ids=False):
+               return_token_ids=False, head_mask=None):
         """An encoder's embeddings, float32 [n, d], of `text` (a string or a list of
         strings, tokenized by the server) or of `input_ids` (a list of token-id lists).
         truncate: cut texts past the model's max_text_tokens instead of failing. With
         return_token_ids, returns (embeddings, the token ids of each text as lists).
-        Raises grpc.RpcError with the server's status."""
+        head_mask: one factor in [0, 1] per layer and head, flattened layer by layer
+        (transformers' head_mask). Raises grpc.RpcError with the server's status."""
         if (text is None) == (input_ids is None):
             raise ValueError("pass text or input_ids")
         request = attention_pb2.EncodeRequest(model=model, truncate=truncate,
-                                              return_token_ids=return_token_ids)
+                                              return_token_ids=return_token_ids,
+                                              head_mask=head_mask or [])
         if text is not None:
             request.text.extend([text] if isinstance(text, str) else list(text))
         else:
@@ -156,16 +158,32 @@ class Client:
         reply = self.stub.Rerank(request, timeout=self.timeout)
         return [(r.index, r.score) for r in reply.results]
 
-    def head_statistics(self, query, memory=None, model="", causal=False):
-        """[{head, pruned, mean_entropy, mean_max_weight, mean_output_norm}, ...]."""
-        request = attention_pb2.HeadStatisticsRequest(model=model, query=to_tensor(query),
-                                                      causal=causal)
-        if memory is not None:
-            request.memory.CopyFrom(to_tensor(memory))
+    def head_statistics(self, query=None, memory=None, model="", causal=False, text=None,
+                        head_mask=None):
+        """An attention model's heads over `query` (and `memory`):
+        [{head, pruned, mean_entropy, mean_max_weight, mean_output_norm}, ...].
+        An encoder's over `text` (a string or a list), under `head_mask` (one factor per
+        layer and head, flattened) if given: [{layer, head, pruned, mean_entropy,
+        mean_max_weight, mean_distance, share_first, share_last, share_self,
+        share_previous}, ...], layer by layer. Raises grpc.RpcError with the server's
+        status."""
+        if (text is None) == (query is None):
+            raise ValueError("pass query (an attention model) or text (an encoder)")
+        request = attention_pb2.HeadStatisticsRequest(model=model, causal=causal)
+        if text is not None:
+            request.encode.text.extend([text] if isinstance(text, str) else list(text))
+            request.encode.head_mask.extend(head_mask or [])
+            fields = ["layer", "head", "pruned", "mean_entropy", "mean_max_weight",
+                      "mean_distance", "share_first", "share_last", "share_self",
+                      "share_previous"]
+        else:
+            request.query.CopyFrom(to_tensor(query))
+            if memory is not None:
+                request.memory.CopyFrom(to_tensor(memory))
+            fields = ["head", "pruned", "mean_entropy", "mean_max_weight",
+                      "mean_output_norm"]
         reply = self.stub.HeadStatistics(request, timeout=self.timeout)
-        return [{"head": h.head, "pruned": h.pruned, "mean_entropy": h.mean_entropy,
-                 "mean_max_weight": h.mean_max_weight,
-                 "mean_output_norm": h.mean_output_norm} for h in reply.heads]
+        return [{field: getattr(h, field) for field in fields} for h in reply.heads]
 
     def models(self):
         """The served models' descriptions (ModelInfo messages)."""
