@@ -236,6 +236,68 @@ class HeadsTest(unittest.TestCase):
         finally:
             client.close()
 
+    def test_the_pruning_tool_keeps_its_budget_and_writes_a_model_that_loads(self):
+        with open(os.path.join(DATA, "sentences.en.txt"), encoding="utf-8") as f:
+            sentences = [line.strip() for line in f if line.strip()]
+        work = tempfile.TemporaryDirectory()
+        self.addCleanup(work.cleanup)
+        files = {}
+        for name, texts in (("calibration", sentences[100:140]),
+                            ("held_out", sentences[200:224])):
+            files[name] = os.path.join(work.name, name + ".txt")
+            with open(files[name], "w", encoding="utf-8") as f:
+                f.write("\n".join(texts) + "\n")
+        output = os.path.join(self.repository.name, "full-pruned")
+        environment = dict(os.environ,
+                           PYTHONPATH=os.path.join(ROOT, "client", "python"))
+        run = subprocess.run(
+            [sys.executable, "-m", "attnserve.prune", f"--target={self.server.target}",
+             "--model=full", f"--model_folder={os.path.join(DATA, 'heads_tiny', 'full')}",
+             f"--calibration={files['calibration']}", f"--held_out={files['held_out']}",
+             "--budget=0.95", "--min_budget=0.8", f"--output={output}",
+             "--speed_rounds=2"], capture_output=True, text=True, timeout=600,
+            env=environment)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(os.path.join(output, "report.json"), encoding="utf-8") as f:
+            report = json.load(f)
+        self.assertGreaterEqual(report["heads_removed"], 1)
+        self.assertEqual(report["heads_total"], 12)
+        self.assertEqual(len(report["ranking"]), 12)
+        removed = [(int(layer), head) for layer, heads in
+                   report["removed_per_layer"].items() for head in heads]
+        self.assertEqual(len(removed), report["heads_removed"])
+        for layer in range(3):  # every layer keeps a head
+            self.assertLess(len(report["removed_per_layer"][str(layer)]), 4)
+        mask = [1.0] * 12
+        for layer, head in removed:
+            mask[layer * 4 + head] = 0.0
+        client = Client(self.server.target)
+        self.addCleanup(client.close)
+        full = client.encode(text=sentences[200:224], model="full", truncate=True)
+        masked = client.encode(text=sentences[200:224], model="full", head_mask=mask, truncate=True)
+        calibration_full = client.encode(text=sentences[100:140], model="full", truncate=True)
+        calibration_masked = client.encode(text=sentences[100:140], model="full",
+                                           head_mask=mask, truncate=True)
+
+        def cosine(a, b):
+            return np.sum(a * b, 1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+        # The budget holds where it was measured, and the report's held-out figures are
+        # what they say.
+        self.assertGreaterEqual(cosine(calibration_full, calibration_masked).mean(),
+                                0.95 - 1e-6)
+        self.assertGreaterEqual(cosine(calibration_full, calibration_masked).min(),
+                                0.8 - 1e-6)
+        self.assertAlmostEqual(report["held_out"]["mean_cosine"],
+                               float(cosine(full, masked).mean()), places=5)
+        self.assertGreater(report["sentences_per_second"]["pruned"], 0)
+        # The folder it wrote loads, and computes what the mask computed.
+        status, reply = stubs.post_json(
+            f"{self.http}/v2/repository/models/full-pruned/load", {})
+        self.assertEqual(status, 200, reply)
+        pruned = client.encode(text=sentences[200:224], model="full-pruned", truncate=True)
+        np.testing.assert_allclose(pruned, masked, atol=TOLERANCE, rtol=0)
+
     def load(self, model, config):
         """(HTTP status, answer) of loading `model` with config.pbtxt `config`."""
         with open(os.path.join(self.repository.name, model, "config.pbtxt"), "w") as f:
