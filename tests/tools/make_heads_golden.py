@@ -32,6 +32,9 @@ import sys
 import torch
 import transformers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from seeded_bert import draw_norms_and_biases  # noqa: E402
+
 LAYERS, D, HEADS, FFN, POSITIONS = 3, 32, 4, 64, 64
 PRUNED = {0: [0, 2], 2: [1, 2, 3]}
 HEAD_MASK = [[1.0, 0.0, 1.0, 0.5], [0.0, 1.0, 1.0, 1.0], [1.0, 0.25, 0.0, 1.0]]
@@ -44,14 +47,8 @@ def seeded_model(vocab):
         num_attention_heads=HEADS, intermediate_size=FFN,
         max_position_embeddings=POSITIONS, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0, initializer_range=0.3)
-    model = transformers.BertModel(config, add_pooling_layer=False).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "LayerNorm.weight" in name:
-                parameter.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
-                parameter.uniform_(-0.2, 0.2)
-    return model
+    return draw_norms_and_biases(
+        transformers.BertModel(config, add_pooling_layer=False).eval())
 
 
 def mean_pooled(model, encoded, head_mask=None):

@@ -29,6 +29,9 @@ import transformers
 from sentence_transformers import CrossEncoder
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from seeded_bert import draw_norms_and_biases  # noqa: E402
+
 LAYERS, D, HEADS, FFN, POSITIONS = 2, 32, 4, 64, 64
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
@@ -63,16 +66,8 @@ def seeded_model(seed, labels, vocab):
         id2label=dict(enumerate(labels)), label2id={l: i for i, l in enumerate(labels)},
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         initializer_range=0.3)
-    model = transformers.BertForSequenceClassification(config).eval()
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "LayerNorm.weight" in name:
-                parameter.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
-                parameter.uniform_(-0.2, 0.2)
-            elif name.startswith("classifier.") or name.startswith("bert.pooler."):
-                parameter.normal_(0.0, 1.0)
-    return model
+    return draw_norms_and_biases(transformers.BertForSequenceClassification(config).eval(),
+                                 heads=("classifier.", "bert.pooler."))
 
 
 def main(directory):
