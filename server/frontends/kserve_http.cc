@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -521,9 +522,25 @@ void KServeHttp::Repository(mg_connection* connection,
   absl::StatusOr<std::optional<std::string>> config = ParseRepositoryLoadBody(body, load);
   if (!config.ok()) return SendStatus(connection, config.status());
   const std::string model(parts[3]);
-  const absl::Status done =
-      load ? registry->Load(model, *config) : registry->Unload(model);
-  if (!done.ok()) return SendStatus(connection, done);
+  // On the registry's control thread, as the gRPC door does: a load's warm-up runs the
+  // model, deeper than a civetweb thread's stack allows under the sanitizers. This
+  // thread waits; shared with the callback, which may outlive the wait's return.
+  struct Answer {
+    absl::Status status;
+    absl::Notification done;
+  };
+  auto answer = std::make_shared<Answer>();
+  const auto finish = [answer](const absl::Status& status) {
+    answer->status = status;
+    answer->done.Notify();
+  };
+  if (load) {
+    registry->LoadInBackground(model, *std::move(config), finish);
+  } else {
+    registry->UnloadInBackground(model, finish);
+  }
+  answer->done.WaitForNotification();
+  if (!answer->status.ok()) return SendStatus(connection, answer->status);
   return Send(connection, 200, "{}");
 }
 
