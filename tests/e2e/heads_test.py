@@ -285,9 +285,9 @@ class HeadsTest(unittest.TestCase):
         # The budget holds where it was measured, and the report's held-out figures are
         # what they say.
         self.assertGreaterEqual(cosine(calibration_full, calibration_masked).mean(),
-                                0.95 - 1e-6)
+                                0.95 - 1e-5)
         self.assertGreaterEqual(cosine(calibration_full, calibration_masked).min(),
-                                0.8 - 1e-6)
+                                0.8 - 1e-5)
         self.assertAlmostEqual(report["held_out"]["mean_cosine"],
                                float(cosine(full, masked).mean()), places=5)
         self.assertGreater(report["sentences_per_second"]["pruned"], 0)
