@@ -132,32 +132,6 @@ absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
   return static_cast<int32_t>(std::min<int64_t>(*count, INT32_MAX));
 }
 
-// head_mask: transformers' [layers][heads] factors, or the same flattened, into the
-// work's head mask; the work checks their count and range.
-absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
-  const auto add = [&](const Json& factor) {
-    if (!factor.is_number()) {
-      return Invalid(absl::StrCat("head_mask must hold numbers ([layers][heads]), got ",
-                                  JsonExcerpt(factor)));
-    }
-    encode->add_head_mask(static_cast<float>(factor.get<double>()));
-    return absl::OkStatus();
-  };
-  if (!value.is_array()) {
-    return Invalid(
-        absl::StrCat("head_mask must be a list of one list of factors per layer, got ",
-                     JsonExcerpt(value)));
-  }
-  for (const Json& row : value) {
-    if (!row.is_array()) {
-      ATTN_RETURN_IF_ERROR(add(row));
-      continue;
-    }
-    for (const Json& factor : row) ATTN_RETURN_IF_ERROR(add(factor));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {

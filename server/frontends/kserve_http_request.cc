@@ -408,6 +408,30 @@ std::string JsonExcerpt(const Json& value) {
   return text;
 }
 
+absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
+  const auto add = [&](const Json& factor) {
+    if (!factor.is_number()) {
+      return Invalid(absl::StrCat("head_mask must hold numbers ([layers][heads]), got ",
+                                  JsonExcerpt(factor)));
+    }
+    encode->add_head_mask(static_cast<float>(factor.get<double>()));
+    return absl::OkStatus();
+  };
+  if (!value.is_array()) {
+    return Invalid(
+        absl::StrCat("head_mask must be a list of one list of factors per layer, got ",
+                     JsonExcerpt(value)));
+  }
+  for (const Json& row : value) {
+    if (!row.is_array()) {
+      ATTN_RETURN_IF_ERROR(add(row));
+      continue;
+    }
+    for (const Json& factor : row) ATTN_RETURN_IF_ERROR(add(factor));
+  }
+  return absl::OkStatus();
+}
+
 std::optional<int64_t> JsonInt64(const Json& value) {
   if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
     return *integer;

@@ -10,9 +10,11 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "attnserve/v1/attention.pb.h"
 #include "inference/grpc_service.pb.h"
 #include "nlohmann/json.hpp"
 
@@ -70,6 +72,11 @@ absl::StatusOr<nlohmann::json> ParseJsonObjectBody(absl::string_view text);
 
 // A JSON value as a short excerpt for an error message (at most 40 characters).
 std::string JsonExcerpt(const nlohmann::json& value);
+
+// A JSON body's head_mask, transformers' [layers][heads] factors or the same flattened,
+// appended to encode->head_mask; the work checks their count and range. InvalidArgument
+// naming the field for a value that is not a list of numbers (or of lists of numbers).
+absl::Status HeadMaskAt(const nlohmann::json& value, v1::EncodeRequest* encode);
 
 // A JSON integer that fits int64 (a float or a larger number does not).
 std::optional<int64_t> JsonInt64(const nlohmann::json& value);

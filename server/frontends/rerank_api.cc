@@ -106,15 +106,18 @@ absl::StatusOr<EmbeddingsCall> ParseTeiRerank(absl::string_view body) {
       call.encode.set_truncate(truncate);
     } else if (key == "truncation_direction") {
       ATTN_RETURN_IF_ERROR(CheckDirection(value));
+    } else if (key == "head_mask") {
+      ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
     } else if (key == "raw_scores") {
       ATTN_ASSIGN_OR_RETURN(const bool raw, Flag(value, "raw_scores"));
       call.encode.set_raw_scores(raw);
     } else if (key == "return_text") {
       ATTN_ASSIGN_OR_RETURN(call.return_documents, Flag(value, "return_text"));
     } else {
-      return Invalid(absl::StrCat("unknown field \"", key,
-                                  "\" (accepted: query, texts, truncate, "
-                                  "truncation_direction, raw_scores, return_text)"));
+      return Invalid(
+          absl::StrCat("unknown field \"", key,
+                       "\" (accepted: query, texts, truncate, "
+                       "truncation_direction, raw_scores, return_text, head_mask)"));
     }
   }
   if (!query) return Invalid("query is required: the text the texts are ranked for");
@@ -163,6 +166,8 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
         }
       }
       has_documents = true;
+    } else if (key == "head_mask") {
+      ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
     } else if (key == "top_n") {
       const std::optional<int64_t> top_n = JsonInt64(value);
       if (!top_n || *top_n < 1) {
@@ -182,7 +187,7 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
     } else {
       return Invalid(absl::StrCat("unknown field \"", key,
                                   "\" (accepted: model, query, documents, top_n, "
-                                  "return_documents, max_tokens_per_doc)"));
+                                  "return_documents, max_tokens_per_doc, head_mask)"));
     }
   }
   if (!query) return Invalid("query is required: the text the documents are ranked for");
@@ -233,6 +238,8 @@ absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body) {
       for (size_t i = 0; i < value.size(); ++i) {
         ATTN_RETURN_IF_ERROR(add(value[i], absl::StrCat("inputs[", i, "]")));
       }
+    } else if (key == "head_mask") {
+      ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
     } else if (key == "raw_scores") {
       ATTN_ASSIGN_OR_RETURN(const bool raw, Flag(value, "raw_scores"));
       call.encode.set_raw_scores(raw);
@@ -244,7 +251,7 @@ absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body) {
     } else {
       return Invalid(absl::StrCat("unknown field \"", key,
                                   "\" (accepted: inputs, raw_scores, truncate, "
-                                  "truncation_direction)"));
+                                  "truncation_direction, head_mask)"));
     }
   }
   if (!has_inputs) {

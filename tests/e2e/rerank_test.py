@@ -197,6 +197,40 @@ print(json.dumps({"ranked": ranked, "kept": [[d.page_content, d.metadata["releva
         self.assertEqual(status, 422, body)
         self.assertIn("over the model's limit of 64", body["error"])
 
+    def test_a_head_mask_reaches_the_reranker_at_every_rerank_door(self):
+        """2 layers x 4 heads. Ones are the model itself; zeros change the scores; a
+        wrong count is refused naming the field and the limit (the numerics of a mask
+        are checked against transformers in heads_test)."""
+        query, documents = self.rerank["query"], self.rerank["documents"]
+        ones, cut = [[1.0] * 4] * 2, [[0.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.5, 1.0]]
+
+        def scores(path, mask):
+            body = ({"query": query, "texts": documents, "truncate": True}
+                    if path == "/rerank" else
+                    {"model": "reranker_tiny", "query": query, "documents": documents})
+            if mask is not None:
+                body["head_mask"] = mask
+            status, reply = self.post(path, body)
+            self.assertEqual(status, 200, reply)
+            results = reply if path == "/rerank" else reply["results"]
+            key = "score" if path == "/rerank" else "relevance_score"
+            return np.array([r[key] for r in sorted(results, key=lambda r: r["index"])])
+
+        for path in ("/rerank", "/v1/rerank"):
+            with self.subTest(path=path):
+                plain = scores(path, None)
+                np.testing.assert_allclose(scores(path, ones), plain, atol=1e-6)
+                self.assertGreater(np.abs(scores(path, cut) - plain).max(), 1e-4)
+                status, reply = self.post(path, {
+                    "query": query, "texts": documents, "head_mask": [1.0] * 5}
+                    if path == "/rerank" else {
+                    "query": query, "documents": documents, "head_mask": [1.0] * 5})
+                self.assertNotEqual(status, 200, reply)
+                self.assertIn("num_layers * num_heads", json.dumps(reply))
+        status, reply = self.post("/predict", {"inputs": [[query, documents[0]]],
+                                               "head_mask": cut})
+        self.assertEqual(status, 200, reply)
+
     def test_encode_pairs_token_ids_equal_tokenizers(self):
         count = len(self.rerank["documents"])
         reply = self.v1.Encode(attention_pb2.EncodeRequest(
