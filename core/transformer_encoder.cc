@@ -258,9 +258,10 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     // The heads this checkpoint holds, in order: a pruned one's rows (Q, K, V) and
     // columns (output) are absent, and stay zero here.
     std::vector<int64_t> stored;
-    const std::vector<int64_t> none;
-    const std::vector<int64_t>& absent =
-        spec.checkpoint_pruned_heads.empty() ? none : spec.checkpoint_pruned_heads[n];
+    const absl::Span<const int64_t> absent =
+        spec.checkpoint_pruned_heads.empty()
+            ? absl::Span<const int64_t>()
+            : absl::Span<const int64_t>(spec.checkpoint_pruned_heads[n]);
     for (int64_t head = 0; head < spec.num_heads; ++head) {
       if (std::find(absent.begin(), absent.end(), head) == absent.end()) {
         stored.push_back(head);

@@ -17,6 +17,9 @@
 #   --servers DIR    the embedding servers of `make bench-servers` (infinity-emb with its
 #               torch and ONNX Runtime engines), pinned in deploy/requirements-servers.txt,
 #               in their own virtualenv DIR (several GB; not needed by `make test`)
+#   --transformers4 DIR  transformers 4.57 (the last with prune_heads() and head_mask),
+#               pinned in deploy/requirements-transformers4.txt, into DIR for the peers
+#               venv (needs --peers) to run tests/tools/make_heads_golden.py with
 #   --rag DIR   the RAG frameworks' rerank classes the rerank test calls (LangChain's
 #               CohereRerank), pinned in deploy/requirements-rag.txt, in their own small
 #               virtualenv DIR (their cohere pin differs from the project venv's)
@@ -127,7 +130,7 @@ bench_packages=(
 )
 
 usage() {
-  echo "usage: $0 [--build] [--runtime] [--client|--test [--venv DIR]] [--bench] [--peers DIR] [--rag DIR]" \
+  echo "usage: $0 [--build] [--runtime] [--client|--test [--venv DIR]] [--bench] [--peers DIR [--transformers4 DIR]] [--rag DIR]" \
     "[--servers DIR]" \
     "| --list-runtime" >&2
   exit 2
@@ -136,6 +139,7 @@ usage() {
 wanted=()
 venv=""
 peers=""
+transformers4=""
 servers=""
 rag=""
 with_client=0
@@ -172,6 +176,11 @@ while [[ $# -gt 0 ]]; do
     --servers)
       [[ $# -ge 2 ]] || usage
       servers="$2"
+      shift
+      ;;
+    --transformers4)
+      [[ $# -ge 2 ]] || usage
+      transformers4="$2"
       shift
       ;;
     --rag)
@@ -279,6 +288,19 @@ isolated_venv() {  # isolated_venv WHAT DIR REQUIREMENTS
 }
 if [[ -n "${peers}" ]]; then
   isolated_venv peers "${peers}" "${here}/requirements-peers.txt"
+fi
+if [[ -n "${transformers4}" ]]; then
+  [[ -n "${peers}" ]] || usage
+  requirements="${here}/requirements-transformers4.txt"
+  if [[ -f "${transformers4}/.requirements" ]] &&
+    cmp -s "${transformers4}/.requirements" "${requirements}"; then
+    echo "install-deps: transformers 4 in ${transformers4} up to date"
+  else
+    echo "install-deps: transformers 4 into ${transformers4} from ${requirements}"
+    "${peers}/bin/python" -m pip install -q --disable-pip-version-check \
+      --target "${transformers4}" --upgrade -r "${requirements}"
+    cp "${requirements}" "${transformers4}/.requirements"
+  fi
 fi
 if [[ -n "${servers}" ]]; then
   isolated_venv servers "${servers}" "${here}/requirements-servers.txt"

@@ -410,11 +410,12 @@ std::string JsonExcerpt(const Json& value) {
 
 absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
   const auto add = [&](const Json& factor) {
-    if (!factor.is_number()) {
+    const std::optional<double> number = NumberOf(factor);
+    if (!number) {
       return Invalid(absl::StrCat("head_mask must hold numbers ([layers][heads]), got ",
                                   JsonExcerpt(factor)));
     }
-    encode->add_head_mask(static_cast<float>(factor.get<double>()));
+    encode->add_head_mask(static_cast<float>(*number));
     return absl::OkStatus();
   };
   if (!value.is_array()) {

@@ -207,15 +207,19 @@ absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body) {
   bool has_inputs = false;
   // One input: a text, or a pair [text, text].
   const auto add = [&](const Json& input, const std::string& field) -> absl::Status {
-    if (input.is_string()) {
-      call.encode.add_text(input.get<std::string>());
+    // Typed reads: get_ptr answers null for another type, where get<> would throw.
+    if (const auto* text = input.get_ptr<const Json::string_t*>()) {
+      call.encode.add_text(*text);
       return absl::OkStatus();
     }
-    if (input.is_array() && input.size() == 2 && input[0].is_string() &&
-        input[1].is_string()) {
-      call.encode.add_text(input[0].get<std::string>());
-      call.encode.add_text_pair(input[1].get<std::string>());
-      return absl::OkStatus();
+    if (input.is_array() && input.size() == 2) {
+      const auto* first = input[0].get_ptr<const Json::string_t*>();
+      const auto* second = input[1].get_ptr<const Json::string_t*>();
+      if (first != nullptr && second != nullptr) {
+        call.encode.add_text(*first);
+        call.encode.add_text_pair(*second);
+        return absl::OkStatus();
+      }
     }
     return Invalid(absl::StrCat(field, " must be a text or a pair [text, text], got ",
                                 JsonExcerpt(input)));

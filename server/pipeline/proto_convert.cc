@@ -16,6 +16,34 @@ namespace attnserve::server {
 
 namespace {
 
+// A request's head_mask: empty, or one factor in [0, 1] per head of an attention layer
+// (`layers` 0), or per layer and head of an encoder (`layers` of them, layer by layer;
+// a bad factor's message names its layer and head). InvalidArgument otherwise.
+absl::Status CheckHeadMask(const google::protobuf::RepeatedField<float>& mask,
+                           int64_t layers, int64_t heads) {
+  if (mask.empty()) return absl::OkStatus();
+  const bool encoder = layers > 0;
+  const int64_t count = encoder ? layers * heads : heads;
+  if (mask.size() != count) {
+    return absl::InvalidArgumentError(
+        encoder
+            ? absl::StrCat("head_mask must have num_layers * num_heads = ", layers, " * ",
+                           heads, " = ", count, " factors or none, got ", mask.size())
+            : absl::StrCat("head_mask must have num_heads=", heads,
+                           " values or none, got ", mask.size()));
+  }
+  for (int i = 0; i < mask.size(); ++i) {
+    const float factor = mask.Get(i);
+    if (!(factor >= 0.0f && factor <= 1.0f)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "head_mask[", i, "]",
+          encoder ? absl::StrCat(" (layer ", i / heads, ", head ", i % heads, ")") : "",
+          " must be in [0, 1], got ", factor));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Bytes a response carries beyond its tensors (model name, request_id, shapes, timings,
 // protobuf and gRPC framing), counted generously so that the estimate is an upper bound.
 constexpr int64_t kResponseOverheadBytes = 4096;
@@ -230,20 +258,7 @@ absl::StatusOr<std::unique_ptr<AttentionWork>> WorkFromRequest(
     }
     memory = *checked;
   }
-  if (request.head_mask_size() > 0) {
-    if (request.head_mask_size() != spec.num_heads) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("head_mask must have num_heads=", spec.num_heads,
-                       " values or none, got ", request.head_mask_size()));
-    }
-    for (int i = 0; i < request.head_mask_size(); ++i) {
-      const float factor = request.head_mask(i);
-      if (!(factor >= 0.0f && factor <= 1.0f)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("head_mask[", i, "] must be in [0, 1], got ", factor));
-      }
-    }
-  }
+  ATTN_RETURN_IF_ERROR(CheckHeadMask(request.head_mask(), 0, spec.num_heads));
   absl::StatusOr<int64_t> work_bytes = AdmitSizes(request, spec, *query, memory, limits);
   if (!work_bytes.ok()) return work_bytes.status();
 
@@ -493,23 +508,8 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
         request.raw_scores() ? "raw_scores" : "text_pair",
         " applies to a classification model (a cross-encoder), and this model embeds"));
   }
-  if (request.head_mask_size() > 0) {
-    const int64_t factors = spec.num_layers * spec.num_heads;
-    if (request.head_mask_size() != factors) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("head_mask must have num_layers * num_heads = ", spec.num_layers,
-                       " * ", spec.num_heads, " = ", factors, " factors or none, got ",
-                       request.head_mask_size()));
-    }
-    for (int i = 0; i < request.head_mask_size(); ++i) {
-      const float factor = request.head_mask(i);
-      if (!(factor >= 0.0f && factor <= 1.0f)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("head_mask[", i, "] (layer ", i / spec.num_heads, ", head ",
-                         i % spec.num_heads, ") must be in [0, 1], got ", factor));
-      }
-    }
-  }
+  ATTN_RETURN_IF_ERROR(
+      CheckHeadMask(request.head_mask(), spec.num_layers, spec.num_heads));
   if ((request.dimensions() > 0 || request.normalize()) &&
       spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -4,9 +4,8 @@ embeddings transformers computes with each (and with a head mask), for
 tests/e2e/heads_test.py.
 
 transformers 5 removed prune_heads() and head_mask, so this runs with transformers 4.57,
-the last release that has them, installed beside the peers venv's torch:
-  build/peers-venv/bin/python -m pip install --target build/transformers4 \\
-      "transformers==4.57.1"
+the last release that has them, beside the peers venv's torch:
+  deploy/install-deps.sh --peers build/peers-venv --transformers4 build/transformers4
   PYTHONPATH=build/transformers4 build/peers-venv/bin/python \\
       tests/tools/make_heads_golden.py tests/data
 

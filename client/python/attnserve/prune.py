@@ -38,14 +38,11 @@ def cosines(a, b):
 
 
 def ranks(values):
-    order = np.argsort(values, kind="stable")
-    result = np.empty(len(values))
-    result[order] = np.arange(len(values))
-    # Ties share their mean rank.
-    for value in np.unique(values):
-        tied = values == value
-        result[tied] = result[tied].mean()
-    return result
+    """Each value's rank; ties share their mean rank."""
+    ordinal = np.empty(len(values))
+    ordinal[np.argsort(values, kind="stable")] = np.arange(len(values))
+    _, group = np.unique(values, return_inverse=True)
+    return (np.bincount(group, ordinal) / np.bincount(group))[group]
 
 
 def spearman(a, b):
