@@ -258,11 +258,15 @@ void Request::Finish(const absl::Status& status, int64_t tokens) {
 }
 
 absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
-    absl::string_view authorization, Origin origin) const {
+    absl::string_view authorization, Origin origin, absl::Time deadline) const {
   std::shared_ptr<Request> request(new Request(this));
   if (origin == Origin::kStreamMessage) return request;
   absl::Status allowed = Authorize(authorization);
   if (allowed.ok()) allowed = CheckServing();
+  if (allowed.ok() && deadline <= absl::Now()) {
+    allowed =
+        absl::DeadlineExceededError("the deadline passed before the request was read");
+  }
   if (!allowed.ok()) {
     request->Finish(allowed);
     return allowed;
@@ -276,7 +280,8 @@ absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
   const auto it = metadata.find("authorization");
   return Begin(it == metadata.end()
                    ? absl::string_view()
-                   : absl::string_view(it->second.data(), it->second.size()));
+                   : absl::string_view(it->second.data(), it->second.size()),
+               Origin::kCall, CallDeadline(context));
 }
 
 AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
@@ -289,14 +294,22 @@ AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
   return limits;
 }
 
+namespace {
+
+// DEADLINE_EXCEEDED once `deadline` has passed: checked before validation (no work is
+// spent on a request nobody waits for) and again before queueing (tokenizing takes time).
+absl::Status CheckDeadline(absl::Time deadline) {
+  if (deadline > absl::Now()) return absl::OkStatus();
+  return absl::DeadlineExceededError("the deadline passed before the request was queued");
+}
+
+}  // namespace
+
 absl::Status RequestPipeline::CheckQueueable(
     absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
     std::shared_ptr<BatchQueue> queue,
     std::shared_ptr<const std::atomic<bool>>* cancelled) const {
-  if (deadline <= absl::Now()) {
-    return absl::DeadlineExceededError(
-        "the deadline passed before the request was queued");
-  }
+  if (absl::Status timely = CheckDeadline(deadline); !timely.ok()) return timely;
   if (cancellation == nullptr) return absl::OkStatus();
   if (cancellation->Attach(std::move(queue))) {
     return absl::CancelledError("the call was cancelled before it was queued");
@@ -341,6 +354,7 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
         "model \"", model->name,
         "\" is an encoder: send token ids to Encode (KServe: input \"input_ids\")")));
   }
+  if (absl::Status timely = CheckDeadline(deadline); !timely.ok()) return refuse(timely);
   AdmissionLimits limits = LimitsFor(*model);
   limits.weights_for_statistics = statistics != nullptr;
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
@@ -413,6 +427,7 @@ void RequestPipeline::SubmitEncode(
         "\" is an attention layer, not an encoder: send [L, d_model] queries "
         "to Attend (KServe: input \"query\")")));
   }
+  if (absl::Status timely = CheckDeadline(deadline); !timely.ok()) return refuse(timely);
   absl::StatusOr<std::unique_ptr<EncoderWork>> work =
       EncoderWorkFromRequest(encode, model->encoder_spec, LimitsFor(*model),
                              model->tokenizer.get(), model->score_activation);

@@ -234,13 +234,16 @@ class RequestPipeline {
   // SubmitEncode (validation, admission, the deadline, enqueue, the answer).
   enum class Origin { kCall, kStreamMessage };
   // A new request. UNAUTHENTICATED when `authorization` ("Bearer <token>") is not
-  // valid; UNAVAILABLE for a call once draining has begun. A message of an open stream
-  // (kStreamMessage) skips both: its stream was authorized when it opened, and once
-  // draining the stream stops reading instead. A refusal is already counted (under
-  // "") when it is returned: the door answers it. Does not block.
-  absl::StatusOr<std::shared_ptr<Request>> Begin(absl::string_view authorization,
-                                                 Origin origin = Origin::kCall) const;
-  // The same with a gRPC call's "authorization" metadata.
+  // valid; UNAVAILABLE for a call once draining has begun; DEADLINE_EXCEEDED when
+  // `deadline` (the call's, when the door knows it before reading the body) has
+  // passed. A message of an open stream (kStreamMessage) skips all three: its stream
+  // was checked when it opened, and once draining the stream stops reading instead. A
+  // refusal is already counted (under "", before any lookup) when it is returned: the
+  // door answers it. Does not block.
+  absl::StatusOr<std::shared_ptr<Request>> Begin(
+      absl::string_view authorization, Origin origin = Origin::kCall,
+      absl::Time deadline = absl::InfiniteFuture()) const;
+  // The same with a gRPC call's "authorization" metadata and deadline.
   absl::StatusOr<std::shared_ptr<Request>> Begin(
       const grpc::CallbackServerContext* context) const;
 
