@@ -782,7 +782,8 @@ std::string TransformerEncoder::ComputePath() const {
 absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
                                          absl::Span<float> pooled,
                                          absl::Span<float> hidden,
-                                         absl::Span<EncoderHeadStatistic> statistics) {
+                                         absl::Span<EncoderHeadStatistic> statistics,
+                                         absl::Span<float> attention) {
   const int64_t d = spec_.d_model;
   if (batch.lengths.empty()) return Invalid("lengths must not be empty");
   int64_t tokens = 0;
@@ -850,6 +851,13 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
         " entries, expected num_layers * num_heads = ", spec_.num_layers * heads));
   }
   std::fill(statistics.begin(), statistics.end(), EncoderHeadStatistic());
+  const int64_t first_plane = heads * batch.lengths[0] * batch.lengths[0];
+  if (!attention.empty() &&
+      static_cast<int64_t>(attention.size()) != spec_.num_layers * first_plane) {
+    return Invalid(absl::StrCat("attention has ", attention.size(),
+                                " values, expected num_layers * num_heads * L0^2 = ",
+                                spec_.num_layers * first_plane));
+  }
   if (options_.intra_op_threads > 0) omp_set_num_threads(options_.intra_op_threads);
 
   State& state = *state_;
@@ -896,11 +904,11 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
                                       state.bf16, inner));
     return state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, into);
   };
-  // With statistics: the attention weights of each layer, [h, L, L] per sequence.
+  // With statistics or attention: each layer's attention weights, [h, L, L] per
+  // sequence (the first sequence's first).
+  const bool weighs = !statistics.empty() || !attention.empty();
   std::vector<float> weights_scratch(
-      statistics.empty()
-          ? 0
-          : static_cast<size_t>(AttentionWeightsSize(heads, batch.lengths, {})));
+      weighs ? static_cast<size_t>(AttentionWeightsSize(heads, batch.lengths, {})) : 0);
   const auto attend = [&](int64_t n, const float* from, float* into) -> absl::Status {
     AttentionOptions options;
     if (!batch.head_mask.empty()) {
@@ -912,6 +920,10 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     if (!statistics.empty()) {
       AccumulateHeadStatistics(weights_scratch, batch.lengths, heads, tokens,
                                statistics.subspan(n * heads, heads));
+    }
+    if (!attention.empty()) {
+      std::copy_n(weights_scratch.begin(), first_plane,
+                  attention.begin() + n * first_plane);
     }
     return absl::OkStatus();
   };

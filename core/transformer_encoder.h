@@ -205,9 +205,13 @@ class TransformerEncoder {
   // [num_layers * num_heads] layer by layer, from the attention weights of this same
   // pass (computed for it: num_heads * sum(L^2) floats of scratch, reused by every
   // layer); a pruned or masked-out head's are zero.
+  // `attention` is empty, or receives the first sequence's attention weights in every
+  // layer and head, [num_layers, num_heads, L0, L0] (query rows, key columns), from
+  // the same pass; a pruned head's are zero.
   absl::Status Forward(const EncoderBatch& batch, absl::Span<float> pooled,
                        absl::Span<float> hidden,
-                       absl::Span<EncoderHeadStatistic> statistics = {});
+                       absl::Span<EncoderHeadStatistic> statistics = {},
+                       absl::Span<float> attention = {});
 
   const EncoderSpec& spec() const { return spec_; }
   // How it computes, for logs: MultiHeadAttention::ComputePath's words.

@@ -509,6 +509,11 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVoca
   return tokenizer;
 }
 
+absl::string_view WordPieceTokenizer::TokenOf(int64_t id) const {
+  const auto found = tokens_.find(id);
+  return found == tokens_.end() ? absl::string_view() : absl::string_view(found->second);
+}
+
 absl::Status WordPieceTokenizer::Build(
     std::vector<std::pair<std::string, int64_t>> vocab) {
   if (options_.max_input_chars_per_word < 1) {
@@ -539,6 +544,8 @@ absl::Status WordPieceTokenizer::Build(
           absl::StrCat("the vocabulary holds \"", token, "\" twice"));
     }
   }
+  tokens_.reserve(vocab.size());
+  for (auto& [token, id] : vocab) tokens_.emplace(id, std::move(token));
   const auto id_of = [this](const std::string& token, const char* role,
                             int64_t* id) -> absl::Status {
     const auto found = words_.find(token);

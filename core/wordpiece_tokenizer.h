@@ -94,6 +94,9 @@ class WordPieceTokenizer {
 
   // The largest id in the vocabulary.
   int64_t max_id() const { return max_id_; }
+  // The vocabulary's token of `id` (a continuing piece with its prefix, "##ing"); empty
+  // for an id the vocabulary lacks.
+  absl::string_view TokenOf(int64_t id) const;
   const Options& options() const { return options_; }
 
  private:
@@ -123,6 +126,8 @@ class WordPieceTokenizer {
   int64_t cls_id_ = 0;
   int64_t sep_id_ = 0;
   int64_t max_id_ = 0;
+  // Each id's token (a map: ids may be sparse, up to 2^31).
+  absl::flat_hash_map<int64_t, std::string> tokens_;
   // special_tokens with their ids, longest first.
   std::vector<std::pair<std::string, int64_t>> specials_;
   // Bit b of special_first_bytes_[c / 64] says whether a special token starts with c.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/attention_backend.h"
 #include "core/status_macros.h"
@@ -213,6 +214,50 @@ absl::Status AttentionServer::LoadModels() {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The head view's measurement (MetricsHttp::Options::measure_heads): one text through
+// the pipeline as HeadStatistics with return_attention, counted as every request is;
+// truncated to the model's token limit; blocks until the answer (30 s at most).
+absl::StatusOr<v1::HeadStatisticsResponse> MeasureHeads(RequestPipeline* pipeline,
+                                                        const std::string& model,
+                                                        const std::string& text) {
+  const RequestPipeline::Rpc rpc(pipeline, "StatusPageHeads");
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<std::shared_ptr<Request>> request =
+      pipeline->Begin("", RequestPipeline::Origin::kAuthorized, deadline);
+  absl::Status status = request.status();
+  if (status.ok()) status = (*request)->Find(model);
+  if (status.ok() && !(*request)->model()->is_encoder()) {
+    status = absl::InvalidArgumentError(absl::StrCat(
+        "model \"", model, "\" is an attention layer: the head view shows encoders"));
+    (*request)->Finish(status);
+  }
+  if (!status.ok()) {
+    rpc.End(status.code());
+    return status;
+  }
+  v1::EncodeRequest encode;
+  encode.set_model(model);
+  encode.add_text(text);
+  encode.set_truncate(true);
+  v1::HeadStatisticsResponse response;
+  absl::Notification answered;
+  pipeline->SubmitEncode(
+      *request, encode, deadline, nullptr,
+      [&status, &answered](absl::Status result, const v1::EncodeResponse&) {
+        status = std::move(result);
+        answered.Notify();
+      },
+      &response, /*statistics_attention=*/true);
+  answered.WaitForNotification();
+  rpc.End(status.code());
+  if (!status.ok()) return status;
+  return response;
+}
+
+}  // namespace
+
 absl::Status AttentionServer::StartMetricsHttp() {
   if (options_.metrics_port >= 0) {
     MetricsHttp::Options metrics_options;
@@ -221,6 +266,10 @@ absl::Status AttentionServer::StartMetricsHttp() {
     metrics_options.version = kServerVersion;
     metrics_options.flags = options_.status_flags;
     metrics_options.sample_interval = options_.status_interval;
+    metrics_options.measure_heads =
+        [pipeline = pipeline_.get()](const std::string& model, const std::string& text) {
+          return MeasureHeads(pipeline, model, text);
+        };
     absl::StatusOr<std::unique_ptr<MetricsHttp>> metrics_http =
         MetricsHttp::Start(metrics_options, metrics_.get(), registry_.get(), auth_.get());
     if (!metrics_http.ok()) return metrics_http.status();

@@ -96,9 +96,12 @@ absl::Status EncoderExecutor::Pack(absl::Span<EncoderWork* const> batch) {
   }
   if (EncoderWork* work = batch.front(); work->head_statistics) {
     packed.statistics_work = work;
-    work->statistics.assign(
-        static_cast<size_t>(encoder_->spec().num_layers * encoder_->spec().num_heads),
-        {});
+    const int64_t heads = encoder_->spec().num_layers * encoder_->spec().num_heads;
+    work->statistics.assign(static_cast<size_t>(heads), {});
+    if (work->return_attention) {
+      const int64_t length = work->lengths.front();
+      work->attention.assign(static_cast<size_t>(heads * length * length), 0.0f);
+    }
   }
   packed.batch.head_mask = batch.front()->head_mask;  // the same in all (SharesBatchWith)
   const core::EncoderSpec& spec = encoder_->spec();
@@ -111,11 +114,13 @@ absl::Status EncoderExecutor::Pack(absl::Span<EncoderWork* const> batch) {
 
 absl::Status EncoderExecutor::Run() {
   absl::Span<core::EncoderHeadStatistic> statistics;
+  absl::Span<float> attention;
   if (packed_.statistics_work != nullptr) {
     statistics = absl::MakeSpan(packed_.statistics_work->statistics);
+    attention = absl::MakeSpan(packed_.statistics_work->attention);
   }
   return encoder_->Forward(packed_.batch, absl::MakeSpan(packed_.pooled),
-                           absl::MakeSpan(packed_.hidden), statistics);
+                           absl::MakeSpan(packed_.hidden), statistics, attention);
 }
 
 void EncoderExecutor::Scatter(absl::Span<EncoderWork* const> batch, bool computed) {

@@ -27,6 +27,9 @@ struct EncoderWork {
   // Measure the heads (TransformerEncoder::Forward's statistics) into `statistics`,
   // [num_layers * num_heads]; always runs alone.
   bool head_statistics = false;
+  // With head_statistics: also the first sequence's attention weights into
+  // `attention`, [num_layers, num_heads, L0, L0].
+  bool return_attention = false;
   // Return the pooled embedding (the model pools) / the last hidden state.
   bool pooled = true;
   bool return_hidden = false;
@@ -53,6 +56,7 @@ struct EncoderWork {
   std::string scores;
   std::string hidden;
   std::vector<core::EncoderHeadStatistic> statistics;
+  std::vector<float> attention;
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;

@@ -169,8 +169,15 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
           rpc.End(status.code());
           reactor->Finish(ToGrpcStatus(status));
         },
-        response);
+        response, request->return_attention());
     return reactor;
+  }
+  if (request->return_attention()) {
+    const absl::Status refused = absl::InvalidArgumentError(absl::StrCat(
+        "return_attention is an encoder's option; model \"", (*begun)->model()->name,
+        "\" is an attention layer: Attend with return_attention gives its weights"));
+    (*begun)->Finish(refused);
+    return rpc.FinishNow(refused);
   }
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
   // The same inputs as an Attend with return_attention, so that validation and

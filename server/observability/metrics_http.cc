@@ -131,6 +131,53 @@ std::string MetricsHttp::StatusPage() {
   return RenderStatusPage(view);
 }
 
+std::pair<int, std::string> MetricsHttp::HeadsPage(const mg_connection* connection) {
+  HeadsView view;
+  for (const auto& model : registry_->models()) {
+    if (model->is_encoder()) view.encoders.push_back(model->name);
+  }
+  const mg_request_info* request = mg_get_request_info(connection);
+  absl::StatusOr<HeadsQuery> query =
+      ParseHeadsQuery(request->query_string != nullptr ? request->query_string : "");
+  if (!query.ok()) {
+    view.measured = query.status();
+    return {400, RenderHeadsPage(view)};
+  }
+  view.query = *std::move(query);
+  if (view.query.model.empty() && !view.encoders.empty()) {
+    view.query.model = view.encoders.front();
+  }
+  if (view.query.text.empty()) return {200, RenderHeadsPage(view)};
+  if (!options_.measure_heads) {
+    view.measured = absl::UnimplementedError("the head view is off on this server");
+  } else {
+    view.measured = options_.measure_heads(view.query.model, view.query.text);
+  }
+  int code = 200;
+  switch (view.measured->status().code()) {
+    case absl::StatusCode::kOk:
+      break;
+    case absl::StatusCode::kInvalidArgument:
+      code = 400;
+      break;
+    case absl::StatusCode::kNotFound:
+      code = 404;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      code = 429;
+      break;
+    case absl::StatusCode::kUnavailable:
+      code = 503;
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      code = 504;
+      break;
+    default:
+      code = 500;
+  }
+  return {code, RenderHeadsPage(view)};
+}
+
 int MetricsHttp::Handle(mg_connection* connection) noexcept {
   try {
     const mg_request_info* request = mg_get_request_info(connection);
@@ -145,9 +192,9 @@ int MetricsHttp::Handle(mg_connection* connection) noexcept {
            "text/plain; version=0.0.4; charset=utf-8");
       return 1;
     }
-    if (uri != "/") {
-      Send(connection, 404, "Not Found", "no such page: /metrics and / are served\n",
-           "text/plain");
+    if (uri != "/" && uri != "/heads") {
+      Send(connection, 404, "Not Found",
+           "no such page: /metrics, / and /heads are served\n", "text/plain");
       return 1;
     }
     if (auth_ != nullptr &&
@@ -156,6 +203,12 @@ int MetricsHttp::Handle(mg_connection* connection) noexcept {
            "a token is needed: Authorization: Bearer <token>, or any user name with the "
            "token as the password\n",
            "text/plain", "WWW-Authenticate: Basic realm=\"attnserve\"\r\n");
+      return 1;
+    }
+    if (uri == "/heads") {
+      const auto [code, page] = HeadsPage(connection);
+      Send(connection, code, code == 200 ? "OK" : "Error", page,
+           "text/html; charset=utf-8");
       return 1;
     }
     Send(connection, 200, "OK", StatusPage(), "text/html; charset=utf-8");

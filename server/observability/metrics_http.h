@@ -1,11 +1,13 @@
 // MetricsHttp: the metrics port. GET /metrics is the Prometheus text exposition
 // (ServerMetrics::Render); GET / is the status page (status_page.h), drawn from samples
-// of the server's own histograms that a background thread takes every sample_interval.
+// of the server's own histograms that a background thread takes every sample_interval;
+// GET /heads is its head view (heads_page.h).
 // civetweb, as the KServe HTTP door.
 #ifndef ATTNSERVE_SERVER_OBSERVABILITY_METRICS_HTTP_H_
 #define ATTNSERVE_SERVER_OBSERVABILITY_METRICS_HTTP_H_
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "server/models/model_registry.h"
+#include "server/observability/heads_page.h"
 #include "server/observability/server_metrics.h"
 #include "server/observability/status_page.h"
 #include "server/pipeline/auth.h"
@@ -41,6 +44,13 @@ class MetricsHttp {
     // Shown on the status page.
     std::string version;
     std::vector<std::pair<std::string, std::string>> flags;
+    // Measures an encoder's heads on one text for the head view (GET /heads,
+    // heads_page.h): HeadStatistics with return_attention, through the request
+    // pipeline. Called on a civetweb thread, which it may block until the answer.
+    // Unset: /heads says the view is off.
+    std::function<absl::StatusOr<v1::HeadStatisticsResponse>(const std::string& model,
+                                                             const std::string& text)>
+        measure_heads;
   };
 
   // Serves until Stop. `metrics` and `registry` are not owned and must outlive this
@@ -71,6 +81,8 @@ class MetricsHttp {
   StatusSample TakeSample() const;
   void Sample();
   std::string StatusPage();
+  // GET /heads: the status code and the page.
+  std::pair<int, std::string> HeadsPage(const mg_connection* connection);
 
   const Options options_;
   const ServerMetrics* const metrics_;

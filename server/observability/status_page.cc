@@ -22,33 +22,6 @@ std::string KindName(const v1::ModelInfo& model) {
   return absl::StrCat("classifier (", model.encoder().labels_size(), " labels)");
 }
 
-std::string Escape(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&#39;";
-        break;
-      default:
-        out.push_back(c);
-    }
-  }
-  return out;
-}
-
 // The counts that fell between two snapshots, per bucket (not cumulative).
 std::vector<uint64_t> BucketDeltas(const ServerMetrics::HistogramCounts& before,
                                    const ServerMetrics::HistogramCounts& after) {
@@ -85,7 +58,8 @@ std::string LineChart(
       "<figure><figcaption>%s</figcaption><svg class=\"chart\" width=\"%d\" "
       "height=\"%d\" "
       "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"%s\">",
-      Escape(title), kChartWidth, kChartHeight, kChartWidth, kChartHeight, Escape(title));
+      HtmlEscape(title), kChartWidth, kChartHeight, kChartWidth, kChartHeight,
+      HtmlEscape(title));
   const int plot_width = kChartWidth - 2 * kMargin;
   const int plot_height = kChartHeight - 2 * 20;
   absl::StrAppendFormat(
@@ -94,7 +68,7 @@ std::string LineChart(
       "<line x1=\"%d\" y1=\"20\" x2=\"%d\" y2=\"%d\" class=\"axis\"/>"
       "<text x=\"2\" y=\"24\">%.3g %s</text><text x=\"2\" y=\"%d\">0</text>",
       kMargin, 20 + plot_height, kMargin + plot_width, 20 + plot_height, kMargin, kMargin,
-      20 + plot_height, top, Escape(unit), 24 + plot_height);
+      20 + plot_height, top, HtmlEscape(unit), 24 + plot_height);
   static const char* const kColors[] = {"#1f77b4", "#d62728", "#2ca02c"};
   for (size_t s = 0; s < series.size(); ++s) {
     const auto& [name, values] = series[s];
@@ -117,8 +91,8 @@ std::string LineChart(
         "<polyline class=\"series %s\" data-points=\"%d\" points=\"%s\" "
         "fill=\"none\" stroke=\"%s\" stroke-width=\"2\"/>%s"
         "<text x=\"%d\" y=\"%d\" fill=\"%s\">%s</text>",
-        Escape(name), count, points, kColors[s % 3], dots,
-        kMargin + 8 + 60 * static_cast<int>(s), 14, kColors[s % 3], Escape(name));
+        HtmlEscape(name), count, points, kColors[s % 3], dots,
+        kMargin + 8 + 60 * static_cast<int>(s), 14, kColors[s % 3], HtmlEscape(name));
   }
   svg += "</svg></figure>";
   return svg;
@@ -136,7 +110,8 @@ std::string BarChart(const std::string& title,
       "<figure><figcaption>%s</figcaption><svg class=\"chart\" width=\"%d\" "
       "height=\"%d\" "
       "viewBox=\"0 0 %d %d\" role=\"img\" aria-label=\"%s\">",
-      Escape(title), kChartWidth, kChartHeight, kChartWidth, kChartHeight, Escape(title));
+      HtmlEscape(title), kChartWidth, kChartHeight, kChartWidth, kChartHeight,
+      HtmlEscape(title));
   const int plot_height = kChartHeight - 40;
   const size_t buckets = std::max<size_t>(deltas.size(), 1);
   const double width = static_cast<double>(kChartWidth - 2 * kMargin) / buckets;
@@ -168,6 +143,33 @@ std::string Duration(absl::Duration duration) {
 
 }  // namespace
 
+std::string HtmlEscape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
+    }
+  }
+  return out;
+}
+
 double QuantileBetween(const ServerMetrics::HistogramCounts& before,
                        const ServerMetrics::HistogramCounts& after, double q) {
   const std::vector<uint64_t> deltas = BucketDeltas(before, after);
@@ -189,6 +191,21 @@ double QuantileBetween(const ServerMetrics::HistogramCounts& before,
                                        : -1;
 }
 
+namespace {
+
+// The kind cell: an encoder's links to its head view.
+std::string Kind(const v1::ModelInfo& model) {
+  std::string kind = KindName(model);
+  if (model.kind() == v1::MODEL_KIND_ENCODER) {
+    absl::StrAppend(&kind,
+                    " (<a class=\"heads\" href=\"/heads?model=", HtmlEscape(model.name()),
+                    "\">heads</a>)");
+  }
+  return kind;
+}
+
+}  // namespace
+
 std::string RenderStatusPage(const StatusView& view) {
   const absl::Time now = view.samples.empty() ? absl::Now() : view.samples.back().time;
   const absl::Duration window =
@@ -202,7 +219,7 @@ std::string RenderStatusPage(const StatusView& view) {
       "th{background:#f3f3f3}figure{display:inline-block;margin:.5em 1em .5em 0}"
       "figcaption{font-size:.9em;color:#555}.axis{stroke:#999}svg text{font-size:11px}"
       "</style></head><body><h1>attnserve</h1><p>version ",
-      Escape(view.version), ", up ", Duration(now - view.started),
+      HtmlEscape(view.version), ", up ", Duration(now - view.started),
       ", charts over the last ", Duration(window),
       " (the page reloads every 10 s). <a href=\"/metrics\">/metrics</a></p>");
 
@@ -239,8 +256,8 @@ std::string RenderStatusPage(const StatusView& view) {
         "max_queue_delay %d us, max_queue_size %d, instances "
         "%d</td><td>%d</td><td>%d</td>"
         "<td>%d</td><td>%s</td></tr>",
-        Escape(model.name()), Escape(model.name()), KindName(model).c_str(),
-        Escape(model.version()), Escape(model.device()),
+        HtmlEscape(model.name()), HtmlEscape(model.name()), Kind(model),
+        HtmlEscape(model.version()), HtmlEscape(model.device()),
         core::PrecisionName(ToCorePrecision(model.precision())), model.d_model(),
         model.num_heads(), batching.max_batch_size(), batching.max_batch_tokens(),
         batching.max_queue_delay_us(), batching.max_queue_size(), batching.instances(),
@@ -271,7 +288,8 @@ std::string RenderStatusPage(const StatusView& view) {
                                  : 0);
     }
     absl::StrAppend(&html, "<section class=\"charts\" data-model=\"",
-                    Escape(model.name()), "\"><h3>", Escape(model.name()), "</h3>");
+                    HtmlEscape(model.name()), "\"><h3>", HtmlEscape(model.name()),
+                    "</h3>");
     html += LineChart("latency (ms) per interval", "ms", {{"p50", p50}, {"p99", p99}});
     html += LineChart("answered requests per second", "/s", {{"rate", rate}});
     const auto* then = find(first, model.name());
@@ -286,7 +304,7 @@ std::string RenderStatusPage(const StatusView& view) {
   html +=
       "<h2>Build and flags</h2><table id=\"flags\"><tr><th>flag</th><th>value</th></tr>";
   for (const auto& [name, value] : view.flags) {
-    absl::StrAppend(&html, "<tr><td>--", Escape(name), "</td><td>", Escape(value),
+    absl::StrAppend(&html, "<tr><td>--", HtmlEscape(name), "</td><td>", HtmlEscape(value),
                     "</td></tr>");
   }
   html += "</table></body></html>";

@@ -45,6 +45,9 @@ double QuantileBetween(const ServerMetrics::HistogramCounts& before,
 // The page. Every text from the models and flags is HTML-escaped.
 std::string RenderStatusPage(const StatusView& view);
 
+// `text` with & < > " ' as HTML character references.
+std::string HtmlEscape(const std::string& text);
+
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_OBSERVABILITY_STATUS_PAGE_H_

@@ -735,12 +735,15 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
 }
 
 absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
-                                    const AdmissionLimits& limits, EncoderWork* work) {
+                                    const AdmissionLimits& limits, bool return_attention,
+                                    EncoderWork* work) {
   int64_t weights = 0;
   for (const int64_t length : work->lengths) weights += length * length;
+  const int64_t first = work->lengths.front() * work->lengths.front();
   // Every factor is bounded by an admitted message's size: no overflow.
   const int64_t bytes =
-      (spec.num_heads * weights + spec.num_layers * spec.num_heads * 8) *
+      (spec.num_heads * weights + spec.num_layers * spec.num_heads * 8 +
+       (return_attention ? spec.num_layers * spec.num_heads * first : 0)) *
       static_cast<int64_t>(sizeof(float));
   if (work->reserved_bytes + bytes > limits.max_work_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -751,14 +754,32 @@ absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
   }
   work->reserved_bytes += bytes;
   work->head_statistics = true;
+  work->return_attention = return_attention;
   return absl::OkStatus();
 }
 
-void FillEncoderStatistics(const EncoderWork& work, const core::EncoderSpec& spec,
+void FillEncoderStatistics(EncoderWork& work, const core::EncoderSpec& spec,
                            const std::string& model_name,
+                           const core::WordPieceTokenizer* tokenizer,
                            v1::HeadStatisticsResponse* response) {
   response->set_model(model_name);
   response->set_tokens(work.tokens());
+  if (work.return_attention && !work.attention.empty()) {
+    const int64_t length = work.lengths.front();
+    v1::Tensor* attention = response->mutable_attention();
+    attention->set_dtype(v1::DATA_TYPE_FP32);
+    for (const int64_t extent : {spec.num_layers, spec.num_heads, length, length}) {
+      attention->add_shape(extent);
+    }
+    attention->mutable_raw()->assign(reinterpret_cast<const char*>(work.attention.data()),
+                                     work.attention.size() * sizeof(float));
+    std::vector<float>().swap(work.attention);
+    if (tokenizer != nullptr && !work.token_ids.empty()) {
+      for (int64_t t = 0; t < length; ++t) {
+        response->add_token_texts(std::string(tokenizer->TokenOf(work.token_ids[t])));
+      }
+    }
+  }
   for (int64_t layer = 0; layer < spec.num_layers; ++layer) {
     const absl::Span<const int64_t> pruned = spec.PrunedHeads(layer);
     for (int64_t head = 0; head < spec.num_heads; ++head) {

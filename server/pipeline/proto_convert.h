@@ -111,13 +111,18 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
 // holds one layer's attention weights while computing (num_heads * sum(L^2) floats),
 // counted in its reserved bytes. InvalidArgument naming the bytes and the limit when
 // they exceed limits.max_work_bytes.
+// With `return_attention`, it also holds the first sequence's weights in every layer
+// (num_layers * num_heads * L0^2 floats).
 absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
-                                    const AdmissionLimits& limits, EncoderWork* work);
+                                    const AdmissionLimits& limits, bool return_attention,
+                                    EncoderWork* work);
 
 // `work`'s head statistics into `response`: one entry per layer and head, layer by
-// layer, each marked pruned when the model removed it.
-void FillEncoderStatistics(const EncoderWork& work, const core::EncoderSpec& spec,
+// layer, each marked pruned when the model removed it; and, when the work returned
+// them, the first sequence's attention weights and (with `tokenizer`) its tokens.
+void FillEncoderStatistics(EncoderWork& work, const core::EncoderSpec& spec,
                            const std::string& model_name,
+                           const core::WordPieceTokenizer* tokenizer,
                            v1::HeadStatisticsResponse* response);
 
 // Moves `work`'s results into `response`: embedding [n, dimensions or d] (or a

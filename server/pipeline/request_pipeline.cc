@@ -261,7 +261,8 @@ absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
     absl::string_view authorization, Origin origin, absl::Time deadline) const {
   std::shared_ptr<Request> request(new Request(this));
   if (origin == Origin::kStreamMessage) return request;
-  absl::Status allowed = Authorize(authorization);
+  absl::Status allowed =
+      origin == Origin::kAuthorized ? absl::OkStatus() : Authorize(authorization);
   if (allowed.ok()) allowed = CheckServing();
   if (allowed.ok() && deadline <= absl::Now()) {
     allowed =
@@ -415,7 +416,7 @@ void RequestPipeline::SubmitEncode(
     const std::shared_ptr<Request>& request, const v1::EncodeRequest& encode,
     absl::Time deadline, const std::shared_ptr<Cancellation>& cancellation,
     std::function<void(absl::Status, v1::EncodeResponse)> done,
-    v1::HeadStatisticsResponse* statistics) {
+    v1::HeadStatisticsResponse* statistics, bool statistics_attention) {
   const auto refuse = [&](const absl::Status& status) {
     request->Finish(status);
     done(status, {});
@@ -433,8 +434,8 @@ void RequestPipeline::SubmitEncode(
                              model->tokenizer.get(), model->score_activation);
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (statistics != nullptr) {
-    if (absl::Status admitted =
-            AdmitEncoderStatistics(model->encoder_spec, LimitsFor(*model), work->get());
+    if (absl::Status admitted = AdmitEncoderStatistics(
+            model->encoder_spec, LimitsFor(*model), statistics_attention, work->get());
         !admitted.ok()) {
       return refuse(ForModel(admitted, *model));
     }
@@ -460,7 +461,8 @@ void RequestPipeline::SubmitEncode(
                                          std::unique_ptr<EncoderWork> result) {
         v1::EncodeResponse response;
         if (status.ok() && statistics != nullptr) {
-          FillEncoderStatistics(*result, model->encoder_spec, model->name, statistics);
+          FillEncoderStatistics(*result, model->encoder_spec, model->name,
+                                model->tokenizer.get(), statistics);
         } else if (status.ok()) {
           const auto sequences = static_cast<int64_t>(result->lengths.size());
           if (!result->scores.empty() && observer_.on_sequences_scored) {

@@ -232,7 +232,9 @@ class RequestPipeline {
   // door reads what names the model, Request::Find (the model, once), the door decodes
   // its wire format (Request::Finish on an error of its own), then Submit or
   // SubmitEncode (validation, admission, the deadline, enqueue, the answer).
-  enum class Origin { kCall, kStreamMessage };
+  // kAuthorized: a call its door has authorized itself (the status page's head view,
+  // behind the metrics port's own check); drain and deadline still apply.
+  enum class Origin { kCall, kStreamMessage, kAuthorized };
   // A new request. UNAUTHENTICATED when `authorization` ("Bearer <token>") is not
   // valid; UNAVAILABLE for a call once draining has begun; DEADLINE_EXCEEDED when
   // `deadline` (the call's, when the door knows it before reading the body) has
@@ -267,12 +269,14 @@ class RequestPipeline {
   // work copies what it needs, so `encode` may go once this returns. An attention model
   // is refused INVALID_ARGUMENT, as Submit refuses an encoder.
   // With `statistics` (kept alive by the caller until `done`), the request measures the
-  // encoder's heads (AdmitEncoderStatistics) instead, and `done` gets an empty response.
+  // encoder's heads (AdmitEncoderStatistics) instead, and `done` gets an empty response;
+  // with `statistics_attention` too, the first sequence's attention weights and tokens.
   void SubmitEncode(const std::shared_ptr<Request>& request,
                     const v1::EncodeRequest& encode, absl::Time deadline,
                     const std::shared_ptr<Cancellation>& cancellation,
                     std::function<void(absl::Status, v1::EncodeResponse)> done,
-                    v1::HeadStatisticsResponse* statistics = nullptr);
+                    v1::HeadStatisticsResponse* statistics = nullptr,
+                    bool statistics_attention = false);
 
  private:
   // The limits `model`'s requests are admitted under.

@@ -132,6 +132,75 @@ TEST(TransformerEncoderTest, EachSequenceAloneGivesWhatItGaveInTheBatch) {
   }
 }
 
+TEST(TransformerEncoderTest, FirstSequencesAttentionIsWhatItsStatisticsSayOfIt) {
+  // The first sequence's weights, captured from a batch of all, are the ones its head
+  // statistics (checked against transformers in tests/e2e/heads_test.py) are made of
+  // when it runs alone; capturing changes no output.
+  const Golden golden = ReadGolden();
+  const EncoderSpec spec = TinySpec();
+  auto encoder = TinyEncoder();
+  const int64_t layers = spec.num_layers, heads = spec.num_heads;
+  const int64_t length = golden.lengths[0];
+  std::vector<float> attention(layers * heads * length * length, -1.0f);
+  std::vector<float> pooled(golden.pooled.size()), plain(golden.pooled.size());
+  std::vector<EncoderHeadStatistic> batch_statistics(layers * heads);
+  ASSERT_TRUE(encoder
+                  ->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                            absl::MakeSpan(pooled), {}, absl::MakeSpan(batch_statistics),
+                            absl::MakeSpan(attention))
+                  .ok());
+  ASSERT_TRUE(encoder
+                  ->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                            absl::MakeSpan(plain), {})
+                  .ok());
+  EXPECT_EQ(pooled, plain);
+
+  const std::vector<int64_t> ids(golden.token_ids.begin(),
+                                 golden.token_ids.begin() + length);
+  const std::vector<int64_t> types(golden.token_types.begin(),
+                                   golden.token_types.begin() + length);
+  const std::vector<int64_t> lengths = {length};
+  std::vector<EncoderHeadStatistic> alone(layers * heads);
+  std::vector<float> unused(spec.d_model);
+  ASSERT_TRUE(encoder
+                  ->Forward({ids, types, lengths}, absl::MakeSpan(unused), {},
+                            absl::MakeSpan(alone))
+                  .ok());
+  for (int64_t n = 0; n < layers * heads; ++n) {
+    const float* plane = attention.data() + n * length * length;
+    double entropy = 0, largest = 0, distance = 0, first = 0, last = 0, self = 0;
+    for (int64_t i = 0; i < length; ++i) {
+      double sum = 0, row_max = 0;
+      for (int64_t j = 0; j < length; ++j) {
+        const double p = plane[i * length + j];
+        sum += p;
+        if (p > 0) entropy -= p * std::log(p);
+        row_max = std::max(row_max, p);
+        distance += p * static_cast<double>(std::abs(i - j));
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5) << "layer " << n / heads << " head " << n % heads;
+      largest += row_max;
+      first += plane[i * length];
+      last += plane[i * length + length - 1];
+      self += plane[i * length + i];
+    }
+    const double rows = static_cast<double>(length);
+    EXPECT_NEAR(entropy / rows, alone[n].mean_entropy, 1e-6) << n;
+    EXPECT_NEAR(largest / rows, alone[n].mean_max_weight, 1e-6) << n;
+    EXPECT_NEAR(distance / rows, alone[n].mean_distance, 1e-5) << n;
+    EXPECT_NEAR(first / rows, alone[n].share_first, 1e-6) << n;
+    EXPECT_NEAR(last / rows, alone[n].share_last, 1e-6) << n;
+    EXPECT_NEAR(self / rows, alone[n].share_self, 1e-6) << n;
+  }
+
+  std::vector<float> short_by_one(attention.size() - 1);
+  const absl::Status refused =
+      encoder->Forward({golden.token_ids, golden.token_types, golden.lengths},
+                       absl::MakeSpan(pooled), {}, {}, absl::MakeSpan(short_by_one));
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("attention has"));
+}
+
 TEST(TransformerEncoderTest, HiddenStatesEnterTheFirstBlock) {
   // Block 1 of the golden model fed block 0's output gives the whole model's output:
   // the hidden-state input skips the embeddings and nothing else.

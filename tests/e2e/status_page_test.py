@@ -7,9 +7,17 @@ screenshot is kept as a test artifact (BUILD/tests/e2e/artifacts/status_page.png
 With --auth_token_file the page asks for the token (Basic or Bearer), while /metrics
 stays open.
 
+The head view (GET /heads) of a pruned encoder (tests/data/heads_tiny/pruned) renders in
+Chromium while clients encode texts: a layer x head grid per statistic whose cells equal
+HeadStatistics over gRPC for the same text, the pruned heads crossed out in each, and the
+picked head's attention over the text's tokens as a heatmap equal to the weights
+HeadStatistics returns (return_attention); a pruned head says so; bad queries are
+refused naming the field (screenshot: BUILD/tests/e2e/artifacts/heads_page.png).
+
 usage: status_page_test.py ATTNSERVE REPO_ROOT ARTIFACTS_DIR
 """
 import base64
+import json
 import os
 import re
 import shutil
@@ -20,8 +28,10 @@ import threading
 import time
 import unittest
 import urllib.error
+import urllib.parse
 import urllib.request
 
+import grpc
 import numpy as np
 
 SERVER, ROOT, ARTIFACTS = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -150,6 +160,9 @@ class StatusPageTest(unittest.TestCase):
                 with self.assertRaises(urllib.error.HTTPError) as wrong:
                     self.fetch(page, {"Authorization": "Bearer nope"})
                 self.assertEqual(wrong.exception.code, 401)
+                with self.assertRaises(urllib.error.HTTPError) as heads:
+                    self.fetch(page + "heads?text=x")
+                self.assertEqual(heads.exception.code, 401)
                 basic = base64.b64encode(b"operator:s3cret").decode()
                 status, html = self.fetch(page, {"Authorization": f"Basic {basic}"})
                 self.assertEqual(status, 200)
@@ -161,6 +174,161 @@ class StatusPageTest(unittest.TestCase):
             finally:
                 self.assertEqual(server.stop(), 0)
 
+
+
+class HeadViewTest(unittest.TestCase):
+    TEXT = "the quick brown fox jumps over the lazy dog"
+
+    @classmethod
+    def setUpClass(cls):
+        assert CHROMIUM, "chromium is missing: run `make deps` (deploy/install-deps.sh --test)"
+        data = os.path.join(ROOT, "tests", "data")
+        with open(os.path.join(data, "heads_tiny.golden.json"), encoding="utf-8") as f:
+            cls.pruned_heads = {(int(layer), head) for layer, heads
+                                in json.load(f)["pruned_heads"].items() for head in heads}
+        cls.repository = tempfile.TemporaryDirectory()
+        folder = os.path.join(cls.repository.name, "pruned")
+        os.mkdir(folder)
+        source = os.path.join(data, "heads_tiny", "pruned")
+        for name in os.listdir(source):
+            os.symlink(os.path.join(source, name), os.path.join(folder, name))
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write("encoder { }\n")
+        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
+                                     "--max_queue_delay=1ms", metrics=True)
+        cls.base = f"http://127.0.0.1:{cls.server.metrics_port}"
+        from attnserve.v1 import attention_pb2, attention_pb2_grpc
+        cls.pb = attention_pb2
+        cls.channel = grpc.insecure_channel(cls.server.target)
+        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        cls.repository.cleanup()
+
+    def url(self, **query):
+        return f"{self.base}/heads?" + urllib.parse.urlencode(query)
+
+    def test_grids_and_heatmap_render_while_traffic_flows(self):
+        stop = threading.Event()
+        errors, answered = [], []
+
+        def client_loop():
+            try:
+                for _ in range(100000):
+                    if stop.is_set():
+                        return
+                    self.v1.Encode(self.pb.EncodeRequest(
+                        model="pruned", text=["a text in flight", "and another"]),
+                        timeout=60)
+                    answered.append(1)
+            except Exception as error:  # noqa: BLE001 (reported below)
+                errors.append(error)
+
+        thread = threading.Thread(target=client_loop)
+        thread.start()
+        try:
+            page = self.url(model="pruned", text=self.TEXT, layer=1, head=2)
+            dom = chromium("--dump-dom", page)
+            os.makedirs(ARTIFACTS, exist_ok=True)
+            screenshot = os.path.join(ARTIFACTS, "heads_page.png")
+            chromium(f"--screenshot={screenshot}", page)
+        finally:
+            stop.set()
+            thread.join()
+        self.assertEqual(errors, [])
+        self.assertGreater(len(answered), 0)
+
+        measured = self.v1.HeadStatistics(self.pb.HeadStatisticsRequest(
+            model="pruned", encode=self.pb.EncodeRequest(text=[self.TEXT]),
+            return_attention=True), timeout=60)
+        layers, heads, length, _ = measured.attention.shape
+        self.assertEqual((layers, heads), (3, 4))
+        figures = {(h.layer, h.head): h for h in measured.heads}
+        grids = re.findall(r'<svg class="head-grid" data-statistic="(\w+)"(.*?)</svg>', dom,
+                           re.S)
+        self.assertEqual(len(grids), 7, dom[:2000])
+        for statistic, grid in grids:
+            cells = re.findall(r'<rect class="cell( pruned)?" data-layer="(\d+)" '
+                               r'data-head="(\d+)" data-value="([^"]+)"', grid)
+            self.assertEqual(len(cells), layers * heads, statistic)
+            crossed = {(int(layer), int(head)) for pruned, layer, head, _ in cells if pruned}
+            self.assertEqual(crossed, self.pruned_heads, statistic)
+            for _, layer, head, value in cells:
+                expected = getattr(figures[(int(layer), int(head))], statistic)
+                self.assertAlmostEqual(float(value), expected, delta=1e-5 * max(1, expected),
+                                       msg=f"{statistic} layer {layer} head {head}")
+
+        heatmap = re.search(r'<svg id="heatmap" data-layer="1" data-head="2" '
+                            r'data-tokens="(\d+)"(.*?)</svg>', dom, re.S)
+        self.assertIsNotNone(heatmap, dom[-3000:])
+        self.assertEqual(int(heatmap.group(1)), length)
+        tokens = re.findall(r'<text class="query-token"[^>]*>([^<]*)</text>', heatmap.group(2))
+        self.assertEqual(tokens, list(measured.token_texts))
+        self.assertEqual((tokens[0], tokens[-1]), ("[CLS]", "[SEP]"))
+        shown = np.array([float(w) for w in re.findall(
+            r'<rect class="weight"[^>]*><title>\d+ → \d+: ([0-9.]+)</title>',
+            heatmap.group(2))]).reshape(length, length)
+        weights = np.frombuffer(measured.attention.raw, "<f4").reshape(
+            layers, heads, length, length)
+        np.testing.assert_allclose(shown, weights[1, 2], atol=5e-5)
+        # The Python client's view of the same pass.
+        from attnserve.client import Client
+        with Client(self.server.target, timeout=60) as client:
+            client_tokens, client_weights = client.attention_map(self.TEXT, model="pruned")
+        self.assertEqual(client_tokens, tokens)
+        np.testing.assert_array_equal(client_weights, weights)
+        np.testing.assert_allclose(weights[1, 2].sum(axis=1), 1, atol=1e-5)
+        for layer, head in self.pruned_heads:
+            self.assertEqual(np.abs(weights[layer, head]).max(), 0)
+
+        with open(screenshot, "rb") as f:
+            png = f.read()
+        self.assertEqual(png[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertGreater(len(png), 10000)
+        print(f"\nscreenshot: {screenshot} ({len(png)} bytes)", file=sys.stderr)
+
+    def fetch_error(self, url):
+        with self.assertRaises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=60)
+        return refused.exception.code, refused.exception.read().decode()
+
+    def test_a_pruned_head_says_so_and_bad_queries_name_the_field(self):
+        layer, head = sorted(self.pruned_heads)[0]
+        with urllib.request.urlopen(self.url(model="pruned", text=self.TEXT, layer=layer,
+                                             head=head), timeout=60) as reply:
+            html = reply.read().decode()
+        self.assertIn(f"layer {layer} head {head} is pruned", html)
+        self.assertNotIn('id="heatmap"', html)
+        # The form alone, with the encoders offered and the status page linking to it.
+        with urllib.request.urlopen(f"{self.base}/heads", timeout=60) as reply:
+            self.assertIn("<option selected>pruned</option>", reply.read().decode())
+        with urllib.request.urlopen(f"{self.base}/", timeout=60) as reply:
+            self.assertIn('href="/heads?model=pruned"', reply.read().decode())
+        for query, code, words in (
+                ({"model": "pruned", "text": "x", "layer": "two"}, 400,
+                 "layer must be a number in [0, 1000000], got &quot;two&quot;"),
+                ({"model": "pruned", "text": "x" * 2001}, 400, "text is over 2000 bytes"),
+                ({"model": "pruned", "text": "x", "layer": 3}, 200,
+                 "layer 3 head 0: the model has 3 layers of 4 heads"),
+                ({"model": "nope", "text": "x"}, 404, "nope"),
+                ({"model": "mha-base", "text": "x"}, 400, "is an attention layer")):
+            with self.subTest(query=query):
+                if code == 200:
+                    with urllib.request.urlopen(self.url(**query), timeout=60) as reply:
+                        html = reply.read().decode()
+                else:
+                    status, html = self.fetch_error(self.url(**query))
+                    self.assertEqual(status, code)
+                self.assertIn(words, html)
+                self.assertIn('class="error"', html)
+        # The server still serves.
+        measured = self.v1.HeadStatistics(self.pb.HeadStatisticsRequest(
+            model="pruned", encode=self.pb.EncodeRequest(text=["still here"])), timeout=60)
+        self.assertEqual(len(measured.heads), 12)
+        self.assertFalse(measured.HasField("attention"))
 
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=2)

@@ -206,6 +206,34 @@ def embeddings_bodies():
         write("embeddings", f"rerank_{i}", b"\x04" + json.dumps(body).encode())
 
 
+def heads_page():
+    """The head view's input: a query string, then (after a newline) a serialized
+    HeadStatisticsResponse as the server would give it."""
+    keep = stubs.generate_stubs(ROOT)  # noqa: F841 (kept alive while used)
+    from attnserve.v1 import attention_pb2, tensor_pb2
+    rng = np.random.default_rng(1)
+    layers, heads, length = 2, 2, 3
+    weights = rng.uniform(0, 1, (layers, heads, length, length)).astype("<f4")
+    weights /= weights.sum(axis=-1, keepdims=True)
+    response = attention_pb2.HeadStatisticsResponse(
+        model="m", tokens=length, token_texts=["[CLS]", "<b>", "[SEP]"],
+        attention=tensor_pb2.Tensor(dtype=tensor_pb2.DATA_TYPE_FP32,
+                                    shape=[layers, heads, length, length],
+                                    raw=weights.tobytes()))
+    for layer in range(layers):
+        for head in range(heads):
+            response.heads.add(layer=layer, head=head, pruned=(layer, head) == (1, 0),
+                               mean_entropy=0.5 + head, mean_max_weight=0.7,
+                               mean_distance=1.2, share_first=0.2, share_last=0.1,
+                               share_self=0.3, share_previous=0.25)
+    write("heads_page", "measured",
+          b"model=m&text=the+%3Cquick%3E+fox&layer=0&head=1\n" +
+          response.SerializeToString())
+    write("heads_page", "pruned_pick", b"model=m&text=x&layer=1&head=0\n" +
+          response.SerializeToString())
+    write("heads_page", "query_only", b"model=a%20b&text=%E2%82%AC&layer=2")
+
+
 if __name__ == "__main__":
     embeddings_bodies()
     tokenizer_inputs()
@@ -214,3 +242,4 @@ if __name__ == "__main__":
     configs()
     encoder_files()
     npys()
+    heads_page()

@@ -1,12 +1,16 @@
 // The status page's arithmetic and escaping: percentiles between two histogram
 // snapshots (as Prometheus's histogram_quantile interpolates), and model names and flags
-// that cannot inject markup.
+// that cannot inject markup; the head view's query parsing and drawing.
 #include "server/observability/status_page.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
+#include <vector>
+
+#include "server/observability/heads_page.h"
 
 namespace attnserve::server {
 namespace {
@@ -84,9 +88,78 @@ TEST(StatusPageTest, TheModelsTableNamesEachModelsTask) {
   add("nli", v1::MODEL_KIND_ENCODER, 3);
   const std::string html = RenderStatusPage(view);
   EXPECT_THAT(html, HasSubstr("<td>mha</td><td>attention</td>"));
-  EXPECT_THAT(html, HasSubstr("<td>minilm</td><td>encoder</td>"));
-  EXPECT_THAT(html, HasSubstr("<td>ce</td><td>reranker</td>"));
-  EXPECT_THAT(html, HasSubstr("<td>nli</td><td>classifier (3 labels)</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>minilm</td><td>encoder (<a class=\"heads\" "
+                              "href=\"/heads?model=minilm\">heads</a>)</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>ce</td><td>reranker (<a class=\"heads\" "
+                              "href=\"/heads?model=ce\">heads</a>)</td>"));
+  EXPECT_THAT(html, HasSubstr("<td>nli</td><td>classifier (3 labels) (<a class=\"heads\" "
+                              "href=\"/heads?model=nli\">heads</a>)</td>"));
+}
+
+TEST(HeadsPageTest, TheQueryIsDecodedAndItsMistakesNamed) {
+  absl::StatusOr<HeadsQuery> query =
+      ParseHeadsQuery("model=mini%20lm&text=caf%C3%A9+%3Cb%3E&layer=2&head=11");
+  ASSERT_TRUE(query.ok()) << query.status();
+  EXPECT_EQ(query->model, "mini lm");
+  EXPECT_EQ(query->text, "caf\xC3\xA9 <b>");
+  EXPECT_EQ(query->layer, 2);
+  EXPECT_EQ(query->head, 11);
+  EXPECT_EQ(ParseHeadsQuery("")->layer, 0);
+  EXPECT_THAT(ParseHeadsQuery("head=-1").status().message(),
+              HasSubstr("head must be a number in [0, 1000000], got \"-1\""));
+  EXPECT_THAT(ParseHeadsQuery("text=" + std::string(kMaxHeadsTextBytes + 1, 'a'))
+                  .status()
+                  .message(),
+              HasSubstr("text is over 2000 bytes"));
+}
+
+TEST(HeadsPageTest, GridsCrossOutPrunedHeadsAndTokensAreEscaped) {
+  v1::HeadStatisticsResponse measured;
+  measured.set_model("m");
+  measured.set_tokens(2);
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int head = 0; head < 3; ++head) {
+      v1::HeadStatistic* entry = measured.add_heads();
+      entry->set_layer(layer);
+      entry->set_head(head);
+      entry->set_pruned(layer == 1 && head == 2);
+      entry->set_mean_entropy(0.25 * (head + 1));
+    }
+  }
+  v1::Tensor* attention = measured.mutable_attention();
+  for (const int extent : {2, 3, 2, 2}) attention->add_shape(extent);
+  const std::vector<float> weights(2 * 3 * 2 * 2, 0.5f);
+  attention->set_raw(std::string(reinterpret_cast<const char*>(weights.data()),
+                                 weights.size() * sizeof(float)));
+  measured.add_token_texts("[CLS]");
+  measured.add_token_texts("<img>");
+  HeadsView view;
+  view.encoders = {"m"};
+  view.query.model = "m";
+  view.query.text = "<script>";
+  view.query.layer = 1;
+  view.query.head = 1;
+  view.measured = measured;
+  const std::string html = RenderHeadsPage(view);
+  EXPECT_THAT(html, Not(HasSubstr("<script>")));
+  EXPECT_THAT(html, Not(HasSubstr("<img>")));
+  EXPECT_THAT(html, HasSubstr("&lt;img&gt;"));
+  EXPECT_THAT(html, HasSubstr("data-statistic=\"mean_entropy\""));
+  EXPECT_THAT(html, HasSubstr("class=\"cell pruned\" data-layer=\"1\" data-head=\"2\""));
+  EXPECT_THAT(html, HasSubstr("data-value=\"0.75\""));
+  EXPECT_THAT(html, HasSubstr("<svg id=\"heatmap\" data-layer=\"1\" data-head=\"1\" "
+                              "data-tokens=\"2\""));
+  // The links carry the query URL-encoded, then HTML-escaped.
+  EXPECT_THAT(html, HasSubstr("text=%3cscript%3e&amp;layer=0&amp;head=0"));
+
+  view.query.head = 2;  // the pruned one
+  EXPECT_THAT(RenderHeadsPage(view), HasSubstr("layer 1 head 2 is pruned"));
+  // A response whose attention does not match its figures draws no heatmap.
+  measured.mutable_attention()->mutable_raw()->resize(8);
+  view.measured = measured;
+  view.query.head = 0;
+  EXPECT_THAT(RenderHeadsPage(view),
+              HasSubstr("the attention weights have the wrong size"));
 }
 
 }  // namespace

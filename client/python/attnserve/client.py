@@ -185,6 +185,17 @@ class Client:
         reply = self.stub.HeadStatistics(request, timeout=self.timeout)
         return [{field: getattr(h, field) for field in fields} for h in reply.heads]
 
+    def attention_map(self, text, model="", head_mask=None):
+        """An encoder's attention over one text, from one forward pass: (tokens, weights),
+        the text's tokens as the tokenizer spells them ([CLS] ... [SEP]) and a float32
+        array [layers, heads, L, L] (query rows, key columns; a pruned head's are zero).
+        Raises grpc.RpcError with the server's status."""
+        request = attention_pb2.HeadStatisticsRequest(model=model, return_attention=True)
+        request.encode.text.append(text)
+        request.encode.head_mask.extend(head_mask or [])
+        reply = self.stub.HeadStatistics(request, timeout=self.timeout)
+        return list(reply.token_texts), from_tensor(reply.attention)
+
     def models(self):
         """The served models' descriptions (ModelInfo messages)."""
         reply = self.stub.ListModels(attention_pb2.ListModelsRequest(), timeout=self.timeout)
