@@ -19,7 +19,8 @@
 #               in their own virtualenv DIR (several GB; not needed by `make test`)
 #   --transformers4 DIR  transformers 4.57 (the last with prune_heads() and head_mask),
 #               pinned in deploy/requirements-transformers4.txt, into DIR for the peers
-#               venv (needs --peers) to run tests/tools/make_heads_golden.py with
+#               venv (needs --peers) to run tests/tools/make_heads_golden.py and
+#               make_minilm_pruned_golden.py with
 #   --rag DIR   the RAG frameworks' rerank classes the rerank test calls (LangChain's
 #               CohereRerank), pinned in deploy/requirements-rag.txt, in their own small
 #               virtualenv DIR (their cohere pin differs from the project venv's)

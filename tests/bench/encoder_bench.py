@@ -16,7 +16,7 @@ fed text through gRPC and POST /v1/embeddings beside the Python server tokenizin
 `tokenizers` (--only text runs these rows alone).
 
 usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/encoder_bench.py
-       BUILD_DIR REPO_ROOT [--rounds 5] [--only all|text]
+       BUILD_DIR REPO_ROOT [--rounds 5] [--only all|text|int8|pruned]
 """
 import argparse
 import glob
@@ -364,6 +364,44 @@ def int8_rows(args, model_path, files, sequences, golden, onnx_path):
         "mean >= ORT int8's", ours.mean() >= theirs.mean())
 
 
+def pruned_rows(args, model_path, npz):
+    """Pruned heads cost no compute: the server with all-MiniLM-L6-v2 as it ships beside
+    the same checkpoint with the heads of tests/data/minilm_pruned.golden.json (pruned by
+    transformers' prune_heads() there, checked against it in tests/e2e/heads_test.py)
+    listed as config.pbtxt pruned_heads; one server at a time on the server core, the two
+    arms alternating, c16 closed loop of one sentence per call, medians."""
+    with open(os.path.join(args.root, "tests", "data", "minilm_pruned.golden.json"),
+              encoding="utf-8") as f:
+        pruned = json.load(f)["pruned_heads"]
+    removed = sum(len(heads) for heads in pruned.values())
+    config = "encoder {\n" + "".join(
+        f"  pruned_heads {{ layer: {layer} heads: {sorted(heads)} }}\n"
+        for layer, heads in pruned.items()) + "}\n"
+    repositories = {"full": minilm_repository(model_path, "encoder {}\n"),
+                    "pruned": minilm_repository(model_path, config)}
+    attnserve = os.path.join(args.build, "server", "attnserve")
+    rates = {arm: [] for arm in repositories}
+    for _ in range(args.rounds):
+        for arm, repository in repositories.items():
+            server, target = start_server(
+                [attnserve, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
+                 "--http_port=-1", f"--model_repository={repository.name}",
+                 "--instances=1", "--builtin_model=false", "--intra_op_threads=1"],
+                "listening on")
+            rates[arm].append(load(args.root, target, npz, 16)["sentences_per_s"])
+            server.terminate()
+            server.wait()
+    full, cut = statistics.median(rates["full"]), statistics.median(rates["pruned"])
+    ratio = cut / full
+    print(f"\npruned heads: {args.rounds} alternating rounds, medians")
+    print("| measure | attnserve | peer | target | result |")
+    print("| --- | --- | --- | --- | --- |")
+    row(f"pruned ({removed} of 72 heads) server c16 vs the full model, sentences/s",
+        f"{cut:.1f}", f"{full:.1f}", ">= x1.05", ratio >= 1.05,
+        f"x{ratio:.2f} (rounds: pruned {', '.join(f'{r:.0f}' for r in rates['pruned'])}; "
+        f"full {', '.join(f'{r:.0f}' for r in rates['full'])})")
+
+
 def peak_rss_mib(process):
     with open(f"/proc/{process.pid}/status") as status:
         return int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1)) / 1024
@@ -379,9 +417,10 @@ def main():
     parser.add_argument("build")
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=("all", "text", "int8"), default="all",
+    parser.add_argument("--only", choices=("all", "text", "int8", "pruned"), default="all",
                         help="text: only the text-in rows (the peer around ORT); int8: "
-                        "only the int8 rows (beside ORT's quantize_dynamic)")
+                        "only the int8 rows (beside ORT's quantize_dynamic); pruned: only "
+                        "the pruned-heads row")
     args = parser.parse_args()
     import onnxruntime
     import sentence_transformers
@@ -412,6 +451,12 @@ def main():
         print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
               f"server core {SERVER_CORE}")
         int8_rows(args, model_path, files, sequences, golden, onnx_path)
+        return
+    if args.only == "pruned":
+        print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+              f"server core {SERVER_CORE}, client core {CLIENT_CORE}")
+        os.sched_setaffinity(0, {int(CLIENT_CORE)})
+        pruned_rows(args, model_path, npz)
         return
     dnnl = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libdnnl2"],
                           capture_output=True, text=True).stdout
@@ -572,6 +617,7 @@ def main():
         f"{loading_rss:.0f})")
     text_rows(args, model_path, npz, onnx_path, faster)
     int8_rows(args, model_path, files, sequences, golden, onnx_path)
+    pruned_rows(args, model_path, npz)
 
 
 if __name__ == "__main__":
