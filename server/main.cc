@@ -79,6 +79,10 @@ ABSL_FLAG(int, intra_op_threads, 0,
 ABSL_FLAG(int64_t, max_sequence_length, 8192,
           "Longest query or memory sequence accepted (models may override); at most "
           "1048576.");
+ABSL_FLAG(bool, auto_truncate, false,
+          "Encoders: cut every text over the model's max_text_tokens (as a request's "
+          "truncate does; OpenAI's body cannot ask) instead of refusing it; a model's "
+          "encoder.auto_truncate overrides it.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest gRPC message, both directions, in bytes.");
 ABSL_FLAG(bool, reject_non_finite, false,
@@ -222,6 +226,7 @@ absl::StatusOr<attnserve::server::AttentionServer::Options> OptionsFromFlags() {
   options.models.control_mode = *control_mode;
   options.models.poll_interval = absl::GetFlag(FLAGS_repository_poll_interval);
   options.models.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
+  options.models.auto_truncate = absl::GetFlag(FLAGS_auto_truncate);
   options.models.intra_op_threads = absl::GetFlag(FLAGS_intra_op_threads);
   options.models.device = *device;
   options.models.allow_tf32 = absl::GetFlag(FLAGS_cuda_tf32);

@@ -258,6 +258,19 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   model->max_text_tokens =
       std::min(config.encoder().max_text_tokens(), model->max_sequence_length);
   config.mutable_encoder()->set_max_text_tokens(model->max_text_tokens);
+  switch (config.encoder().auto_truncate()) {
+    case v1::EncoderConfig::AUTO_TRUNCATE_ON:
+      model->auto_truncate = true;
+      break;
+    case v1::EncoderConfig::AUTO_TRUNCATE_OFF:
+      model->auto_truncate = false;
+      break;
+    default:
+      model->auto_truncate = options.auto_truncate;
+  }
+  config.mutable_encoder()->set_auto_truncate(model->auto_truncate
+                                                  ? v1::EncoderConfig::AUTO_TRUNCATE_ON
+                                                  : v1::EncoderConfig::AUTO_TRUNCATE_OFF);
   model->max_queue_bytes = batching.max_queue_bytes;
   v1::ModelInfo& info = model->info;
   info.set_name(name);

@@ -66,6 +66,9 @@ struct ServedModel {
   // may become.
   std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
   int64_t max_text_tokens = 0;
+  // Cut every text over max_text_tokens, whatever the request says (EncoderConfig's
+  // auto_truncate, else the server's default).
+  bool auto_truncate = false;
   // A classification model's (encoder_spec.num_labels > 0): what makes its scores
   // from the logits (its labels, in id order, are info.encoder().labels()).
   EncoderWork::ScoreActivation score_activation = EncoderWork::ScoreActivation::kNone;
@@ -112,6 +115,8 @@ class ModelRegistry {
     // Longest sequence accepted unless a config says otherwise. Range
     // [1, kMaxSequenceLengthCeiling] (a config's value too).
     int64_t max_sequence_length = 8192;
+    // An encoder's auto_truncate unless its config says otherwise.
+    bool auto_truncate = false;
     // Where models compute: the CPU, or a CUDA GPU (each instance of each model holds
     // its own copy of the weights there).
     core::Device device;

@@ -562,6 +562,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
     return absl::InvalidArgumentError(absl::StrCat(
         "pairs need max_text_tokens >= 3 ([CLS] and two [SEP]), and it is ", limit));
   }
+  const bool truncate = request.truncate() || limits.auto_truncate;
   auto work = std::make_unique<EncoderWork>();
   work->lengths.reserve(static_cast<size_t>(request.text_size()));
   for (int i = 0; i < request.text_size(); ++i) {
@@ -578,10 +579,11 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
           absl::StrCat(which, " is ", encoding.status().message()));
     }
     if (encoding->truncated) {
-      if (!request.truncate()) {
+      if (!truncate) {
         return absl::InvalidArgumentError(absl::StrCat(
             which, " is ", encoding->tokens, " tokens, over the model's limit of ", limit,
-            " (max_text_tokens): shorten it, or set truncate to cut it"));
+            " (max_text_tokens): shorten it, or set truncate to cut it (a model with "
+            "auto_truncate cuts every such text)"));
       }
       ++work->truncated;
     }

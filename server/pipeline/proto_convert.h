@@ -44,6 +44,9 @@ struct AdmissionLimits {
   // An encoder's text input: the most tokens one text becomes ([CLS] and [SEP]
   // included). Range [2, max_sequence_length].
   int64_t max_text_tokens = 512;
+  // Cut a text over max_text_tokens even when the request does not set `truncate`
+  // (the model's auto_truncate).
+  bool auto_truncate = false;
 };
 
 // Checks `request` against the model (`spec`) and `limits` and returns its work, whose

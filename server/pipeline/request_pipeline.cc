@@ -292,6 +292,7 @@ AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
   limits.reject_non_finite = options_.reject_non_finite;
   limits.max_work_bytes = model.max_queue_bytes;
   if (model.max_text_tokens > 0) limits.max_text_tokens = model.max_text_tokens;
+  limits.auto_truncate = model.auto_truncate;
   return limits;
 }
 

@@ -10,7 +10,9 @@ computed from the same text (tests/data/minilm_sentences.npz, sentences.en.txt).
   sentence, token counts equal to Hugging Face's.
 - Text and the token ids it becomes give the same bytes; the Python client returns the
   ids, equal to Hugging Face's.
-- Truncation (asked for), shortened embeddings (dimensions), metrics.
+- Truncation (asked for, or the model's auto_truncate / --auto_truncate where the body
+  cannot ask: a 1,000-word text through the openai client equals sentence-transformers'
+  cut), shortened embeddings (dimensions), metrics.
 - A malformed-input matrix over every door that takes text: each refused naming the
   field, the value and the limit, in the API's own error shape; the server keeps
   serving.
@@ -460,6 +462,86 @@ class TextTest(unittest.TestCase):
             self.post("/v1/embeddings", {"model": "minilm", "input": "b64",
                                          "encoding_format": "base64"})[1]["data"][0]
             ["embedding"])), 4 * D)
+
+
+
+class AutoTruncateTest(unittest.TestCase):
+    """A text of about 1,000 words (tests/data/minilm_long_text.golden.json, 1,350
+    tokens) where the request cannot say truncate: a model with encoder.auto_truncate,
+    or any model on a server started with --auto_truncate, cuts it as sentence-transformers
+    does (cosine >= 0.99999 with its embedding, through the openai client); a model
+    without (or with AUTO_TRUNCATE_OFF, which overrides the flag) refuses it naming the
+    limit, unless the request asks."""
+
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(ROOT, "tests", "data", "minilm_long_text.golden.json"),
+                  encoding="utf-8") as f:
+            cls.golden = json.load(f)
+        assert cls.golden["tokens"] > MAX_TEXT_TOKENS
+        cls.repository = tempfile.TemporaryDirectory()
+        for model, config in (("minilm", "encoder {}\n"),
+                              ("minilm-auto", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n"),
+                              ("minilm-strict", "encoder { auto_truncate: AUTO_TRUNCATE_OFF }\n")):
+            folder = os.path.join(cls.repository.name, model)
+            os.mkdir(folder)
+            for name in os.listdir(MODEL_DIR):
+                os.symlink(os.path.join(MODEL_DIR, name), os.path.join(folder, name))
+            with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+                f.write(config)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.repository.cleanup()
+
+    def serve(self, *flags):
+        server = stubs.Attnserve(SERVER, f"--model_repository={self.repository.name}",
+                                 "--builtin_model=false", *flags, http=True)
+        self.addCleanup(lambda: self.assertEqual(server.stop(), 0))
+        channel = grpc.insecure_channel(server.target)
+        self.addCleanup(channel.close)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1",
+                               api_key="not-checked", max_retries=0)
+        return attention_pb2_grpc.AttentionServiceStub(channel), client
+
+    def assert_sentence_transformers(self, client, model):
+        reply = client.embeddings.create(model=model, input=[self.golden["text"]],
+                                         encoding_format="float")
+        got = np.asarray([reply.data[0].embedding], np.float32)
+        cosine = float(cosines(got, np.asarray([self.golden["embedding"]]))[0])
+        self.assertGreaterEqual(cosine, COSINE, model)
+
+    def test_the_model_setting_cuts_where_the_request_cannot_say(self):
+        v1, client = self.serve()
+        self.assert_sentence_transformers(client, "minilm-auto")
+        with self.assertRaises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="minilm", input=[self.golden["text"]])
+        self.assertIn(f"text[0] is {self.golden['tokens']} tokens, over the model's limit "
+                      f"of {MAX_TEXT_TOKENS}", str(refused.exception))
+        self.assertIn("auto_truncate", str(refused.exception))
+        # A request that asks cuts on the other model too; the answer counts what was cut.
+        for model, truncate in (("minilm", True), ("minilm-auto", False)):
+            reply = v1.Encode(attention_pb2.EncodeRequest(
+                model=model, truncate=truncate, text=[self.golden["text"]]), timeout=60)
+            self.assertEqual(reply.truncated, 1, model)
+        infos = {m.name: m for m in v1.ListModels(attention_pb2.ListModelsRequest(),
+                                                  timeout=60).models}
+        on, off = (getattr(attention_pb2.EncoderConfig, f"AUTO_TRUNCATE_{state}")
+                   for state in ("ON", "OFF"))
+        self.assertEqual(infos["minilm-auto"].encoder.auto_truncate, on)
+        self.assertEqual(infos["minilm"].encoder.auto_truncate, off)
+
+    def test_the_server_flag_is_the_default_a_model_can_override(self):
+        v1, client = self.serve("--auto_truncate")
+        self.assert_sentence_transformers(client, "minilm")
+        infos = {m.name: m for m in v1.ListModels(attention_pb2.ListModelsRequest(),
+                                                  timeout=60).models}
+        self.assertEqual(infos["minilm"].encoder.auto_truncate,
+                         attention_pb2.EncoderConfig.AUTO_TRUNCATE_ON)
+        with self.assertRaises(openai.BadRequestError):
+            client.embeddings.create(model="minilm-strict", input=[self.golden["text"]])
+        self.assertEqual(infos["minilm-strict"].encoder.auto_truncate,
+                         attention_pb2.EncoderConfig.AUTO_TRUNCATE_OFF)
 
 
 if __name__ == "__main__":
