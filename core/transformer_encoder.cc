@@ -209,10 +209,79 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   return absl::OkStatus();
 }
 
+namespace {
+
+// Where a family's checkpoint keeps each tensor (names under the prefix; a layer's
+// after `layer` + N + "."). Empty: the family has no such tensor.
+struct TensorNames {
+  const char* family;
+  const char* token_types;
+  const char* embedding_norm;  // post-LN
+  const char* final_norm;      // pre-LN
+  const char* layer;
+  const char* query;
+  const char* key;
+  const char* value;
+  const char* attention_out;
+  const char* attention_norm;
+  const char* ffn_in;
+  const char* ffn_out;
+  const char* output_norm;
+};
+
+constexpr TensorNames kBertNames = {"BERT",
+                                    "embeddings.token_type_embeddings.weight",
+                                    "embeddings.LayerNorm.",
+                                    "",
+                                    "encoder.layer.",
+                                    "attention.self.query.",
+                                    "attention.self.key.",
+                                    "attention.self.value.",
+                                    "attention.output.dense.",
+                                    "attention.output.LayerNorm.",
+                                    "intermediate.dense.",
+                                    "output.dense.",
+                                    "output.LayerNorm."};
+constexpr TensorNames kMegatronBertNames = {"Megatron-BERT",
+                                            "embeddings.token_type_embeddings.weight",
+                                            "",
+                                            "encoder.ln.",
+                                            "encoder.layer.",
+                                            "attention.self.query.",
+                                            "attention.self.key.",
+                                            "attention.self.value.",
+                                            "attention.output.dense.",
+                                            "attention.ln.",
+                                            "intermediate.dense.",
+                                            "output.dense.",
+                                            "ln."};
+constexpr TensorNames kDistilBertNames = {"DistilBERT",
+                                          "",
+                                          "embeddings.LayerNorm.",
+                                          "",
+                                          "transformer.layer.",
+                                          "attention.q_lin.",
+                                          "attention.k_lin.",
+                                          "attention.v_lin.",
+                                          "attention.out_lin.",
+                                          "sa_layer_norm.",
+                                          "ffn.lin1.",
+                                          "ffn.lin2.",
+                                          "output_layer_norm."};
+
+const TensorNames& NamesOf(const EncoderSpec& spec) {
+  if (spec.family == EncoderSpec::Family::kDistilBert) return kDistilBertNames;
+  return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
+                                                                 : kBertNames;
+}
+
+}  // namespace
+
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix) {
   ATTN_RETURN_IF_ERROR(spec.Validate());
+  const TensorNames& names = NamesOf(spec);
   const int64_t d = spec.d_model;
   std::vector<std::string> used;
   // The tensor `name` (under the prefix unless `outside`) with `shape`, as float32.
@@ -220,8 +289,8 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                         bool outside = false) -> absl::StatusOr<std::vector<float>> {
     const std::string full = outside ? name : absl::StrCat(prefix, name);
     if (file.Find(full) == nullptr) {
-      return Invalid(absl::StrCat("missing tensor ", full, " (a BERT checkpoint with ",
-                                  spec.num_layers, " layers",
+      return Invalid(absl::StrCat("missing tensor ", full, " (a ", names.family,
+                                  " checkpoint with ", spec.num_layers, " layers",
                                   spec.num_labels > 0 ? " and a classification head" : "",
                                   " names it)"));
     }
@@ -234,26 +303,37 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   ATTN_ASSIGN_OR_RETURN(
       weights.position_embeddings,
       read("embeddings.position_embeddings.weight", {spec.max_positions, d}));
-  ATTN_ASSIGN_OR_RETURN(
-      weights.token_type_embeddings,
-      read("embeddings.token_type_embeddings.weight", {spec.type_vocab_size, d}));
+  if (*names.token_types != '\0') {
+    ATTN_ASSIGN_OR_RETURN(weights.token_type_embeddings,
+                          read(names.token_types, {spec.type_vocab_size, d}));
+  } else if (spec.type_vocab_size != 1) {
+    return Invalid(absl::StrCat("type_vocab_size must be 1 for a ", names.family,
+                                " checkpoint (it has no token types), got ",
+                                spec.type_vocab_size));
+  } else {
+    weights.token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
+  }
   // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
   // (pre-LN) before each sublayer and after the last block.
-  const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
-  if (pre) {
-    ATTN_ASSIGN_OR_RETURN(weights.final_norm_scale, read("encoder.ln.weight", {d}));
-    ATTN_ASSIGN_OR_RETURN(weights.final_norm_shift, read("encoder.ln.bias", {d}));
-  } else {
-    ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_scale,
-                          read("embeddings.LayerNorm.weight", {d}));
-    ATTN_ASSIGN_OR_RETURN(weights.embedding_norm_shift,
-                          read("embeddings.LayerNorm.bias", {d}));
+  const std::string norm = spec.norm_placement == EncoderSpec::NormPlacement::kPre
+                               ? names.final_norm
+                               : names.embedding_norm;
+  std::vector<float>& norm_scale = spec.norm_placement == EncoderSpec::NormPlacement::kPre
+                                       ? weights.final_norm_scale
+                                       : weights.embedding_norm_scale;
+  std::vector<float>& norm_shift = spec.norm_placement == EncoderSpec::NormPlacement::kPre
+                                       ? weights.final_norm_shift
+                                       : weights.embedding_norm_shift;
+  if (norm.empty()) {
+    return Invalid(absl::StrCat(
+        "a ", names.family, " checkpoint has no ",
+        spec.norm_placement == EncoderSpec::NormPlacement::kPre ? "pre-LN" : "post-LN",
+        " blocks"));
   }
-  const std::string attention_norm =
-      pre ? "attention.ln." : "attention.output.LayerNorm.";
-  const std::string output_norm = pre ? "ln." : "output.LayerNorm.";
+  ATTN_ASSIGN_OR_RETURN(norm_scale, read(norm + "weight", {d}));
+  ATTN_ASSIGN_OR_RETURN(norm_shift, read(norm + "bias", {d}));
   for (int64_t n = 0; n < spec.num_layers; ++n) {
-    const std::string at = absl::StrCat("encoder.layer.", n, ".");
+    const std::string at = absl::StrCat(names.layer, n, ".");
     EncoderLayerWeights layer;
     // The heads this checkpoint holds, in order: a pruned one's rows (Q, K, V) and
     // columns (output) are absent, and stay zero here.
@@ -272,13 +352,11 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     layer.attention.in_proj_weight.assign(static_cast<size_t>(3 * d * d), 0.0f);
     layer.attention.in_proj_bias.assign(static_cast<size_t>(3 * d), 0.0f);
     for (int64_t part = 0; part < 3; ++part) {
-      const char* name = part == 0 ? "query" : part == 1 ? "key" : "value";
-      ATTN_ASSIGN_OR_RETURN(
-          std::vector<float> weight,
-          read(absl::StrCat(at, "attention.self.", name, ".weight"), {width, d}));
-      ATTN_ASSIGN_OR_RETURN(
-          std::vector<float> bias,
-          read(absl::StrCat(at, "attention.self.", name, ".bias"), {width}));
+      const char* name = part == 0 ? names.query : part == 1 ? names.key : names.value;
+      ATTN_ASSIGN_OR_RETURN(std::vector<float> weight,
+                            read(absl::StrCat(at, name, "weight"), {width, d}));
+      ATTN_ASSIGN_OR_RETURN(std::vector<float> bias,
+                            read(absl::StrCat(at, name, "bias"), {width}));
       for (size_t i = 0; i < stored.size(); ++i) {
         const int64_t row = part * d + stored[i] * head_dim;  // in [3d, d]
         std::copy_n(&weight[i * head_dim * d], head_dim * d,
@@ -286,8 +364,9 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
         std::copy_n(&bias[i * head_dim], head_dim, &layer.attention.in_proj_bias[row]);
       }
     }
-    ATTN_ASSIGN_OR_RETURN(std::vector<float> out_weight,
-                          read(at + "attention.output.dense.weight", {d, width}));
+    ATTN_ASSIGN_OR_RETURN(
+        std::vector<float> out_weight,
+        read(absl::StrCat(at, names.attention_out, "weight"), {d, width}));
     layer.attention.out_proj_weight.assign(static_cast<size_t>(d * d), 0.0f);
     for (int64_t row = 0; row < d; ++row) {
       for (size_t i = 0; i < stored.size(); ++i) {
@@ -296,24 +375,33 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
       }
     }
     ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
-                          read(at + "attention.output.dense.bias", {d}));
+                          read(absl::StrCat(at, names.attention_out, "bias"), {d}));
     ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
-                          read(at + attention_norm + "weight", {d}));
+                          read(absl::StrCat(at, names.attention_norm, "weight"), {d}));
     ATTN_ASSIGN_OR_RETURN(layer.attention_norm_shift,
-                          read(at + attention_norm + "bias", {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.ffn_in_weight,
-                          read(at + "intermediate.dense.weight", {spec.ffn_dim, d}));
+                          read(absl::StrCat(at, names.attention_norm, "bias"), {d}));
+    ATTN_ASSIGN_OR_RETURN(
+        layer.ffn_in_weight,
+        read(absl::StrCat(at, names.ffn_in, "weight"), {spec.ffn_dim, d}));
     ATTN_ASSIGN_OR_RETURN(layer.ffn_in_bias,
-                          read(at + "intermediate.dense.bias", {spec.ffn_dim}));
-    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_weight,
-                          read(at + "output.dense.weight", {d, spec.ffn_dim}));
-    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias, read(at + "output.dense.bias", {d}));
+                          read(absl::StrCat(at, names.ffn_in, "bias"), {spec.ffn_dim}));
+    ATTN_ASSIGN_OR_RETURN(
+        layer.ffn_out_weight,
+        read(absl::StrCat(at, names.ffn_out, "weight"), {d, spec.ffn_dim}));
+    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias,
+                          read(absl::StrCat(at, names.ffn_out, "bias"), {d}));
     ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
-                          read(at + output_norm + "weight", {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift, read(at + output_norm + "bias", {d}));
+                          read(absl::StrCat(at, names.output_norm, "weight"), {d}));
+    ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift,
+                          read(absl::StrCat(at, names.output_norm, "bias"), {d}));
     weights.layers.push_back(std::move(layer));
   }
   if (spec.num_labels > 0) {
+    if (spec.family != EncoderSpec::Family::kBert) {
+      return Invalid(absl::StrCat("a ", names.family,
+                                  " classification head is not served (served: BERT's "
+                                  "pooler and classifier)"));
+    }
     ATTN_ASSIGN_OR_RETURN(weights.pooler_weight, read("pooler.dense.weight", {d, d}));
     ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("pooler.dense.bias", {d}));
     ATTN_ASSIGN_OR_RETURN(weights.classifier_weight,
@@ -334,8 +422,8 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
          (local == "pooler.dense.weight" || local == "pooler.dense.bias"))) {
       continue;
     }
-    return Invalid(absl::StrCat("unexpected tensor ", name,
-                                ": not part of a BERT encoder of ", spec.num_layers,
+    return Invalid(absl::StrCat("unexpected tensor ", name, ": not part of a ",
+                                names.family, " encoder of ", spec.num_layers,
                                 " layers (set a prefix to load the encoder alone)"));
   }
   return weights;

@@ -46,6 +46,11 @@ struct EncoderSpec {
   // (Megatron-BERT).
   enum class NormPlacement { kPost, kPre };
   NormPlacement norm_placement = NormPlacement::kPost;
+  // The checkpoint's family, which names its tensors (LoadBertWeights): BERT's
+  // (Megatron-BERT's with pre-LN), or DistilBERT's (post-LN, no token types:
+  // type_vocab_size 1, a zero table).
+  enum class Family { kBert, kDistilBert };
+  Family family = Family::kBert;
   float layer_norm_eps = 1e-12f;  // > 0
   int64_t max_positions = 512;    // learned absolute positions, >= 1
   int64_t vocab_size = 0;         // >= 1
@@ -125,15 +130,17 @@ struct EncoderWeights {
 // The weights of a Hugging Face BERT checkpoint, by the names it uses
 // (`embeddings.word_embeddings.weight`, `encoder.layer.N.attention.self.query.weight`,
 // ...), or of a Megatron-BERT one for a pre-LN spec (`encoder.layer.N.attention.ln.*`,
-// `encoder.layer.N.ln.*`, `encoder.ln.*`), each behind `prefix` (for example "bert." for
-// a checkpoint saved from a task model). A layer with checkpoint_pruned_heads has the
-// smaller attention matrices prune_heads() saves ([kept * head_dim, d] Q/K/V, [d, kept *
-// head_dim] output); they are widened to the full layout, the removed heads' rows and
-// columns zero. Every tensor under the prefix is used, or named
-// in the error: InvalidArgument for a missing or unexpected tensor or a wrong shape. F32
-// or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) is ignored. With a
-// classification head (spec.num_labels > 0) the pooler `pooler.dense.*` under the prefix
-// and `classifier.weight`/`classifier.bias` outside it (where
+// `encoder.layer.N.ln.*`, `encoder.ln.*`), or of a DistilBERT one for its family
+// (`transformer.layer.N.attention.q_lin.*`, `sa_layer_norm`, `ffn.lin1`, ...; no token
+// type table: a zero one is made), each behind `prefix` (for example "bert." or
+// "distilbert." for a checkpoint saved from a task model). A layer with
+// checkpoint_pruned_heads has the smaller attention matrices prune_heads() saves ([kept *
+// head_dim, d] Q/K/V, [d, kept * head_dim] output); they are widened to the full layout,
+// the removed heads' rows and columns zero. Every tensor under the prefix is used, or
+// named in the error: InvalidArgument for a missing or unexpected tensor or a wrong
+// shape. F32 or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) is
+// ignored. With a classification head (spec.num_labels > 0) the pooler `pooler.dense.*`
+// under the prefix and `classifier.weight`/`classifier.bias` outside it (where
 // BertForSequenceClassification keeps them) are read; without one BertModel's pooler,
 // which no served pooling uses, is accepted and ignored.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,

@@ -166,23 +166,41 @@ absl::Status ApplyPrunedHeads(const Json& json, v1::EncoderConfig* encoder) {
   return absl::OkStatus();
 }
 
+// How a family's config.json names its sizes (Hugging Face's BertConfig and
+// DistilBertConfig).
+struct ConfigKeys {
+  const char* hidden;
+  const char* heads;
+  const char* layers;
+  const char* ffn;
+  const char* activation;
+  bool token_types;  // type_vocab_size; without, the model has one type (a zero table)
+};
+constexpr ConfigKeys kBertKeys = {"hidden_size",       "num_attention_heads",
+                                  "num_hidden_layers", "intermediate_size",
+                                  "hidden_act",        true};
+constexpr ConfigKeys kDistilBertKeys = {"dim",        "n_heads",    "n_layers",
+                                        "hidden_dim", "activation", false};
+
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
   ATTN_ASSIGN_OR_RETURN(const std::string model_type,
                         Text(json, "model_type", "bert", kFile));
   using Placement = v1::EncoderConfig::NormPlacement;
-  Placement placement;
-  if (model_type == "bert") {
-    placement = v1::EncoderConfig::NORM_PLACEMENT_POST;
-  } else if (model_type == "megatron-bert") {
+  using Family = v1::EncoderConfig::Family;
+  Placement placement = v1::EncoderConfig::NORM_PLACEMENT_POST;
+  Family family = v1::EncoderConfig::FAMILY_BERT;
+  if (model_type == "megatron-bert") {
     placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
-  } else {
+  } else if (model_type == "distilbert") {
+    family = v1::EncoderConfig::FAMILY_DISTILBERT;
+  } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
-        "\" is not served (served: \"bert\" and \"megatron-bert\": learned absolute "
-        "positions from 0, post-LN or pre-LN blocks, Hugging Face's BertModel and "
-        "MegatronBertModel tensor names)"));
+        "\" is not served (served: \"bert\", \"megatron-bert\" and \"distilbert\": "
+        "learned absolute positions from 0, post-LN or pre-LN blocks, WordPiece text, "
+        "Hugging Face's BertModel, MegatronBertModel and DistilBertModel tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -197,6 +215,22 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                      "\" has ", v1::EncoderConfig::NormPlacement_Name(placement)));
   }
   encoder->set_norm_placement(placement);
+  if (!json.contains("model_type") &&
+      encoder->family() != v1::EncoderConfig::FAMILY_UNSPECIFIED) {
+    family = encoder->family();
+  } else if (encoder->family() != v1::EncoderConfig::FAMILY_UNSPECIFIED &&
+             encoder->family() != family) {
+    return Invalid(absl::StrCat(
+        "encoder.family is ", v1::EncoderConfig::Family_Name(encoder->family()),
+        " in config.pbtxt but config.json's model_type is \"", model_type, "\""));
+  }
+  encoder->set_family(family);
+  if (family == v1::EncoderConfig::FAMILY_DISTILBERT &&
+      placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
+    return Invalid("encoder.norm_placement: DistilBERT's blocks are post-LN");
+  }
+  const ConfigKeys& keys =
+      family == v1::EncoderConfig::FAMILY_DISTILBERT ? kDistilBertKeys : kBertKeys;
   ATTN_ASSIGN_OR_RETURN(const std::string positions,
                         Text(json, "position_embedding_type", "absolute", kFile));
   if (positions != "absolute") {
@@ -210,16 +244,18 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
         "config.json: is_decoder / add_cross_attention: decoders are not "
         "served, only encoders");
   }
-  ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, "hidden_size", 768, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t heads,
-                        Count(json, "num_attention_heads", 12, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, keys.hidden, 768, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t heads, Count(json, keys.heads, 12, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t layers,
-                        Count(json, "num_hidden_layers", 12, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, "intermediate_size", 3072, kFile));
+                        Count(json, keys.layers, keys.token_types ? 12 : 6, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, keys.ffn, 3072, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t positions_count,
                         Count(json, "max_position_embeddings", 512, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t vocab, Count(json, "vocab_size", 30522, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t types, Count(json, "type_vocab_size", 2, kFile));
+  int64_t types = 1;
+  if (keys.token_types) {
+    ATTN_ASSIGN_OR_RETURN(types, Count(json, "type_vocab_size", 2, kFile));
+  }
   int64_t value = config->d_model();
   ATTN_RETURN_IF_ERROR(Merge(d, "d_model", &value));
   config->set_d_model(value);
@@ -242,7 +278,8 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_RETURN_IF_ERROR(Merge(types, "encoder.type_vocab_size", &value));
   encoder->set_type_vocab_size(value);
   if (encoder->activation() == v1::EncoderConfig::ACTIVATION_UNSPECIFIED) {
-    ATTN_ASSIGN_OR_RETURN(const std::string act, Text(json, "hidden_act", "gelu", kFile));
+    ATTN_ASSIGN_OR_RETURN(const std::string act,
+                          Text(json, keys.activation, "gelu", kFile));
     if (act == "gelu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU);
     } else if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
@@ -250,7 +287,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     } else if (act == "relu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_RELU);
     } else {
-      return Invalid(absl::StrCat("config.json: hidden_act \"", act,
+      return Invalid(absl::StrCat("config.json: ", keys.activation, " \"", act,
                                   "\" is not served (served: gelu, gelu_new, "
                                   "gelu_pytorch_tanh, relu)"));
     }
@@ -272,54 +309,84 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   return absl::OkStatus();
 }
 
+// The served modules of modules.json: sentence-transformers' Transformer, Pooling and
+// Normalize, by the last part of their type (sentence_transformers.models.Normalize, or
+// sentence-transformers 6's sentence_transformers.base.modules.normalize.Normalize).
+// Whether Normalize is listed; a module of another type (Dense, ...) is refused by
+// name: computing without it would answer other vectors.
+absl::StatusOr<bool> ListsNormalize(const std::string& modules_json) {
+  constexpr absl::string_view kFile = "modules.json";
+  ATTN_ASSIGN_OR_RETURN(const Json modules, Parse(modules_json, kFile));
+  if (!modules.is_array()) return Invalid("modules.json: must be a JSON array");
+  bool normalize = false;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    if (!modules[i].is_object()) {
+      return Invalid(absl::StrCat("modules.json: [", i, "] must be an object"));
+    }
+    ATTN_ASSIGN_OR_RETURN(const std::string type, Text(modules[i], "type", "", kFile));
+    const absl::string_view last = absl::string_view(type).substr(type.rfind('.') + 1);
+    if (!absl::StartsWith(type, "sentence_transformers.") ||
+        (last != "Transformer" && last != "Pooling" && last != "Normalize")) {
+      return Invalid(absl::StrCat("modules.json: [", i, "] type \"", type,
+                                  "\" is not served (served: sentence-transformers' "
+                                  "Transformer, Pooling and Normalize)"));
+    }
+    normalize |= last == "Normalize";
+  }
+  return normalize;
+}
+
+// 1_Pooling/config.json's mode: sentence-transformers' pooling_mode_* flags, or
+// sentence-transformers 6's "pooling_mode" name.
+absl::StatusOr<v1::EncoderConfig::Pooling> PoolingMode(const std::string& pooling_json) {
+  constexpr absl::string_view kFile = "1_Pooling/config.json";
+  ATTN_ASSIGN_OR_RETURN(const Json pooling, Parse(pooling_json, kFile));
+  if (!pooling.is_object()) return Invalid("1_Pooling/config.json: must be an object");
+  if (pooling.contains("pooling_mode")) {
+    ATTN_ASSIGN_OR_RETURN(const std::string mode,
+                          Text(pooling, "pooling_mode", "", kFile));
+    if (mode == "mean") return v1::EncoderConfig::POOLING_MEAN;
+    if (mode == "cls") return v1::EncoderConfig::POOLING_CLS;
+    return Invalid(absl::StrCat(kFile, ": pooling_mode \"", mode,
+                                "\" is not served (served: mean, cls)"));
+  }
+  ATTN_ASSIGN_OR_RETURN(const bool cls, Flag(pooling, "pooling_mode_cls_token", kFile));
+  ATTN_ASSIGN_OR_RETURN(const bool mean,
+                        Flag(pooling, "pooling_mode_mean_tokens", kFile));
+  for (const char* mode :
+       {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+        "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"}) {
+    ATTN_ASSIGN_OR_RETURN(const bool on, Flag(pooling, mode, kFile));
+    if (on) {
+      return Invalid(absl::StrCat(kFile, ": ", mode,
+                                  " is not served (served: mean tokens, CLS token)"));
+    }
+  }
+  if (cls == mean) {
+    return Invalid(absl::StrCat(kFile,
+                                ": exactly one of pooling_mode_cls_token and "
+                                "pooling_mode_mean_tokens must be true"));
+  }
+  return cls ? v1::EncoderConfig::POOLING_CLS : v1::EncoderConfig::POOLING_MEAN;
+}
+
 absl::Status ApplySentenceTransformers(const EncoderFiles& files,
                                        v1::ModelConfig* config) {
   v1::EncoderConfig* encoder = config->mutable_encoder();
+  bool normalize = false;
+  if (!files.modules_json.empty()) {
+    ATTN_ASSIGN_OR_RETURN(normalize, ListsNormalize(files.modules_json));
+  }
   if (encoder->normalization() == v1::EncoderConfig::NORMALIZATION_UNSPECIFIED) {
-    bool normalize = false;
-    if (!files.modules_json.empty()) {
-      ATTN_ASSIGN_OR_RETURN(const Json modules,
-                            Parse(files.modules_json, "modules.json"));
-      if (!modules.is_array()) return Invalid("modules.json: must be a JSON array");
-      for (size_t i = 0; i < modules.size(); ++i) {
-        if (!modules[i].is_object()) {
-          return Invalid(absl::StrCat("modules.json: [", i, "] must be an object"));
-        }
-        ATTN_ASSIGN_OR_RETURN(const std::string type,
-                              Text(modules[i], "type", "", "modules.json"));
-        normalize |= type == "sentence_transformers.models.Normalize";
-      }
-    }
     encoder->set_normalization(normalize ? v1::EncoderConfig::NORMALIZATION_L2
                                          : v1::EncoderConfig::NORMALIZATION_NONE);
   }
   if (encoder->pooling() == v1::EncoderConfig::POOLING_UNSPECIFIED) {
     encoder->set_pooling(v1::EncoderConfig::POOLING_MEAN);
     if (!files.pooling_json.empty()) {
-      constexpr absl::string_view kFile = "1_Pooling/config.json";
-      ATTN_ASSIGN_OR_RETURN(const Json pooling, Parse(files.pooling_json, kFile));
-      if (!pooling.is_object())
-        return Invalid("1_Pooling/config.json: must be an object");
-      ATTN_ASSIGN_OR_RETURN(const bool cls,
-                            Flag(pooling, "pooling_mode_cls_token", kFile));
-      ATTN_ASSIGN_OR_RETURN(const bool mean,
-                            Flag(pooling, "pooling_mode_mean_tokens", kFile));
-      for (const char* mode :
-           {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-            "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"}) {
-        ATTN_ASSIGN_OR_RETURN(const bool on, Flag(pooling, mode, kFile));
-        if (on) {
-          return Invalid(absl::StrCat(kFile, ": ", mode,
-                                      " is not served (served: mean tokens, CLS token)"));
-        }
-      }
-      if (cls == mean) {
-        return Invalid(absl::StrCat(kFile,
-                                    ": exactly one of pooling_mode_cls_token and "
-                                    "pooling_mode_mean_tokens must be true"));
-      }
-      encoder->set_pooling(cls ? v1::EncoderConfig::POOLING_CLS
-                               : v1::EncoderConfig::POOLING_MEAN);
+      ATTN_ASSIGN_OR_RETURN(const v1::EncoderConfig::Pooling mode,
+                            PoolingMode(files.pooling_json));
+      encoder->set_pooling(mode);
     }
   }
   return absl::OkStatus();
@@ -529,6 +596,9 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
   spec.norm_placement = encoder.norm_placement() == v1::EncoderConfig::NORM_PLACEMENT_PRE
                             ? core::EncoderSpec::NormPlacement::kPre
                             : core::EncoderSpec::NormPlacement::kPost;
+  spec.family = encoder.family() == v1::EncoderConfig::FAMILY_DISTILBERT
+                    ? core::EncoderSpec::Family::kDistilBert
+                    : core::EncoderSpec::Family::kBert;
   spec.layer_norm_eps = encoder.layer_norm_eps();
   spec.max_positions = encoder.max_positions();
   spec.vocab_size = encoder.vocab_size();

@@ -210,9 +210,13 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     // The file's bytes go as soon as the weights are read out of them.
     ATTN_ASSIGN_OR_RETURN(core::SafetensorsFile file,
                           core::SafetensorsFile::Read((folder / weights_file).string()));
+    // Saved from a task model (BertForSequenceClassification, DistilBertForMaskedLM,
+    // ...): the encoder's tensors behind its base model's name.
+    const char* base =
+        spec.family == core::EncoderSpec::Family::kDistilBert ? "distilbert." : "bert.";
     if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
-        file.Find("bert.embeddings.word_embeddings.weight") != nullptr) {
-      prefix = "bert.";  // saved from a task model (BertForSequenceClassification, ...)
+        file.Find(absl::StrCat(base, "embeddings.word_embeddings.weight")) != nullptr) {
+      prefix = base;
     }
     ATTN_ASSIGN_OR_RETURN(weights, core::LoadBertWeights(file, spec, prefix));
   }

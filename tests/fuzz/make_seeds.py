@@ -120,6 +120,16 @@ def encoder_files():
           b'{"model_type":"roberta"}\0[]\0{"pooling_mode_cls_token":true}')
     write("encoder_config", "pruned", b'{"hidden_size":32,"num_attention_heads":4,'
           b'"num_hidden_layers":3,"pruned_heads":{"0":[0,2],"2":[1,2,3]}}')
+    distilbert = os.path.join(ROOT, "tests", "data", "distilbert_tiny")
+    parts = []
+    for name in ("config.json", "modules.json", os.path.join("1_Pooling", "config.json")):
+        with open(os.path.join(distilbert, name), "rb") as f:
+            parts.append(f.read())
+    write("encoder_config", "distilbert", b"\0".join(parts))
+    write("encoder_config", "sentence_transformers6",
+          b'{"model_type":"distilbert","dim":32,"n_heads":4}\0'
+          b'[{"type":"sentence_transformers.base.modules.normalize.Normalize"}]\0'
+          b'{"pooling_mode":"cls"}')
 
 
 def npys():

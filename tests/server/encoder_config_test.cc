@@ -51,6 +51,35 @@ TEST(EncoderConfigTest, ReadsASentenceTransformersFolder) {
   EXPECT_TRUE(spec->normalize);
 }
 
+TEST(EncoderConfigTest, ReadsSentenceTransformers6sLayoutAndADistilBertConfig) {
+  // sentence-transformers 6 saves its modules under new type names and names the
+  // pooling mode.
+  constexpr char kModules6[] =
+      R"([{"idx": 0, "type": "sentence_transformers.base.modules.transformer.Transformer"},
+  {"idx": 1, "type": "sentence_transformers.base.modules.pooling.Pooling"},
+  {"idx": 2, "type": "sentence_transformers.base.modules.normalize.Normalize"}])";
+  auto config =
+      Resolve({R"({"model_type": "distilbert", "dim": 32, "n_heads": 4,
+                             "n_layers": 2, "hidden_dim": 64, "activation": "relu",
+                             "vocab_size": 600, "max_position_embeddings": 64})",
+               kModules6, R"({"embedding_dimension": 32, "pooling_mode": "cls"})"});
+  ASSERT_TRUE(config.ok()) << config.status();
+  const v1::EncoderConfig& encoder = config->encoder();
+  EXPECT_EQ(encoder.family(), v1::EncoderConfig::FAMILY_DISTILBERT);
+  EXPECT_EQ(config->d_model(), 32);
+  EXPECT_EQ(config->num_heads(), 4);
+  EXPECT_EQ(encoder.num_layers(), 2);
+  EXPECT_EQ(encoder.ffn_dim(), 64);
+  EXPECT_EQ(encoder.type_vocab_size(), 1);
+  EXPECT_EQ(encoder.activation(), v1::EncoderConfig::ACTIVATION_RELU);
+  EXPECT_FLOAT_EQ(encoder.layer_norm_eps(), 1e-12f);
+  EXPECT_EQ(encoder.pooling(), v1::EncoderConfig::POOLING_CLS);
+  EXPECT_EQ(encoder.normalization(), v1::EncoderConfig::NORMALIZATION_L2);
+  auto spec = EncoderSpecFromConfig(*config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->family, core::EncoderSpec::Family::kDistilBert);
+}
+
 TEST(EncoderConfigTest, ConfigPbtxtWinsAndBertDefaultsFillTheRest) {
   v1::ModelConfig pbtxt;
   pbtxt.mutable_encoder()->set_pooling(v1::EncoderConfig::POOLING_CLS);
@@ -75,9 +104,13 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
       {{std::string(40, '[') + std::string(40, ']'), "", ""},
        "config.json: nested deeper than 32 levels"},
       {{R"({"model_type": "roberta"})", "", ""},
-       "config.json: model_type \"roberta\" is not served (served: \"bert\" and "
-       "\"megatron-bert\""},
-      {{R"({"model_type": "distilbert"})", "", ""}, "model_type \"distilbert\""},
+       "config.json: model_type \"roberta\" is not served (served: \"bert\", "
+       "\"megatron-bert\" and \"distilbert\""},
+      {{R"({"model_type": "distilbert", "activation": "swish"})", "", ""},
+       "config.json: activation \"swish\" is not served"},
+      {{R"({"model_type": "distilbert", "dim": 0})", "", ""},
+       "config.json: dim must be an integer"},
+      {{R"({"model_type": "xlm-roberta"})", "", ""}, "model_type \"xlm-roberta\""},
       {{R"({"position_embedding_type": "relative_key"})", "", ""},
        "position_embedding_type \"relative_key\" is not served"},
       {{R"({"is_decoder": true})", "", ""}, "decoders are not served"},
@@ -93,6 +126,10 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
        "d_model (100) must be a multiple of num_heads (12)"},
       {{kMiniLm, "{}", ""}, "modules.json: must be a JSON array"},
       {{kMiniLm, R"([{"type": 3}])", ""}, "modules.json: type must be a string, got 3"},
+      {{kMiniLm, R"([{"type": "sentence_transformers.models.Dense"}])", ""},
+       "modules.json: [0] type \"sentence_transformers.models.Dense\" is not served"},
+      {{kMiniLm, "", R"({"pooling_mode": "max"})"},
+       "1_Pooling/config.json: pooling_mode \"max\" is not served"},
       {{kMiniLm, "", R"({"pooling_mode_max_tokens": true})"},
        "pooling_mode_max_tokens is not served"},
       {{kMiniLm, "",

@@ -1,0 +1,230 @@
+#!/usr/bin/python3
+"""Encoder families beside BERT, end to end: each family's seeded checkpoint, made by a
+repo script and served from its folder as written, on one real attnserve on
+127.0.0.1:0, against sentence-transformers' embeddings of the same texts.
+
+DistilBERT (tests/data/distilbert_tiny, tests/tools/make_distilbert_golden.py: a seeded
+DistilBertModel, its own config.json keys and tensor names, no token types, wrapped as a
+sentence-transformers folder):
+- `distilbert`: the folder as written, through the openai client, tritonclient's BYTES
+  input and attnserve.v1 Encode: cosine >= 0.99999 and every value within 1e-5 of
+  sentence-transformers' normalized embeddings, token ids equal to the tokenizer's
+  (the longest text truncated at max_seq_length);
+- `distilbert-raw`: the same without the Normalize step, against the mean-pooled
+  vectors before it (1e-5);
+- `distilbert-hub`: the checkpoint as a task model saves it (every tensor behind
+  `distilbert.`, beside DistilBertForMaskedLM's vocab_* head), found without a setting.
+A malformed-input matrix: token types other than 0 (the family has none), a
+classification head, a config contradicting config.json; each refused naming the field,
+the value and the limit, and the server keeps serving.
+
+usage: families_test.py ATTNSERVE REPO_ROOT
+"""
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import unittest
+
+import grpc
+import numpy as np
+import openai
+import tritonclient.grpc as triton_grpc
+
+SERVER, ROOT = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import stubs  # noqa: E402
+from attnserve.v1 import attention_pb2, attention_pb2_grpc, tensor_pb2  # noqa: E402
+
+DATA = os.path.join(ROOT, "tests", "data")
+COSINE = 0.99999
+TOLERANCE = 1e-5
+
+
+def cosines(got, want):
+    return np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) *
+                                         np.linalg.norm(want, axis=1))
+
+
+def write_prefixed_checkpoint(source, target, prefix, extra):
+    """Copies the safetensors file `source` to `target` with every tensor renamed
+    `prefix` + name, plus the float32 tensors of `extra` (name -> array) unprefixed."""
+    with open(source, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    metadata = header.pop("__metadata__", None)
+    out_header, blobs, offset = {}, [], 0
+    tensors = [(prefix + name, entry["dtype"], entry["shape"],
+                data[entry["data_offsets"][0]:entry["data_offsets"][1]])
+               for name, entry in sorted(header.items())]
+    tensors += [(name, "F32", list(array.shape), array.astype("<f4").tobytes())
+                for name, array in extra.items()]
+    for name, dtype, shape, blob in tensors:
+        out_header[name] = {"dtype": dtype, "shape": shape,
+                            "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    if metadata is not None:
+        out_header["__metadata__"] = metadata
+    text = json.dumps(out_header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(target, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+class DistilBertTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(os.path.join(DATA, "distilbert_tiny.golden.json"), encoding="utf-8") as f:
+            cls.golden = json.load(f)
+        cls.source = os.path.join(DATA, "distilbert_tiny")
+        cls.repository = tempfile.TemporaryDirectory()
+        raw_modules = [m for m in cls.read_json("modules.json")
+                       if not m["type"].endswith("Normalize")]
+        # The longest text is over max_seq_length: sentence-transformers cuts it, and so
+        # does this model for the doors that cannot ask (OpenAI's body).
+        cls.add_model("distilbert", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.add_model("distilbert-raw", "encoder {}\n", {"modules.json": raw_modules})
+        hub = cls.add_model("distilbert-hub", "encoder {}\n", link_weights=False)
+        dim = cls.golden["config"]["dim"]
+        vocab = cls.golden["config"]["vocab_size"]
+        rng = np.random.default_rng(0)
+        write_prefixed_checkpoint(
+            os.path.join(cls.source, "model.safetensors"),
+            os.path.join(hub, "model.safetensors"), "distilbert.",
+            {"vocab_transform.weight": rng.standard_normal((dim, dim)),
+             "vocab_transform.bias": rng.standard_normal(dim),
+             "vocab_layer_norm.weight": rng.standard_normal(dim),
+             "vocab_layer_norm.bias": rng.standard_normal(dim),
+             "vocab_projector.bias": rng.standard_normal(vocab)})
+        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
+                                     "--model_control_mode=explicit", "--builtin_model=false",
+                                     "--max_queue_delay=2ms", http=True)
+        cls.http = f"http://127.0.0.1:{cls.server.http_port}"
+        cls.channel = grpc.insecure_channel(cls.server.target)
+        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def read_json(cls, name):
+        with open(os.path.join(cls.source, name), encoding="utf-8") as f:
+            return json.load(f)
+
+    @classmethod
+    def add_model(cls, model, config, replaced=None, link_weights=True):
+        """A folder linking the checkpoint's files, with `replaced` (name -> JSON)
+        written instead; returns its path."""
+        replaced = replaced or {}
+        folder = os.path.join(cls.repository.name, model)
+        os.mkdir(folder)
+        for name in os.listdir(cls.source):
+            if name in replaced or (name == "model.safetensors" and not link_weights):
+                continue
+            os.symlink(os.path.join(cls.source, name), os.path.join(folder, name))
+        for name, value in replaced.items():
+            with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+                json.dump(value, f)
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write(config)
+        return folder
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        cls.repository.cleanup()
+
+    def assert_golden(self, got, key="embeddings"):
+        want = np.asarray(self.golden[key], np.float32)
+        got = np.asarray(got, np.float32)
+        self.assertEqual(got.shape, want.shape)
+        self.assertGreaterEqual(float(cosines(got, want).min()), COSINE)
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+
+    def encode(self, model):
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model=model, text=self.golden["texts"], truncate=True, return_token_ids=True),
+            timeout=60)
+        ids, start = [], 0
+        for length in reply.lengths:
+            ids.append(list(reply.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, self.golden["token_ids"])
+        return np.frombuffer(reply.embedding.raw, "<f4").reshape(tuple(reply.embedding.shape))
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_golden(self.encode("distilbert"))
+        self.assert_golden(self.encode("distilbert-hub"))
+        self.assert_golden(self.encode("distilbert-raw"), "unnormalized")
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        reply = client.embeddings.create(model="distilbert", input=self.golden["texts"])
+        self.assert_golden([item.embedding for item in reply.data])
+        triton = triton_grpc.InferenceServerClient(self.server.target)
+        texts = np.array([t.encode() for t in self.golden["texts"]], dtype=np.object_)
+        entry = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+        entry.set_data_from_numpy(texts)
+        result = triton.infer("distilbert", [entry], parameters={"truncate": True},
+                              outputs=[triton_grpc.InferRequestedOutput("embedding")])
+        self.assert_golden(result.as_numpy("embedding"))
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="distilbert"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_DISTILBERT)
+        self.assertEqual(model.encoder.type_vocab_size, 1)
+        self.assertEqual(model.encoder.weights_prefix, "")
+        hub = self.v1.GetModel(attention_pb2.GetModelRequest(name="distilbert-hub"),
+                               timeout=60).model
+        self.assertEqual(hub.encoder.weights_prefix, "distilbert.")
+
+    def test_bad_input_is_refused_naming_the_field_and_the_limit(self):
+        ids = np.asarray([self.golden["token_ids"][0]], "<i8")
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.v1.Encode(attention_pb2.EncodeRequest(
+                model="distilbert",
+                input_ids=tensor_pb2.Tensor(dtype=tensor_pb2.DATA_TYPE_INT64,
+                                            shape=list(ids.shape), raw=ids.tobytes()),
+                token_type_ids=tensor_pb2.Tensor(dtype=tensor_pb2.DATA_TYPE_INT64,
+                                                 shape=list(ids.shape),
+                                                 raw=np.ones_like(ids).tobytes())),
+                timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("token_type_ids", refused.exception.details())
+        self.assertIn("[0, 1)", refused.exception.details())
+
+        config = self.read_json("config.json")
+        cases = {
+            "classifier": ({"config.json": dict(
+                config, architectures=["DistilBertForSequenceClassification"])},
+                "encoder {}\n", ["DistilBERT classification head is not served"]),
+            "pbtxt-family": ({}, "encoder { family: FAMILY_BERT }\n",
+                             ["encoder.family is FAMILY_BERT", "\"distilbert\""]),
+            "pbtxt-types": ({}, "encoder { type_vocab_size: 2 }\n",
+                            ["encoder.type_vocab_size is 2", "1 in config.json"]),
+            "activation": ({"config.json": dict(config, activation="swish")}, "encoder {}\n",
+                           ["activation \"swish\" is not served"]),
+            "missing": ({}, "encoder { weights_prefix: \"distilbert.\" }\n",
+                        ["missing tensor distilbert.embeddings.word_embeddings.weight",
+                         "DistilBERT checkpoint"]),
+        }
+        for name, (replaced, pbtxt, words) in cases.items():
+            with self.subTest(case=name):
+                model = f"bad-{name}"
+                self.add_model(model, pbtxt, replaced)
+                status, reply = stubs.post_json(
+                    f"{self.http}/v2/repository/models/{model}/load", {})
+                self.assertEqual(status, 400, reply)
+                for word in words:
+                    self.assertIn(word, reply["error"])
+                shutil.rmtree(os.path.join(self.repository.name, model))
+        # The server still serves.
+        self.assert_golden(self.encode("distilbert"))
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
