@@ -41,7 +41,7 @@ constexpr int64_t kMaxGridSide = 4096;
 
 // White (0) to dark blue (1).
 std::string Shade(double fraction) {
-  fraction = std::clamp(fraction, 0.0, 1.0);
+  fraction = fraction >= 0.0 ? std::min(fraction, 1.0) : 0.0;  // NaN: white
   const auto channel = [fraction](int from, int to) {
     return static_cast<int>(std::lround(from + (to - from) * fraction));
   };

@@ -23,7 +23,6 @@ usage: families_test.py ATTNSERVE REPO_ROOT
 import json
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import unittest
@@ -52,31 +51,11 @@ def cosines(got, want):
 def write_prefixed_checkpoint(source, target, prefix, extra):
     """Copies the safetensors file `source` to `target` with every tensor renamed
     `prefix` + name, plus the float32 tensors of `extra` (name -> array) unprefixed."""
-    with open(source, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
-        data = f.read()
-    metadata = header.pop("__metadata__", None)
-    out_header, blobs, offset = {}, [], 0
-    tensors = [(prefix + name, entry["dtype"], entry["shape"],
-                data[entry["data_offsets"][0]:entry["data_offsets"][1]])
-               for name, entry in sorted(header.items())]
-    tensors += [(name, "F32", list(array.shape), array.astype("<f4").tobytes())
-                for name, array in extra.items()]
-    for name, dtype, shape, blob in tensors:
-        out_header[name] = {"dtype": dtype, "shape": shape,
-                            "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    if metadata is not None:
-        out_header["__metadata__"] = metadata
-    text = json.dumps(out_header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(target, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
+    tensors, metadata = stubs.read_safetensors(source)
+    renamed = {prefix + name: entry for name, entry in tensors.items()}
+    renamed.update({name: ("F32", list(array.shape), array.astype("<f4").tobytes())
+                    for name, array in extra.items()})
+    stubs.write_safetensors(target, renamed, metadata)
 
 
 class DistilBertTest(unittest.TestCase):

@@ -34,7 +34,6 @@ usage: heads_test.py ATTNSERVE ATTNCTL REPO_ROOT
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -363,17 +362,11 @@ def write_pruned_checkpoint(source, target, pruned, head_dim):
     and save_pretrained() leave it: for each layer and heads of `pruned`, the heads' rows
     (head_dim each) go from attention.self.{query,key,value}.{weight,bias} and their
     columns from attention.output.dense.weight; every other tensor is copied as is."""
-    with open(source, "rb") as f:
-        size = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(size))
-        data = f.read()
-    metadata = header.pop("__metadata__", None)
-    width = header["encoder.layer.0.attention.self.query.bias"]["shape"][0]
-    out_header, blobs, offset = {}, [], 0
-    for name, entry in sorted(header.items()):
-        begin, end = entry["data_offsets"]
-        tensor = np.frombuffer(data[begin:end], SAFETENSORS_DTYPES[entry["dtype"]])
-        tensor = tensor.reshape(entry["shape"])
+    tensors, metadata = stubs.read_safetensors(source)
+    width = tensors["encoder.layer.0.attention.self.query.bias"][1][0]
+    out = {}
+    for name, (dtype, shape, blob) in tensors.items():
+        tensor = np.frombuffer(blob, SAFETENSORS_DTYPES[dtype]).reshape(shape)
         for layer, heads in pruned.items():
             prefix = f"encoder.layer.{layer}.attention."
             kept = [row for row in range(width) if row // head_dim not in heads]
@@ -381,20 +374,8 @@ def write_pruned_checkpoint(source, target, pruned, head_dim):
                 tensor = tensor[kept]
             elif name == prefix + "output.dense.weight":
                 tensor = tensor[:, kept]
-        blob = np.ascontiguousarray(tensor).tobytes()
-        out_header[name] = {"dtype": entry["dtype"], "shape": list(tensor.shape),
-                            "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    if metadata is not None:
-        out_header["__metadata__"] = metadata
-    text = json.dumps(out_header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(target, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for blob in blobs:
-            f.write(blob)
+        out[name] = (dtype, list(tensor.shape), np.ascontiguousarray(tensor).tobytes())
+    stubs.write_safetensors(target, out, metadata)
 
 
 class MiniLMPrunedTest(unittest.TestCase):

@@ -1,7 +1,9 @@
 """Shared helpers of the Python end-to-end tests: Python stubs generated from proto/
 at test time (grpc_tools from Debian's python3-grpc-tools), and a running attnserve."""
+import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -20,6 +22,39 @@ def post_json(url, body, timeout=60):
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+def read_safetensors(path):
+    """A safetensors file as (tensors, metadata): name -> (dtype, shape, raw bytes), in
+    the file's order of names; metadata the header's __metadata__ (or None)."""
+    with open(path, "rb") as f:
+        size = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(size))
+        data = f.read()
+    metadata = header.pop("__metadata__", None)
+    tensors = {name: (entry["dtype"], list(entry["shape"]),
+                      data[entry["data_offsets"][0]:entry["data_offsets"][1]])
+               for name, entry in sorted(header.items())}
+    return tensors, metadata
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes `tensors` (name -> (dtype, shape, raw bytes)) as a safetensors file, in
+    their order, the header padded to 8 bytes."""
+    header, offset = {}, 0
+    for name, (dtype, shape, blob) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for _, _, blob in tensors.values():
+            f.write(blob)
 
 
 def generate_stubs(root):
