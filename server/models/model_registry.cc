@@ -30,19 +30,22 @@ class ModelRegistry::Reaper {
   explicit Reaper(std::function<void(const ModelEvent&)> tell)
       : tell_(std::move(tell)), thread_([this] { Loop(); }) {}
 
-  // The last reference to `model` went (on any thread, a batcher's included).
-  void Retire(ServedModel* model) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (!stopped_) {
-        retired_.push_back(model);
-        return;
-      }
-    }
-    Free(model);  // the registry is gone: its batchers were joined already
+  // A model was adopted: it is freed here once retired.
+  void Adopted() {
+    absl::MutexLock lock(&mu_);
+    ++live_;
   }
 
-  // Frees what was retired, then joins the thread.
+  // The last reference to `model` went (on any thread, a batcher's included: which is
+  // why it is freed on the reaper's thread, which can join the batcher's).
+  void Retire(ServedModel* model) {
+    absl::MutexLock lock(&mu_);
+    retired_.push_back(model);
+  }
+
+  // Waits until every adopted model has been retired and freed (a request still
+  // holding an old version lets go of it when its callback returns), then joins the
+  // thread.
   void Stop() {
     {
       absl::MutexLock lock(&mu_);
@@ -59,17 +62,17 @@ class ModelRegistry::Reaper {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(
             +[](Reaper* reaper) ABSL_EXCLUSIVE_LOCKS_REQUIRED(reaper->mu_) {
-              return reaper->stopping_ || !reaper->retired_.empty();
+              return (reaper->stopping_ && reaper->live_ == 0) ||
+                     !reaper->retired_.empty();
             },
             this));
-        if (retired_.empty()) {
-          stopped_ = true;
-          return;
-        }
+        if (retired_.empty()) return;  // stopping, and nothing is left to free
         model = retired_.front();
         retired_.erase(retired_.begin());
       }
       Free(model);
+      absl::MutexLock lock(&mu_);
+      --live_;
     }
   }
 
@@ -90,7 +93,7 @@ class ModelRegistry::Reaper {
   absl::Mutex mu_;
   std::vector<ServedModel*> retired_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t live_ ABSL_GUARDED_BY(mu_) = 0;  // adopted and not yet freed
   std::thread thread_;
 };
 
@@ -108,6 +111,7 @@ ModelRegistry::~ModelRegistry() {
 
 std::shared_ptr<ServedModel> ModelRegistry::Adopt(std::unique_ptr<ServedModel> model) {
   // The deleter runs wherever the last request lets go: the reaper frees it.
+  reaper_->Adopted();
   return std::shared_ptr<ServedModel>(
       model.release(),
       [reaper = reaper_](ServedModel* retired) { reaper->Retire(retired); });

@@ -159,6 +159,8 @@ class ModelRegistry {
   // FailedPrecondition (bf16 on a CPU without AVX512_BF16 or AMX).
   static absl::StatusOr<std::unique_ptr<ModelRegistry>> Create(const Options& options);
 
+  // Shuts down, then waits until every model it handed out has been let go and freed
+  // (a request still holding a replaced version lets go when its callback returns).
   ~ModelRegistry();
 
   // The model called `name`; the default model when `name` is empty; null if unknown.

@@ -1,6 +1,7 @@
 // Models loaded, replaced and unloaded while the registry serves: explicit loads,
 // versions, refused versions, unloads, and polling with its debounce.
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/models/model_registry.h"
@@ -109,6 +111,64 @@ TEST(ModelControlTest, ANewVersionTakesNewRequestsAndTheOldIsFreedAfterItsLast) 
   in_flight.reset();
   events.Await("freed m 1");
   EXPECT_THAT(events.seen(), ::testing::ElementsAre("loaded m 2", "freed m 1"));
+}
+
+TEST(ModelControlTest, AReplacedVersionLetGoOnItsOwnBatcherIsFreedBeforeTheRegistryGoes) {
+  // The last reference to a replaced version can go on that version's own batcher
+  // thread (a request's callback holding it), even while the registry is being
+  // destroyed: it must be freed on the reaper's thread (which can join the batcher's),
+  // and the registry's destruction waits for it.
+  const std::string repository = NewRepository("last_on_batcher");
+  WriteFile(fs::path(repository) / "m" / "1" / "config.pbtxt", GeneratedConfig(1));
+  std::atomic<bool> destroyed{false};
+  std::atomic<bool> freed_before_destroyed{false};
+  Events events;
+  ModelRegistry::Options options;
+  options.model_repository = repository;
+  options.control_mode = ModelControlMode::kExplicit;
+  options.builtin_model = false;
+  options.warm_up = false;
+  options.poll_interval = absl::Hours(1);
+  options.on_event = [&, record = events.hook()](const ModelEvent& event) {
+    record(event);
+    if (event.kind == ModelEvent::Kind::kFreed && event.version == "1") {
+      freed_before_destroyed = !destroyed.load();
+    }
+  };
+  auto created = ModelRegistry::Create(options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<ModelRegistry> registry = *std::move(created);
+  std::shared_ptr<ServedModel> old = registry->Find("m");
+  WriteFile(fs::path(repository) / "m" / "2" / "config.pbtxt", GeneratedConfig(2));
+  ASSERT_TRUE(registry->Load("m").ok());
+
+  // The callback lets go once the registry is destroyed, or after 2 s: a registry
+  // that does not wait is gone by then on any machine (the model then went on its own
+  // batcher, which cannot join itself); one that waits is still there, and the test
+  // passes however long its destruction takes.
+  absl::Notification in_callback, gone;
+  auto work = std::make_unique<AttentionWork>();
+  work->query = InputTensor::FromFloats(std::vector<float>(32, 0.5f));
+  work->query_lengths = {1};
+  AttentionBatcher* batcher = old->attention_batcher.get();
+  ASSERT_TRUE(batcher
+                  ->Enqueue(std::move(work),
+                            [held = std::move(old), &in_callback, &gone](
+                                absl::Status, std::unique_ptr<AttentionWork>) mutable {
+                              in_callback.Notify();
+                              gone.WaitForNotificationWithTimeout(absl::Seconds(2));
+                              held.reset();  // the last reference, on the batcher
+                            })
+                  .ok());
+  in_callback.WaitForNotification();
+  std::thread destroyer([&] {
+    registry.reset();
+    destroyed = true;
+    gone.Notify();
+  });
+  destroyer.join();
+  EXPECT_TRUE(freed_before_destroyed);
+  EXPECT_THAT(events.seen(), ::testing::Contains("freed m 1"));
 }
 
 TEST(ModelControlTest, ABadNewVersionIsRefusedWithItsReasonAndTheOldKeepsServing) {
