@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -150,7 +151,12 @@ std::pair<int, std::string> MetricsHttp::HeadsPage(const mg_connection* connecti
   if (view.query.text.empty()) return {200, RenderHeadsPage(view)};
   if (!options_.measure_heads) {
     view.measured = absl::UnimplementedError("the head view is off on this server");
+  } else if (measuring_.exchange(true)) {
+    view.measured = absl::ResourceExhaustedError(
+        "the head view measures one text at a time, and another is being measured; try "
+        "again when it is done");
   } else {
+    const absl::Cleanup done = [this] { measuring_ = false; };
     view.measured = options_.measure_heads(view.query.model, view.query.text);
   }
   int code = 200;

@@ -6,6 +6,7 @@
 #ifndef ATTNSERVE_SERVER_OBSERVABILITY_METRICS_HTTP_H_
 #define ATTNSERVE_SERVER_OBSERVABILITY_METRICS_HTTP_H_
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -46,7 +47,9 @@ class MetricsHttp {
     std::vector<std::pair<std::string, std::string>> flags;
     // Measures an encoder's heads on one text for the head view (GET /heads,
     // heads_page.h): HeadStatistics with return_attention, through the request
-    // pipeline. Called on a civetweb thread, which it may block until the answer.
+    // pipeline. Called on a civetweb thread, which it may block until the answer; one
+    // measurement at a time (another meanwhile is answered 429), so that the view
+    // never holds more than one of the port's threads from /metrics.
     // Unset: /heads says the view is off.
     std::function<absl::StatusOr<v1::HeadStatisticsResponse>(const std::string& model,
                                                              const std::string& text)>
@@ -89,6 +92,7 @@ class MetricsHttp {
   const ModelRegistry* const registry_;
   TokenAuthenticator* const auth_;
   const absl::Time started_ = absl::Now();
+  std::atomic<bool> measuring_{false};  // a head-view measurement is running
   mg_context* context_ = nullptr;
   int port_ = 0;
   absl::Notification stop_;

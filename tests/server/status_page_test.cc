@@ -3,14 +3,18 @@
 // that cannot inject markup; the head view's query parsing and drawing.
 #include "server/observability/status_page.h"
 
+#include <civetweb.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "server/observability/heads_page.h"
+#include "server/observability/metrics_http.h"
 
 namespace attnserve::server {
 namespace {
@@ -160,6 +164,68 @@ TEST(HeadsPageTest, GridsCrossOutPrunedHeadsAndTokensAreEscaped) {
   view.query.head = 0;
   EXPECT_THAT(RenderHeadsPage(view),
               HasSubstr("the attention weights have the wrong size"));
+}
+
+// GET `path` from the metrics port: (status, body).
+std::pair<int, std::string> Get(int port, const std::string& path) {
+  char error[256] = {};
+  mg_connection* connection =
+      mg_download("127.0.0.1", port, 0, error, sizeof(error),
+                  "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path.c_str());
+  if (connection == nullptr) {
+    ADD_FAILURE() << "no connection: " << error;
+    return {0, ""};
+  }
+  std::pair<int, std::string> reply = {mg_get_response_info(connection)->status_code, ""};
+  char chunk[4096];
+  int read = 0;
+  while ((read = mg_read(connection, chunk, sizeof(chunk))) > 0) {
+    reply.second.append(chunk, static_cast<size_t>(read));
+  }
+  mg_close_connection(connection);
+  return reply;
+}
+
+TEST(HeadsPageTest, OneMeasurementAtATimeAndTheNextIsA429) {
+  // The head view holds at most one of the metrics port's threads; /metrics answers
+  // meanwhile.
+  ModelRegistry::Options models;
+  models.warm_up = false;
+  models.intra_op_threads = 1;
+  auto registry = ModelRegistry::Create(models);
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  ServerMetrics metrics;
+  absl::Notification entered, release;
+  MetricsHttp::Options options;
+  options.host = "127.0.0.1";
+  options.port = 0;
+  options.measure_heads =
+      [&](const std::string&,
+          const std::string& text) -> absl::StatusOr<v1::HeadStatisticsResponse> {
+    if (text == "held") {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+    return absl::UnavailableError("measured " + text);
+  };
+  auto http = MetricsHttp::Start(options, &metrics, registry->get(), nullptr);
+  ASSERT_TRUE(http.ok()) << http.status();
+  const int port = (*http)->port();
+  std::pair<int, std::string> held;
+  std::thread first([&] { held = Get(port, "/heads?model=mha-base&text=held"); });
+  entered.WaitForNotification();
+  const auto refused = Get(port, "/heads?model=mha-base&text=second");
+  EXPECT_EQ(refused.first, 429);
+  EXPECT_THAT(refused.second, HasSubstr("one text at a time"));
+  EXPECT_EQ(Get(port, "/metrics").first, 200);
+  release.Notify();
+  first.join();
+  EXPECT_EQ(held.first, 503);
+  EXPECT_THAT(held.second, HasSubstr("measured held"));
+  const auto after = Get(port, "/heads?model=mha-base&text=third");
+  EXPECT_EQ(after.first, 503);
+  EXPECT_THAT(after.second, HasSubstr("measured third"));
+  (*http)->Stop();
 }
 
 }  // namespace
