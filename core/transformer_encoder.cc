@@ -315,20 +315,15 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   }
   // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
   // (pre-LN) before each sublayer and after the last block.
-  const std::string norm = spec.norm_placement == EncoderSpec::NormPlacement::kPre
-                               ? names.final_norm
-                               : names.embedding_norm;
-  std::vector<float>& norm_scale = spec.norm_placement == EncoderSpec::NormPlacement::kPre
-                                       ? weights.final_norm_scale
-                                       : weights.embedding_norm_scale;
-  std::vector<float>& norm_shift = spec.norm_placement == EncoderSpec::NormPlacement::kPre
-                                       ? weights.final_norm_shift
-                                       : weights.embedding_norm_shift;
+  const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
+  const std::string norm = pre ? names.final_norm : names.embedding_norm;
+  std::vector<float>& norm_scale =
+      pre ? weights.final_norm_scale : weights.embedding_norm_scale;
+  std::vector<float>& norm_shift =
+      pre ? weights.final_norm_shift : weights.embedding_norm_shift;
   if (norm.empty()) {
-    return Invalid(absl::StrCat(
-        "a ", names.family, " checkpoint has no ",
-        spec.norm_placement == EncoderSpec::NormPlacement::kPre ? "pre-LN" : "post-LN",
-        " blocks"));
+    return Invalid(absl::StrCat("a ", names.family, " checkpoint has no ",
+                                pre ? "pre-LN" : "post-LN", " blocks"));
   }
   ATTN_ASSIGN_OR_RETURN(norm_scale, read(norm + "weight", {d}));
   ATTN_ASSIGN_OR_RETURN(norm_shift, read(norm + "bias", {d}));

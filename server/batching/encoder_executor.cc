@@ -100,7 +100,8 @@ absl::Status EncoderExecutor::Pack(absl::Span<EncoderWork* const> batch) {
     work->statistics.assign(static_cast<size_t>(heads), {});
     if (work->return_attention) {
       const int64_t length = work->lengths.front();
-      work->attention.assign(static_cast<size_t>(heads * length * length), 0.0f);
+      work->attention.assign(static_cast<size_t>(heads * length * length) * sizeof(float),
+                             '\0');
     }
   }
   packed.batch.head_mask = batch.front()->head_mask;  // the same in all (SharesBatchWith)
@@ -117,7 +118,9 @@ absl::Status EncoderExecutor::Run() {
   absl::Span<float> attention;
   if (packed_.statistics_work != nullptr) {
     statistics = absl::MakeSpan(packed_.statistics_work->statistics);
-    attention = absl::MakeSpan(packed_.statistics_work->attention);
+    std::string& bytes = packed_.statistics_work->attention;
+    attention = absl::MakeSpan(reinterpret_cast<float*>(bytes.data()),
+                               bytes.size() / sizeof(float));
   }
   return encoder_->Forward(packed_.batch, absl::MakeSpan(packed_.pooled),
                            absl::MakeSpan(packed_.hidden), statistics, attention);

@@ -56,7 +56,7 @@ struct EncoderWork {
   std::string scores;
   std::string hidden;
   std::vector<core::EncoderHeadStatistic> statistics;
-  std::vector<float> attention;
+  std::string attention;  // float32 bytes [num_layers, num_heads, L0, L0]
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;

@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/json_values.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_http_request.h"
@@ -87,7 +88,7 @@ absl::Status ReadInput(const Json& input, const std::string& field, size_t body_
     const Json& row = *rows[i];
     ragged |= row.size() != longest;
     for (size_t j = 0; j < row.size(); ++j) {
-      const std::optional<int64_t> id = JsonInt64(row[j]);
+      const std::optional<int64_t> id = core::JsonInt64(row[j]);
       if (!id) {
         return Invalid(absl::StrCat(nested ? absl::StrCat(field, "[", i, "]") : field,
                                     "[", j, "] must be an integer token id, got ",
@@ -124,7 +125,7 @@ absl::StatusOr<bool> BoolAt(const Json& value, const std::string& field) {
 
 // A positive int32 (larger ones exceed every model's d_model, which the work checks).
 absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
-  const std::optional<int64_t> count = JsonInt64(value);
+  const std::optional<int64_t> count = core::JsonInt64(value);
   if (!count || *count < 1) {
     return Invalid(
         absl::StrCat("dimensions must be a positive integer, got ", JsonExcerpt(value)));

@@ -35,65 +35,13 @@ using Json = nlohmann::json;
 // How often a request waiting for its answer checks whether its client hung up.
 constexpr absl::Duration kHangUpCheckInterval = absl::Milliseconds(50);
 
-int HttpStatus(absl::StatusCode code) {
-  switch (code) {
-    case absl::StatusCode::kOk:
-      return 200;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kFailedPrecondition:
-    case absl::StatusCode::kOutOfRange:
-      return 400;
-    case absl::StatusCode::kNotFound:
-      return 404;
-    case absl::StatusCode::kUnauthenticated:
-      return 401;
-    case absl::StatusCode::kResourceExhausted:
-      return 429;
-    case absl::StatusCode::kCancelled:
-      return 499;
-    case absl::StatusCode::kUnavailable:
-      return 503;
-    case absl::StatusCode::kDeadlineExceeded:
-      return 504;
-    default:
-      return 500;
-  }
-}
-
-const char* Reason(int status) {
-  switch (status) {
-    case 200:
-      return "OK";
-    case 400:
-      return "Bad Request";
-    case 401:
-      return "Unauthorized";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 413:
-      return "Payload Too Large";
-    case 429:
-      return "Too Many Requests";
-    case 499:
-      return "Client Closed Request";
-    case 503:
-      return "Service Unavailable";
-    case 504:
-      return "Gateway Timeout";
-    default:
-      return "Internal Server Error";
-  }
-}
-
 void Send(mg_connection* connection, int status, const std::string& body,
           const std::string& extra_headers = "",
           const char* content_type = "application/json") {
   const auto* http =
       static_cast<const KServeHttp*>(mg_get_user_data(mg_get_context(connection)));
   std::string answer = absl::StrCat(
-      "HTTP/1.1 ", status, " ", Reason(status), "\r\nContent-Type: ", content_type,
+      "HTTP/1.1 ", status, " ", HttpReason(status), "\r\nContent-Type: ", content_type,
       "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
       "Connection: keep-alive\r\n", http->keep_alive_header(), "\r\n");
   // Head and a small body leave in one write (one segment, one wake-up of the client);
@@ -113,7 +61,7 @@ void SendError(mg_connection* connection, int status, absl::string_view message)
 }
 
 void SendStatus(mg_connection* connection, const absl::Status& status) {
-  SendError(connection, HttpStatus(status.code()), status.message());
+  SendError(connection, HttpStatusFor(status.code()), status.message());
 }
 
 // The connection's socket. civetweb 1.15 has no call that returns it, so it is the
@@ -560,7 +508,7 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   absl::StatusOr<int64_t> header_length =
       ParseHeaderLength(mg_get_header(connection, "Inference-Header-Content-Length"));
   if (!header_length.ok()) {
-    return refuse(header_length.status(), HttpStatus(header_length.status().code()));
+    return refuse(header_length.status(), HttpStatusFor(header_length.status().code()));
   }
   std::string body;
   if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
@@ -572,7 +520,7 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   }
   absl::StatusOr<HttpInferRequest> parsed =
       ParseInferBody(model, version, body, *header_length);
-  if (!parsed.ok()) return refuse(parsed.status(), HttpStatus(parsed.status().code()));
+  if (!parsed.ok()) return refuse(parsed.status(), HttpStatusFor(parsed.status().code()));
   body = std::string();  // the inputs' bytes now live in the request
   // The outputs' names and the id stay in the request; the raw input bytes move.
   auto infer = std::make_shared<inference::ModelInferRequest>(std::move(parsed->infer));
@@ -648,7 +596,7 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
     Send(connection, code, body);
   };
   const auto refuse = [&](const absl::Status& status) {
-    fail(status, HttpStatus(status.code()));
+    fail(status, HttpStatusFor(status.code()));
   };
   if (std::string(request->request_method) != "POST") {
     return fail(absl::InvalidArgumentError(absl::StrCat(

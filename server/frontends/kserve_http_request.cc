@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/bfloat16.h"
+#include "core/json_values.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -61,21 +62,9 @@ const Json* Member(const Json& object, const char* key) {
   return it == object.end() ? nullptr : &*it;
 }
 
-// Values are read only through get_ptr, which answers null for another type: nothing
-// here can throw (nlohmann's converting accessors do on a wrong type).
-
-// An integer that fits int64 (nlohmann keeps non-negative ones as unsigned).
-// Any JSON number as a double.
-std::optional<double> NumberOf(const Json& value) {
-  if (const auto* real = value.get_ptr<const Json::number_float_t*>()) return *real;
-  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
-    return static_cast<double>(*integer);
-  }
-  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>()) {
-    return static_cast<double>(*count);
-  }
-  return std::nullopt;
-}
+// Values are read only through get_ptr (core/json_values.h), which answers null for
+// another type: nothing here can throw (nlohmann's converting accessors do on a wrong
+// type).
 
 absl::StatusOr<std::string> StringAt(const Json& value, const std::string& path) {
   if (const auto* text = value.get_ptr<const Json::string_t*>()) return *text;
@@ -89,7 +78,7 @@ absl::StatusOr<bool> BoolAt(const Json& value, const std::string& path) {
 
 // A non-negative integer that fits int64.
 absl::StatusOr<int64_t> CountAt(const Json& value, const std::string& path) {
-  if (const std::optional<int64_t> count = JsonInt64(value); count && *count >= 0) {
+  if (const std::optional<int64_t> count = core::JsonInt64(value); count && *count >= 0) {
     return *count;
   }
   return Invalid(
@@ -119,7 +108,7 @@ absl::Status Flatten(const Json& data, const std::string& path, std::vector<floa
     }
     return absl::OkStatus();
   }
-  const std::optional<double> number = NumberOf(data);
+  const std::optional<double> number = core::JsonNumber(data);
   if (!number) {
     return Invalid(absl::StrCat(path, " must be a number, got ", JsonExcerpt(data)));
   }
@@ -144,7 +133,7 @@ absl::Status FlattenIntegers(const Json& data, const std::string& path, int bits
     }
     return absl::OkStatus();
   }
-  const std::optional<int64_t> value = JsonInt64(data);
+  const std::optional<int64_t> value = core::JsonInt64(data);
   if (!value || (bits == 32 && (*value < std::numeric_limits<int32_t>::min() ||
                                 *value > std::numeric_limits<int32_t>::max()))) {
     return Invalid(
@@ -184,7 +173,7 @@ absl::Status ToParameter(const Json& value, const std::string& path,
                          inference::InferParameter* parameter) {
   if (const auto* flag = value.get_ptr<const Json::boolean_t*>()) {
     parameter->set_bool_param(*flag);
-  } else if (const std::optional<int64_t> integer = JsonInt64(value)) {
+  } else if (const std::optional<int64_t> integer = core::JsonInt64(value)) {
     parameter->set_int64_param(*integer);
   } else if (const auto* text = value.get_ptr<const Json::string_t*>()) {
     parameter->set_string_param(*text);
@@ -410,7 +399,7 @@ std::string JsonExcerpt(const Json& value) {
 
 absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
   const auto add = [&](const Json& factor) {
-    const std::optional<double> number = NumberOf(factor);
+    const std::optional<double> number = core::JsonNumber(factor);
     if (!number) {
       return Invalid(absl::StrCat("head_mask must hold numbers ([layers][heads]), got ",
                                   JsonExcerpt(factor)));
@@ -431,18 +420,6 @@ absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
     for (const Json& factor : row) ATTN_RETURN_IF_ERROR(add(factor));
   }
   return absl::OkStatus();
-}
-
-std::optional<int64_t> JsonInt64(const Json& value) {
-  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
-    return *integer;
-  }
-  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>();
-      count != nullptr &&
-      *count <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    return static_cast<int64_t>(*count);
-  }
-  return std::nullopt;
 }
 
 absl::StatusOr<Json> ParseJsonBody(absl::string_view text) {

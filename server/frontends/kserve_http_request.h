@@ -78,9 +78,6 @@ std::string JsonExcerpt(const nlohmann::json& value);
 // naming the field for a value that is not a list of numbers (or of lists of numbers).
 absl::Status HeadMaskAt(const nlohmann::json& value, v1::EncodeRequest* encode);
 
-// A JSON integer that fits int64 (a float or a larger number does not).
-std::optional<int64_t> JsonInt64(const nlohmann::json& value);
-
 // {"error": message} (invalid UTF-8 replaced, so any message can be sent).
 std::string ErrorBody(absl::string_view message);
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/json_values.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_http_request.h"
@@ -169,7 +170,7 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
     } else if (key == "head_mask") {
       ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
     } else if (key == "top_n") {
-      const std::optional<int64_t> top_n = JsonInt64(value);
+      const std::optional<int64_t> top_n = core::JsonInt64(value);
       if (!top_n || *top_n < 1) {
         return Invalid(absl::StrCat("top_n must be a positive integer (the results to ",
                                     "return), got ", JsonExcerpt(value)));
@@ -178,7 +179,7 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body) {
     } else if (key == "return_documents") {
       ATTN_ASSIGN_OR_RETURN(call.return_documents, Flag(value, "return_documents"));
     } else if (key == "max_tokens_per_doc") {
-      const std::optional<int64_t> limit = JsonInt64(value);
+      const std::optional<int64_t> limit = core::JsonInt64(value);
       if (!limit || *limit < 1) {
         return Invalid(absl::StrCat("max_tokens_per_doc must be a positive integer, got ",
                                     JsonExcerpt(value)));

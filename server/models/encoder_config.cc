@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/json_values.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -52,19 +53,6 @@ absl::StatusOr<Json> Parse(const std::string& text, absl::string_view file) {
   Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Invalid(absl::StrCat(file, ": not valid JSON"));
   return json;
-}
-
-// Any JSON number as a double, read through get_ptr (which answers null for another
-// type, where nlohmann's converting accessors throw); nullopt for anything else.
-std::optional<double> NumberOf(const Json& value) {
-  if (const auto* real = value.get_ptr<const Json::number_float_t*>()) return *real;
-  if (const auto* integer = value.get_ptr<const Json::number_integer_t*>()) {
-    return static_cast<double>(*integer);
-  }
-  if (const auto* count = value.get_ptr<const Json::number_unsigned_t*>()) {
-    return static_cast<double>(*count);
-  }
-  return std::nullopt;
 }
 
 std::string Shown(const Json& value) {
@@ -138,15 +126,13 @@ absl::Status ApplyPrunedHeads(const Json& json, v1::EncoderConfig* encoder) {
     v1::LayerHeads* entry = read.Add();
     entry->set_layer(layer);
     for (const Json& head : heads) {
-      // Typed reads (get_ptr answers null for another type): the spec checks the range.
-      const auto* number = head.get_ptr<const Json::number_integer_t*>();
-      const auto* count = head.get_ptr<const Json::number_unsigned_t*>();
-      if (number == nullptr &&
-          (count == nullptr || *count > static_cast<uint64_t>(INT64_MAX))) {
+      // The spec checks the range.
+      const std::optional<int64_t> number = core::JsonInt64(head);
+      if (!number) {
         return Invalid(absl::StrCat("config.json: pruned_heads[\"", key,
                                     "\"] must list head numbers, got ", Shown(heads)));
       }
-      entry->add_heads(number != nullptr ? *number : static_cast<int64_t>(*count));
+      entry->add_heads(*number);
     }
   }
   if (encoder->checkpoint_pruned_heads_size() > 0) {
@@ -297,7 +283,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     const auto it = json.find("layer_norm_eps");
     double eps = 1e-12;
     if (it != json.end()) {
-      const std::optional<double> number = NumberOf(*it);
+      const std::optional<double> number = core::JsonNumber(*it);
       if (!number || !(*number > 0.0) || *number > 1.0) {
         return Invalid(absl::StrCat(
             "config.json: layer_norm_eps must be a number in (0, 1], got ", Shown(*it)));

@@ -49,7 +49,9 @@ std::string Shade(double fraction) {
                          channel(255, 160));
 }
 
-std::string HeadsLink(const HeadsQuery& query, int64_t layer, int64_t head) {
+// The link to the head view of `query`'s model and text, up to the layer and head
+// (URL-encoded, then HTML-escaped): made once per page, as every grid cell links to it.
+std::string HeadsLinkStem(const HeadsQuery& query) {
   // mg_url_encode writes at most 3 bytes per byte and a NUL.
   const auto encode = [](const std::string& text) {
     std::string out(3 * text.size() + 1, '\0');
@@ -57,14 +59,14 @@ std::string HeadsLink(const HeadsQuery& query, int64_t layer, int64_t head) {
     out.resize(written > 0 ? static_cast<size_t>(written) : 0);
     return out;
   };
-  return HtmlEscape(absl::StrCat("/heads?model=", encode(query.model),
-                                 "&text=", encode(query.text), "&layer=", layer,
-                                 "&head=", head, "#heatmap"));
+  return HtmlEscape(
+      absl::StrCat("/heads?model=", encode(query.model), "&text=", encode(query.text)));
 }
 
 // One statistic as a layer x head grid; each cell links to its head's heatmap.
 std::string Grid(const Figure& figure, const v1::HeadStatisticsResponse& measured,
-                 int64_t layers, int64_t heads, const HeadsQuery& query) {
+                 int64_t layers, int64_t heads, const HeadsQuery& query,
+                 const std::string& link_stem) {
   double top = 0;
   for (const v1::HeadStatistic& entry : measured.heads()) {
     top = std::max(top, (entry.*figure.value)());
@@ -93,8 +95,10 @@ std::string Grid(const Figure& figure, const v1::HeadStatisticsResponse& measure
         "<a href=\"%s\"><rect class=\"cell%s\" data-layer=\"%d\" data-head=\"%d\" "
         "data-value=\"%.6g\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\" "
         "stroke=\"%s\" stroke-width=\"%d\"><title>layer %d head %d: %s</title></rect>",
-        HeadsLink(query, entry.layer(), entry.head()), entry.pruned() ? " pruned" : "",
-        entry.layer(), entry.head(), value, x, y, kCell - 1, kCell - 1,
+        absl::StrCat(link_stem, "&amp;layer=", entry.layer(), "&amp;head=", entry.head(),
+                     "#heatmap"),
+        entry.pruned() ? " pruned" : "", entry.layer(), entry.head(), value, x, y,
+        kCell - 1, kCell - 1,
         entry.pruned() ? "#e4e4e4" : Shade(top > 0 ? value / top : 0),
         picked ? "#d33" : "#fff", picked ? 2 : 1, entry.layer(), entry.head(),
         entry.pruned() ? "pruned" : absl::StrFormat("%.4g", value));
@@ -266,8 +270,9 @@ std::string RenderHeadsPage(const HeadsView& view) {
         html += "<p class=\"error\">the server's figures are malformed</p>";
       } else {
         html += "<section id=\"grids\">";
+        const std::string link_stem = HeadsLinkStem(query);
         for (const Figure& figure : kFigures) {
-          html += Grid(figure, measured, layers, heads, query);
+          html += Grid(figure, measured, layers, heads, query, link_stem);
         }
         html += "</section>";
         html += Heatmap(measured, layers, heads, query);

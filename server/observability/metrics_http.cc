@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "server/pipeline/proto_convert.h"
 #include "transport/listen_error.h"
 
 namespace attnserve::server {
@@ -159,28 +160,7 @@ std::pair<int, std::string> MetricsHttp::HeadsPage(const mg_connection* connecti
     const absl::Cleanup done = [this] { measuring_ = false; };
     view.measured = options_.measure_heads(view.query.model, view.query.text);
   }
-  int code = 200;
-  switch (view.measured->status().code()) {
-    case absl::StatusCode::kOk:
-      break;
-    case absl::StatusCode::kInvalidArgument:
-      code = 400;
-      break;
-    case absl::StatusCode::kNotFound:
-      code = 404;
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      code = 429;
-      break;
-    case absl::StatusCode::kUnavailable:
-      code = 503;
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      code = 504;
-      break;
-    default:
-      code = 500;
-  }
+  const int code = HttpStatusFor(view.measured->status().code());
   return {code, RenderHeadsPage(view)};
 }
 
@@ -213,8 +193,7 @@ int MetricsHttp::Handle(mg_connection* connection) noexcept {
     }
     if (uri == "/heads") {
       const auto [code, page] = HeadsPage(connection);
-      Send(connection, code, code == 200 ? "OK" : "Error", page,
-           "text/html; charset=utf-8");
+      Send(connection, code, HttpReason(code), page, "text/html; charset=utf-8");
       return 1;
     }
     Send(connection, 200, "OK", StatusPage(), "text/html; charset=utf-8");

@@ -773,9 +773,7 @@ void FillEncoderStatistics(EncoderWork& work, const core::EncoderSpec& spec,
     for (const int64_t extent : {spec.num_layers, spec.num_heads, length, length}) {
       attention->add_shape(extent);
     }
-    attention->mutable_raw()->assign(reinterpret_cast<const char*>(work.attention.data()),
-                                     work.attention.size() * sizeof(float));
-    std::vector<float>().swap(work.attention);
+    attention->set_raw(std::move(work.attention));
     if (tokenizer != nullptr && !work.token_ids.empty()) {
       for (int64_t t = 0; t < length; ++t) {
         response->add_token_texts(std::string(tokenizer->TokenOf(work.token_ids[t])));
@@ -838,6 +836,58 @@ void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
   response->set_queue_time_us(absl::ToInt64Microseconds(work.queue_time));
   response->set_compute_time_us(absl::ToInt64Microseconds(work.compute_time));
   response->set_batch_size(work.batch_size);
+}
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+const char* HttpReason(int status) {
+  switch (status) {
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 499:
+      return "Client Closed Request";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Internal Server Error";
+  }
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {

@@ -138,6 +138,12 @@ void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
 // The same code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// The HTTP status every HTTP door answers a code with (the KServe v2 doors, the
+// embedding APIs, the status page's head view): 400 for a bad request, 401, 404, 429,
+// 499 for a cancelled call, 503, 504, else 500; and its reason phrase.
+int HttpStatusFor(absl::StatusCode code);
+const char* HttpReason(int status);
+
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_PIPELINE_PROTO_CONVERT_H_
