@@ -1,10 +1,5 @@
 #include "core/wordpiece_tokenizer.h"
 
-#include <unicode/uchar.h>
-#include <unicode/unorm2.h>
-#include <unicode/ustring.h>
-#include <unicode/utf16.h>
-
 #include <algorithm>
 #include <array>
 #include <fstream>
@@ -16,239 +11,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/status_macros.h"
+#include "core/unicode_text.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve::core {
 namespace {
 
 using Json = nlohmann::json;
-
-// Hugging Face tokenizers takes general categories (control, format, private use,
-// non-spacing mark, punctuation) from the unicode_categories crate, whose tables are
-// Unicode 8.0's: a character assigned later has no category there (it is kept as it
-// is, never dropped nor split off). ICU knows each character's age, so these rules
-// apply the category only to characters that Unicode 8.0 already had. Whitespace,
-// case and NFD come from Rust's own current tables, as here from ICU's.
-constexpr uint8_t kCategoriesMajorVersion = 8;
-
-// The characters whose general category Unicode changed after 8.0, with their 8.0
-// category, as Hugging Face still sees them. The exhaustive code point test
-// (tests/core/wordpiece_tokenizer_test.cc) finds any character this list misses.
-struct CategoryChange {
-  UChar32 c;
-  int8_t type_in_8;
-};
-constexpr CategoryChange kCategoryChangedSince8[] = {
-    {0x166D, U_OTHER_PUNCTUATION},       // CANADIAN SYLLABICS CHI SIGN, So now
-    {0x1734, U_NON_SPACING_MARK},        // HANUNOO SIGN PAMUDPOD, Mc now
-    {0x1885, U_OTHER_LETTER},            // MONGOLIAN LETTER ALI GALI BALUDA, Mn now
-    {0x1886, U_OTHER_LETTER},            // ... THREE BALUDA, Mn now
-    {0xA9BD, U_COMBINING_SPACING_MARK},  // JAVANESE CONSONANT SIGN KERET, Mn now
-    {0x111C9, U_OTHER_PUNCTUATION},      // SHARADA SANDHI MARK, Mn now
-};
-
-// Its NFD tables (the unicode-normalization-alignments crate) are Unicode 12.1's: a
-// character assigned later is not decomposed there (U+11938, Dives Akuru, is the one
-// ICU 72 knows).
-constexpr uint8_t kDecompositionMajorVersion = 12;
-constexpr uint8_t kDecompositionMinorVersion = 1;
-
-enum Flag : uint8_t {
-  kRemoved = 1,  // dropped by clean_text
-  kSpace = 2,    // whitespace (becomes ' ' under clean_text; splits words)
-  kChinese = 4,  // a CJK ideograph: a word of its own
-  kPunct = 8,    // a word of its own
-  kMark = 16,    // a non-spacing mark: dropped when stripping accents
-  kNoNfd = 32,   // newer than the NFD tables: left as it is
-};
-
-bool IsChinese(UChar32 c) {
-  return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) ||
-         (c >= 0x20000 && c <= 0x2A6DF) || (c >= 0x2A700 && c <= 0x2B73F) ||
-         (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
-         (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
-}
-
-bool InOldCategories(UChar32 c) {
-  UVersionInfo age;
-  u_charAge(c, age);
-  // Unassigned characters have age 0.0 and category Cn: nothing applies to them.
-  return age[0] != 0 && age[0] <= kCategoriesMajorVersion;
-}
-
-uint8_t ComputeFlags(UChar32 c) {
-  if (c == '\t' || c == '\n' || c == '\r') return kSpace;
-  uint8_t flags = 0;
-  UVersionInfo age;
-  u_charAge(c, age);
-  if (age[0] > kDecompositionMajorVersion ||
-      (age[0] == kDecompositionMajorVersion && age[1] > kDecompositionMinorVersion)) {
-    flags |= kNoNfd;
-  }
-  const bool old = InOldCategories(c);
-  int8_t type = u_charType(c);
-  for (const CategoryChange& change : kCategoryChangedSince8) {
-    if (change.c == c) type = change.type_in_8;
-  }
-  if (c == 0 || c == 0xFFFD ||
-      (old &&
-       (type == U_CONTROL_CHAR || type == U_FORMAT_CHAR || type == U_PRIVATE_USE_CHAR))) {
-    flags |= kRemoved;
-  }
-  if (u_isUWhiteSpace(c)) flags |= kSpace;
-  if (IsChinese(c)) flags |= kChinese;
-  const bool ascii_punct = c < 128 && ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) ||
-                                       (c >= 91 && c <= 96) || (c >= 123 && c <= 126));
-  const bool unicode_punct =
-      old && (type == U_CONNECTOR_PUNCTUATION || type == U_DASH_PUNCTUATION ||
-              type == U_START_PUNCTUATION || type == U_END_PUNCTUATION ||
-              type == U_INITIAL_PUNCTUATION || type == U_FINAL_PUNCTUATION ||
-              type == U_OTHER_PUNCTUATION);
-  if (ascii_punct || unicode_punct) flags |= kPunct;
-  if (old && type == U_NON_SPACING_MARK) flags |= kMark;
-  return flags;
-}
-
-// The flags of the Basic Multilingual Plane, computed once; others on demand.
-uint8_t Flags(UChar32 c) {
-  static const std::array<uint8_t, 0x10000>* const table = [] {
-    auto* flags = new std::array<uint8_t, 0x10000>();
-    for (UChar32 c = 0; c < 0x10000; ++c) (*flags)[c] = ComputeFlags(c);
-    return flags;
-  }();
-  return c < 0x10000 ? (*table)[c] : ComputeFlags(c);
-}
-
-// The offset of the first byte of `text` that does not start a well-formed UTF-8
-// sequence (as Python's decoder reports it), or -1.
-int64_t FirstInvalidUtf8(absl::string_view text) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t size = text.size();
-  size_t i = 0;
-  while (i < size) {
-    const unsigned char b = bytes[i];
-    if (b < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t length;
-    unsigned char low = 0x80, high = 0xBF;  // the second byte's range
-    if (b >= 0xC2 && b <= 0xDF) {
-      length = 2;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      length = 3;
-      if (b == 0xE0) low = 0xA0;   // overlong
-      if (b == 0xED) high = 0x9F;  // surrogates
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      length = 4;
-      if (b == 0xF0) low = 0x90;   // overlong
-      if (b == 0xF4) high = 0x8F;  // past U+10FFFF
-    } else {
-      return static_cast<int64_t>(i);
-    }
-    // A sequence that is cut short or malformed is reported at its first byte.
-    if (i + 1 >= size || bytes[i + 1] < low || bytes[i + 1] > high) {
-      return static_cast<int64_t>(i);
-    }
-    for (size_t k = 2; k < length; ++k) {
-      if (i + k >= size || (bytes[i + k] & 0xC0) != 0x80) return static_cast<int64_t>(i);
-    }
-    i += length;
-  }
-  return -1;
-}
-
-// Decodes one code point of valid UTF-8 at text[*i], advancing *i.
-UChar32 Decode(absl::string_view text, size_t* i) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(text.data());
-  const unsigned char b = bytes[*i];
-  if (b < 0x80) {
-    ++*i;
-    return b;
-  }
-  int length = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : 2;
-  UChar32 c = b & (0x7F >> length);
-  for (int k = 1; k < length; ++k) c = (c << 6) | (bytes[*i + k] & 0x3F);
-  *i += length;
-  return c;
-}
-
-void AppendUtf8(UChar32 c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
-// Canonical decomposition (NFD) of `text` in place, through ICU's UTF-16 API. Runs
-// between characters flagged kNoNfd are decomposed each on their own.
-void NfdRun(std::u32string* text);
-void Nfd(std::u32string* text) {
-  const auto newer = std::find_if(text->begin(), text->end(), [](char32_t c) {
-    return (Flags(static_cast<UChar32>(c)) & kNoNfd) != 0;
-  });
-  if (newer == text->end()) {
-    NfdRun(text);
-    return;
-  }
-  std::u32string out, run;
-  for (const char32_t c : *text) {
-    if (Flags(static_cast<UChar32>(c)) & kNoNfd) {
-      NfdRun(&run);
-      out += run;
-      run.clear();
-      out.push_back(c);
-    } else {
-      run.push_back(c);
-    }
-  }
-  NfdRun(&run);
-  out += run;
-  text->swap(out);
-}
-
-void NfdRun(std::u32string* text) {
-  UErrorCode error = U_ZERO_ERROR;
-  const UNormalizer2* nfd = unorm2_getNFDInstance(&error);
-  if (U_FAILURE(error)) return;  // ICU's data is built in; this does not happen
-  std::u16string utf16;
-  utf16.reserve(text->size());
-  for (const char32_t c : *text) {
-    if (c < 0x10000) {
-      utf16.push_back(static_cast<char16_t>(c));
-    } else {
-      utf16.push_back(static_cast<char16_t>(U16_LEAD(c)));
-      utf16.push_back(static_cast<char16_t>(U16_TRAIL(c)));
-    }
-  }
-  const auto* source = reinterpret_cast<const UChar*>(utf16.data());
-  const auto length = static_cast<int32_t>(utf16.size());
-  // Text already in NFD (most of it) is left as it is.
-  const int32_t span = unorm2_spanQuickCheckYes(nfd, source, length, &error);
-  if (U_FAILURE(error) || span == length) return;
-  std::u16string decomposed(static_cast<size_t>(length) * 4 + 16, u'\0');
-  const int32_t written =
-      unorm2_normalize(nfd, source, length, reinterpret_cast<UChar*>(decomposed.data()),
-                       static_cast<int32_t>(decomposed.size()), &error);
-  if (U_FAILURE(error)) return;
-  text->clear();
-  for (int32_t i = 0; i < written;) {
-    UChar32 c;
-    U16_NEXT(decomposed.data(), i, written, c);
-    text->push_back(static_cast<char32_t>(c));
-  }
-}
 
 absl::Status Invalid(absl::string_view file, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(file, ": ", message));
@@ -578,8 +347,8 @@ void WordPieceTokenizer::NormalizeInto(absl::string_view text,
   out->clear();
   bool ascii = true;
   for (size_t i = 0; i < text.size();) {
-    UChar32 c = Decode(text, &i);
-    const uint8_t flags = Flags(c);
+    char32_t c = DecodeUtf8(text, &i);
+    const uint8_t flags = HfCharFlags(c);
     if (options_.clean_text) {
       if (flags & kRemoved) continue;
       if (flags & kSpace) c = ' ';
@@ -595,11 +364,9 @@ void WordPieceTokenizer::NormalizeInto(absl::string_view text,
     out->push_back(static_cast<char32_t>(c));
   }
   if (strip_accents_ && !ascii) {
-    Nfd(out);
+    HfNormalize(NormalForm::kNfd, out);
     out->erase(std::remove_if(out->begin(), out->end(),
-                              [](char32_t c) {
-                                return (Flags(static_cast<UChar32>(c)) & kMark) != 0;
-                              }),
+                              [](char32_t c) { return (HfCharFlags(c) & kMark) != 0; }),
                out->end());
   }
   if (options_.lowercase) {
@@ -610,31 +377,18 @@ void WordPieceTokenizer::NormalizeInto(absl::string_view text,
     } else {
       std::u32string lowered;
       lowered.reserve(out->size());
-      for (const char32_t c : *out) {
-        if (c == 0x130) {
-          // Capital I with dot above: its full lowercase is two characters (i + U+0307),
-          // the one unconditional lowercase mapping that is not one-to-one.
-          lowered.push_back(U'i');
-          lowered.push_back(U'\u0307');
-        } else {
-          lowered.push_back(static_cast<char32_t>(u_tolower(static_cast<UChar32>(c))));
-        }
-      }
+      for (const char32_t c : *out) AppendLowercase(c, &lowered);
       out->swap(lowered);
     }
   }
 }
 
 absl::StatusOr<std::string> WordPieceTokenizer::Normalize(absl::string_view text) const {
-  if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("not valid UTF-8 at byte offset %d (0x%02X)", bad,
-                        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
-  }
+  ATTN_RETURN_IF_ERROR(CheckUtf8(text));
   std::u32string normalized;
   NormalizeInto(text, &normalized);
   std::string out;
-  for (const char32_t c : normalized) AppendUtf8(static_cast<UChar32>(c), &out);
+  for (const char32_t c : normalized) AppendUtf8(c, &out);
   return out;
 }
 
@@ -643,8 +397,8 @@ std::vector<std::string> WordPieceTokenizer::PreTokenize(
   std::vector<std::string> words;
   std::string word;
   for (size_t i = 0; i < normalized.size();) {
-    const UChar32 c = Decode(normalized, &i);
-    const uint8_t flags = Flags(c);
+    const char32_t c = DecodeUtf8(normalized, &i);
+    const uint8_t flags = HfCharFlags(c);
     if (flags & (kSpace | kPunct)) {
       if (!word.empty()) words.push_back(std::move(word));
       word.clear();
@@ -665,11 +419,7 @@ absl::Status WordPieceTokenizer::AppendTextPieces(absl::string_view text,
                                                   int64_t max_pieces,
                                                   std::vector<int64_t>* ids,
                                                   int64_t* pieces) const {
-  if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("not valid UTF-8 at byte offset %d (0x%02X)", bad,
-                        static_cast<unsigned char>(text[static_cast<size_t>(bad)])));
-  }
+  ATTN_RETURN_IF_ERROR(CheckUtf8(text));
   thread_local std::u32string normalized;
   // The text between special tokens is normalized and split; each special token is
   // its own id.
@@ -734,20 +484,8 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::EncodePair(
   int64_t n1 = 0, n2 = 0;
   ATTN_RETURN_IF_ERROR(AppendTextPieces(first, budget, &a, &n1));
   ATTN_RETURN_IF_ERROR(AppendTextPieces(second, budget, &b, &n2));
-  // tokenizers' longest_first: with s <= l the shorter and longer counts, the longer
-  // is cut to what the shorter leaves (and never below it); when both still do not
-  // fit, each gets half (the longer the odd one).
-  int64_t keep1 = n1, keep2 = n2;
-  if (n1 + n2 > budget) {
-    int64_t shorter = std::min(n1, n2);
-    int64_t longer = shorter > budget ? shorter : std::max(shorter, budget - shorter);
-    if (shorter + longer > budget) {
-      shorter = budget / 2;
-      longer = shorter + budget % 2;
-    }
-    keep1 = std::min(n1, n1 > n2 ? longer : shorter);
-    keep2 = std::min(n2, n1 > n2 ? shorter : longer);
-  }
+  int64_t keep1 = 0, keep2 = 0;
+  PairKeep(n1, n2, budget, &keep1, &keep2);
   ids->push_back(cls_id_);
   ids->insert(ids->end(), a.begin(), a.begin() + keep1);
   ids->push_back(sep_id_);
@@ -773,17 +511,17 @@ void WordPieceTokenizer::AppendPieces(const std::u32string& normalized,
     characters = 0;
   };
   for (const char32_t c : normalized) {
-    const uint8_t flags = Flags(static_cast<UChar32>(c));
+    const uint8_t flags = HfCharFlags(c);
     if (flags & (kSpace | kPunct)) {
       end_word();
       if ((flags & kPunct) && !(flags & kSpace)) {
-        AppendUtf8(static_cast<UChar32>(c), &word);
+        AppendUtf8(c, &word);
         characters = 1;
         end_word();
       }
       continue;
     }
-    AppendUtf8(static_cast<UChar32>(c), &word);
+    AppendUtf8(c, &word);
     ++characters;
   }
   end_word();

@@ -16,11 +16,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/tokenizer.h"
 
 namespace attnserve::core {
 
 // Immutable after creation; Encode is safe to call from any number of threads.
-class WordPieceTokenizer {
+class WordPieceTokenizer : public Tokenizer {
  public:
   struct Options {
     // Drop NUL, U+FFFD and control/format/private-use characters; every whitespace
@@ -61,13 +62,6 @@ class WordPieceTokenizer {
   static absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> FromVocab(
       absl::string_view vocab, const Options& options);
 
-  // What Encode says of one text.
-  struct Encoding {
-    // The text's tokens with [CLS] and [SEP], counted before any truncation.
-    int64_t tokens = 0;
-    // Whether pieces were left out to fit max_tokens.
-    bool truncated = false;
-  };
   // Appends the ids of [CLS], the text's pieces and [SEP] to `ids`: at most
   // max_tokens of them (the last pieces are left out, [SEP] stays), while every piece is
   // still counted. REQUIRES: max_tokens >= 2. InvalidArgument "not valid UTF-8 at
@@ -75,7 +69,7 @@ class WordPieceTokenizer {
   // sequence (overlong forms, surrogates and values past U+10FFFF included); `ids` is
   // then unchanged.
   absl::StatusOr<Encoding> Encode(absl::string_view text, int64_t max_tokens,
-                                  std::vector<int64_t>* ids) const;
+                                  std::vector<int64_t>* ids) const override;
 
   // The pair template BERT's cross-encoders read: [CLS] first [SEP] second [SEP], ids
   // appended to `ids` and token types (0 through the first [SEP], then 1) to `types`.
@@ -85,7 +79,8 @@ class WordPieceTokenizer {
   // as Encode's; `ids` and `types` are then unchanged.
   absl::StatusOr<Encoding> EncodePair(absl::string_view first, absl::string_view second,
                                       int64_t max_tokens, std::vector<int64_t>* ids,
-                                      std::vector<int64_t>* types) const;
+                                      std::vector<int64_t>* types) const override;
+  int64_t added_tokens(bool pair) const override { return pair ? 3 : 2; }
 
   // The steps, for tests: the normalized text (UTF-8) of a text holding no special
   // token, and the words a normalized text is split into.
@@ -93,10 +88,10 @@ class WordPieceTokenizer {
   std::vector<std::string> PreTokenize(absl::string_view normalized) const;
 
   // The largest id in the vocabulary.
-  int64_t max_id() const { return max_id_; }
+  int64_t max_id() const override { return max_id_; }
   // The vocabulary's token of `id` (a continuing piece with its prefix, "##ing"); empty
   // for an id the vocabulary lacks.
-  absl::string_view TokenOf(int64_t id) const;
+  absl::string_view TokenOf(int64_t id) const override;
   const Options& options() const { return options_; }
 
  private:

@@ -42,6 +42,7 @@ runtime_packages=(
   libcivetweb1
   libdnnl2
   libicu72
+  libonig5
   libgcc-s1
   libgomp1
   libgrpc++1.51
@@ -77,6 +78,7 @@ build_packages=(
   libcivetweb-dev
   nlohmann-json3-dev
   libicu-dev
+  libonig-dev
   libgtest-dev
   libgmock-dev
   libbenchmark-dev

@@ -23,8 +23,8 @@
 #include "attnserve/v1/attention.pb.h"
 #include "core/device.h"
 #include "core/model_spec.h"
+#include "core/tokenizer.h"
 #include "core/transformer_encoder.h"
-#include "core/wordpiece_tokenizer.h"
 #include "server/batching/attention_executor.h"
 #include "server/batching/encoder_executor.h"
 #include "server/models/model_repository.h"
@@ -64,7 +64,7 @@ struct ServedModel {
   int64_t max_sequence_length = 0;
   // An encoder's tokenizer (null: it takes token ids only) and the most tokens a text
   // may become.
-  std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
+  std::shared_ptr<const core::Tokenizer> tokenizer;
   int64_t max_text_tokens = 0;
   // Cut every text over max_text_tokens, whatever the request says (EncoderConfig's
   // auto_truncate, else the server's default).

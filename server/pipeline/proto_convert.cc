@@ -535,7 +535,7 @@ void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSp
 // Text in: each text tokenized and checked in turn.
 absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer,
+    const AdmissionLimits& limits, const core::Tokenizer* tokenizer,
     EncoderWork::ScoreActivation activation) {
   if (tokenizer == nullptr) {
     return absl::InvalidArgumentError(
@@ -558,16 +558,18 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
                      request.text_size(), ": each text needs its second text"));
   }
   const int64_t limit = limits.max_text_tokens;
-  if (pairs && limit < 3) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pairs need max_text_tokens >= 3 ([CLS] and two [SEP]), and it is ", limit));
+  // Room for the template's own tokens ([CLS] and [SEP]s, <s> and </s>s) at least.
+  if (const int64_t added = tokenizer->added_tokens(pairs); limit < added) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(pairs ? "pairs" : "texts", " need max_text_tokens >= ", added,
+                     " (the tokenizer's special tokens), and it is ", limit));
   }
   const bool truncate = request.truncate() || limits.auto_truncate;
   auto work = std::make_unique<EncoderWork>();
   work->lengths.reserve(static_cast<size_t>(request.text_size()));
   for (int i = 0; i < request.text_size(); ++i) {
     const size_t before = work->token_ids.size();
-    absl::StatusOr<core::WordPieceTokenizer::Encoding> encoding =
+    absl::StatusOr<core::Tokenizer::Encoding> encoding =
         pairs ? tokenizer->EncodePair(request.text(i), request.text_pair(i), limit,
                                       &work->token_ids, &work->token_types)
               : tokenizer->Encode(request.text(i), limit, &work->token_ids);
@@ -608,7 +610,7 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
 
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer,
+    const AdmissionLimits& limits, const core::Tokenizer* tokenizer,
     EncoderWork::ScoreActivation activation) {
   if (request.request_id().size() > kMaxRequestIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("request_id must be at most ",
@@ -762,7 +764,7 @@ absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
 
 void FillEncoderStatistics(EncoderWork& work, const core::EncoderSpec& spec,
                            const std::string& model_name,
-                           const core::WordPieceTokenizer* tokenizer,
+                           const core::Tokenizer* tokenizer,
                            v1::HeadStatisticsResponse* response) {
   response->set_model(model_name);
   response->set_tokens(work.tokens());

@@ -13,8 +13,8 @@
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention.pb.h"
 #include "core/model_spec.h"
+#include "core/tokenizer.h"
 #include "core/transformer_encoder.h"
-#include "core/wordpiece_tokenizer.h"
 #include "grpcpp/support/status.h"
 #include "server/batching/attention_executor.h"
 #include "server/batching/encoder_executor.h"
@@ -107,7 +107,7 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // request.raw_scores.
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
-    const AdmissionLimits& limits, const core::WordPieceTokenizer* tokenizer = nullptr,
+    const AdmissionLimits& limits, const core::Tokenizer* tokenizer = nullptr,
     EncoderWork::ScoreActivation activation = EncoderWork::ScoreActivation::kNone);
 
 // Turns `work` (from EncoderWorkFromRequest) into a head-statistics request: it also
@@ -125,7 +125,7 @@ absl::Status AdmitEncoderStatistics(const core::EncoderSpec& spec,
 // them, the first sequence's attention weights and (with `tokenizer`) its tokens.
 void FillEncoderStatistics(EncoderWork& work, const core::EncoderSpec& spec,
                            const std::string& model_name,
-                           const core::WordPieceTokenizer* tokenizer,
+                           const core::Tokenizer* tokenizer,
                            v1::HeadStatisticsResponse* response);
 
 // Moves `work`'s results into `response`: embedding [n, dimensions or d] (or a

@@ -1,0 +1,1999 @@
+#include "core/pipeline_tokenizer.h"
+
+#include <unicode/ubrk.h>
+#include <unicode/uchar.h>
+#include <unicode/utext.h>
+// Oniguruma would define UChar, which is ICU's type.
+#define ONIG_ESCAPE_UCHAR_COLLISION
+#include <oniguruma.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <queue>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "core/unicode_text.h"
+#include "nlohmann/json.hpp"
+
+namespace attnserve::core {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(absl::string_view where, absl::string_view message) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("tokenizer.json ", where, ": ", message));
+}
+
+std::string TypeOf(const Json& object) {
+  if (object.is_object() && object.contains("type") && object["type"].is_string()) {
+    return object["type"].get<std::string>();
+  }
+  return object.is_null() ? "null" : "(none)";
+}
+
+absl::StatusOr<bool> BoolField(const Json& object, const char* key, bool fallback,
+                               absl::string_view where) {
+  if (!object.contains(key) || object[key].is_null()) return fallback;
+  if (!object[key].is_boolean()) {
+    return Invalid(where, absl::StrCat(key, " must be true or false"));
+  }
+  return object[key].get<bool>();
+}
+
+absl::StatusOr<std::string> StringField(const Json& object, const char* key,
+                                        absl::string_view where) {
+  if (!object.contains(key) || !object[key].is_string()) {
+    return Invalid(where, absl::StrCat(key, " must be a string"));
+  }
+  std::string value = object[key].get<std::string>();
+  ATTN_RETURN_IF_ERROR(CheckUtf8(value));
+  return value;
+}
+
+// An id as tokenizer.json writes it: an integer in [0, 2^31).
+absl::StatusOr<int64_t> IdValue(const Json& value, absl::string_view where) {
+  if (!value.is_number_unsigned() || value.get<uint64_t>() >= (uint64_t{1} << 31)) {
+    return Invalid(where, "must be an id in [0, 2^31)");
+  }
+  return static_cast<int64_t>(value.get<uint64_t>());
+}
+
+// ----------------------------------------------------------------------------
+// Characters as Rust sees them (the predicates `tokenizers` splits with).
+
+bool IsWhitespace(char32_t c) { return u_isUWhiteSpace(static_cast<UChar32>(c)) != 0; }
+
+// Rust regex's Unicode \w: Alphabetic, marks, decimal digits, connector punctuation,
+// join controls.
+bool IsWordChar(char32_t c) {
+  const auto u = static_cast<UChar32>(c);
+  if (c < 0x80) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_';
+  }
+  const int32_t mask = U_GET_GC_MASK(u);
+  return u_hasBinaryProperty(u, UCHAR_ALPHABETIC) ||
+         (mask & (U_GC_M_MASK | U_GC_ND_MASK | U_GC_PC_MASK)) != 0 ||
+         u_hasBinaryProperty(u, UCHAR_JOIN_CONTROL);
+}
+
+// char::is_numeric: Nd, Nl, No.
+bool IsNumeric(char32_t c) {
+  return (U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_N_MASK) != 0;
+}
+
+// ----------------------------------------------------------------------------
+// Regular expressions on Oniguruma, found as the onig crate's find_iter finds them.
+
+class Regex {
+ public:
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(const std::string& pattern,
+                                                        absl::string_view where) {
+    static const bool initialized = [] {
+      OnigEncoding encodings[] = {ONIG_ENCODING_UTF8};
+      return onig_initialize(encodings, 1) == ONIG_NORMAL;
+    }();
+    if (!initialized) return absl::InternalError("Oniguruma did not initialize");
+    OnigRegex regex = nullptr;
+    OnigErrorInfo info;
+    const auto* begin = reinterpret_cast<const OnigUChar*>(pattern.data());
+    const int result = onig_new(&regex, begin, begin + pattern.size(), ONIG_OPTION_NONE,
+                                ONIG_ENCODING_UTF8, ONIG_SYNTAX_DEFAULT, &info);
+    if (result != ONIG_NORMAL) {
+      OnigUChar message[ONIG_MAX_ERROR_MESSAGE_LEN];
+      onig_error_code_to_str(message, result, &info);
+      return Invalid(where,
+                     absl::StrCat("pattern \"", pattern, "\" is not a valid regex: ",
+                                  reinterpret_cast<const char*>(message)));
+    }
+    return std::unique_ptr<Regex>(new Regex(regex));
+  }
+  ~Regex() { onig_free(regex_); }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+
+  // The [start, end) byte ranges of the matches in `text`, left to right; an empty
+  // match right where the previous match ended is skipped.
+  void FindAll(absl::string_view text,
+               std::vector<std::pair<size_t, size_t>>* out) const {
+    out->clear();
+    thread_local OnigRegion* region = onig_region_new();
+    const auto* begin = reinterpret_cast<const OnigUChar*>(text.data());
+    const auto* end = begin + text.size();
+    size_t from = 0;
+    std::optional<size_t> last_match_end;
+    while (from <= text.size()) {
+      onig_region_clear(region);
+      const int found =
+          onig_search(regex_, begin, end, begin + from, end, region, ONIG_OPTION_NONE);
+      if (found < 0) return;  // no match (or a search error: nothing more to find)
+      const auto start = static_cast<size_t>(region->beg[0]);
+      const auto stop = static_cast<size_t>(region->end[0]);
+      if (start == stop && last_match_end == stop) {
+        if (from >= text.size()) return;
+        size_t next = from;
+        DecodeUtf8(text, &next);
+        from = next;
+        continue;
+      }
+      from = stop;
+      last_match_end = stop;
+      out->emplace_back(start, stop);
+    }
+  }
+
+ private:
+  explicit Regex(OnigRegex regex) : regex_(regex) {}
+  OnigRegex regex_;
+};
+
+// A literal or a regex, as Split and Replace take them ({"String": s} or {"Regex": r}).
+struct Pattern {
+  std::string literal;
+  std::unique_ptr<Regex> regex;  // set for a Regex pattern
+
+  void FindAll(absl::string_view text,
+               std::vector<std::pair<size_t, size_t>>* out) const {
+    if (regex != nullptr) {
+      regex->FindAll(text, out);
+      return;
+    }
+    out->clear();
+    for (size_t at = text.find(literal); at != absl::string_view::npos;
+         at = text.find(literal, at + literal.size())) {
+      out->emplace_back(at, at + literal.size());
+    }
+  }
+};
+
+absl::StatusOr<Pattern> ReadPattern(const Json& object, absl::string_view where) {
+  if (!object.contains("pattern") || !object["pattern"].is_object() ||
+      object["pattern"].size() != 1) {
+    return Invalid(where, "pattern must be {\"String\": ...} or {\"Regex\": ...}");
+  }
+  const Json& pattern = object["pattern"];
+  Pattern out;
+  if (pattern.contains("String")) {
+    ATTN_ASSIGN_OR_RETURN(out.literal, StringField(pattern, "String", where));
+  } else if (pattern.contains("Regex")) {
+    ATTN_ASSIGN_OR_RETURN(const std::string regex, StringField(pattern, "Regex", where));
+    ATTN_ASSIGN_OR_RETURN(out.regex, Regex::Compile(regex, where));
+    return out;
+  } else {
+    return Invalid(where, "pattern must be {\"String\": ...} or {\"Regex\": ...}");
+  }
+  if (out.literal.empty()) return Invalid(where, "pattern.String must not be empty");
+  return out;
+}
+
+// ----------------------------------------------------------------------------
+// Pieces and how a pattern's matches split them (tokenizers' SplitDelimiterBehavior).
+
+struct Piece {
+  std::string text;
+  // Whether it starts where the input text starts (Metaspace's prepend_scheme "first").
+  bool at_origin = false;
+};
+
+enum class Behavior {
+  kRemoved,
+  kIsolated,
+  kMergedWithPrevious,
+  kMergedWithNext,
+  kContiguous
+};
+
+absl::StatusOr<Behavior> ReadBehavior(const Json& object, Behavior fallback,
+                                      absl::string_view where) {
+  if (!object.contains("behavior")) return fallback;
+  const std::string name =
+      object["behavior"].is_string() ? object["behavior"].get<std::string>() : "";
+  if (name == "Removed") return Behavior::kRemoved;
+  if (name == "Isolated") return Behavior::kIsolated;
+  if (name == "MergedWithPrevious") return Behavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return Behavior::kMergedWithNext;
+  if (name == "Contiguous") return Behavior::kContiguous;
+  return Invalid(where, absl::StrCat("behavior \"", name,
+                                     "\" is not one of Removed, Isolated, "
+                                     "MergedWithPrevious, MergedWithNext, Contiguous"));
+}
+
+struct Span {
+  size_t start;
+  size_t end;
+  bool match;
+};
+
+// The matches of `text` and the gaps between them, in order (Pattern::find_matches).
+std::vector<Span> Spans(absl::string_view text,
+                        const std::vector<std::pair<size_t, size_t>>& matches,
+                        bool invert) {
+  std::vector<Span> spans;
+  if (text.empty()) return spans;
+  size_t previous = 0;
+  for (const auto& [start, end] : matches) {
+    if (previous != start) spans.push_back({previous, start, invert});
+    spans.push_back({start, end, !invert});
+    previous = end;
+  }
+  if (previous != text.size()) spans.push_back({previous, text.size(), invert});
+  return spans;
+}
+
+// Every character for which `is_match` holds is a match of its own.
+template <typename Predicate>
+std::vector<Span> CharSpans(absl::string_view text, Predicate is_match) {
+  std::vector<Span> spans;
+  size_t last = 0;
+  for (size_t i = 0; i < text.size();) {
+    const size_t at = i;
+    if (is_match(DecodeUtf8(text, &i))) {
+      if (last < at) spans.push_back({last, at, false});
+      spans.push_back({at, i, true});
+      last = i;
+    }
+  }
+  if (last < text.size()) spans.push_back({last, text.size(), false});
+  return spans;
+}
+
+// Appends the pieces `spans` cut `piece` into under `behavior`; empty ones are dropped.
+void SplitPiece(const Piece& piece, const std::vector<Span>& spans, Behavior behavior,
+                std::vector<Piece>* out) {
+  std::vector<std::pair<size_t, size_t>> kept;
+  switch (behavior) {
+    case Behavior::kIsolated:
+      for (const Span& span : spans) kept.emplace_back(span.start, span.end);
+      break;
+    case Behavior::kRemoved:
+      for (const Span& span : spans) {
+        if (!span.match) kept.emplace_back(span.start, span.end);
+      }
+      break;
+    case Behavior::kContiguous: {
+      bool previous = false;
+      for (const Span& span : spans) {
+        if (span.match == previous && !kept.empty()) {
+          kept.back().second = span.end;
+        } else {
+          kept.emplace_back(span.start, span.end);
+        }
+        previous = span.match;
+      }
+      break;
+    }
+    case Behavior::kMergedWithPrevious: {
+      bool previous = false;
+      for (const Span& span : spans) {
+        if (span.match && !previous && !kept.empty()) {
+          kept.back().second = span.end;
+        } else {
+          kept.emplace_back(span.start, span.end);
+        }
+        previous = span.match;
+      }
+      break;
+    }
+    case Behavior::kMergedWithNext: {
+      bool previous = false;
+      for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+        if (it->match && !previous && !kept.empty()) {
+          kept.back().first = it->start;
+        } else {
+          kept.emplace_back(it->start, it->end);
+        }
+        previous = it->match;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+    }
+  }
+  for (const auto& [start, end] : kept) {
+    if (start == end) continue;
+    out->push_back(
+        {piece.text.substr(start, end - start), piece.at_origin && start == 0});
+  }
+}
+
+// ----------------------------------------------------------------------------
+// Normalizers.
+
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  // `text` is valid UTF-8 and stays so.
+  virtual void Normalize(std::string* text) const = 0;
+};
+
+class SequenceNormalizer : public Normalizer {
+ public:
+  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps)
+      : steps_(std::move(steps)) {}
+  void Normalize(std::string* text) const override {
+    for (const auto& step : steps_) step->Normalize(text);
+  }
+
+ private:
+  std::vector<std::unique_ptr<Normalizer>> steps_;
+};
+
+// Rewrites the text as code points: each kept, dropped or replaced by `map`.
+template <typename Map>
+void MapChars(std::string* text, Map map) {
+  std::u32string chars = ToUtf32(*text);
+  std::u32string out;
+  out.reserve(chars.size());
+  for (const char32_t c : chars) map(c, &out);
+  *text = ToUtf8(out);
+}
+
+class FormNormalizer : public Normalizer {
+ public:
+  explicit FormNormalizer(NormalForm form) : form_(form) {}
+  void Normalize(std::string* text) const override {
+    if (std::all_of(text->begin(), text->end(),
+                    [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+      return;  // ASCII is its own normal form in all four
+    }
+    std::u32string chars = ToUtf32(*text);
+    HfNormalize(form_, &chars);
+    *text = ToUtf8(chars);
+  }
+
+ private:
+  NormalForm form_;
+};
+
+class LowercaseNormalizer : public Normalizer {
+ public:
+  void Normalize(std::string* text) const override {
+    MapChars(text, [](char32_t c, std::u32string* out) { AppendLowercase(c, out); });
+  }
+};
+
+// Drops combining marks (Mn, Mc, Me).
+class StripAccentsNormalizer : public Normalizer {
+ public:
+  void Normalize(std::string* text) const override {
+    MapChars(text, [](char32_t c, std::u32string* out) {
+      if ((U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_M_MASK) == 0) out->push_back(c);
+    });
+  }
+};
+
+class StripNormalizer : public Normalizer {
+ public:
+  StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
+  void Normalize(std::string* text) const override {
+    const std::u32string chars = ToUtf32(*text);
+    size_t begin = 0, end = chars.size();
+    if (left_) {
+      while (begin < end && IsWhitespace(chars[begin])) ++begin;
+    }
+    if (right_) {
+      while (end > begin && IsWhitespace(chars[end - 1])) --end;
+    }
+    if (begin == 0 && end == chars.size()) return;
+    *text = ToUtf8(chars.substr(begin, end - begin));
+  }
+
+ private:
+  bool left_;
+  bool right_;
+};
+
+class ReplaceNormalizer : public Normalizer {
+ public:
+  ReplaceNormalizer(Pattern pattern, std::string content)
+      : pattern_(std::move(pattern)), content_(std::move(content)) {}
+  void Normalize(std::string* text) const override {
+    thread_local std::vector<std::pair<size_t, size_t>> matches;
+    pattern_.FindAll(*text, &matches);
+    if (matches.empty()) return;
+    std::string out;
+    size_t last = 0;
+    for (const auto& [start, end] : matches) {
+      out.append(*text, last, start - last);
+      out += content_;
+      last = end;
+    }
+    out.append(*text, last, std::string::npos);
+    text->swap(out);
+  }
+
+ private:
+  Pattern pattern_;
+  std::string content_;
+};
+
+class PrependNormalizer : public Normalizer {
+ public:
+  explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
+  void Normalize(std::string* text) const override {
+    if (!text->empty()) text->insert(0, prefix_);
+  }
+
+ private:
+  std::string prefix_;
+};
+
+// SentencePiece's nmt_nfkc clean-up: controls dropped, odd spaces made ' '.
+class NmtNormalizer : public Normalizer {
+ public:
+  void Normalize(std::string* text) const override {
+    MapChars(text, [](char32_t c, std::u32string* out) {
+      if ((c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) ||
+          c == 0x7F || c == 0x8F || c == 0x9F) {
+        return;
+      }
+      const bool space = c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D ||
+                         c == 0x1680 || (c >= 0x200B && c <= 0x200F) || c == 0x2028 ||
+                         c == 0x2029 || c == 0x2581 || c == 0xFEFF || c == 0xFFFD;
+      out->push_back(space ? U' ' : c);
+    });
+  }
+};
+
+// SentencePiece's compiled normalization rules (precompiled_charsmap): a darts-clone
+// double-array trie over UTF-8 keys whose values index NUL-terminated replacements.
+// Applied per extended grapheme cluster as tokenizers applies it: a cluster of fewer
+// than 6 bytes is looked up whole, else (or when that finds nothing) each character;
+// a lookup takes the shortest key that is a prefix of what is looked up.
+class PrecompiledNormalizer : public Normalizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PrecompiledNormalizer>> Parse(
+      absl::string_view blob, absl::string_view where) {
+    if (blob.size() < 4)
+      return Invalid(where, "precompiled_charsmap is shorter than 4 bytes");
+    uint32_t trie_bytes;
+    std::memcpy(&trie_bytes, blob.data(), 4);
+    if (trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4) {
+      return Invalid(where, absl::StrCat("precompiled_charsmap's trie of ", trie_bytes,
+                                         " bytes does not fit its ", blob.size(),
+                                         " bytes in 4-byte units"));
+    }
+    auto normalizer = std::unique_ptr<PrecompiledNormalizer>(new PrecompiledNormalizer());
+    normalizer->units_.resize(trie_bytes / 4);
+    std::memcpy(normalizer->units_.data(), blob.data() + 4, trie_bytes);
+    normalizer->pool_ = std::string(blob.substr(4 + trie_bytes));
+    if (FirstInvalidUtf8(normalizer->pool_) >= 0) {
+      return Invalid(where, "precompiled_charsmap's replacements are not valid UTF-8");
+    }
+    if (normalizer->units_.empty()) {
+      return Invalid(where, "precompiled_charsmap's trie is empty");
+    }
+    return normalizer;
+  }
+
+  void Normalize(std::string* text) const override {
+    if (text->empty()) return;
+    UErrorCode error = U_ZERO_ERROR;
+    UText* utext =
+        utext_openUTF8(nullptr, text->data(), static_cast<int64_t>(text->size()), &error);
+    thread_local UBreakIterator* const breaks =
+        ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &error);
+    if (U_FAILURE(error) || breaks == nullptr) {
+      utext_close(utext);
+      return;  // ICU's data is built in: this does not happen
+    }
+    ubrk_setUText(breaks, utext, &error);
+    std::string out;
+    out.reserve(text->size());
+    const absl::string_view all = *text;
+    int32_t start = ubrk_first(breaks);
+    for (int32_t end = ubrk_next(breaks); end != UBRK_DONE;
+         start = end, end = ubrk_next(breaks)) {
+      const absl::string_view cluster =
+          all.substr(static_cast<size_t>(start), static_cast<size_t>(end - start));
+      if (cluster.size() < 6) {
+        if (const auto replacement = Transform(cluster)) {
+          out.append(replacement->data(), replacement->size());
+          continue;
+        }
+      }
+      for (size_t i = 0; i < cluster.size();) {
+        const size_t at = i;
+        DecodeUtf8(cluster, &i);
+        const absl::string_view one = cluster.substr(at, i - at);
+        const auto replacement = Transform(one);
+        const absl::string_view chosen = replacement ? *replacement : one;
+        out.append(chosen.data(), chosen.size());
+      }
+    }
+    utext_close(utext);
+    text->swap(out);
+  }
+
+ private:
+  PrecompiledNormalizer() = default;
+
+  // The replacement of the shortest key that is a prefix of `chunk`, if any.
+  std::optional<absl::string_view> Transform(absl::string_view chunk) const {
+    const auto offset = [](uint32_t unit) -> size_t {
+      return static_cast<size_t>((unit >> 10) << ((unit & (1u << 9)) >> 6));
+    };
+    size_t node = offset(units_[0]);
+    for (const char byte : chunk) {
+      const auto c = static_cast<unsigned char>(byte);
+      if (c == 0) return std::nullopt;
+      node ^= c;
+      if (node >= units_.size()) return std::nullopt;
+      const uint32_t unit = units_[node];
+      if ((unit & ((1u << 31) | 0xFF)) != c) return std::nullopt;
+      node ^= offset(unit);
+      if ((unit >> 8) & 1) {
+        if (node >= units_.size()) return std::nullopt;
+        const size_t at = units_[node] & ((1u << 31) - 1);
+        if (at >= pool_.size()) return std::nullopt;
+        const size_t stop = pool_.find('\0', at);
+        absl::string_view replacement = absl::string_view(pool_).substr(
+            at, stop == std::string::npos ? std::string::npos : stop - at);
+        // A replacement cut inside a character is not used (the pool is checked
+        // whole, not per entry).
+        if (FirstInvalidUtf8(replacement) >= 0) return std::nullopt;
+        return replacement;
+      }
+    }
+    return std::nullopt;
+  }
+
+  std::vector<uint32_t> units_;
+  std::string pool_;
+};
+
+absl::StatusOr<std::unique_ptr<Normalizer>> ReadNormalizer(const Json& json,
+                                                           absl::string_view where,
+                                                           int depth = 0) {
+  if (depth > 8) return Invalid(where, "normalizers nest deeper than 8");
+  const std::string type = TypeOf(json);
+  if (type == "Sequence") {
+    if (!json.contains("normalizers") || !json["normalizers"].is_array()) {
+      return Invalid(where, "Sequence needs a normalizers list");
+    }
+    std::vector<std::unique_ptr<Normalizer>> steps;
+    int i = 0;
+    for (const Json& step : json["normalizers"]) {
+      ATTN_ASSIGN_OR_RETURN(
+          std::unique_ptr<Normalizer> normalizer,
+          ReadNormalizer(step, absl::StrCat(where, ".normalizers[", i++, "]"),
+                         depth + 1));
+      steps.push_back(std::move(normalizer));
+    }
+    return std::make_unique<SequenceNormalizer>(std::move(steps));
+  }
+  if (type == "NFC") return std::make_unique<FormNormalizer>(NormalForm::kNfc);
+  if (type == "NFD") return std::make_unique<FormNormalizer>(NormalForm::kNfd);
+  if (type == "NFKC") return std::make_unique<FormNormalizer>(NormalForm::kNfkc);
+  if (type == "NFKD") return std::make_unique<FormNormalizer>(NormalForm::kNfkd);
+  if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
+  if (type == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
+  if (type == "Nmt") return std::make_unique<NmtNormalizer>();
+  if (type == "Strip") {
+    ATTN_ASSIGN_OR_RETURN(const bool left, BoolField(json, "strip_left", true, where));
+    ATTN_ASSIGN_OR_RETURN(const bool right, BoolField(json, "strip_right", true, where));
+    return std::make_unique<StripNormalizer>(left, right);
+  }
+  if (type == "Replace") {
+    ATTN_ASSIGN_OR_RETURN(Pattern pattern, ReadPattern(json, where));
+    ATTN_ASSIGN_OR_RETURN(std::string content, StringField(json, "content", where));
+    return std::make_unique<ReplaceNormalizer>(std::move(pattern), std::move(content));
+  }
+  if (type == "Prepend") {
+    ATTN_ASSIGN_OR_RETURN(std::string prefix, StringField(json, "prepend", where));
+    return std::make_unique<PrependNormalizer>(std::move(prefix));
+  }
+  if (type == "Precompiled") {
+    if (!json.contains("precompiled_charsmap") ||
+        json["precompiled_charsmap"].is_null()) {
+      // An empty charsmap (a SentencePiece model without normalization rules).
+      return std::make_unique<SequenceNormalizer>(
+          std::vector<std::unique_ptr<Normalizer>>());
+    }
+    ATTN_ASSIGN_OR_RETURN(const std::string encoded,
+                          StringField(json, "precompiled_charsmap", where));
+    std::string blob;
+    if (!absl::Base64Unescape(encoded, &blob)) {
+      return Invalid(where, "precompiled_charsmap is not base64");
+    }
+    if (blob.empty()) {
+      return std::make_unique<SequenceNormalizer>(
+          std::vector<std::unique_ptr<Normalizer>>());
+    }
+    ATTN_ASSIGN_OR_RETURN(std::unique_ptr<PrecompiledNormalizer> normalizer,
+                          PrecompiledNormalizer::Parse(blob, where));
+    return normalizer;
+  }
+  return Invalid(where, absl::StrCat("normalizer type \"", type,
+                                     "\" is not supported (NFC, NFD, NFKC, NFKD, "
+                                     "Lowercase, StripAccents, Strip, Replace, Prepend, "
+                                     "Nmt, Precompiled, Sequence)"));
+}
+
+// ----------------------------------------------------------------------------
+// Pre-tokenizers: each turns a piece into pieces.
+
+class PreTokenizer {
+ public:
+  virtual ~PreTokenizer() = default;
+  virtual void Split(const Piece& piece, std::vector<Piece>* out) const = 0;
+};
+
+class SequencePreTokenizer : public PreTokenizer {
+ public:
+  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> steps)
+      : steps_(std::move(steps)) {}
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    std::vector<Piece> current = {piece}, next;
+    for (const auto& step : steps_) {
+      next.clear();
+      for (const Piece& each : current) step->Split(each, &next);
+      current.swap(next);
+    }
+    for (Piece& each : current) out->push_back(std::move(each));
+  }
+
+ private:
+  std::vector<std::unique_ptr<PreTokenizer>> steps_;
+};
+
+// GPT-2's bytes-to-characters table: printable bytes stand for themselves, the rest
+// for U+0100 onwards, in byte order.
+const std::array<std::string, 256>& ByteChars() {
+  static const std::array<std::string, 256>* const table = [] {
+    auto* chars = new std::array<std::string, 256>();
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      AppendUtf8(printable ? static_cast<char32_t>(b) : next++, &(*chars)[b]);
+    }
+    return chars;
+  }();
+  return *table;
+}
+
+class ByteLevelPreTokenizer : public PreTokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<ByteLevelPreTokenizer>> Make(
+      bool add_prefix_space, bool use_regex, absl::string_view where) {
+    auto made = std::unique_ptr<ByteLevelPreTokenizer>(new ByteLevelPreTokenizer());
+    made->add_prefix_space_ = add_prefix_space;
+    if (use_regex) {
+      ATTN_ASSIGN_OR_RETURN(
+          made->regex_,
+          Regex::Compile(
+              R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)",
+              where));
+    }
+    return made;
+  }
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    Piece prefixed = piece;
+    if (add_prefix_space_ && (prefixed.text.empty() || prefixed.text[0] != ' ')) {
+      prefixed.text.insert(0, " ");
+    }
+    std::vector<Piece> split;
+    if (regex_ != nullptr) {
+      thread_local std::vector<std::pair<size_t, size_t>> matches;
+      regex_->FindAll(prefixed.text, &matches);
+      SplitPiece(prefixed, Spans(prefixed.text, matches, false), Behavior::kIsolated,
+                 &split);
+    } else if (!prefixed.text.empty()) {
+      split.push_back(std::move(prefixed));
+    }
+    const auto& chars = ByteChars();
+    for (Piece& each : split) {
+      std::string mapped;
+      mapped.reserve(each.text.size() * 2);
+      for (const char b : each.text) mapped += chars[static_cast<unsigned char>(b)];
+      each.text.swap(mapped);
+      out->push_back(std::move(each));
+    }
+  }
+
+ private:
+  ByteLevelPreTokenizer() = default;
+  bool add_prefix_space_ = false;
+  std::unique_ptr<Regex> regex_;
+};
+
+class MetaspacePreTokenizer : public PreTokenizer {
+ public:
+  enum class Prepend { kAlways, kFirst, kNever };
+  MetaspacePreTokenizer(char32_t replacement, Prepend prepend, bool split)
+      : replacement_(replacement), prepend_(prepend), split_(split) {
+    AppendUtf8(replacement, &replacement_text_);
+  }
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    Piece replaced{std::string(), piece.at_origin};
+    replaced.text.reserve(piece.text.size() + 3);
+    for (const char c : piece.text) {
+      if (c == ' ') {
+        replaced.text += replacement_text_;
+      } else {
+        replaced.text.push_back(c);
+      }
+    }
+    const bool starts =
+        absl::string_view(replaced.text).substr(0, replacement_text_.size()) ==
+        replacement_text_;
+    if (!starts && (prepend_ == Prepend::kAlways ||
+                    (prepend_ == Prepend::kFirst && piece.at_origin))) {
+      replaced.text.insert(0, replacement_text_);
+    }
+    if (!split_) {
+      if (!replaced.text.empty()) out->push_back(std::move(replaced));
+      return;
+    }
+    const char32_t replacement = replacement_;
+    SplitPiece(
+        replaced,
+        CharSpans(replaced.text, [replacement](char32_t c) { return c == replacement; }),
+        Behavior::kMergedWithNext, out);
+  }
+
+ private:
+  char32_t replacement_;
+  std::string replacement_text_;
+  Prepend prepend_;
+  bool split_;
+};
+
+// Splits on each character `is_match` holds for, under a behavior.
+template <typename Predicate>
+class CharPreTokenizer : public PreTokenizer {
+ public:
+  CharPreTokenizer(Predicate is_match, Behavior behavior)
+      : is_match_(is_match), behavior_(behavior) {}
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    SplitPiece(piece, CharSpans(piece.text, is_match_), behavior_, out);
+  }
+
+ private:
+  Predicate is_match_;
+  Behavior behavior_;
+};
+
+template <typename Predicate>
+std::unique_ptr<PreTokenizer> SplitOnChars(Predicate is_match, Behavior behavior) {
+  return std::make_unique<CharPreTokenizer<Predicate>>(is_match, behavior);
+}
+
+// Digits that are not alone: runs of them kept together.
+class DigitsPreTokenizer : public PreTokenizer {
+ public:
+  explicit DigitsPreTokenizer(bool individual) : individual_(individual) {}
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    SplitPiece(piece, CharSpans(piece.text, IsNumeric),
+               individual_ ? Behavior::kIsolated : Behavior::kContiguous, out);
+  }
+
+ private:
+  bool individual_;
+};
+
+// \w+|[^\w\s]+ kept, whitespace removed: runs of word characters and runs of other
+// non-space characters.
+class WhitespacePreTokenizer : public PreTokenizer {
+ public:
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    const absl::string_view text = piece.text;
+    size_t start = 0;
+    int run = 0;  // 0: none, 1: word characters, 2: others
+    size_t i = 0;
+    const auto flush = [&](size_t end) {
+      if (run != 0)
+        out->push_back({std::string(text.substr(start, end - start)),
+                        piece.at_origin && start == 0});
+    };
+    while (i < text.size()) {
+      const size_t at = i;
+      const char32_t c = DecodeUtf8(text, &i);
+      const int kind = IsWordChar(c) ? 1 : IsWhitespace(c) ? 0 : 2;
+      if (kind != run) {
+        flush(at);
+        start = at;
+        run = kind;
+      }
+    }
+    flush(text.size());
+  }
+};
+
+class SplitPreTokenizer : public PreTokenizer {
+ public:
+  SplitPreTokenizer(Pattern pattern, Behavior behavior, bool invert)
+      : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
+  void Split(const Piece& piece, std::vector<Piece>* out) const override {
+    thread_local std::vector<std::pair<size_t, size_t>> matches;
+    pattern_.FindAll(piece.text, &matches);
+    SplitPiece(piece, Spans(piece.text, matches, invert_), behavior_, out);
+  }
+
+ private:
+  Pattern pattern_;
+  Behavior behavior_;
+  bool invert_;
+};
+
+bool IsBertPunctuation(char32_t c) { return (HfCharFlags(c) & kPunct) != 0; }
+
+absl::StatusOr<std::unique_ptr<PreTokenizer>> ReadPreTokenizer(const Json& json,
+                                                               absl::string_view where,
+                                                               int depth = 0) {
+  if (depth > 8) return Invalid(where, "pre-tokenizers nest deeper than 8");
+  const std::string type = TypeOf(json);
+  if (type == "Sequence") {
+    if (!json.contains("pretokenizers") || !json["pretokenizers"].is_array()) {
+      return Invalid(where, "Sequence needs a pretokenizers list");
+    }
+    std::vector<std::unique_ptr<PreTokenizer>> steps;
+    int i = 0;
+    for (const Json& step : json["pretokenizers"]) {
+      ATTN_ASSIGN_OR_RETURN(
+          std::unique_ptr<PreTokenizer> pre,
+          ReadPreTokenizer(step, absl::StrCat(where, ".pretokenizers[", i++, "]"),
+                           depth + 1));
+      steps.push_back(std::move(pre));
+    }
+    return std::make_unique<SequencePreTokenizer>(std::move(steps));
+  }
+  if (type == "ByteLevel") {
+    ATTN_ASSIGN_OR_RETURN(const bool prefix,
+                          BoolField(json, "add_prefix_space", true, where));
+    ATTN_ASSIGN_OR_RETURN(const bool regex, BoolField(json, "use_regex", true, where));
+    ATTN_ASSIGN_OR_RETURN(auto pre, ByteLevelPreTokenizer::Make(prefix, regex, where));
+    return pre;
+  }
+  if (type == "Metaspace") {
+    ATTN_ASSIGN_OR_RETURN(const std::string replacement,
+                          StringField(json, "replacement", where));
+    std::u32string chars = ToUtf32(replacement);
+    if (chars.size() != 1) {
+      return Invalid(
+          where, absl::StrCat("replacement \"", replacement, "\" must be one character"));
+    }
+    ATTN_ASSIGN_OR_RETURN(const bool split, BoolField(json, "split", true, where));
+    MetaspacePreTokenizer::Prepend prepend = MetaspacePreTokenizer::Prepend::kAlways;
+    if (json.contains("prepend_scheme")) {
+      const std::string scheme = json["prepend_scheme"].is_string()
+                                     ? json["prepend_scheme"].get<std::string>()
+                                     : "";
+      if (scheme == "first") {
+        prepend = MetaspacePreTokenizer::Prepend::kFirst;
+      } else if (scheme == "never") {
+        prepend = MetaspacePreTokenizer::Prepend::kNever;
+      } else if (scheme != "always") {
+        return Invalid(where, absl::StrCat("prepend_scheme \"", scheme,
+                                           "\" is not always, first or never"));
+      }
+    } else {
+      // Files older than prepend_scheme say add_prefix_space.
+      ATTN_ASSIGN_OR_RETURN(const bool add,
+                            BoolField(json, "add_prefix_space", true, where));
+      if (!add) prepend = MetaspacePreTokenizer::Prepend::kNever;
+    }
+    return std::make_unique<MetaspacePreTokenizer>(chars[0], prepend, split);
+  }
+  if (type == "Whitespace") return std::make_unique<WhitespacePreTokenizer>();
+  if (type == "WhitespaceSplit") return SplitOnChars(IsWhitespace, Behavior::kRemoved);
+  if (type == "Punctuation") {
+    ATTN_ASSIGN_OR_RETURN(const Behavior behavior,
+                          ReadBehavior(json, Behavior::kIsolated, where));
+    return SplitOnChars(IsBertPunctuation, behavior);
+  }
+  if (type == "BertPreTokenizer") {
+    std::vector<std::unique_ptr<PreTokenizer>> steps;
+    steps.push_back(SplitOnChars(IsWhitespace, Behavior::kRemoved));
+    steps.push_back(SplitOnChars(IsBertPunctuation, Behavior::kIsolated));
+    return std::make_unique<SequencePreTokenizer>(std::move(steps));
+  }
+  if (type == "Digits") {
+    ATTN_ASSIGN_OR_RETURN(const bool individual,
+                          BoolField(json, "individual_digits", false, where));
+    return std::make_unique<DigitsPreTokenizer>(individual);
+  }
+  if (type == "CharDelimiterSplit") {
+    ATTN_ASSIGN_OR_RETURN(const std::string delimiter,
+                          StringField(json, "delimiter", where));
+    std::u32string chars = ToUtf32(delimiter);
+    if (chars.size() != 1) {
+      return Invalid(where,
+                     absl::StrCat("delimiter \"", delimiter, "\" must be one character"));
+    }
+    const char32_t d = chars[0];
+    return SplitOnChars([d](char32_t c) { return c == d; }, Behavior::kRemoved);
+  }
+  if (type == "Split") {
+    ATTN_ASSIGN_OR_RETURN(Pattern pattern, ReadPattern(json, where));
+    ATTN_ASSIGN_OR_RETURN(const Behavior behavior,
+                          ReadBehavior(json, Behavior::kRemoved, where));
+    ATTN_ASSIGN_OR_RETURN(const bool invert, BoolField(json, "invert", false, where));
+    return std::make_unique<SplitPreTokenizer>(std::move(pattern), behavior, invert);
+  }
+  return Invalid(where, absl::StrCat("pre_tokenizer type \"", type,
+                                     "\" is not supported (ByteLevel, Metaspace, "
+                                     "Whitespace, WhitespaceSplit, Punctuation, Split, "
+                                     "Digits, CharDelimiterSplit, BertPreTokenizer, "
+                                     "Sequence)"));
+}
+
+// ----------------------------------------------------------------------------
+// Models: a piece to ids.
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Appends the ids of one pre-tokenized piece (not empty). InvalidArgument when a
+  // piece needs an unknown token the model does not have.
+  virtual absl::Status Tokenize(absl::string_view piece,
+                                std::vector<int64_t>* ids) const = 0;
+  // Every token with its id, for TokenOf and the id range.
+  virtual void ListTokens(
+      const std::function<void(absl::string_view, int64_t)>& each) const = 0;
+};
+
+absl::Status NoUnknownToken(absl::string_view piece) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "has \"", piece.substr(0, 64),
+      "\", which the model's vocabulary cannot spell, and the tokenizer has no unknown "
+      "token"));
+}
+
+// Reads model.vocab as {token: id}.
+absl::Status ReadVocabObject(const Json& model, absl::string_view where,
+                             absl::flat_hash_map<std::string, int64_t>* vocab) {
+  if (!model.contains("vocab") || !model["vocab"].is_object()) {
+    return Invalid(where, "vocab must be an object of token: id");
+  }
+  vocab->reserve(model["vocab"].size());
+  for (const auto& [token, id] : model["vocab"].items()) {
+    ATTN_RETURN_IF_ERROR(CheckUtf8(token));
+    ATTN_ASSIGN_OR_RETURN(const int64_t value,
+                          IdValue(id, absl::StrCat(where, ".vocab[\"", token, "\"]")));
+    (*vocab)[token] = value;
+  }
+  return absl::OkStatus();
+}
+
+// The id of model[key] (a token that must be in `vocab`), or nullopt when unset.
+absl::StatusOr<std::optional<int64_t>> OptionalTokenId(
+    const Json& model, const char* key,
+    const absl::flat_hash_map<std::string, int64_t>& vocab, absl::string_view where,
+    bool must_exist) {
+  if (!model.contains(key) || model[key].is_null()) return std::optional<int64_t>();
+  ATTN_ASSIGN_OR_RETURN(const std::string token, StringField(model, key, where));
+  const auto it = vocab.find(token);
+  if (it == vocab.end()) {
+    if (!must_exist) return std::optional<int64_t>();
+    return Invalid(where, absl::StrCat(key, " \"", token, "\" is not in the vocabulary"));
+  }
+  return std::optional<int64_t>(it->second);
+}
+
+class BpeModel : public Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<BpeModel>> Read(const Json& json,
+                                                        absl::string_view where) {
+    auto model = std::unique_ptr<BpeModel>(new BpeModel());
+    ATTN_RETURN_IF_ERROR(ReadVocabObject(json, where, &model->vocab_));
+    if (json.contains("dropout") && !json["dropout"].is_null()) {
+      if (!json["dropout"].is_number() || json["dropout"].get<double>() != 0.0) {
+        return Invalid(where, "dropout is set: a served tokenizer must be deterministic");
+      }
+    }
+    // tokenizers looks the unknown token up when it needs it: a missing one fails
+    // only the texts that need it.
+    ATTN_ASSIGN_OR_RETURN(
+        model->unk_id_, OptionalTokenId(json, "unk_token", model->vocab_, where, false));
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (json.contains(key) && !json[key].is_null()) {
+        ATTN_ASSIGN_OR_RETURN(std::string value, StringField(json, key, where));
+        (std::string(key) == "continuing_subword_prefix" ? model->prefix_
+                                                         : model->suffix_) = value;
+      }
+    }
+    ATTN_ASSIGN_OR_RETURN(model->fuse_unk_, BoolField(json, "fuse_unk", false, where));
+    ATTN_ASSIGN_OR_RETURN(model->byte_fallback_,
+                          BoolField(json, "byte_fallback", false, where));
+    ATTN_ASSIGN_OR_RETURN(model->ignore_merges_,
+                          BoolField(json, "ignore_merges", false, where));
+    model->byte_ids_.fill(-1);
+    for (int b = 0; b < 256; ++b) {
+      const auto it = model->vocab_.find(absl::StrFormat("<0x%02X>", b));
+      if (it != model->vocab_.end()) model->byte_ids_[b] = it->second;
+    }
+    if (!json.contains("merges") || !json["merges"].is_array()) {
+      return Invalid(where, "merges must be a list");
+    }
+    int32_t rank = 0;
+    for (const Json& merge : json["merges"]) {
+      std::string a, b;
+      if (merge.is_string()) {
+        // The older form: "a b".
+        const std::string text = merge.get<std::string>();
+        const size_t space = text.find(' ');
+        if (space == std::string::npos ||
+            text.find(' ', space + 1) != std::string::npos) {
+          return Invalid(where, absl::StrCat("merges[", rank, "] \"", text,
+                                             "\" is not two tokens split by a space"));
+        }
+        a = text.substr(0, space);
+        b = text.substr(space + 1);
+      } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+                 merge[1].is_string()) {
+        a = merge[0].get<std::string>();
+        b = merge[1].get<std::string>();
+      } else {
+        return Invalid(where, absl::StrCat("merges[", rank, "] is not a pair of tokens"));
+      }
+      const auto ia = model->vocab_.find(a);
+      const auto ib = model->vocab_.find(b);
+      if (ia == model->vocab_.end() || ib == model->vocab_.end() ||
+          b.size() < model->prefix_.size()) {
+        return Invalid(where, absl::StrCat("merges[", rank, "] (\"", a, "\", \"", b,
+                                           "\") names a token not in the vocabulary"));
+      }
+      const std::string merged = a + b.substr(model->prefix_.size());
+      const auto im = model->vocab_.find(merged);
+      if (im == model->vocab_.end()) {
+        return Invalid(where, absl::StrCat("merges[", rank, "] makes \"", merged,
+                                           "\", which is not in the vocabulary"));
+      }
+      model->merges_[{ia->second, ib->second}] = {rank, im->second};
+      ++rank;
+    }
+    return model;
+  }
+
+  absl::Status Tokenize(absl::string_view piece,
+                        std::vector<int64_t>* ids) const override {
+    if (ignore_merges_) {
+      if (const auto it = vocab_.find(piece); it != vocab_.end()) {
+        ids->push_back(it->second);
+        return absl::OkStatus();
+      }
+    }
+    struct Symbol {
+      int64_t id;
+      int32_t prev;
+      int32_t next;
+      size_t bytes;
+    };
+    thread_local std::vector<Symbol> symbols;
+    symbols.clear();
+    const auto add = [&](int64_t id, size_t bytes) {
+      const auto n = static_cast<int32_t>(symbols.size());
+      symbols.push_back({id, n - 1, n + 1, bytes});
+    };
+    // A pending unknown: its bytes (0: none), added when something known follows.
+    size_t unk_bytes = 0;
+    std::string key;
+    for (size_t i = 0; i < piece.size();) {
+      const size_t at = i;
+      DecodeUtf8(piece, &i);
+      const absl::string_view c = piece.substr(at, i - at);
+      key.clear();
+      if (at > 0) key += prefix_;
+      key.append(c.data(), c.size());
+      if (i == piece.size()) key += suffix_;
+      if (const auto it = vocab_.find(key); it != vocab_.end()) {
+        if (unk_bytes > 0) {
+          add(*unk_id_, unk_bytes);
+          unk_bytes = 0;
+        }
+        add(it->second, c.size());
+        continue;
+      }
+      if (byte_fallback_ && std::all_of(key.begin(), key.end(), [&](char b) {
+            return byte_ids_[static_cast<unsigned char>(b)] >= 0;
+          })) {
+        for (const char b : key) add(byte_ids_[static_cast<unsigned char>(b)], 1);
+        continue;
+      }
+      if (!unk_id_) continue;  // tokenizers drops what it cannot spell without one
+      if (unk_bytes > 0 && !fuse_unk_) {
+        add(*unk_id_, unk_bytes);
+        unk_bytes = 0;
+      }
+      unk_bytes += c.size();
+    }
+    if (unk_bytes > 0) add(*unk_id_, unk_bytes);
+    if (!symbols.empty()) symbols.back().next = -1;
+    MergeAll(&symbols);
+    for (const Symbol& symbol : symbols) {
+      if (symbol.bytes != 0) ids->push_back(symbol.id);
+    }
+    return absl::OkStatus();
+  }
+
+  void ListTokens(
+      const std::function<void(absl::string_view, int64_t)>& each) const override {
+    for (const auto& [token, id] : vocab_) each(token, id);
+  }
+
+ private:
+  BpeModel() = default;
+
+  // Applies the merges lowest rank first (leftmost first among equal ranks).
+  template <typename Symbols>
+  void MergeAll(Symbols* symbols) const {
+    struct Candidate {
+      int32_t rank;
+      int32_t pos;
+      int64_t new_id;
+      bool operator>(const Candidate& other) const {
+        return rank != other.rank ? rank > other.rank : pos > other.pos;
+      }
+    };
+    auto& s = *symbols;
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> queue;
+    const auto find = [&](int64_t a, int64_t b) -> const std::pair<int32_t, int64_t>* {
+      const auto it = merges_.find(std::make_pair(a, b));
+      return it == merges_.end() ? nullptr : &it->second;
+    };
+    for (size_t i = 0; i + 1 < s.size(); ++i) {
+      if (const auto* merge = find(s[i].id, s[i + 1].id)) {
+        queue.push({merge->first, static_cast<int32_t>(i), merge->second});
+      }
+    }
+    while (!queue.empty()) {
+      const Candidate top = queue.top();
+      queue.pop();
+      auto& current = s[static_cast<size_t>(top.pos)];
+      if (current.bytes == 0 || current.next == -1) continue;
+      const auto next_pos = static_cast<size_t>(current.next);
+      const auto right = s[next_pos];
+      const auto* merge = find(current.id, right.id);
+      if (merge == nullptr || merge->second != top.new_id) continue;
+      current.id = top.new_id;
+      current.bytes += right.bytes;
+      current.next = right.next;
+      s[next_pos].bytes = 0;
+      if (right.next > -1 && static_cast<size_t>(right.next) < s.size()) {
+        s[static_cast<size_t>(right.next)].prev = top.pos;
+      }
+      if (current.prev >= 0) {
+        const auto& previous = s[static_cast<size_t>(current.prev)];
+        if (const auto* m = find(previous.id, current.id)) {
+          queue.push({m->first, current.prev, m->second});
+        }
+      }
+      if (current.next > -1 && static_cast<size_t>(current.next) < s.size()) {
+        if (const auto* m = find(current.id, s[static_cast<size_t>(current.next)].id)) {
+          queue.push({m->first, top.pos, m->second});
+        }
+      }
+    }
+  }
+
+  absl::flat_hash_map<std::string, int64_t> vocab_;
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, std::pair<int32_t, int64_t>> merges_;
+  std::optional<int64_t> unk_id_;
+  std::string prefix_;
+  std::string suffix_;
+  bool fuse_unk_ = false;
+  bool byte_fallback_ = false;
+  bool ignore_merges_ = false;
+  std::array<int64_t, 256> byte_ids_{};
+};
+
+class UnigramModel : public Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<UnigramModel>> Read(const Json& json,
+                                                            absl::string_view where) {
+    auto model = std::unique_ptr<UnigramModel>(new UnigramModel());
+    if (!json.contains("vocab") || !json["vocab"].is_array() || json["vocab"].empty()) {
+      return Invalid(where, "vocab must be a non-empty list of [piece, score]");
+    }
+    const Json& vocab = json["vocab"];
+    if (vocab.size() >= (size_t{1} << 31)) return Invalid(where, "vocab is too large");
+    model->pieces_.reserve(vocab.size());
+    model->scores_.reserve(vocab.size());
+    model->nodes_.push_back(-1);
+    for (size_t id = 0; id < vocab.size(); ++id) {
+      const Json& entry = vocab[id];
+      if (!entry.is_array() || entry.size() != 2 || !entry[0].is_string() ||
+          !entry[1].is_number()) {
+        return Invalid(where, absl::StrCat("vocab[", id, "] is not [piece, score]"));
+      }
+      std::string piece = entry[0].get<std::string>();
+      ATTN_RETURN_IF_ERROR(CheckUtf8(piece));
+      const double score = entry[1].get<double>();
+      model->min_score_ = std::min(model->min_score_, score);
+      model->ids_[piece] = static_cast<int64_t>(id);
+      if (!piece.empty()) model->Insert(piece);
+      model->pieces_.push_back(std::move(piece));
+      model->scores_.push_back(score);
+    }
+    if (json.contains("unk_id") && !json["unk_id"].is_null()) {
+      ATTN_ASSIGN_OR_RETURN(const int64_t unk, IdValue(json["unk_id"], where));
+      if (unk >= static_cast<int64_t>(vocab.size())) {
+        return Invalid(where, absl::StrCat("unk_id ", unk, " is past the vocabulary's ",
+                                           vocab.size(), " pieces"));
+      }
+      model->unk_id_ = unk;
+    }
+    ATTN_ASSIGN_OR_RETURN(model->byte_fallback_,
+                          BoolField(json, "byte_fallback", false, where));
+    model->byte_ids_.fill(-1);
+    for (int b = 0; b < 256; ++b) {
+      const auto it = model->ids_.find(absl::StrFormat("<0x%02X>", b));
+      if (it != model->ids_.end()) model->byte_ids_[b] = it->second;
+    }
+    return model;
+  }
+
+  absl::Status Tokenize(absl::string_view piece,
+                        std::vector<int64_t>* ids) const override {
+    // The best path by score ending at each byte (SentencePiece's optimized Viterbi);
+    // a character no piece starts with is an unknown of score min - 10.
+    struct Node {
+      int64_t id = 0;
+      double score = 0;
+      int64_t start = -1;
+    };
+    constexpr double kUnknownPenalty = 10.0;
+    thread_local std::vector<Node> best;
+    best.assign(piece.size() + 1, Node());
+    const double unknown_score = min_score_ - kUnknownPenalty;
+    for (size_t start = 0; start < piece.size();) {
+      const double here = best[start].score;
+      size_t next = start;
+      DecodeUtf8(piece, &next);
+      const size_t char_bytes = next - start;
+      bool single = false;
+      int32_t node = 0;
+      for (size_t end = start; end < piece.size(); ++end) {
+        node = Child(node, static_cast<unsigned char>(piece[end]));
+        if (node < 0) break;
+        const int64_t id = nodes_[static_cast<size_t>(node)];
+        if (id < 0) continue;
+        Node& target = best[end + 1];
+        const double score = scores_[static_cast<size_t>(id)] + here;
+        if (target.start < 0 || score > target.score) {
+          target = {id, score, static_cast<int64_t>(start)};
+        }
+        if (end + 1 - start == char_bytes) single = true;
+      }
+      if (!single) {
+        if (!unk_id_) return NoUnknownToken(piece.substr(start, char_bytes));
+        Node& target = best[next];
+        const double score = unknown_score + here;
+        if (target.start < 0 || score > target.score) {
+          target = {*unk_id_, score, static_cast<int64_t>(start)};
+        }
+      }
+      start = next;
+    }
+    // Back from the end; runs of unknowns become one string.
+    thread_local std::vector<std::pair<size_t, size_t>> spans;
+    spans.clear();
+    constexpr size_t kNone = std::numeric_limits<size_t>::max();
+    size_t end = piece.size();
+    size_t unknown_end = kNone;
+    while (end > 0) {
+      const Node& node = best[end];
+      const auto start = static_cast<size_t>(node.start);
+      if (unk_id_ && node.id == *unk_id_) {
+        if (unknown_end == kNone) unknown_end = end;
+      } else {
+        if (unknown_end != kNone) {
+          spans.emplace_back(end, unknown_end);
+          unknown_end = kNone;
+        }
+        spans.emplace_back(start, end);
+      }
+      end = start;
+    }
+    if (unknown_end != kNone) spans.emplace_back(0, unknown_end);
+    for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+      const absl::string_view text = piece.substr(it->first, it->second - it->first);
+      if (const auto found = ids_.find(text); found != ids_.end()) {
+        ids->push_back(found->second);
+        continue;
+      }
+      if (byte_fallback_ && std::all_of(text.begin(), text.end(), [&](char b) {
+            return byte_ids_[static_cast<unsigned char>(b)] >= 0;
+          })) {
+        for (const char b : text)
+          ids->push_back(byte_ids_[static_cast<unsigned char>(b)]);
+        continue;
+      }
+      if (!unk_id_) return NoUnknownToken(text);
+      ids->push_back(*unk_id_);
+    }
+    return absl::OkStatus();
+  }
+
+  void ListTokens(
+      const std::function<void(absl::string_view, int64_t)>& each) const override {
+    for (size_t id = 0; id < pieces_.size(); ++id) {
+      each(pieces_[id], static_cast<int64_t>(id));
+    }
+  }
+
+ private:
+  UnigramModel() = default;
+
+  // A byte trie over the pieces: node 0 is the root; nodes_[n] is the id of the piece
+  // ending at n (the last of equal pieces, as tokenizers' map keeps it), or -1.
+  int32_t Child(int32_t node, unsigned char byte) const {
+    const auto it = children_.find((static_cast<uint64_t>(node) << 8) | byte);
+    return it == children_.end() ? -1 : it->second;
+  }
+  void Insert(absl::string_view piece) {
+    int32_t node = 0;
+    for (const char byte : piece) {
+      const uint64_t key =
+          (static_cast<uint64_t>(node) << 8) | static_cast<unsigned char>(byte);
+      const auto it = children_.find(key);
+      if (it != children_.end()) {
+        node = it->second;
+      } else {
+        const auto made = static_cast<int32_t>(nodes_.size());
+        nodes_.push_back(-1);
+        children_[key] = made;
+        node = made;
+      }
+    }
+    nodes_[static_cast<size_t>(node)] = ids_.at(piece);
+  }
+
+  std::vector<std::string> pieces_;
+  std::vector<double> scores_;
+  absl::flat_hash_map<std::string, int64_t> ids_;
+  absl::flat_hash_map<uint64_t, int32_t> children_;
+  std::vector<int64_t> nodes_;
+  double min_score_ = std::numeric_limits<double>::infinity();
+  std::optional<int64_t> unk_id_;
+  bool byte_fallback_ = false;
+  std::array<int64_t, 256> byte_ids_{};
+};
+
+class WordPieceModel : public Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<WordPieceModel>> Read(const Json& json,
+                                                              absl::string_view where) {
+    auto model = std::unique_ptr<WordPieceModel>(new WordPieceModel());
+    ATTN_RETURN_IF_ERROR(ReadVocabObject(json, where, &model->vocab_));
+    ATTN_ASSIGN_OR_RETURN(
+        model->unk_id_, OptionalTokenId(json, "unk_token", model->vocab_, where, false));
+    if (json.contains("continuing_subword_prefix")) {
+      ATTN_ASSIGN_OR_RETURN(model->prefix_,
+                            StringField(json, "continuing_subword_prefix", where));
+    }
+    if (json.contains("max_input_chars_per_word")) {
+      if (!json["max_input_chars_per_word"].is_number_unsigned()) {
+        return Invalid(where, "max_input_chars_per_word must be a positive integer");
+      }
+      model->max_chars_ = static_cast<int64_t>(std::min<uint64_t>(
+          json["max_input_chars_per_word"].get<uint64_t>(), uint64_t{1} << 40));
+    }
+    return model;
+  }
+
+  absl::Status Tokenize(absl::string_view piece,
+                        std::vector<int64_t>* ids) const override {
+    int64_t chars = 0;
+    for (size_t i = 0; i < piece.size(); DecodeUtf8(piece, &i)) ++chars;
+    if (chars > max_chars_) return Unknown(piece, ids);
+    const size_t before = ids->size();
+    std::string key;
+    for (size_t start = 0; start < piece.size();) {
+      size_t end = piece.size();
+      bool found = false;
+      while (start < end) {
+        key.clear();
+        if (start > 0) key += prefix_;
+        key.append(piece.data() + start, end - start);
+        if (const auto it = vocab_.find(key); it != vocab_.end()) {
+          ids->push_back(it->second);
+          found = true;
+          break;
+        }
+        // Back one character.
+        do {
+          --end;
+        } while (end > start && (static_cast<unsigned char>(piece[end]) & 0xC0) == 0x80);
+      }
+      if (!found) {
+        ids->resize(before);
+        return Unknown(piece, ids);
+      }
+      start = end;
+    }
+    return absl::OkStatus();
+  }
+
+  void ListTokens(
+      const std::function<void(absl::string_view, int64_t)>& each) const override {
+    for (const auto& [token, id] : vocab_) each(token, id);
+  }
+
+ private:
+  WordPieceModel() = default;
+  absl::Status Unknown(absl::string_view piece, std::vector<int64_t>* ids) const {
+    if (!unk_id_) return NoUnknownToken(piece);
+    ids->push_back(*unk_id_);
+    return absl::OkStatus();
+  }
+
+  absl::flat_hash_map<std::string, int64_t> vocab_;
+  std::optional<int64_t> unk_id_;
+  std::string prefix_ = "##";
+  int64_t max_chars_ = 100;
+};
+
+class WordLevelModel : public Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<WordLevelModel>> Read(const Json& json,
+                                                              absl::string_view where) {
+    auto model = std::unique_ptr<WordLevelModel>(new WordLevelModel());
+    ATTN_RETURN_IF_ERROR(ReadVocabObject(json, where, &model->vocab_));
+    ATTN_ASSIGN_OR_RETURN(
+        model->unk_id_, OptionalTokenId(json, "unk_token", model->vocab_, where, false));
+    return model;
+  }
+  absl::Status Tokenize(absl::string_view piece,
+                        std::vector<int64_t>* ids) const override {
+    if (const auto it = vocab_.find(piece); it != vocab_.end()) {
+      ids->push_back(it->second);
+      return absl::OkStatus();
+    }
+    if (!unk_id_) return NoUnknownToken(piece);
+    ids->push_back(*unk_id_);
+    return absl::OkStatus();
+  }
+  void ListTokens(
+      const std::function<void(absl::string_view, int64_t)>& each) const override {
+    for (const auto& [token, id] : vocab_) each(token, id);
+  }
+
+ private:
+  WordLevelModel() = default;
+  absl::flat_hash_map<std::string, int64_t> vocab_;
+  std::optional<int64_t> unk_id_;
+};
+
+absl::StatusOr<std::unique_ptr<Model>> ReadModel(const Json& json) {
+  constexpr absl::string_view kWhere = "model";
+  const std::string type = TypeOf(json);
+  // Files may leave the type out; tokenizers then tells the models by their fields.
+  const bool untyped = type == "(none)" && json.is_object();
+  if (type == "BPE" || (untyped && json.contains("merges"))) {
+    ATTN_ASSIGN_OR_RETURN(auto model, BpeModel::Read(json, kWhere));
+    return model;
+  }
+  if (type == "Unigram" ||
+      (untyped && json.contains("vocab") && json["vocab"].is_array())) {
+    ATTN_ASSIGN_OR_RETURN(auto model, UnigramModel::Read(json, kWhere));
+    return model;
+  }
+  if (type == "WordPiece" || (untyped && json.contains("continuing_subword_prefix"))) {
+    ATTN_ASSIGN_OR_RETURN(auto model, WordPieceModel::Read(json, kWhere));
+    return model;
+  }
+  if (type == "WordLevel") {
+    ATTN_ASSIGN_OR_RETURN(auto model, WordLevelModel::Read(json, kWhere));
+    return model;
+  }
+  return Invalid(kWhere, absl::StrCat("type \"", type,
+                                      "\" is not supported (BPE, Unigram, WordPiece, "
+                                      "WordLevel)"));
+}
+
+// ----------------------------------------------------------------------------
+// Added tokens.
+
+struct AddedToken {
+  std::string content;
+  // What is matched: the content, normalized for a token with `normalized`.
+  std::string pattern;
+  int64_t id = 0;
+  bool single_word = false;
+  bool lstrip = false;
+  bool rstrip = false;
+  bool normalized = false;
+};
+
+struct Segment {
+  std::string text;
+  int64_t id = -1;  // an added token's id, or -1 for text still to tokenize
+  bool at_origin = false;
+};
+
+// Leftmost-longest matches of `tokens` (longest first) in `text`, as tokenizers'
+// AddedVocabulary::find_matches keeps them: a single_word token only between non-word
+// characters, lstrip/rstrip taking the spaces beside it. Appends the segments of
+// `text`.
+void SplitOnAddedTokens(const Segment& text, const std::vector<const AddedToken*>& tokens,
+                        std::vector<Segment>* out) {
+  const absl::string_view sentence = text.text;
+  if (tokens.empty() || sentence.empty()) {
+    if (!sentence.empty()) out->push_back(text);
+    return;
+  }
+  const auto last_char = [&](size_t end) {
+    size_t start = end - 1;
+    while (start > 0 && (static_cast<unsigned char>(sentence[start]) & 0xC0) == 0x80)
+      --start;
+    size_t i = start;
+    return DecodeUtf8(sentence, &i);
+  };
+  const auto emit = [&](size_t start, size_t end, int64_t id) {
+    if (start >= end) return;
+    out->push_back({std::string(sentence.substr(start, end - start)), id,
+                    text.at_origin && start == 0});
+  };
+  size_t offset = 0;  // where the text not yet emitted starts
+  size_t at = 0;      // where the search goes on
+  while (at < sentence.size()) {
+    const AddedToken* found = nullptr;
+    size_t start = at;
+    for (; start < sentence.size() && found == nullptr; ++start) {
+      for (const AddedToken* token : tokens) {
+        if (sentence.substr(start, token->pattern.size()) == token->pattern) {
+          found = token;
+          break;
+        }
+      }
+      if (found != nullptr) break;
+    }
+    if (found == nullptr) break;
+    size_t stop = start + found->pattern.size();
+    at = stop;
+    if (found->single_word) {
+      const bool space_before = start == 0 || !IsWordChar(last_char(start));
+      size_t next = stop;
+      const bool space_after =
+          stop == sentence.size() || !IsWordChar(DecodeUtf8(sentence, &next));
+      if (!space_before || !space_after) continue;
+    }
+    if (found->lstrip) {
+      size_t left = start;
+      while (left > 0 && IsWhitespace(last_char(left))) {
+        size_t back = left - 1;
+        while (back > 0 && (static_cast<unsigned char>(sentence[back]) & 0xC0) == 0x80) {
+          --back;
+        }
+        left = back;
+      }
+      start = std::max(left, offset);
+    }
+    if (found->rstrip) {
+      // The search goes on from the match's own end, as tokenizers' does.
+      while (stop < sentence.size()) {
+        size_t next = stop;
+        if (!IsWhitespace(DecodeUtf8(sentence, &next))) break;
+        stop = next;
+      }
+    }
+    emit(offset, start, -1);
+    out->push_back({std::string(sentence.substr(start, stop - start)), found->id,
+                    text.at_origin && start == 0});
+    offset = stop;
+  }
+  emit(offset, sentence.size(), -1);
+}
+
+// ----------------------------------------------------------------------------
+// The template: the single and pair layouts of special tokens and sequences.
+
+struct TemplateItem {
+  int sequence = -1;  // 0 for A, 1 for B; -1 for special tokens
+  std::vector<int64_t> ids;
+  int64_t type_id = 0;
+};
+
+struct Template {
+  std::vector<TemplateItem> single;
+  std::vector<TemplateItem> pair;
+  int64_t Added(bool for_pair) const {
+    int64_t added = 0;
+    for (const TemplateItem& item : for_pair ? pair : single) {
+      added += static_cast<int64_t>(item.ids.size());
+    }
+    return added;
+  }
+};
+
+// [special, id] as RobertaProcessing and BertProcessing write cls and sep.
+absl::StatusOr<int64_t> ProcessingToken(const Json& json, const char* key,
+                                        absl::string_view where) {
+  if (!json.contains(key) || !json[key].is_array() || json[key].size() != 2 ||
+      !json[key][0].is_string()) {
+    return Invalid(where, absl::StrCat(key, " must be [token, id]"));
+  }
+  return IdValue(json[key][1], absl::StrCat(where, ".", key));
+}
+
+absl::StatusOr<std::vector<TemplateItem>> ReadTemplateItems(const Json& items,
+                                                            const Json& specials,
+                                                            absl::string_view where) {
+  if (!items.is_array()) return Invalid(where, "must be a list");
+  std::vector<TemplateItem> out;
+  for (const Json& item : items) {
+    TemplateItem entry;
+    if (item.is_object() && item.contains("Sequence") && item["Sequence"].is_object()) {
+      const Json& sequence = item["Sequence"];
+      const std::string id = sequence.contains("id") && sequence["id"].is_string()
+                                 ? sequence["id"].get<std::string>()
+                                 : "";
+      if (id != "A" && id != "B") return Invalid(where, "a Sequence's id must be A or B");
+      entry.sequence = id == "A" ? 0 : 1;
+      if (sequence.contains("type_id")) {
+        ATTN_ASSIGN_OR_RETURN(entry.type_id, IdValue(sequence["type_id"], where));
+      }
+    } else if (item.is_object() && item.contains("SpecialToken") &&
+               item["SpecialToken"].is_object()) {
+      const Json& special = item["SpecialToken"];
+      ATTN_ASSIGN_OR_RETURN(const std::string name, StringField(special, "id", where));
+      if (special.contains("type_id")) {
+        ATTN_ASSIGN_OR_RETURN(entry.type_id, IdValue(special["type_id"], where));
+      }
+      if (!specials.is_object() || !specials.contains(name) ||
+          !specials[name].is_object() || !specials[name].contains("ids") ||
+          !specials[name]["ids"].is_array()) {
+        return Invalid(where, absl::StrCat("special token \"", name,
+                                           "\" is not in special_tokens with its ids"));
+      }
+      for (const Json& id : specials[name]["ids"]) {
+        ATTN_ASSIGN_OR_RETURN(const int64_t value, IdValue(id, where));
+        entry.ids.push_back(value);
+      }
+    } else {
+      return Invalid(where, "each item must be a Sequence or a SpecialToken");
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+absl::StatusOr<std::optional<Template>> ReadPostProcessor(const Json& json,
+                                                          absl::string_view where,
+                                                          int depth = 0) {
+  if (depth > 4) return Invalid(where, "post-processors nest deeper than 4");
+  const std::string type = TypeOf(json);
+  if (type == "null" || type == "ByteLevel") return std::optional<Template>();
+  if (type == "Sequence") {
+    if (!json.contains("processors") || !json["processors"].is_array()) {
+      return Invalid(where, "Sequence needs a processors list");
+    }
+    std::optional<Template> chosen;
+    int i = 0;
+    for (const Json& step : json["processors"]) {
+      ATTN_ASSIGN_OR_RETURN(
+          std::optional<Template> each,
+          ReadPostProcessor(step, absl::StrCat(where, ".processors[", i++, "]"),
+                            depth + 1));
+      if (each && chosen) {
+        return Invalid(where, "holds two processors that add tokens; one is supported");
+      }
+      if (each) chosen = std::move(each);
+    }
+    return chosen;
+  }
+  Template out;
+  if (type == "RobertaProcessing" || type == "BertProcessing") {
+    ATTN_ASSIGN_OR_RETURN(const int64_t cls, ProcessingToken(json, "cls", where));
+    ATTN_ASSIGN_OR_RETURN(const int64_t sep, ProcessingToken(json, "sep", where));
+    const bool roberta = type == "RobertaProcessing";
+    out.single = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
+    if (roberta) {
+      out.pair = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0},
+                  {-1, {sep}, 0}, {1, {}, 0}, {-1, {sep}, 0}};
+    } else {
+      out.pair = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}, {1, {}, 1}, {-1, {sep}, 1}};
+    }
+    return std::optional<Template>(std::move(out));
+  }
+  if (type == "TemplateProcessing") {
+    const Json specials =
+        json.contains("special_tokens") ? json["special_tokens"] : Json();
+    ATTN_ASSIGN_OR_RETURN(
+        out.single, ReadTemplateItems(json.contains("single") ? json["single"] : Json(),
+                                      specials, absl::StrCat(where, ".single")));
+    ATTN_ASSIGN_OR_RETURN(out.pair,
+                          ReadTemplateItems(json.contains("pair") ? json["pair"] : Json(),
+                                            specials, absl::StrCat(where, ".pair")));
+    const auto count = [](const std::vector<TemplateItem>& items, int sequence) {
+      return std::count_if(items.begin(), items.end(), [&](const TemplateItem& item) {
+        return item.sequence == sequence;
+      });
+    };
+    if (count(out.single, 0) != 1 || count(out.single, 1) != 0) {
+      return Invalid(where, "single must hold $A once and no $B");
+    }
+    if (count(out.pair, 0) != 1 || count(out.pair, 1) != 1) {
+      return Invalid(where, "pair must hold $A and $B once each");
+    }
+    return std::optional<Template>(std::move(out));
+  }
+  return Invalid(where, absl::StrCat("type \"", type,
+                                     "\" is not supported (TemplateProcessing, "
+                                     "RobertaProcessing, BertProcessing, ByteLevel, "
+                                     "Sequence)"));
+}
+
+}  // namespace
+
+struct PipelineTokenizer::Parts {
+  std::unique_ptr<Normalizer> normalizer;       // may be null
+  std::unique_ptr<PreTokenizer> pre_tokenizer;  // may be null
+  std::unique_ptr<Model> model;
+  Template layout;
+  std::vector<AddedToken> added;
+  // The added tokens matched in the raw text and in the normalized text, longest first.
+  std::vector<const AddedToken*> raw_tokens;
+  std::vector<const AddedToken*> normalized_tokens;
+  absl::flat_hash_map<int64_t, std::string> token_of;
+  int64_t max_id = 0;
+  bool truncate_left = false;
+};
+
+PipelineTokenizer::PipelineTokenizer(std::unique_ptr<const Parts> parts)
+    : parts_(std::move(parts)) {}
+PipelineTokenizer::~PipelineTokenizer() = default;
+
+absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokenizerJson(
+    absl::string_view text, const Options& options) {
+  const Json json = Json::parse(text.begin(), text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError("tokenizer.json: not a JSON object");
+  }
+  auto parts = std::make_unique<Parts>();
+  parts->truncate_left = options.truncate_left;
+  const Json null;
+  const auto field = [&](const char* key) -> const Json& {
+    return json.contains(key) ? json[key] : null;
+  };
+  if (!field("normalizer").is_null()) {
+    ATTN_ASSIGN_OR_RETURN(parts->normalizer,
+                          ReadNormalizer(field("normalizer"), "normalizer"));
+  }
+  if (!field("pre_tokenizer").is_null()) {
+    ATTN_ASSIGN_OR_RETURN(parts->pre_tokenizer,
+                          ReadPreTokenizer(field("pre_tokenizer"), "pre_tokenizer"));
+  }
+  ATTN_ASSIGN_OR_RETURN(parts->model, ReadModel(field("model")));
+  ATTN_ASSIGN_OR_RETURN(std::optional<Template> layout,
+                        ReadPostProcessor(field("post_processor"), "post_processor"));
+  if (layout) {
+    parts->layout = *std::move(layout);
+  } else {
+    // tokenizers without a post-processor: the texts as they are, the second of a pair
+    // with token type 1.
+    parts->layout.single = {{0, {}, 0}};
+    parts->layout.pair = {{0, {}, 0}, {1, {}, 1}};
+  }
+
+  const Json& added = field("added_tokens");
+  if (!added.is_null() && !added.is_array()) {
+    return absl::InvalidArgumentError("tokenizer.json added_tokens: must be a list");
+  }
+  if (added.is_array()) {
+    parts->added.reserve(added.size());
+    int i = 0;
+    for (const Json& token : added) {
+      const std::string where = absl::StrCat("added_tokens[", i++, "]");
+      if (!token.is_object()) return Invalid(where, "must be an object");
+      AddedToken entry;
+      ATTN_ASSIGN_OR_RETURN(entry.content, StringField(token, "content", where));
+      if (!token.contains("id")) return Invalid(where, "needs an id");
+      ATTN_ASSIGN_OR_RETURN(entry.id, IdValue(token["id"], where + ".id"));
+      ATTN_ASSIGN_OR_RETURN(const bool special,
+                            BoolField(token, "special", false, where));
+      ATTN_ASSIGN_OR_RETURN(entry.single_word,
+                            BoolField(token, "single_word", false, where));
+      ATTN_ASSIGN_OR_RETURN(entry.lstrip, BoolField(token, "lstrip", false, where));
+      ATTN_ASSIGN_OR_RETURN(entry.rstrip, BoolField(token, "rstrip", false, where));
+      ATTN_ASSIGN_OR_RETURN(entry.normalized,
+                            BoolField(token, "normalized", !special, where));
+      entry.pattern = entry.content;
+      if (entry.normalized && parts->normalizer != nullptr) {
+        parts->normalizer->Normalize(&entry.pattern);
+      }
+      if (entry.content.empty() || entry.pattern.empty()) continue;  // never matches
+      parts->added.push_back(std::move(entry));
+    }
+  }
+  // Later entries with the same content win, as in tokenizers' map.
+  absl::flat_hash_map<std::string, size_t> latest;
+  for (size_t i = 0; i < parts->added.size(); ++i) latest[parts->added[i].content] = i;
+  for (size_t i = 0; i < parts->added.size(); ++i) {
+    const AddedToken& token = parts->added[i];
+    if (latest[token.content] != i) continue;
+    (token.normalized ? parts->normalized_tokens : parts->raw_tokens).push_back(&token);
+  }
+  for (auto* list : {&parts->raw_tokens, &parts->normalized_tokens}) {
+    std::stable_sort(list->begin(), list->end(),
+                     [](const AddedToken* a, const AddedToken* b) {
+                       return a->pattern.size() > b->pattern.size();
+                     });
+  }
+
+  parts->model->ListTokens([&](absl::string_view token, int64_t id) {
+    parts->token_of.try_emplace(id, std::string(token));
+    parts->max_id = std::max(parts->max_id, id);
+  });
+  for (const AddedToken& token : parts->added) {
+    parts->token_of[token.id] = token.content;
+    parts->max_id = std::max(parts->max_id, token.id);
+  }
+  for (const auto* items : {&parts->layout.single, &parts->layout.pair}) {
+    for (const TemplateItem& item : *items) {
+      for (const int64_t id : item.ids) parts->max_id = std::max(parts->max_id, id);
+    }
+  }
+  return std::unique_ptr<PipelineTokenizer>(new PipelineTokenizer(std::move(parts)));
+}
+
+namespace {
+
+// The segments of `text` after the added tokens and the normalizer.
+std::vector<Segment> ExtractAndNormalize(const PipelineTokenizer::Parts& parts,
+                                         absl::string_view text);
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> PipelineTokenizer::Pieces(
+    absl::string_view text) const {
+  ATTN_RETURN_IF_ERROR(CheckUtf8(text));
+  std::vector<std::string> out;
+  for (Segment& segment : ExtractAndNormalize(*parts_, text)) {
+    if (segment.id >= 0 || parts_->pre_tokenizer == nullptr) {
+      out.push_back(std::move(segment.text));
+      continue;
+    }
+    std::vector<Piece> pieces;
+    parts_->pre_tokenizer->Split({segment.text, segment.at_origin}, &pieces);
+    for (Piece& piece : pieces) out.push_back(std::move(piece.text));
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<Segment> ExtractAndNormalize(const PipelineTokenizer::Parts& parts,
+                                         absl::string_view text) {
+  std::vector<Segment> raw;
+  SplitOnAddedTokens({std::string(text), -1, true}, parts.raw_tokens, &raw);
+  std::vector<Segment> out;
+  for (Segment& segment : raw) {
+    if (segment.id >= 0) {
+      out.push_back(std::move(segment));
+      continue;
+    }
+    if (parts.normalizer != nullptr) parts.normalizer->Normalize(&segment.text);
+    SplitOnAddedTokens(segment, parts.normalized_tokens, &out);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status PipelineTokenizer::AppendTextIds(absl::string_view text,
+                                              std::vector<int64_t>* ids) const {
+  ATTN_RETURN_IF_ERROR(CheckUtf8(text));
+  thread_local std::vector<Piece> pieces;
+  for (const Segment& segment : ExtractAndNormalize(*parts_, text)) {
+    if (segment.id >= 0) {
+      ids->push_back(segment.id);
+      continue;
+    }
+    pieces.clear();
+    if (parts_->pre_tokenizer != nullptr) {
+      parts_->pre_tokenizer->Split({segment.text, segment.at_origin}, &pieces);
+    } else {
+      pieces.push_back({segment.text, segment.at_origin});
+    }
+    for (const Piece& piece : pieces) {
+      ATTN_RETURN_IF_ERROR(parts_->model->Tokenize(piece.text, ids));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Keeps `keep` of `ids` (the first ones, or the last ones when cutting on the left).
+void Cut(std::vector<int64_t>* ids, int64_t keep, bool left) {
+  if (static_cast<int64_t>(ids->size()) <= keep) return;
+  if (left) {
+    ids->erase(ids->begin(), ids->end() - keep);
+  } else {
+    ids->resize(static_cast<size_t>(keep));
+  }
+}
+
+void Emit(const std::vector<TemplateItem>& layout,
+          const std::vector<int64_t>* sequences[2], std::vector<int64_t>* ids,
+          std::vector<int64_t>* types) {
+  for (const TemplateItem& item : layout) {
+    const std::vector<int64_t>& part =
+        item.sequence >= 0 ? *sequences[item.sequence] : item.ids;
+    ids->insert(ids->end(), part.begin(), part.end());
+    if (types != nullptr) types->insert(types->end(), part.size(), item.type_id);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Tokenizer::Encoding> PipelineTokenizer::Encode(
+    absl::string_view text, int64_t max_tokens, std::vector<int64_t>* ids) const {
+  thread_local std::vector<int64_t> a;
+  a.clear();
+  ATTN_RETURN_IF_ERROR(AppendTextIds(text, &a));
+  const int64_t added = parts_->layout.Added(false);
+  const auto n = static_cast<int64_t>(a.size());
+  const int64_t budget = std::max<int64_t>(max_tokens - added, 0);
+  Cut(&a, budget, parts_->truncate_left);
+  const std::vector<int64_t>* sequences[2] = {&a, &a};
+  Emit(parts_->layout.single, sequences, ids, nullptr);
+  return Encoding{n + added, n > budget};
+}
+
+absl::StatusOr<Tokenizer::Encoding> PipelineTokenizer::EncodePair(
+    absl::string_view first, absl::string_view second, int64_t max_tokens,
+    std::vector<int64_t>* ids, std::vector<int64_t>* types) const {
+  thread_local std::vector<int64_t> a, b;
+  a.clear();
+  b.clear();
+  ATTN_RETURN_IF_ERROR(AppendTextIds(first, &a));
+  ATTN_RETURN_IF_ERROR(AppendTextIds(second, &b));
+  const int64_t added = parts_->layout.Added(true);
+  const auto n1 = static_cast<int64_t>(a.size());
+  const auto n2 = static_cast<int64_t>(b.size());
+  int64_t keep1 = n1, keep2 = n2;
+  PairKeep(n1, n2, std::max<int64_t>(max_tokens - added, 0), &keep1, &keep2);
+  Cut(&a, keep1, parts_->truncate_left);
+  Cut(&b, keep2, parts_->truncate_left);
+  const std::vector<int64_t>* sequences[2] = {&a, &b};
+  Emit(parts_->layout.pair, sequences, ids, types);
+  return Encoding{n1 + n2 + added, keep1 < n1 || keep2 < n2};
+}
+
+int64_t PipelineTokenizer::added_tokens(bool pair) const {
+  return parts_->layout.Added(pair);
+}
+
+int64_t PipelineTokenizer::max_id() const { return parts_->max_id; }
+
+absl::string_view PipelineTokenizer::TokenOf(int64_t id) const {
+  const auto it = parts_->token_of.find(id);
+  return it == parts_->token_of.end() ? absl::string_view() : it->second;
+}
+
+}  // namespace attnserve::core
