@@ -107,6 +107,10 @@ absl::Status EncoderSpec::Validate() const {
   ATTN_RETURN_IF_ERROR(at_least_one(max_positions, "max_positions"));
   ATTN_RETURN_IF_ERROR(at_least_one(vocab_size, "vocab_size"));
   ATTN_RETURN_IF_ERROR(at_least_one(type_vocab_size, "type_vocab_size"));
+  if (position_offset < 0 || position_offset > (int64_t{1} << 20)) {
+    return Invalid(
+        absl::StrCat("position_offset must be in [0, 2^20], got ", position_offset));
+  }
   if (d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
@@ -269,8 +273,24 @@ constexpr TensorNames kDistilBertNames = {"DistilBERT",
                                           "ffn.lin2.",
                                           "output_layer_norm."};
 
+// RoBERTa's tensors are BERT's, by name.
+constexpr TensorNames kRobertaNames = {"RoBERTa",
+                                       "embeddings.token_type_embeddings.weight",
+                                       "embeddings.LayerNorm.",
+                                       "",
+                                       "encoder.layer.",
+                                       "attention.self.query.",
+                                       "attention.self.key.",
+                                       "attention.self.value.",
+                                       "attention.output.dense.",
+                                       "attention.output.LayerNorm.",
+                                       "intermediate.dense.",
+                                       "output.dense.",
+                                       "output.LayerNorm."};
+
 const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kDistilBert) return kDistilBertNames;
+  if (spec.family == EncoderSpec::Family::kRoberta) return kRobertaNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
 }
@@ -300,9 +320,13 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   EncoderWeights weights;
   ATTN_ASSIGN_OR_RETURN(weights.word_embeddings,
                         read("embeddings.word_embeddings.weight", {spec.vocab_size, d}));
-  ATTN_ASSIGN_OR_RETURN(
-      weights.position_embeddings,
-      read("embeddings.position_embeddings.weight", {spec.max_positions, d}));
+  // RoBERTa's first rows (the padding index and those before it) are never read.
+  ATTN_ASSIGN_OR_RETURN(weights.position_embeddings,
+                        read("embeddings.position_embeddings.weight",
+                             {spec.position_offset + spec.max_positions, d}));
+  weights.position_embeddings.erase(
+      weights.position_embeddings.begin(),
+      weights.position_embeddings.begin() + spec.position_offset * d);
   if (*names.token_types != '\0') {
     ATTN_ASSIGN_OR_RETURN(weights.token_type_embeddings,
                           read(names.token_types, {spec.type_vocab_size, d}));
@@ -391,11 +415,21 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                           read(absl::StrCat(at, names.output_norm, "bias"), {d}));
     weights.layers.push_back(std::move(layer));
   }
-  if (spec.num_labels > 0) {
+  if (spec.num_labels > 0 && spec.family == EncoderSpec::Family::kRoberta) {
+    // RobertaClassificationHead: dense + tanh over <s>, then out_proj; the same
+    // computation as BERT's pooler and classifier, under other names.
+    ATTN_ASSIGN_OR_RETURN(weights.pooler_weight,
+                          read("classifier.dense.weight", {d, d}, true));
+    ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("classifier.dense.bias", {d}, true));
+    ATTN_ASSIGN_OR_RETURN(weights.classifier_weight,
+                          read("classifier.out_proj.weight", {spec.num_labels, d}, true));
+    ATTN_ASSIGN_OR_RETURN(weights.classifier_bias,
+                          read("classifier.out_proj.bias", {spec.num_labels}, true));
+  } else if (spec.num_labels > 0) {
     if (spec.family != EncoderSpec::Family::kBert) {
       return Invalid(absl::StrCat("a ", names.family,
                                   " classification head is not served (served: BERT's "
-                                  "pooler and classifier)"));
+                                  "pooler and classifier, RoBERTa's classifier)"));
     }
     ATTN_ASSIGN_OR_RETURN(weights.pooler_weight, read("pooler.dense.weight", {d, d}));
     ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("pooler.dense.bias", {d}));

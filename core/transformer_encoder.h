@@ -49,8 +49,14 @@ struct EncoderSpec {
   // The checkpoint's family, which names its tensors (LoadBertWeights): BERT's
   // (Megatron-BERT's with pre-LN), or DistilBERT's (post-LN, no token types:
   // type_vocab_size 1, a zero table).
-  enum class Family { kBert, kDistilBert };
+  // RoBERTa's: BERT's names, positions after the padding index (position_offset),
+  // one token type, a classification head of classifier.dense + tanh +
+  // classifier.out_proj.
+  enum class Family { kBert, kDistilBert, kRoberta };
   Family family = Family::kBert;
+  // The rows of the checkpoint's position table before position 0 (RoBERTa's
+  // padding_idx + 1): LoadBertWeights drops them. >= 0.
+  int64_t position_offset = 0;
   float layer_norm_eps = 1e-12f;  // > 0
   int64_t max_positions = 512;    // learned absolute positions, >= 1
   int64_t vocab_size = 0;         // >= 1

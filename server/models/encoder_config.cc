@@ -181,12 +181,16 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
   } else if (model_type == "distilbert") {
     family = v1::EncoderConfig::FAMILY_DISTILBERT;
+  } else if (model_type == "roberta" || model_type == "xlm-roberta" ||
+             model_type == "camembert") {
+    family = v1::EncoderConfig::FAMILY_ROBERTA;
   } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
-        "\" is not served (served: \"bert\", \"megatron-bert\" and \"distilbert\": "
-        "learned absolute positions from 0, post-LN or pre-LN blocks, WordPiece text, "
-        "Hugging Face's BertModel, MegatronBertModel and DistilBertModel tensor names)"));
+        "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
+        "\"roberta\", \"xlm-roberta\" and \"camembert\": learned absolute positions, "
+        "post-LN or pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, "
+        "DistilBertModel and RobertaModel tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -235,8 +239,32 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(const int64_t layers,
                         Count(json, keys.layers, keys.token_types ? 12 : 6, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, keys.ffn, 3072, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t positions_count,
+  ATTN_ASSIGN_OR_RETURN(int64_t positions_count,
                         Count(json, "max_position_embeddings", 512, kFile));
+  // RoBERTa's positions start after the padding index: the rows up to it are never
+  // used (514 rows serve 512 tokens).
+  int64_t position_offset = 0;
+  if (family == v1::EncoderConfig::FAMILY_ROBERTA) {
+    int64_t padding = 1;
+    if (const auto it = json.find("pad_token_id"); it != json.end()) {
+      const std::optional<int64_t> value = core::JsonInt64(*it);
+      if (!value || *value < 0 || *value > (int64_t{1} << 20)) {
+        return Invalid(absl::StrCat(
+            "config.json: pad_token_id must be an integer in [0, 2^20], got ",
+            Shown(*it)));
+      }
+      padding = *value;
+    }
+    position_offset = padding + 1;
+    if (positions_count <= position_offset) {
+      return Invalid(absl::StrCat("config.json: max_position_embeddings ",
+                                  positions_count,
+                                  " leaves no position after pad_token_id ", padding,
+                                  " (RoBERTa's positions start at pad_token_id + 1)"));
+    }
+    positions_count -= position_offset;
+  }
+  encoder->set_position_offset(position_offset);
   ATTN_ASSIGN_OR_RETURN(const int64_t vocab, Count(json, "vocab_size", 30522, kFile));
   int64_t types = 1;
   if (keys.token_types) {
@@ -582,9 +610,17 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
   spec.norm_placement = encoder.norm_placement() == v1::EncoderConfig::NORM_PLACEMENT_PRE
                             ? core::EncoderSpec::NormPlacement::kPre
                             : core::EncoderSpec::NormPlacement::kPost;
-  spec.family = encoder.family() == v1::EncoderConfig::FAMILY_DISTILBERT
-                    ? core::EncoderSpec::Family::kDistilBert
-                    : core::EncoderSpec::Family::kBert;
+  switch (encoder.family()) {
+    case v1::EncoderConfig::FAMILY_DISTILBERT:
+      spec.family = core::EncoderSpec::Family::kDistilBert;
+      break;
+    case v1::EncoderConfig::FAMILY_ROBERTA:
+      spec.family = core::EncoderSpec::Family::kRoberta;
+      break;
+    default:
+      spec.family = core::EncoderSpec::Family::kBert;
+  }
+  spec.position_offset = encoder.position_offset();
   spec.layer_norm_eps = encoder.layer_norm_eps();
   spec.max_positions = encoder.max_positions();
   spec.vocab_size = encoder.vocab_size();

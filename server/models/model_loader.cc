@@ -212,8 +212,10 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
                           core::SafetensorsFile::Read((folder / weights_file).string()));
     // Saved from a task model (BertForSequenceClassification, DistilBertForMaskedLM,
     // ...): the encoder's tensors behind its base model's name.
-    const char* base =
-        spec.family == core::EncoderSpec::Family::kDistilBert ? "distilbert." : "bert.";
+    const char* base = spec.family == core::EncoderSpec::Family::kDistilBert
+                           ? "distilbert."
+                       : spec.family == core::EncoderSpec::Family::kRoberta ? "roberta."
+                                                                            : "bert.";
     if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
         file.Find(absl::StrCat(base, "embeddings.word_embeddings.weight")) != nullptr) {
       prefix = base;
@@ -224,8 +226,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   config.mutable_encoder()->set_weights_file(weights_file);
   // Text in when the folder has a tokenizer; a tokenizer that is there but cannot be
   // served fails the load, naming its file.
-  std::shared_ptr<const core::WordPieceTokenizer> tokenizer;
-  if (auto loaded = core::WordPieceTokenizer::FromFolder(folder.string()); loaded.ok()) {
+  std::shared_ptr<const core::Tokenizer> tokenizer;
+  if (auto loaded = core::Tokenizer::FromFolder(folder.string()); loaded.ok()) {
     if ((*loaded)->max_id() >= spec.vocab_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("the tokenizer's largest id ", (*loaded)->max_id(),

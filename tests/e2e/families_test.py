@@ -18,6 +18,18 @@ A malformed-input matrix: token types other than 0 (the family has none), a
 classification head, a config contradicting config.json; each refused naming the field,
 the value and the limit, and the server keeps serving.
 
+RoBERTa and XLM-RoBERTa (tests/data/roberta_tiny, xlmr_tiny, xlmr_reranker_tiny,
+tests/tools/make_roberta_golden.py: seeded RobertaModel / XLMRobertaModel with positions
+after the padding index, a byte-level BPE tokenizer and a SentencePiece Unigram one with
+its precompiled charsmap, read from tokenizer.json):
+- `roberta` (mean pooling) and `xlmr` (CLS pooling), the folders as written, through the
+  openai client, tritonclient's BYTES input and attnserve.v1 Encode, against
+  sentence-transformers (cosine >= 0.99999, 1e-5), token ids equal;
+- `xlmr-reranker`, an XLMRobertaForSequenceClassification folder as bge-reranker-*
+  ship (tensors behind `roberta.`, classifier.dense + out_proj), through Cohere's
+  client, against CrossEncoder.predict's scores (1e-5), pairs cut longest-first;
+- a config whose max_position_embeddings leaves no room after pad_token_id, refused.
+
 usage: families_test.py ATTNSERVE REPO_ROOT
 """
 import json
@@ -58,37 +70,25 @@ def write_prefixed_checkpoint(source, target, prefix, extra):
     stubs.write_safetensors(target, renamed, metadata)
 
 
-class DistilBertTest(unittest.TestCase):
+class FamilyServer(unittest.TestCase):
+    """One attnserve over a repository of models linked from tests/data/SOURCE."""
+    SOURCE = None
+
     @classmethod
-    def setUpClass(cls):
-        with open(os.path.join(DATA, "distilbert_tiny.golden.json"), encoding="utf-8") as f:
-            cls.golden = json.load(f)
-        cls.source = os.path.join(DATA, "distilbert_tiny")
-        cls.repository = tempfile.TemporaryDirectory()
-        raw_modules = [m for m in cls.read_json("modules.json")
-                       if not m["type"].endswith("Normalize")]
-        # The longest text is over max_seq_length: sentence-transformers cuts it, and so
-        # does this model for the doors that cannot ask (OpenAI's body).
-        cls.add_model("distilbert", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
-        cls.add_model("distilbert-raw", "encoder {}\n", {"modules.json": raw_modules})
-        hub = cls.add_model("distilbert-hub", "encoder {}\n", link_weights=False)
-        dim = cls.golden["config"]["dim"]
-        vocab = cls.golden["config"]["vocab_size"]
-        rng = np.random.default_rng(0)
-        write_prefixed_checkpoint(
-            os.path.join(cls.source, "model.safetensors"),
-            os.path.join(hub, "model.safetensors"), "distilbert.",
-            {"vocab_transform.weight": rng.standard_normal((dim, dim)),
-             "vocab_transform.bias": rng.standard_normal(dim),
-             "vocab_layer_norm.weight": rng.standard_normal(dim),
-             "vocab_layer_norm.bias": rng.standard_normal(dim),
-             "vocab_projector.bias": rng.standard_normal(vocab)})
+    def start(cls):
         cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
                                      "--model_control_mode=explicit", "--builtin_model=false",
                                      "--max_queue_delay=2ms", http=True)
         cls.http = f"http://127.0.0.1:{cls.server.http_port}"
         cls.channel = grpc.insecure_channel(cls.server.target)
         cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def open_source(cls, source):
+        with open(os.path.join(DATA, source + ".golden.json"), encoding="utf-8") as f:
+            cls.golden = json.load(f)
+        cls.source = os.path.join(DATA, source)
+        cls.repository = tempfile.TemporaryDirectory()
 
     @classmethod
     def read_json(cls, name):
@@ -137,21 +137,60 @@ class DistilBertTest(unittest.TestCase):
         self.assertEqual(ids, self.golden["token_ids"])
         return np.frombuffer(reply.embedding.raw, "<f4").reshape(tuple(reply.embedding.shape))
 
-    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
-        self.assert_golden(self.encode("distilbert"))
-        self.assert_golden(self.encode("distilbert-hub"))
-        self.assert_golden(self.encode("distilbert-raw"), "unnormalized")
+    def assert_every_door(self, model):
+        """v1 Encode, the openai client and tritonclient's BYTES input against the
+        golden."""
+        self.assert_golden(self.encode(model))
         client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
                                max_retries=0)
-        reply = client.embeddings.create(model="distilbert", input=self.golden["texts"])
+        reply = client.embeddings.create(model=model, input=self.golden["texts"])
         self.assert_golden([item.embedding for item in reply.data])
         triton = triton_grpc.InferenceServerClient(self.server.target)
         texts = np.array([t.encode() for t in self.golden["texts"]], dtype=np.object_)
         entry = triton_grpc.InferInput("text", [len(texts)], "BYTES")
         entry.set_data_from_numpy(texts)
-        result = triton.infer("distilbert", [entry], parameters={"truncate": True},
+        result = triton.infer(model, [entry], parameters={"truncate": True},
                               outputs=[triton_grpc.InferRequestedOutput("embedding")])
         self.assert_golden(result.as_numpy("embedding"))
+
+    def load_refused(self, model, pbtxt, replaced, words):
+        self.add_model(model, pbtxt, replaced)
+        status, reply = stubs.post_json(
+            f"{self.http}/v2/repository/models/{model}/load", {})
+        self.assertEqual(status, 400, reply)
+        for word in words:
+            self.assertIn(word, reply["error"])
+        shutil.rmtree(os.path.join(self.repository.name, model))
+
+
+class DistilBertTest(FamilyServer):
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("distilbert_tiny")
+        raw_modules = [m for m in cls.read_json("modules.json")
+                       if not m["type"].endswith("Normalize")]
+        # The longest text is over max_seq_length: sentence-transformers cuts it, and so
+        # does this model for the doors that cannot ask (OpenAI's body).
+        cls.add_model("distilbert", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.add_model("distilbert-raw", "encoder {}\n", {"modules.json": raw_modules})
+        hub = cls.add_model("distilbert-hub", "encoder {}\n", link_weights=False)
+        dim = cls.golden["config"]["dim"]
+        vocab = cls.golden["config"]["vocab_size"]
+        rng = np.random.default_rng(0)
+        write_prefixed_checkpoint(
+            os.path.join(cls.source, "model.safetensors"),
+            os.path.join(hub, "model.safetensors"), "distilbert.",
+            {"vocab_transform.weight": rng.standard_normal((dim, dim)),
+             "vocab_transform.bias": rng.standard_normal(dim),
+             "vocab_layer_norm.weight": rng.standard_normal(dim),
+             "vocab_layer_norm.bias": rng.standard_normal(dim),
+             "vocab_projector.bias": rng.standard_normal(vocab)})
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("distilbert")
+        self.assert_golden(self.encode("distilbert-hub"))
+        self.assert_golden(self.encode("distilbert-raw"), "unnormalized")
         model = self.v1.GetModel(attention_pb2.GetModelRequest(name="distilbert"),
                                  timeout=60).model
         self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_DISTILBERT)
@@ -193,16 +232,81 @@ class DistilBertTest(unittest.TestCase):
         }
         for name, (replaced, pbtxt, words) in cases.items():
             with self.subTest(case=name):
-                model = f"bad-{name}"
-                self.add_model(model, pbtxt, replaced)
-                status, reply = stubs.post_json(
-                    f"{self.http}/v2/repository/models/{model}/load", {})
-                self.assertEqual(status, 400, reply)
-                for word in words:
-                    self.assertIn(word, reply["error"])
-                shutil.rmtree(os.path.join(self.repository.name, model))
+                self.load_refused(f"bad-{name}", pbtxt, replaced, words)
         # The server still serves.
         self.assert_golden(self.encode("distilbert"))
+
+
+class RobertaTest(FamilyServer):
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("roberta_tiny")
+        cls.add_model("roberta", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("roberta")
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="roberta"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_ROBERTA)
+        self.assertEqual(model.encoder.position_offset, 2)
+        self.assertEqual(model.encoder.max_positions, 64)
+
+    def test_positions_that_leave_no_room_after_the_padding_index_are_refused(self):
+        config = self.read_json("config.json")
+        self.load_refused("bad-positions", "encoder {}\n",
+                          {"config.json": dict(config, max_position_embeddings=2)},
+                          ["max_position_embeddings 2", "pad_token_id 1"])
+        self.load_refused("bad-padding", "encoder {}\n",
+                          {"config.json": dict(config, pad_token_id=-3)},
+                          ["pad_token_id must be an integer in [0, 2^20], got -3"])
+        self.assert_golden(self.encode("roberta"))
+
+
+class XlmRobertaTest(FamilyServer):
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("xlmr_tiny")
+        cls.add_model("xlmr", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        with open(os.path.join(DATA, "xlmr_reranker_tiny.golden.json"),
+                  encoding="utf-8") as f:
+            cls.reranker = json.load(f)
+        reranker = os.path.join(cls.repository.name, "xlmr-reranker")
+        os.mkdir(reranker)
+        for name in os.listdir(os.path.join(DATA, "xlmr_reranker_tiny")):
+            os.symlink(os.path.join(DATA, "xlmr_reranker_tiny", name),
+                       os.path.join(reranker, name))
+        with open(os.path.join(reranker, "config.pbtxt"), "w") as f:
+            f.write("encoder { max_text_tokens: %d }\n" % cls.reranker["max_length"])
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("xlmr")
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="xlmr"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.pooling, attention_pb2.EncoderConfig.POOLING_CLS)
+
+    def test_the_reranker_scores_as_cross_encoder_through_cohere(self):
+        import cohere
+        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
+        reply = client.rerank(model="xlmr-reranker", query=self.reranker["query"],
+                              documents=self.reranker["documents"])
+        scores = [0.0] * len(self.reranker["documents"])
+        for result in reply.results:
+            scores[result.index] = result.relevance_score
+        np.testing.assert_allclose(scores, self.reranker["scores"], atol=TOLERANCE, rtol=0)
+        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="xlmr-reranker", text=[self.reranker["query"]] * len(scores),
+            text_pair=self.reranker["documents"], truncate=True, return_token_ids=True,
+            raw_scores=True), timeout=60)
+        ids, start = [], 0
+        for length in pairs.lengths:
+            ids.append(list(pairs.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, self.reranker["token_ids"])
+        logits = np.frombuffer(pairs.scores.raw, "<f4").reshape(-1)
+        np.testing.assert_allclose(logits, np.asarray(self.reranker["logits"]).reshape(-1),
+                                   atol=TOLERANCE, rtol=0)
 
 
 if __name__ == "__main__":
