@@ -3,6 +3,7 @@ inputs of each format, so the fuzzers start from the interesting paths.
 
 usage: build/venv/bin/python tests/fuzz/make_seeds.py REPO_ROOT
 """
+import base64
 import io
 import json
 import os
@@ -169,6 +170,80 @@ def tokenizer_inputs():
     write("tokenizer", "tokenizer_json", b"\x01" + json.dumps(spec).encode())
 
 
+def pipeline_tokenizer_inputs():
+    """Byte 0 % 3: texts for the six tokenizers of tests/data/tokenizers (0; pairs split
+    at 0xFF), small tokenizer.json files with each part the reader knows (1), and XLM-R's
+    real precompiled charsmap with a text to normalize (2)."""
+    path = os.path.join(ROOT, "tests", "data", "tokenizers", "xlmr_spm", "adversarial.jsonl")
+    with open(path, encoding="utf-8") as f:
+        items = [json.loads(line) for line in f][1:]
+    for i, item in enumerate(items[::12]):
+        data = item["text"].encode()[:256]
+        if "pair" in item:
+            data += b"\xff" + item["pair"].encode()[:256]
+        write("pipeline_tokenizer", f"text_{i:02d}", bytes([(i * 3 * 4) % 255]) + data)
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "a": 4, "b": 5, "ab": 6,
+             "\u0120": 7, "\u0120a": 8, "\u2581": 9, "\u2581a": 10, "<0x41>": 11}
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                           {"Sequence": {"id": "A", "type_id": 0}},
+                           {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                         {"Sequence": {"id": "A", "type_id": 0}},
+                         {"SpecialToken": {"id": "</s>", "type_id": 0}},
+                         {"Sequence": {"id": "B", "type_id": 1}},
+                         {"SpecialToken": {"id": "</s>", "type_id": 1}}],
+                "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]}
+                                   for t in ("<s>", "</s>")}}
+    added = [{"id": vocab[t], "content": t, "special": True, "normalized": False,
+              "single_word": False, "lstrip": t == "</s>", "rstrip": False}
+             for t in ("<s>", "<pad>", "</s>", "<unk>")]
+    specs = {
+        "bpe_bytelevel": {
+            "normalizer": None,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": True,
+                              "trim_offsets": True, "use_regex": True},
+            "model": {"type": "BPE", "vocab": vocab, "merges": [["a", "b"], ["\u0120", "a"]],
+                      "unk_token": "<unk>", "byte_fallback": True, "fuse_unk": True},
+            "post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 2],
+                               "cls": ["<s>", 0], "trim_offsets": True,
+                               "add_prefix_space": True}},
+        "unigram_normalizers": {
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "NFKC"}, {"type": "Lowercase"}, {"type": "StripAccents"},
+                {"type": "Strip", "strip_left": True, "strip_right": False},
+                {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "},
+                {"type": "Prepend", "prepend": "\u2581"}, {"type": "Nmt"}]},
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "WhitespaceSplit"}, {"type": "Punctuation", "behavior": "Isolated"},
+                {"type": "Digits", "individual_digits": True},
+                {"type": "Split", "pattern": {"String": "b"}, "behavior": "MergedWithNext",
+                 "invert": False},
+                {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                 "split": True}]},
+            "model": {"type": "Unigram", "unk_id": 3, "byte_fallback": True,
+                      "vocab": [[t, -float(i)] for t, i in vocab.items()]},
+            "post_processor": template, "added_tokens": added},
+        "wordpiece_whitespace": {
+            "normalizer": {"type": "NFD"},
+            "pre_tokenizer": {"type": "Whitespace"},
+            "model": {"type": "WordPiece", "unk_token": "<unk>",
+                      "continuing_subword_prefix": "##", "max_input_chars_per_word": 5,
+                      "vocab": dict(vocab, **{"##b": 12})},
+            "post_processor": {"type": "BertProcessing", "sep": ["</s>", 2],
+                               "cls": ["<s>", 0]}},
+    }
+    for name, spec in specs.items():
+        write("pipeline_tokenizer", f"json_{name}", b"\x01" + json.dumps(spec).encode())
+    with open(os.path.join(ROOT, "tests", "data", "tokenizers", "xlmr_spm",
+                           "tokenizer.json"), encoding="utf-8") as f:
+        charsmap = base64.b64decode(
+            json.load(f)["normalizer"]["precompiled_charsmap"])
+    write("pipeline_tokenizer", "charsmap",
+          b"\x02" + struct.pack("<I", len(charsmap)) + charsmap +
+          "Ｈｅｌｌｏ ﬁ ①  x\u0301 \u0c48".encode())
+
+
 def embeddings_bodies():
     """Byte 0 % 5 picks the API: OpenAI, TEI /embed, TEI /rerank, TEI /predict,
     Cohere/Jina rerank."""
@@ -247,6 +322,7 @@ def heads_page():
 if __name__ == "__main__":
     embeddings_bodies()
     tokenizer_inputs()
+    pipeline_tokenizer_inputs()
     requests()
     safetensors()
     configs()
