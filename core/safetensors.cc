@@ -1,5 +1,10 @@
 #include "core/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -190,7 +195,7 @@ absl::StatusOr<std::string> SerializeSafetensors(
   return out;
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
+absl::StatusOr<SafetensorsFile> SafetensorsFile::ParseView(absl::string_view bytes) {
   if (bytes.size() < 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("truncated file: ", bytes.size(),
@@ -319,34 +324,56 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
         absl::StrCat("the data section has ", data_size - covered,
                      " trailing bytes that no tensor's data_offsets cover"));
   }
-  file.bytes_ = std::move(bytes);
   return file;
 }
 
+absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
+  ATTN_ASSIGN_OR_RETURN(SafetensorsFile file, ParseView(bytes));
+  file.owned_ = std::move(bytes);
+  return file;
+}
+
+SafetensorsFile::Mapping::~Mapping() { munmap(address, size); }
+
+void SafetensorsFile::Release(absl::string_view range) const {
+  if (mapping_ == nullptr || range.empty()) return;
+  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(range.data());
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + range.size()) / page * page;
+  // Pages of a private read-only mapping: dropped, they are read from the file again
+  // if ever touched.
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  if (!stream) {
-    return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
-  }
-  // Read at the file's size in one go: a growing string buffer doubled past it (134 MB
-  // held at once for an 87 MB file).
-  std::string contents;
-  stream.seekg(0, std::ios::end);
-  const std::streamoff size = stream.tellg();
-  stream.seekg(0, std::ios::beg);
-  if (size < 0 || !stream) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  struct stat info;
+  if (fstat(fd, &info) != 0 || info.st_size < 0) {
+    close(fd);
     return absl::DataLossError(absl::StrCat(path, ": cannot tell its size"));
   }
-  contents.resize(static_cast<size_t>(size));
-  if (!stream.read(contents.data(), size)) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": read ", stream.gcount(), " of ", size, " bytes"));
+  const auto size = static_cast<size_t>(info.st_size);
+  // Mapped, not read: the file's pages are the page cache's, read as the tensors are
+  // converted and dropped once they have been (Release), so that loading does not hold
+  // the file and the weights at once.
+  void* address =
+      size == 0 ? MAP_FAILED : mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (address == MAP_FAILED) {
+    if (size == 0) return Parse(std::string());
+    return absl::DataLossError(absl::StrCat(path, ": cannot map its ", size, " bytes"));
   }
-  absl::StatusOr<SafetensorsFile> file = Parse(std::move(contents));
+  // Owned from here on (no temporary Mapping, whose destructor would unmap).
+  std::shared_ptr<const Mapping> mapping(new Mapping{address, size});
+  absl::StatusOr<SafetensorsFile> file =
+      ParseView(absl::string_view(static_cast<const char*>(address), size));
   if (!file.ok()) {
     return absl::Status(file.status().code(),
                         absl::StrCat(path, ": ", file.status().message()));
   }
+  file->mapping_ = std::move(mapping);
   return file;
 }
 
@@ -362,8 +389,12 @@ std::vector<std::string> SafetensorsFile::Names() const {
 }
 
 absl::string_view SafetensorsFile::Data(const Tensor& tensor) const {
-  return absl::string_view(bytes_).substr(data_offset_ + tensor.data_begin,
-                                          tensor.data_end - tensor.data_begin);
+  const absl::string_view bytes =
+      mapping_ != nullptr
+          ? absl::string_view(static_cast<const char*>(mapping_->address), mapping_->size)
+          : absl::string_view(owned_);
+  return bytes.substr(data_offset_ + tensor.data_begin,
+                      tensor.data_end - tensor.data_begin);
 }
 
 absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
@@ -379,22 +410,30 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
         ", found ", ShapeString(tensor->shape)));
   }
   const absl::string_view data = Data(*tensor);
-  std::vector<float> values;
-  if (tensor->dtype == "F32") {
-    values.resize(data.size() / 4);
-    std::memcpy(values.data(), data.data(), data.size());
-  } else if (tensor->dtype == "BF16") {
-    values.resize(data.size() / 2);
-    for (size_t i = 0; i < values.size(); ++i) {
-      const uint16_t bits =
-          static_cast<uint16_t>(static_cast<unsigned char>(data[2 * i]) |
-                                (static_cast<unsigned char>(data[2 * i + 1]) << 8));
-      values[i] = Bf16ToFloat(bits);
-    }
-  } else {
+  if (tensor->dtype != "F32" && tensor->dtype != "BF16") {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "' has wrong dtype: expected F32 or BF16, found ",
                      tensor->dtype));
+  }
+  const size_t element = tensor->dtype == "F32" ? 4 : 2;
+  std::vector<float> values(data.size() / element);
+  // In chunks, each chunk's source pages released once converted: a big tensor (an
+  // embedding table) is never held twice.
+  constexpr size_t kChunk = size_t{8} << 20;
+  for (size_t at = 0; at < data.size(); at += kChunk) {
+    const absl::string_view chunk = data.substr(at, kChunk);
+    float* out = values.data() + at / element;
+    if (element == 4) {
+      std::memcpy(out, chunk.data(), chunk.size());
+    } else {
+      for (size_t i = 0; i < chunk.size() / 2; ++i) {
+        const uint16_t bits =
+            static_cast<uint16_t>(static_cast<unsigned char>(chunk[2 * i]) |
+                                  (static_cast<unsigned char>(chunk[2 * i + 1]) << 8));
+        out[i] = Bf16ToFloat(bits);
+      }
+    }
+    Release(chunk);
   }
   return values;
 }

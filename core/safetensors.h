@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,8 +52,9 @@ class SafetensorsFile {
   // offsets.
   static absl::StatusOr<SafetensorsFile> Parse(std::string bytes);
 
-  // Reads and parses the file at `path`. NotFound when it cannot be opened; otherwise as
-  // Parse, with the path prefixed to the message.
+  // Maps and parses the file at `path` (read-only; the pages are read as tensors are).
+  // NotFound when it cannot be opened; otherwise as Parse, with the path prefixed to
+  // the message.
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path);
 
   // The tensor called `name`, or nullptr.
@@ -66,7 +68,9 @@ class SafetensorsFile {
 
   // Copies tensor `name` as float32, converting from F32 or BF16. `expected_shape`, when
   // not empty, must match exactly. NotFound (naming the tensor) when absent;
-  // InvalidArgument for another dtype or a different shape (expected vs found).
+  // InvalidArgument for another dtype or a different shape (expected vs found). A
+  // mapped file's pages of the tensor are released as they are converted (read again
+  // from the file if the tensor is read again).
   absl::StatusOr<std::vector<float>> ReadFloat32(
       absl::string_view name, absl::Span<const int64_t> expected_shape = {}) const;
 
@@ -74,10 +78,24 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
+  // A read-only private mapping of the file, unmapped with its last holder.
+  struct Mapping {
+    void* address;
+    size_t size;
+    ~Mapping();
+    Mapping(const Mapping&) = delete;
+    Mapping& operator=(const Mapping&) = delete;
+  };
   SafetensorsFile() = default;
+  // Parse's checks on `bytes`, which the caller then keeps alive in owned_ or mapping_.
+  static absl::StatusOr<SafetensorsFile> ParseView(absl::string_view bytes);
+  // Drops the mapped pages wholly inside `range` (nothing for owned bytes).
+  void Release(absl::string_view range) const;
 
-  std::string bytes_;
-  uint64_t data_offset_ = 0;  // where the data section starts in bytes_
+  // The file's bytes: owned (Parse) or mapped (Read).
+  std::string owned_;
+  std::shared_ptr<const Mapping> mapping_;
+  uint64_t data_offset_ = 0;  // where the data section starts in the bytes
   std::map<std::string, Tensor, std::less<>> tensors_;
   std::map<std::string, std::string> metadata_;
 };

@@ -165,8 +165,9 @@ absl::Span<const int64_t> EncoderSpec::PrunedHeads(int64_t layer) const {
 
 absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   const int64_t d = spec.d_model;
+  if (word_embeddings == nullptr) return Invalid("word_embeddings is not set");
   ATTN_RETURN_IF_ERROR(
-      CheckSize(word_embeddings, spec.vocab_size * d, "word_embeddings"));
+      CheckSize(*word_embeddings, spec.vocab_size * d, "word_embeddings"));
   ATTN_RETURN_IF_ERROR(
       CheckSize(position_embeddings, spec.max_positions * d, "position_embeddings"));
   ATTN_RETURN_IF_ERROR(CheckSize(token_type_embeddings, spec.type_vocab_size * d,
@@ -318,8 +319,10 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     return file.ReadFloat32(full, shape);
   };
   EncoderWeights weights;
-  ATTN_ASSIGN_OR_RETURN(weights.word_embeddings,
+  ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
                         read("embeddings.word_embeddings.weight", {spec.vocab_size, d}));
+  weights.word_embeddings =
+      std::make_shared<const std::vector<float>>(std::move(word_embeddings));
   // RoBERTa's first rows (the padding index and those before it) are never read.
   ATTN_ASSIGN_OR_RETURN(weights.position_embeddings,
                         read("embeddings.position_embeddings.weight",
@@ -1000,7 +1003,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     for (const int64_t length : batch.lengths) {
       for (int64_t position = 0; position < length; ++position, ++t) {
         const int64_t type = batch.token_types.empty() ? 0 : batch.token_types[t];
-        const float* word = &weights.word_embeddings[batch.token_ids[t] * d];
+        const float* word = &(*weights.word_embeddings)[batch.token_ids[t] * d];
         const float* where = &weights.position_embeddings[position * d];
         const float* kind = &weights.token_type_embeddings[type * d];
         for (int64_t c = 0; c < d; ++c) sum[t * d + c] = word[c] + where[c] + kind[c];

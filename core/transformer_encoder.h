@@ -116,7 +116,9 @@ struct EncoderLayerWeights {
 };
 
 struct EncoderWeights {
-  std::vector<float> word_embeddings;        // [vocab_size, d]
+  // [vocab_size, d]; read-only, shared by every copy of the weights (the instances of
+  // a model): a big vocabulary's table (XLM-R's 250,002 rows) is most of a small model.
+  std::shared_ptr<const std::vector<float>> word_embeddings;
   std::vector<float> position_embeddings;    // [max_positions, d]
   std::vector<float> token_type_embeddings;  // [type_vocab_size, d]
   // Post-LN only ([d]; empty for pre-LN).

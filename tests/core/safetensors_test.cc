@@ -1,7 +1,9 @@
 #include "core/safetensors.h"
 
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -196,6 +198,37 @@ TEST(SafetensorsTest, EntryWithoutFieldsIsRejected) {
                 "tensor 'a': missing string field 'dtype'");
   ExpectInvalid(RawFile(R"({"a":{"dtype":"F32","shape":[1]}})", FloatBytes({1})),
                 "missing field 'data_offsets'");
+}
+
+// A file is mapped, not read; a tensor's pages are dropped once converted (several
+// chunks' worth here) and read from the file again when asked for again; the mapping
+// outlives the file's name and every copy of the object.
+TEST(SafetensorsTest, MappedFileReadsTensorsAgainAfterReleasingThem) {
+  std::vector<float> big(5 << 20);  // 20 MiB: more than two conversion chunks
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 9973) - 17.5f;
+  std::string data(big.size() * 4, '\0');
+  std::memcpy(data.data(), big.data(), data.size());
+  const std::vector<SafetensorsEntry> entries = {
+      {"big", "F32", {static_cast<int64_t>(big.size())}, data},
+      {"small", "BF16", {2}, std::string("\x80\x3f\x00\xc0", 4)},
+  };
+  const std::string path = ::testing::TempDir() + "/mapped.safetensors";
+  {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(out, nullptr);
+    const std::string bytes = *SerializeSafetensors(entries);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), out), bytes.size());
+    std::fclose(out);
+  }
+  absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(std::remove(path.c_str()), 0);  // the mapping keeps the bytes
+  EXPECT_EQ(*file->ReadFloat32("big"), big);
+  EXPECT_EQ(*file->ReadFloat32("big"), big);
+  const SafetensorsFile copy = *file;
+  file = absl::UnknownError("gone");
+  EXPECT_EQ(*copy.ReadFloat32("big"), big);
+  EXPECT_THAT(*copy.ReadFloat32("small"), ::testing::ElementsAre(1.0f, -2.0f));
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {
