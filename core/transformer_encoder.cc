@@ -1102,14 +1102,36 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   for (int64_t i = 0; i < sequences; ++i) {
     const int64_t length = batch.lengths[i];
     float* out = &pooled[i * d];
-    if (spec_.pooling == EncoderSpec::Pooling::kCls) {
-      std::memcpy(out, &last[first * d], static_cast<size_t>(d) * sizeof(float));
-    } else {
-      // The mean over the sequence's tokens, summed in double.
-      for (int64_t c = 0; c < d; ++c) {
-        double sum = 0.0;
-        for (int64_t t = first; t < first + length; ++t) sum += last[t * d + c];
-        out[c] = static_cast<float>(sum / static_cast<double>(length));
+    switch (spec_.pooling) {
+      case EncoderSpec::Pooling::kCls:
+      case EncoderSpec::Pooling::kLastToken: {
+        const int64_t token =
+            spec_.pooling == EncoderSpec::Pooling::kCls ? first : first + length - 1;
+        std::memcpy(out, &last[token * d], static_cast<size_t>(d) * sizeof(float));
+        break;
+      }
+      case EncoderSpec::Pooling::kMax:
+        std::memcpy(out, &last[first * d], static_cast<size_t>(d) * sizeof(float));
+        for (int64_t t = first + 1; t < first + length; ++t) {
+          for (int64_t c = 0; c < d; ++c) out[c] = std::max(out[c], last[t * d + c]);
+        }
+        break;
+      default: {
+        // Sums in double: by 1 (mean, mean over the square root of the length) or by
+        // the position (weighted mean).
+        const bool weighted = spec_.pooling == EncoderSpec::Pooling::kWeightedMean;
+        const auto n = static_cast<double>(length);
+        const double divisor = weighted ? n * (n + 1.0) / 2.0
+                               : spec_.pooling == EncoderSpec::Pooling::kMeanSqrtLen
+                                   ? std::sqrt(n)
+                                   : n;
+        for (int64_t c = 0; c < d; ++c) {
+          double sum = 0.0;
+          for (int64_t t = 0; t < length; ++t) {
+            sum += (weighted ? static_cast<double>(t + 1) : 1.0) * last[(first + t) * d + c];
+          }
+          out[c] = static_cast<float>(sum / divisor);
+        }
       }
     }
     if (spec_.normalize) {

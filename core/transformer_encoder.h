@@ -61,9 +61,12 @@ struct EncoderSpec {
   int64_t max_positions = 512;    // learned absolute positions, >= 1
   int64_t vocab_size = 0;         // >= 1
   int64_t type_vocab_size = 2;    // >= 1
-  // How the pooled embedding is made from a sequence's last hidden state: the mean
-  // over its tokens, its first token ([CLS]), or none (only hidden states come out).
-  enum class Pooling { kMean, kCls, kNone };
+  // How the pooled embedding is made from a sequence's last hidden state, as
+  // sentence-transformers' Pooling does: the mean over its tokens, its first token
+  // ([CLS]), none (only hidden states come out), the element-wise maximum, the sum over
+  // the square root of the length, the mean weighted by position (token i weighs
+  // i + 1), or its last token.
+  enum class Pooling { kMean, kCls, kNone, kMax, kMeanSqrtLen, kWeightedMean, kLastToken };
   Pooling pooling = Pooling::kMean;
   // L2-normalize the pooled embedding (sentence-transformers' Normalize module).
   bool normalize = false;

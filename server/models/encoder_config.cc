@@ -356,32 +356,47 @@ absl::StatusOr<v1::EncoderConfig::Pooling> PoolingMode(const std::string& poolin
   constexpr absl::string_view kFile = "1_Pooling/config.json";
   ATTN_ASSIGN_OR_RETURN(const Json pooling, Parse(pooling_json, kFile));
   if (!pooling.is_object()) return Invalid("1_Pooling/config.json: must be an object");
+  // sentence-transformers' names: the 6.x "pooling_mode" values and the older flags.
+  struct Mode {
+    const char* name;
+    const char* flag;
+    v1::EncoderConfig::Pooling pooling;
+  };
+  constexpr Mode kModes[] = {
+      {"cls", "pooling_mode_cls_token", v1::EncoderConfig::POOLING_CLS},
+      {"max", "pooling_mode_max_tokens", v1::EncoderConfig::POOLING_MAX},
+      {"mean", "pooling_mode_mean_tokens", v1::EncoderConfig::POOLING_MEAN},
+      {"mean_sqrt_len_tokens", "pooling_mode_mean_sqrt_len_tokens",
+       v1::EncoderConfig::POOLING_MEAN_SQRT_LEN},
+      {"weightedmean", "pooling_mode_weightedmean_tokens",
+       v1::EncoderConfig::POOLING_WEIGHTED_MEAN},
+      {"lasttoken", "pooling_mode_lasttoken", v1::EncoderConfig::POOLING_LAST_TOKEN},
+  };
   if (pooling.contains("pooling_mode")) {
-    ATTN_ASSIGN_OR_RETURN(const std::string mode,
-                          Text(pooling, "pooling_mode", "", kFile));
-    if (mode == "mean") return v1::EncoderConfig::POOLING_MEAN;
-    if (mode == "cls") return v1::EncoderConfig::POOLING_CLS;
-    return Invalid(absl::StrCat(kFile, ": pooling_mode \"", mode,
-                                "\" is not served (served: mean, cls)"));
-  }
-  ATTN_ASSIGN_OR_RETURN(const bool cls, Flag(pooling, "pooling_mode_cls_token", kFile));
-  ATTN_ASSIGN_OR_RETURN(const bool mean,
-                        Flag(pooling, "pooling_mode_mean_tokens", kFile));
-  for (const char* mode :
-       {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-        "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"}) {
-    ATTN_ASSIGN_OR_RETURN(const bool on, Flag(pooling, mode, kFile));
-    if (on) {
-      return Invalid(absl::StrCat(kFile, ": ", mode,
-                                  " is not served (served: mean tokens, CLS token)"));
+    if (!pooling["pooling_mode"].is_string()) {
+      return Invalid(absl::StrCat(kFile, ": pooling_mode must be one mode's name, got ",
+                                  Shown(pooling["pooling_mode"]),
+                                  " (several modes concatenated are not served)"));
     }
+    const std::string mode = pooling["pooling_mode"].get<std::string>();
+    for (const Mode& each : kModes) {
+      if (mode == each.name) return each.pooling;
+    }
+    return Invalid(absl::StrCat(kFile, ": pooling_mode \"", mode,
+                                "\" is not served (served: cls, max, mean, "
+                                "mean_sqrt_len_tokens, weightedmean, lasttoken)"));
   }
-  if (cls == mean) {
-    return Invalid(absl::StrCat(kFile,
-                                ": exactly one of pooling_mode_cls_token and "
-                                "pooling_mode_mean_tokens must be true"));
+  std::vector<const Mode*> on;
+  for (const Mode& each : kModes) {
+    ATTN_ASSIGN_OR_RETURN(const bool set, Flag(pooling, each.flag, kFile));
+    if (set) on.push_back(&each);
   }
-  return cls ? v1::EncoderConfig::POOLING_CLS : v1::EncoderConfig::POOLING_MEAN;
+  if (on.size() != 1) {
+    return Invalid(absl::StrCat(
+        kFile, ": exactly one pooling_mode_* flag must be true, and ", on.size(),
+        " are (several modes concatenated are not served)"));
+  }
+  return on[0]->pooling;
 }
 
 absl::Status ApplySentenceTransformers(const EncoderFiles& files,
@@ -510,18 +525,35 @@ absl::Status ApplyTask(const Json& json, const EncoderFiles& files,
   return absl::OkStatus();
 }
 
-// max_text_tokens: config.pbtxt's, else sentence-transformers' max_seq_length, else
+// max_text_tokens: config.pbtxt's, else sentence-transformers' max_seq_length
+// (sentence_bert_config.json's, or for a folder sentence-transformers 6 saved,
+// tokenizer_config.json's model_max_length, as sentence-transformers reads it), else
 // max_positions; never above max_positions (no position embedding exists past it).
 absl::Status ApplyTextLimit(const EncoderFiles& files, v1::ModelConfig* config) {
   v1::EncoderConfig* encoder = config->mutable_encoder();
   const int64_t positions = encoder->max_positions();
   if (encoder->max_text_tokens() == 0) {
     int64_t limit = positions;
+    bool found = false;
     if (!files.sentence_bert_json.empty()) {
       constexpr absl::string_view kFile = "sentence_bert_config.json";
       ATTN_ASSIGN_OR_RETURN(const Json json, Parse(files.sentence_bert_json, kFile));
       if (!json.is_object()) return Invalid(absl::StrCat(kFile, ": must be an object"));
-      ATTN_ASSIGN_OR_RETURN(limit, Count(json, "max_seq_length", positions, kFile));
+      found = json.contains("max_seq_length") && !json["max_seq_length"].is_null();
+      if (found) {
+        ATTN_ASSIGN_OR_RETURN(limit, Count(json, "max_seq_length", positions, kFile));
+      }
+    }
+    if (!found && !files.tokenizer_config_json.empty()) {
+      constexpr absl::string_view kFile = "tokenizer_config.json";
+      ATTN_ASSIGN_OR_RETURN(const Json json, Parse(files.tokenizer_config_json, kFile));
+      if (!json.is_object()) return Invalid(absl::StrCat(kFile, ": must be an object"));
+      // transformers writes a huge number (1e30) for "no limit": then the positions
+      // decide.
+      if (const auto it = json.find("model_max_length"); it != json.end()) {
+        const std::optional<int64_t> value = core::JsonInt64(*it);
+        if (value && *value >= 2 && *value < positions) limit = *value;
+      }
     }
     encoder->set_max_text_tokens(std::min(limit, positions));
   }
@@ -631,6 +663,18 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       break;
     case v1::EncoderConfig::POOLING_NONE:
       spec.pooling = core::EncoderSpec::Pooling::kNone;
+      break;
+    case v1::EncoderConfig::POOLING_MAX:
+      spec.pooling = core::EncoderSpec::Pooling::kMax;
+      break;
+    case v1::EncoderConfig::POOLING_MEAN_SQRT_LEN:
+      spec.pooling = core::EncoderSpec::Pooling::kMeanSqrtLen;
+      break;
+    case v1::EncoderConfig::POOLING_WEIGHTED_MEAN:
+      spec.pooling = core::EncoderSpec::Pooling::kWeightedMean;
+      break;
+    case v1::EncoderConfig::POOLING_LAST_TOKEN:
+      spec.pooling = core::EncoderSpec::Pooling::kLastToken;
       break;
     default:
       spec.pooling = core::EncoderSpec::Pooling::kMean;

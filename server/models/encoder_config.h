@@ -22,6 +22,9 @@ struct EncoderFiles {
   std::string sentence_bert_json;  // sentence_bert_config.json (max_seq_length)
   // config_sentence_transformers.json (a CrossEncoder's activation_fn)
   std::string sentence_transformers_json;
+  // tokenizer_config.json (model_max_length: sentence-transformers 6 keeps
+  // max_seq_length there)
+  std::string tokenizer_config_json;
 };
 
 // Fills the unset fields of `config` (d_model, num_heads and `config->encoder()`) from

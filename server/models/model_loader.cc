@@ -189,6 +189,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
                         ReadOptionalFile(folder / "sentence_bert_config.json"));
   ATTN_ASSIGN_OR_RETURN(files.sentence_transformers_json,
                         ReadOptionalFile(folder / "config_sentence_transformers.json"));
+  ATTN_ASSIGN_OR_RETURN(files.tokenizer_config_json,
+                        ReadOptionalFile(folder / "tokenizer_config.json"));
   ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));
   ATTN_ASSIGN_OR_RETURN(core::EncoderSpec spec, EncoderSpecFromConfig(config));
   spec.precision = ToCorePrecision(config.precision());

@@ -30,6 +30,14 @@ its precompiled charsmap, read from tokenizer.json):
   client, against CrossEncoder.predict's scores (1e-5), pairs cut longest-first;
 - a config whose max_position_embeddings leaves no room after pad_token_id, refused.
 
+sentence-transformers' pooling modes (tests/data/pooling_modes.golden.json,
+tests/tools/make_pooling_golden.py): roberta_tiny with 1_Pooling/config.json in each mode
+(cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken; the older flags and
+sentence-transformers 6's "pooling_mode" name) against Pooling's own output (1e-5);
+the folder sentence-transformers 6 saves itself (its max_seq_length only in
+tokenizer_config.json's model_max_length) through the openai client; several modes at
+once, refused by name.
+
 usage: families_test.py ATTNSERVE REPO_ROOT
 """
 import json
@@ -307,6 +315,91 @@ class XlmRobertaTest(FamilyServer):
         logits = np.frombuffer(pairs.scores.raw, "<f4").reshape(-1)
         np.testing.assert_allclose(logits, np.asarray(self.reranker["logits"]).reshape(-1),
                                    atol=TOLERANCE, rtol=0)
+
+
+
+class PoolingTest(FamilyServer):
+    LEGACY = {"cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens",
+              "mean": "pooling_mode_mean_tokens",
+              "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+              "weightedmean": "pooling_mode_weightedmean_tokens",
+              "lasttoken": "pooling_mode_lasttoken"}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("roberta_tiny")
+        with open(os.path.join(DATA, "pooling_modes.golden.json"), encoding="utf-8") as f:
+            cls.pooling = json.load(f)
+        plain = [m for m in cls.read_json("modules.json")
+                 if not m["type"].endswith("Normalize")]
+        for i, mode in enumerate(cls.pooling["modes"]):
+            # Every other mode in sentence-transformers 6's form, the rest as flags.
+            if i % 2:
+                pooling = {"word_embedding_dimension": 32, "pooling_mode": mode}
+            else:
+                pooling = {"word_embedding_dimension": 32,
+                           **{flag: name == mode for name, flag in cls.LEGACY.items()}}
+            cls.add_model(f"pool-{mode}", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                          {"modules.json": plain, "1_Pooling/config.json": pooling})
+        st6 = cls.add_model("st6", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                            {"1_Pooling/config.json": {}})
+        for name, text in cls.pooling["st6"]["files"].items():
+            path = os.path.join(st6, name)
+            if os.path.islink(path):
+                os.unlink(path)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+        cls.start()
+
+    @classmethod
+    def add_model(cls, model, config, replaced=None, link_weights=True):
+        replaced = dict(replaced or {})
+        pooling = replaced.pop("1_Pooling/config.json", None)
+        folder = super().add_model(model, config, replaced, link_weights)
+        if pooling is not None:
+            os.unlink(os.path.join(folder, "1_Pooling"))
+            os.mkdir(os.path.join(folder, "1_Pooling"))
+            with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
+                json.dump(pooling, f)
+        return folder
+
+    def test_each_mode_pools_as_sentence_transformers(self):
+        for mode, want in self.pooling["modes"].items():
+            with self.subTest(mode=mode):
+                reply = self.v1.Encode(attention_pb2.EncodeRequest(
+                    model=f"pool-{mode}", text=self.pooling["texts"]), timeout=60)
+                got = np.frombuffer(reply.embedding.raw, "<f4").reshape(
+                    tuple(reply.embedding.shape))
+                np.testing.assert_allclose(got, np.asarray(want, np.float32),
+                                           atol=TOLERANCE, rtol=0)
+
+    def test_a_folder_sentence_transformers_6_saved_embeds_as_it_does(self):
+        golden = self.pooling["st6"]
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="st6"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.max_text_tokens, golden["max_seq_length"])
+        self.assertEqual(model.encoder.pooling,
+                         attention_pb2.EncoderConfig.POOLING_WEIGHTED_MEAN)
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        reply = client.embeddings.create(model="st6", input=self.pooling["texts"])
+        got = np.asarray([item.embedding for item in reply.data], np.float32)
+        want = np.asarray(golden["embeddings"], np.float32)
+        self.assertGreaterEqual(float(cosines(got, want).min()), COSINE)
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+
+    def test_several_modes_at_once_are_refused(self):
+        both = {"word_embedding_dimension": 32, "pooling_mode_cls_token": True,
+                "pooling_mode_max_tokens": True}
+        self.load_refused("bad-two-flags", "encoder {}\n", {"1_Pooling/config.json": both},
+                          ["exactly one pooling_mode_* flag", "2 are"])
+        listed = {"pooling_mode": ["cls", "max"]}
+        self.load_refused("bad-two-names", "encoder {}\n",
+                          {"1_Pooling/config.json": listed},
+                          ["pooling_mode must be one mode's name"])
+        self.load_refused("bad-name", "encoder {}\n",
+                          {"1_Pooling/config.json": {"pooling_mode": "median"}},
+                          ["pooling_mode \"median\" is not served"])
 
 
 if __name__ == "__main__":

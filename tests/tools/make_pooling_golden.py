@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Writes what sentence-transformers' Pooling makes of the seeded RoBERTa model of
+tests/data/roberta_tiny (tests/tools/make_roberta_golden.py) in each of its modes, for
+the tests of attnserve's pooling modes; and what a folder sentence-transformers 6 saves
+itself looks like and embeds.
+
+Run with the peers venv (`deploy/install-deps.sh --peers build/peers-venv` makes it):
+  build/peers-venv/bin/python tests/tools/make_pooling_golden.py tests/data
+
+Writes tests/data/pooling_modes.golden.json:
+- "texts": roberta_tiny.golden.json's texts;
+- "modes": for each mode sentence-transformers 6 knows (cls, max, mean,
+  mean_sqrt_len_tokens, weightedmean, lasttoken), the embeddings of
+  SentenceTransformer([Transformer(roberta_tiny, max_seq_length=64), Pooling(mode)])
+  .encode(texts) (no Normalize), rounded to 8 significant digits;
+- "st6": the model saved by sentence-transformers 6 itself with max_seq_length 16 and
+  weightedmean pooling, then loaded back: the text of each small file it wrote
+  (modules.json, sentence_bert_config.json, 1_Pooling/config.json, tokenizer_config.json,
+  config_sentence_transformers.json) and the embeddings of that load (normalized, as
+  its Normalize module makes them), with the token ids it fed the model;
+- the versions used.
+"""
+import json
+import os
+import sys
+import tempfile
+
+import sentence_transformers
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer, models
+
+OUT = sys.argv[1]
+SOURCE = os.path.join(OUT, "roberta_tiny")
+MODES = ["cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken"]
+ST6_FILES = ["modules.json", "sentence_bert_config.json", "1_Pooling/config.json",
+             "tokenizer_config.json", "config_sentence_transformers.json"]
+
+
+def rounded(array):
+    return [[float(f"{v:.8g}") for v in row] for row in array.tolist()]
+
+
+def main():
+    torch.manual_seed(0)
+    with open(os.path.join(OUT, "roberta_tiny.golden.json"), encoding="utf-8") as f:
+        texts = json.load(f)["texts"]
+    golden = {"source": "tests/data/roberta_tiny", "texts": texts, "modes": {}}
+    for mode in MODES:
+        transformer = models.Transformer(SOURCE, max_seq_length=64)
+        pooling = models.Pooling(transformer.get_embedding_dimension(),
+                                 pooling_mode=mode)
+        model = SentenceTransformer(modules=[transformer, pooling], device="cpu")
+        embeddings = model.encode(texts, batch_size=4, convert_to_numpy=True)
+        golden["modes"][mode] = rounded(embeddings)
+
+    transformer = models.Transformer(SOURCE, max_seq_length=16)
+    pooling = models.Pooling(transformer.get_embedding_dimension(),
+                             pooling_mode="weightedmean")
+    model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
+                                device="cpu")
+    with tempfile.TemporaryDirectory() as folder:
+        model.save(folder)
+        loaded = SentenceTransformer(folder, device="cpu")
+        assert loaded.max_seq_length == 16, loaded.max_seq_length
+        files = {}
+        for name in ST6_FILES:
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                with open(path, encoding="utf-8") as f:
+                    files[name] = f.read()
+        ids = [loaded.tokenize([text])["input_ids"][0].tolist() for text in texts]
+        embeddings = loaded.encode(texts, batch_size=4, convert_to_numpy=True)
+    golden["st6"] = {"files": files, "max_seq_length": 16, "token_ids": ids,
+                     "embeddings": rounded(embeddings)}
+    golden["versions"] = {"sentence-transformers": sentence_transformers.__version__,
+                          "transformers": transformers.__version__,
+                          "torch": torch.__version__}
+    with open(os.path.join(OUT, "pooling_modes.golden.json"), "w", encoding="utf-8") as f:
+        json.dump(golden, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
