@@ -127,7 +127,13 @@ class Regex {
   void FindAll(absl::string_view text,
                std::vector<std::pair<size_t, size_t>>* out) const {
     out->clear();
-    thread_local OnigRegion* region = onig_region_new();
+    // One match region per thread, freed with the thread.
+    struct Region {
+      OnigRegion* region = onig_region_new();
+      ~Region() { onig_region_free(region, 1); }
+    };
+    thread_local const Region owned;
+    OnigRegion* const region = owned.region;
     const auto* begin = reinterpret_cast<const OnigUChar*>(text.data());
     const auto* end = begin + text.size();
     size_t from = 0;
@@ -473,8 +479,9 @@ class PrecompiledNormalizer : public Normalizer {
  public:
   static absl::StatusOr<std::unique_ptr<PrecompiledNormalizer>> Parse(
       absl::string_view blob, absl::string_view where) {
-    if (blob.size() < 4)
+    if (blob.size() < 4) {
       return Invalid(where, "precompiled_charsmap is shorter than 4 bytes");
+    }
     uint32_t trie_bytes;
     std::memcpy(&trie_bytes, blob.data(), 4);
     if (trie_bytes % 4 != 0 || trie_bytes > blob.size() - 4) {
@@ -482,15 +489,13 @@ class PrecompiledNormalizer : public Normalizer {
                                          " bytes does not fit its ", blob.size(),
                                          " bytes in 4-byte units"));
     }
+    if (trie_bytes == 0) return Invalid(where, "precompiled_charsmap's trie is empty");
     auto normalizer = std::unique_ptr<PrecompiledNormalizer>(new PrecompiledNormalizer());
     normalizer->units_.resize(trie_bytes / 4);
     std::memcpy(normalizer->units_.data(), blob.data() + 4, trie_bytes);
     normalizer->pool_ = std::string(blob.substr(4 + trie_bytes));
     if (FirstInvalidUtf8(normalizer->pool_) >= 0) {
       return Invalid(where, "precompiled_charsmap's replacements are not valid UTF-8");
-    }
-    if (normalizer->units_.empty()) {
-      return Invalid(where, "precompiled_charsmap's trie is empty");
     }
     return normalizer;
   }
@@ -500,8 +505,13 @@ class PrecompiledNormalizer : public Normalizer {
     UErrorCode error = U_ZERO_ERROR;
     UText* utext =
         utext_openUTF8(nullptr, text->data(), static_cast<int64_t>(text->size()), &error);
-    thread_local UBreakIterator* const breaks =
-        ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &error);
+    // One break iterator per thread, closed with the thread.
+    struct Breaks {
+      UBreakIterator* iterator;
+      ~Breaks() { ubrk_close(iterator); }
+    };
+    thread_local const Breaks owned{ubrk_open(UBRK_CHARACTER, "", nullptr, 0, &error)};
+    UBreakIterator* const breaks = owned.iterator;
     if (U_FAILURE(error) || breaks == nullptr) {
       utext_close(utext);
       return;  // ICU's data is built in: this does not happen
@@ -812,9 +822,10 @@ class WhitespacePreTokenizer : public PreTokenizer {
     int run = 0;  // 0: none, 1: word characters, 2: others
     size_t i = 0;
     const auto flush = [&](size_t end) {
-      if (run != 0)
+      if (run != 0) {
         out->push_back({std::string(text.substr(start, end - start)),
                         piece.at_origin && start == 0});
+      }
     };
     while (i < text.size()) {
       const size_t at = i;
