@@ -1128,7 +1128,8 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
         for (int64_t c = 0; c < d; ++c) {
           double sum = 0.0;
           for (int64_t t = 0; t < length; ++t) {
-            sum += (weighted ? static_cast<double>(t + 1) : 1.0) * last[(first + t) * d + c];
+            sum +=
+                (weighted ? static_cast<double>(t + 1) : 1.0) * last[(first + t) * d + c];
           }
           out[c] = static_cast<float>(sum / divisor);
         }

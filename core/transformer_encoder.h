@@ -66,7 +66,15 @@ struct EncoderSpec {
   // ([CLS]), none (only hidden states come out), the element-wise maximum, the sum over
   // the square root of the length, the mean weighted by position (token i weighs
   // i + 1), or its last token.
-  enum class Pooling { kMean, kCls, kNone, kMax, kMeanSqrtLen, kWeightedMean, kLastToken };
+  enum class Pooling {
+    kMean,
+    kCls,
+    kNone,
+    kMax,
+    kMeanSqrtLen,
+    kWeightedMean,
+    kLastToken
+  };
   Pooling pooling = Pooling::kMean;
   // L2-normalize the pooled embedding (sentence-transformers' Normalize module).
   bool normalize = false;
