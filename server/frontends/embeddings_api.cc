@@ -123,6 +123,20 @@ absl::StatusOr<bool> BoolAt(const Json& value, const std::string& field) {
   return Invalid(absl::StrCat(field, " must be true or false, got ", JsonExcerpt(value)));
 }
 
+// TEI's and sentence-transformers' prompt_name: a string (null: the model's default).
+// The work checks it against the model's prompts.
+absl::Status PromptNameAt(const Json& value, v1::EncodeRequest* encode) {
+  if (value.is_null()) return absl::OkStatus();
+  const auto* name = value.get_ptr<const Json::string_t*>();
+  if (name == nullptr || name->empty() || name->size() > 256) {
+    return Invalid(
+        absl::StrCat("prompt_name must be a prompt's name (1 to 256 bytes), got ",
+                     JsonExcerpt(value)));
+  }
+  encode->set_prompt_name(*name);
+  return absl::OkStatus();
+}
+
 // A positive int32 (larger ones exceed every model's d_model, which the work checks).
 absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
   const std::optional<int64_t> count = core::JsonInt64(value);
@@ -163,6 +177,8 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
       call.encode.set_dimensions(dimensions);
     } else if (key == "head_mask") {
       ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
+    } else if (key == "prompt_name") {
+      ATTN_RETURN_IF_ERROR(PromptNameAt(value, &call.encode));
     } else if (key == "user") {
       if (!value.is_string()) {
         return Invalid(absl::StrCat("user must be a string, got ", JsonExcerpt(value)));
@@ -171,7 +187,7 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
       return Invalid(
           absl::StrCat("unrecognized request argument supplied: ", key,
                        " (accepted: input, model, encoding_format, dimensions, "
-                       "head_mask, user)"));
+                       "head_mask, prompt_name, user)"));
     }
   }
   if (!has_input) {
@@ -206,10 +222,12 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
       call.encode.set_dimensions(dimensions);
     } else if (key == "head_mask") {
       ATTN_RETURN_IF_ERROR(HeadMaskAt(value, &call.encode));
+    } else if (key == "prompt_name") {
+      ATTN_RETURN_IF_ERROR(PromptNameAt(value, &call.encode));
     } else {
-      return Invalid(absl::StrCat(
-          "unknown field \"", key, "\" (accepted: inputs, ",
-          "normalize, truncate, truncation_direction, dimensions, head_mask)"));
+      return Invalid(absl::StrCat("unknown field \"", key, "\" (accepted: inputs, ",
+                                  "normalize, truncate, truncation_direction, "
+                                  "dimensions, head_mask, prompt_name)"));
     }
   }
   if (!has_input) return Invalid("inputs is required: a string or a list of strings");

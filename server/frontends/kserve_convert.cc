@@ -397,10 +397,20 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
       ATTN_RETURN_IF_ERROR(ReadHeadMask(value, encode.mutable_head_mask()));
       continue;
     }
-    return Invalid(
-        absl::StrCat("parameters[\"", name,
-                     "\"] is not a parameter of an encoder model (timeout, "
-                     "truncate, dimensions, normalize, raw_scores, head_mask)"));
+    if (name == "prompt_name") {
+      if (value.parameter_choice_case() != inference::InferParameter::kStringParam ||
+          value.string_param().empty() || value.string_param().size() > 256) {
+        return Invalid(
+            "parameters[\"prompt_name\"] must be a string_param naming one of the "
+            "model's prompts (1 to 256 bytes)");
+      }
+      encode.set_prompt_name(value.string_param());
+      continue;
+    }
+    return Invalid(absl::StrCat("parameters[\"", name,
+                                "\"] is not a parameter of an encoder model (timeout, "
+                                "truncate, dimensions, normalize, raw_scores, head_mask, "
+                                "prompt_name)"));
   }
   for (int i = 0; i < infer->outputs_size(); ++i) {
     const std::string& name = infer->outputs(i).name();

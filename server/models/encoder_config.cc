@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/json_values.h"
 #include "core/status_macros.h"
+#include "core/unicode_text.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve::server {
@@ -392,9 +393,9 @@ absl::StatusOr<v1::EncoderConfig::Pooling> PoolingMode(const std::string& poolin
     if (set) on.push_back(&each);
   }
   if (on.size() != 1) {
-    return Invalid(absl::StrCat(
-        kFile, ": exactly one pooling_mode_* flag must be true, and ", on.size(),
-        " are (several modes concatenated are not served)"));
+    return Invalid(
+        absl::StrCat(kFile, ": exactly one pooling_mode_* flag must be true, and ",
+                     on.size(), " are (several modes concatenated are not served)"));
   }
   return on[0]->pooling;
 }
@@ -603,6 +604,71 @@ absl::Status ApplyHeads(const v1::EncoderConfig& encoder, core::EncoderSpec* spe
   return absl::OkStatus();
 }
 
+// The prompts: config.pbtxt's, else config_sentence_transformers.json's "prompts" (name
+// -> text) and "default_prompt_name". A Pooling module that leaves the prompt's tokens
+// out of its pooling (include_prompt false) is refused by name.
+absl::Status ApplyPrompts(const EncoderFiles& files, v1::ModelConfig* config) {
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  constexpr absl::string_view kFile = "config_sentence_transformers.json";
+  if (encoder->prompts().empty() && !files.sentence_transformers_json.empty()) {
+    ATTN_ASSIGN_OR_RETURN(const Json st, Parse(files.sentence_transformers_json, kFile));
+    if (!st.is_object()) return Invalid(absl::StrCat(kFile, ": must be an object"));
+    if (const auto it = st.find("prompts"); it != st.end() && !it->is_null()) {
+      if (!it->is_object()) {
+        return Invalid(absl::StrCat(
+            kFile, ": prompts must be an object of name: text, got ", Shown(*it)));
+      }
+      for (const auto& [name, text] : it->items()) {
+        const auto* value = text.get_ptr<const Json::string_t*>();
+        if (value == nullptr) {
+          return Invalid(absl::StrCat(kFile, ": prompts[\"", name,
+                                      "\"] must be a string, got ", Shown(text)));
+        }
+        (*encoder->mutable_prompts())[name] = *value;
+      }
+    }
+    if (encoder->default_prompt_name().empty()) {
+      if (const auto it = st.find("default_prompt_name");
+          it != st.end() && !it->is_null()) {
+        const auto* name = it->get_ptr<const Json::string_t*>();
+        if (name == nullptr) {
+          return Invalid(absl::StrCat(
+              kFile, ": default_prompt_name must be a string, got ", Shown(*it)));
+        }
+        encoder->set_default_prompt_name(*name);
+      }
+    }
+  }
+  if (!encoder->default_prompt_name().empty() &&
+      !encoder->prompts().contains(encoder->default_prompt_name())) {
+    return Invalid(absl::StrCat("default_prompt_name \"", encoder->default_prompt_name(),
+                                "\" is not one of the prompts"));
+  }
+  for (const auto& [name, text] : encoder->prompts()) {
+    if (name.empty() || name.size() > 256 || text.size() > 65536 ||
+        core::FirstInvalidUtf8(text) >= 0) {
+      return Invalid(absl::StrCat("prompts[\"", name.substr(0, 64),
+                                  "\"]: a name of 1 to 256 bytes and a text of at most "
+                                  "65,536 bytes of UTF-8"));
+    }
+  }
+  if (!encoder->prompts().empty() && !files.pooling_json.empty()) {
+    ATTN_ASSIGN_OR_RETURN(const Json pooling,
+                          Parse(files.pooling_json, "1_Pooling/config.json"));
+    if (pooling.is_object()) {
+      const bool excluded = pooling.contains("include_prompt") &&
+                            pooling["include_prompt"].is_boolean() &&
+                            !pooling["include_prompt"].get<bool>();
+      if (excluded) {
+        return Invalid(
+            "1_Pooling/config.json: include_prompt false (pooling that leaves the "
+            "prompt's tokens out) is not served");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config) {
@@ -615,6 +681,7 @@ absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* co
     ATTN_RETURN_IF_ERROR(ApplyTask(architecture, files, config));
     ATTN_RETURN_IF_ERROR(ApplySentenceTransformers(files, config));
     ATTN_RETURN_IF_ERROR(ApplyTextLimit(files, config));
+    ATTN_RETURN_IF_ERROR(ApplyPrompts(files, config));
   } catch (const std::exception& e) {
     // Typed accessors only above; this guards the promise never to throw.
     return Invalid(absl::StrCat("the encoder's files could not be read: ", e.what()));

@@ -1,5 +1,6 @@
 #include "server/pipeline/proto_convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -532,6 +533,41 @@ void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSp
   work->normalize = spec.normalize ? shortened : request.normalize();
 }
 
+// The prompt put before each text: the request's prompt_name's, else the model's
+// default's; none for pairs. InvalidArgument for a name the model does not have, or a
+// prompt_name with pairs.
+absl::StatusOr<std::string> PromptFor(const v1::EncodeRequest& request,
+                                      const AdmissionLimits& limits, bool pairs) {
+  const v1::EncoderConfig* config = limits.text_config;
+  if (pairs) {
+    if (!request.prompt_name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt_name \"", request.prompt_name(),
+          "\" applies to single texts; pairs (text with text_pair) take no prompt"));
+    }
+    return std::string();
+  }
+  const std::string& name = !request.prompt_name().empty() || config == nullptr
+                                ? request.prompt_name()
+                                : config->default_prompt_name();
+  if (name.empty()) return std::string();
+  if (config != nullptr) {
+    if (const auto it = config->prompts().find(name); it != config->prompts().end()) {
+      return it->second;
+    }
+  }
+  std::vector<std::string> names;
+  if (config != nullptr) {
+    for (const auto& [known, unused] : config->prompts()) names.push_back(known);
+  }
+  std::sort(names.begin(), names.end());
+  return absl::InvalidArgumentError(absl::StrCat(
+      "prompt_name \"", name.substr(0, 64), "\" is not one of the model's prompts (",
+      names.empty() ? "it has none: config_sentence_transformers.json lists them"
+                    : absl::StrJoin(names, ", "),
+      ")"));
+}
+
 // Text in: each text tokenized and checked in turn.
 absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
@@ -564,15 +600,23 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
         absl::StrCat(pairs ? "pairs" : "texts", " need max_text_tokens >= ", added,
                      " (the tokenizer's special tokens), and it is ", limit));
   }
+  ATTN_ASSIGN_OR_RETURN(const std::string prompt, PromptFor(request, limits, pairs));
   const bool truncate = request.truncate() || limits.auto_truncate;
   auto work = std::make_unique<EncoderWork>();
   work->lengths.reserve(static_cast<size_t>(request.text_size()));
   for (int i = 0; i < request.text_size(); ++i) {
     const size_t before = work->token_ids.size();
+    thread_local std::string prompted;
+    absl::string_view text = request.text(i);
+    if (!prompt.empty()) {
+      prompted.assign(prompt);
+      prompted.append(text.data(), text.size());
+      text = prompted;
+    }
     absl::StatusOr<core::Tokenizer::Encoding> encoding =
-        pairs ? tokenizer->EncodePair(request.text(i), request.text_pair(i), limit,
-                                      &work->token_ids, &work->token_types)
-              : tokenizer->Encode(request.text(i), limit, &work->token_ids);
+        pairs ? tokenizer->EncodePair(text, request.text_pair(i), limit, &work->token_ids,
+                                      &work->token_types)
+              : tokenizer->Encode(text, limit, &work->token_ids);
     const std::string which = pairs
                                   ? absl::StrCat("text[", i, "] with text_pair[", i, "]")
                                   : absl::StrCat("text[", i, "]");
@@ -625,9 +669,12 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     return absl::InvalidArgumentError(
         "text_pair needs text: the first text of each pair");
   }
-  if (request.truncate() || request.return_token_ids()) {
+  if (request.truncate() || request.return_token_ids() ||
+      !request.prompt_name().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(request.truncate() ? "truncate" : "return_token_ids",
+        absl::StrCat(request.truncate()           ? "truncate"
+                     : request.return_token_ids() ? "return_token_ids"
+                                                  : "prompt_name",
                      " applies to text input only; it is set, and text is empty"));
   }
   const bool ids = request.has_input_ids();

@@ -47,6 +47,8 @@ struct AdmissionLimits {
   // Cut a text over max_text_tokens even when the request does not set `truncate`
   // (the model's auto_truncate).
   bool auto_truncate = false;
+  // An encoder's prompts and default prompt (EncoderConfig's; null: none). Not owned.
+  const v1::EncoderConfig* text_config = nullptr;
 };
 
 // Checks `request` against the model (`spec`) and `limits` and returns its work, whose

@@ -293,6 +293,7 @@ AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
   limits.max_work_bytes = model.max_queue_bytes;
   if (model.max_text_tokens > 0) limits.max_text_tokens = model.max_text_tokens;
   limits.auto_truncate = model.auto_truncate;
+  if (model.is_encoder()) limits.text_config = &model.info.encoder();
   return limits;
 }
 

@@ -36,7 +36,12 @@ tests/tools/make_pooling_golden.py): roberta_tiny with 1_Pooling/config.json in 
 sentence-transformers 6's "pooling_mode" name) against Pooling's own output (1e-5);
 the folder sentence-transformers 6 saves itself (its max_seq_length only in
 tokenizer_config.json's model_max_length) through the openai client; several modes at
-once, refused by name.
+once, refused by name. Prompts (config_sentence_transformers.json's "prompts" and
+"default_prompt_name", as sentence-transformers 6 saves them): the default prompt
+through the openai client and tritonclient, prompt_name "passage" through v1 and
+KServe's parameter, each against encode(prompt_name=...) with the prompt's
+tokens in the ids; an unknown prompt_name, a prompt_name with pairs or with token ids,
+refused naming it.
 
 usage: families_test.py ATTNSERVE REPO_ROOT
 """
@@ -315,6 +320,14 @@ class XlmRobertaTest(FamilyServer):
         logits = np.frombuffer(pairs.scores.raw, "<f4").reshape(-1)
         np.testing.assert_allclose(logits, np.asarray(self.reranker["logits"]).reshape(-1),
                                    atol=TOLERANCE, rtol=0)
+        # Pairs take no prompt.
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.v1.Encode(attention_pb2.EncodeRequest(
+                model="xlmr-reranker", text=[self.reranker["query"]],
+                text_pair=self.reranker["documents"][:1], prompt_name="query"), timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("pairs (text with text_pair) take no prompt",
+                      refused.exception.details())
 
 
 
@@ -341,6 +354,10 @@ class PoolingTest(FamilyServer):
                            **{flag: name == mode for name, flag in cls.LEGACY.items()}}
             cls.add_model(f"pool-{mode}", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
                           {"modules.json": plain, "1_Pooling/config.json": pooling})
+        prompted = cls.add_model("prompted", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        os.unlink(os.path.join(prompted, "config_sentence_transformers.json"))
+        with open(os.path.join(prompted, "config_sentence_transformers.json"), "w") as f:
+            f.write(cls.pooling["prompts"]["config_sentence_transformers.json"])
         st6 = cls.add_model("st6", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
                             {"1_Pooling/config.json": {}})
         for name, text in cls.pooling["st6"]["files"].items():
@@ -387,6 +404,75 @@ class PoolingTest(FamilyServer):
         want = np.asarray(golden["embeddings"], np.float32)
         self.assertGreaterEqual(float(cosines(got, want).min()), COSINE)
         np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+
+    def test_prompts_are_put_before_the_texts_as_sentence_transformers_does(self):
+        golden = self.pooling["prompts"]
+        texts = self.pooling["texts"]
+
+        def check(got, want, what):
+            got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+            self.assertGreaterEqual(float(cosines(got, want).min()), COSINE, what)
+            np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0, err_msg=what)
+
+        # The default prompt, where the request cannot name one.
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        reply = client.embeddings.create(model="prompted", input=texts)
+        check([item.embedding for item in reply.data], golden["default"]["embeddings"],
+              "openai, default prompt")
+        triton = triton_grpc.InferenceServerClient(self.server.target)
+        entry = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+        entry.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=np.object_))
+        result = triton.infer("prompted", [entry], parameters={"truncate": True},
+                              outputs=[triton_grpc.InferRequestedOutput("embedding")])
+        check(result.as_numpy("embedding"), golden["default"]["embeddings"],
+              "tritonclient, default prompt")
+        result = triton.infer("prompted", [entry],
+                              parameters={"truncate": True, "prompt_name": "passage"},
+                              outputs=[triton_grpc.InferRequestedOutput("embedding")])
+        check(result.as_numpy("embedding"), golden["passage"]["embeddings"],
+              "tritonclient, prompt_name passage")
+        # A named prompt through v1, with the prompt's tokens in the ids.
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="prompted", text=texts, truncate=True, return_token_ids=True,
+            prompt_name="passage"), timeout=60)
+        ids, start = [], 0
+        for length in reply.lengths:
+            ids.append(list(reply.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, golden["passage"]["token_ids"])
+        check(np.frombuffer(reply.embedding.raw, "<f4").reshape(len(texts), -1),
+              golden["passage"]["embeddings"], "v1, prompt_name passage")
+
+    def test_bad_prompt_names_are_refused_naming_them(self):
+        texts = self.pooling["texts"][:2]
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.v1.Encode(attention_pb2.EncodeRequest(
+                model="prompted", text=texts, prompt_name="title"), timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn('prompt_name "title" is not one of the model\'s prompts '
+                      '(passage, query)', refused.exception.details())
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.v1.Encode(attention_pb2.EncodeRequest(
+                model="pool-mean", text=texts, prompt_name="query"), timeout=60)
+        self.assertIn("it has none", refused.exception.details())
+        ids = np.asarray([[0, 5, 2]], "<i8")
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.v1.Encode(attention_pb2.EncodeRequest(
+                model="prompted", prompt_name="query",
+                input_ids=tensor_pb2.Tensor(dtype=tensor_pb2.DATA_TYPE_INT64,
+                                            shape=[1, 3], raw=ids.tobytes())), timeout=60)
+        self.assertIn("prompt_name applies to text input only", refused.exception.details())
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        with self.assertRaises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="prompted", input=texts,
+                                     extra_body={"prompt_name": 7})
+        self.assertIn("prompt_name must be a prompt's name", str(refused.exception))
+        # The server still serves.
+        reply = client.embeddings.create(model="prompted", input=texts,
+                                         extra_body={"prompt_name": "passage"})
+        self.assertEqual(len(reply.data), 2)
 
     def test_several_modes_at_once_are_refused(self):
         both = {"word_embedding_dimension": 32, "pooling_mode_cls_token": True,

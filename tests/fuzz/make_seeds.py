@@ -254,6 +254,7 @@ def embeddings_bodies():
         {"model": "tiny", "input": [[2, 5, 3], [2, 6, 7, 3]]},
         {"model": "tiny", "input": [2, 5, 3], "encoding_format": "float"},
         {"model": "tiny", "input": "hello", "head_mask": [[1, 0.5]]},
+        {"model": "tiny", "input": ["hello"], "prompt_name": "query"},
     ]
     for i, body in enumerate(openai_bodies):
         write("embeddings", f"openai_{i}", b"\x00" + json.dumps(body).encode())

@@ -18,6 +18,11 @@ Writes tests/data/pooling_modes.golden.json:
   (modules.json, sentence_bert_config.json, 1_Pooling/config.json, tokenizer_config.json,
   config_sentence_transformers.json) and the embeddings of that load (normalized, as
   its Normalize module makes them), with the token ids it fed the model;
+- "prompts": roberta_tiny as it is (mean pooling, Normalize) with the prompts
+  {"query": "query: ", "passage": "passage: "} and default_prompt_name "query", saved by
+  sentence-transformers 6 and loaded back: its config_sentence_transformers.json, the
+  token ids and embeddings of encode(texts) (the default prompt) and of
+  encode(texts, prompt_name="passage");
 - the versions used.
 """
 import json
@@ -73,6 +78,25 @@ def main():
         embeddings = loaded.encode(texts, batch_size=4, convert_to_numpy=True)
     golden["st6"] = {"files": files, "max_seq_length": 16, "token_ids": ids,
                      "embeddings": rounded(embeddings)}
+    model = SentenceTransformer(SOURCE, device="cpu")
+    model.prompts = {"query": "query: ", "passage": "passage: "}
+    model.default_prompt_name = "query"
+    with tempfile.TemporaryDirectory() as folder:
+        model.save(folder)
+        loaded = SentenceTransformer(folder, device="cpu")
+        with open(os.path.join(folder, "config_sentence_transformers.json"),
+                  encoding="utf-8") as f:
+            config = f.read()
+        prompts = {"config_sentence_transformers.json": config,
+                   "max_seq_length": loaded.max_seq_length}
+        for name, prompt_name in (("default", None), ("passage", "passage")):
+            prompt = loaded.prompts[prompt_name or loaded.default_prompt_name]
+            ids = [loaded.tokenize([prompt + text])["input_ids"][0].tolist()
+                   for text in texts]
+            embeddings = loaded.encode(texts, prompt_name=prompt_name, batch_size=4,
+                                       convert_to_numpy=True)
+            prompts[name] = {"token_ids": ids, "embeddings": rounded(embeddings)}
+    golden["prompts"] = prompts
     golden["versions"] = {"sentence-transformers": sentence_transformers.__version__,
                           "transformers": transformers.__version__,
                           "torch": torch.__version__}
