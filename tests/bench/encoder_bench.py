@@ -13,10 +13,13 @@ its longest sentence, as their users batch.
 Text in: the tokenizer's tokens/s on the multilingual corpus
 (tests/data/tokenizer/corpus.jsonl) beside Hugging Face's `tokenizers`, and the server
 fed text through gRPC and POST /v1/embeddings beside the Python server tokenizing with
-`tokenizers` (--only text runs these rows alone).
+`tokenizers` (--only text runs these rows alone); then one row per tokenizer type
+(BERT's WordPiece, and each tokenizer.json of tests/data/tokenizers: byte-level BPE,
+Unigram, XLM-R's, two mixed BPEs, WordPiece behind NFKC) beside `tokenizers` on the same
+file (--only tokenizers).
 
 usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/encoder_bench.py
-       BUILD_DIR REPO_ROOT [--rounds 5] [--only all|text|int8|pruned]
+       BUILD_DIR REPO_ROOT [--rounds 5] [--only all|text|int8|pruned|tokenizers]
 """
 import argparse
 import glob
@@ -407,6 +410,31 @@ def peak_rss_mib(process):
         return int(re.search(r"VmHWM:\s+(\d+) kB", status.read()).group(1)) / 1024
 
 
+def tokenizer_rows(args, model_path):
+    """Tokens/s on one core, per tokenizer type: the corpus through attnserve's tokenizer
+    and through Hugging Face's `tokenizers` on the same tokenizer.json, for MiniLM's
+    WordPiece and each tokenizer of tests/data/tokenizers."""
+    import tokenizers
+    corpus = os.path.join(args.root, "tests", "data", "tokenizer", "corpus.jsonl")
+    folders = [("WordPiece (MiniLM, BERT's path)", model_path)]
+    data = os.path.join(args.root, "tests", "data", "tokenizers")
+    for name in sorted(os.listdir(data)):
+        folders.append((name, os.path.join(data, name)))
+    print()
+    print(f"Tokenizers ({corpus}, one core; tokenizers {tokenizers.__version__}; "
+          "target: at least tokenizers' encode per text)")
+    print("| tokenizer | attnserve tokens/s | tokenizers encode | tokenizers encode_batch "
+          "| ratio to encode | result |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, folder in folders:
+        ours, theirs = tokenizer_rates(args.build, folder, corpus)
+        rate = ours["tokens_per_s"]
+        ratio = rate / theirs["each"]
+        print(f"| {name} | {rate / 1e6:.2f} M | {theirs['each'] / 1e6:.2f} M | "
+              f"{theirs['batch'] / 1e6:.2f} M | x{ratio:.2f} | "
+              f"{'PASS' if ratio >= 1.0 else 'FAIL'} |")
+
+
 def row(name, ours, peer, target, passed, detail=""):
     print(f"| {name} | {ours} | {peer} | {target} | {'PASS' if passed else 'FAIL'} |"
           f"{' ' + detail if detail else ''}")
@@ -417,10 +445,11 @@ def main():
     parser.add_argument("build")
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=("all", "text", "int8", "pruned"), default="all",
+    parser.add_argument("--only", choices=("all", "text", "int8", "pruned", "tokenizers"),
+                        default="all",
                         help="text: only the text-in rows (the peer around ORT); int8: "
                         "only the int8 rows (beside ORT's quantize_dynamic); pruned: only "
-                        "the pruned-heads row")
+                        "the pruned-heads row; tokenizers: only the tokenizer rows")
     args = parser.parse_args()
     import onnxruntime
     import sentence_transformers
@@ -428,6 +457,11 @@ def main():
     from sentence_transformers import SentenceTransformer
 
     model_path = model_dir(args.root)
+    if args.only == "tokenizers":
+        print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+              f"core {SERVER_CORE}")
+        tokenizer_rows(args, model_dir(args.root))
+        return
     npz = os.path.join(args.root, "tests", "data", "minilm_sentences.npz")
     golden = np.load(npz)
     offsets = np.concatenate([[0], np.cumsum(golden["lengths"])])
@@ -616,6 +650,7 @@ def main():
         rss <= limit, f"({under_c64['sentences_per_s']:.0f} sentences/s; while loading "
         f"{loading_rss:.0f})")
     text_rows(args, model_path, npz, onnx_path, faster)
+    tokenizer_rows(args, model_path)
     int8_rows(args, model_path, files, sequences, golden, onnx_path)
     pruned_rows(args, model_path, npz)
 

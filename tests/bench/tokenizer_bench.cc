@@ -1,6 +1,7 @@
 // The tokenizer's speed for `make bench-encoder`: every text of a corpus (JSON lines with
-// a "text" field, the first line a header) through WordPieceTokenizer::Encode, pass after
-// pass, on the calling thread. Prints one JSON line: texts, tokens, bytes and the median
+// a "text" field, the first line a header) through the folder's tokenizer (Tokenizer::
+// FromFolder: BERT's WordPiece or any tokenizer.json's pipeline), pass after pass, on the
+// calling thread. Prints one JSON line: texts, tokens, bytes and the median
 // tokens/s of the passes.
 //
 // usage: tokenizer_bench MODEL_FOLDER CORPUS.jsonl [PASSES]
@@ -12,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/wordpiece_tokenizer.h"
+#include "core/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int passes = argc > 3 ? std::atoi(argv[3]) : 7;
-  auto tokenizer = attnserve::core::WordPieceTokenizer::FromFolder(argv[1]);
+  auto tokenizer = attnserve::core::Tokenizer::FromFolder(argv[1]);
   if (!tokenizer.ok()) {
     std::fprintf(stderr, "%s\n", std::string(tokenizer.status().message()).c_str());
     return 1;
