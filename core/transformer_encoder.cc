@@ -289,9 +289,25 @@ constexpr TensorNames kRobertaNames = {"RoBERTa",
                                        "output.dense.",
                                        "output.LayerNorm."};
 
+// ELECTRA's discriminator is BERT's blocks by name too.
+constexpr TensorNames kElectraNames = {"ELECTRA",
+                                       "embeddings.token_type_embeddings.weight",
+                                       "embeddings.LayerNorm.",
+                                       "",
+                                       "encoder.layer.",
+                                       "attention.self.query.",
+                                       "attention.self.key.",
+                                       "attention.self.value.",
+                                       "attention.output.dense.",
+                                       "attention.output.LayerNorm.",
+                                       "intermediate.dense.",
+                                       "output.dense.",
+                                       "output.LayerNorm."};
+
 const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kDistilBert) return kDistilBertNames;
   if (spec.family == EncoderSpec::Family::kRoberta) return kRobertaNames;
+  if (spec.family == EncoderSpec::Family::kElectra) return kElectraNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
 }
@@ -418,9 +434,11 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                           read(absl::StrCat(at, names.output_norm, "bias"), {d}));
     weights.layers.push_back(std::move(layer));
   }
-  if (spec.num_labels > 0 && spec.family == EncoderSpec::Family::kRoberta) {
+  if (spec.num_labels > 0 && (spec.family == EncoderSpec::Family::kRoberta ||
+                              spec.family == EncoderSpec::Family::kElectra)) {
     // RobertaClassificationHead: dense + tanh over <s>, then out_proj; the same
     // computation as BERT's pooler and classifier, under other names.
+    // ElectraClassificationHead: the same names, GELU for the tanh.
     ATTN_ASSIGN_OR_RETURN(weights.pooler_weight,
                           read("classifier.dense.weight", {d, d}, true));
     ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("classifier.dense.bias", {d}, true));
@@ -883,7 +901,11 @@ void TransformerEncoder::ClassifyHead(const float* last,
       const float* row = &weights.pooler_weight[r * d];
       double sum = weights.pooler_bias[r];
       for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(row[c]) * cls[c];
-      pooled[r] = static_cast<float>(std::tanh(sum));
+      // BERT's pooler and RoBERTa's head: tanh; ELECTRA's head: GELU (erf).
+      pooled[r] =
+          static_cast<float>(spec_.family == EncoderSpec::Family::kElectra
+                                 ? 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0)))
+                                 : std::tanh(sum));
     }
     for (int64_t label = 0; label < labels; ++label) {
       const float* row = &weights.classifier_weight[label * d];

@@ -52,7 +52,9 @@ struct EncoderSpec {
   // RoBERTa's: BERT's names, positions after the padding index (position_offset),
   // one token type, a classification head of classifier.dense + tanh +
   // classifier.out_proj.
-  enum class Family { kBert, kDistilBert, kRoberta };
+  // ELECTRA's discriminator: BERT's names, no pooler, a classification head of
+  // classifier.dense + GELU + classifier.out_proj.
+  enum class Family { kBert, kDistilBert, kRoberta, kElectra };
   Family family = Family::kBert;
   // The rows of the checkpoint's position table before position 0 (RoBERTa's
   // padding_idx + 1): LoadBertWeights drops them. >= 0.

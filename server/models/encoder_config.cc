@@ -185,13 +185,16 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   } else if (model_type == "roberta" || model_type == "xlm-roberta" ||
              model_type == "camembert") {
     family = v1::EncoderConfig::FAMILY_ROBERTA;
+  } else if (model_type == "electra") {
+    family = v1::EncoderConfig::FAMILY_ELECTRA;
   } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
         "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
-        "\"roberta\", \"xlm-roberta\" and \"camembert\": learned absolute positions, "
-        "post-LN or pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, "
-        "DistilBertModel and RobertaModel tensor names)"));
+        "\"roberta\", \"xlm-roberta\", \"camembert\" and \"electra\": learned "
+        "absolute positions, post-LN or pre-LN blocks, Hugging Face's BertModel, "
+        "MegatronBertModel, DistilBertModel, RobertaModel and ElectraModel tensor "
+        "names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -266,6 +269,16 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     positions_count -= position_offset;
   }
   encoder->set_position_offset(position_offset);
+  if (family == v1::EncoderConfig::FAMILY_ELECTRA) {
+    ATTN_ASSIGN_OR_RETURN(const int64_t hidden, Count(json, keys.hidden, 768, kFile));
+    ATTN_ASSIGN_OR_RETURN(const int64_t embedding,
+                          Count(json, "embedding_size", hidden, kFile));
+    if (embedding != hidden) {
+      return Invalid(absl::StrCat(
+          "config.json: embedding_size ", embedding, " differs from hidden_size ", hidden,
+          ": ELECTRA's embeddings_project (a generator-sized embedding) is not served"));
+    }
+  }
   ATTN_ASSIGN_OR_RETURN(const int64_t vocab, Count(json, "vocab_size", 30522, kFile));
   int64_t types = 1;
   if (keys.token_types) {
@@ -715,6 +728,9 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       break;
     case v1::EncoderConfig::FAMILY_ROBERTA:
       spec.family = core::EncoderSpec::Family::kRoberta;
+      break;
+    case v1::EncoderConfig::FAMILY_ELECTRA:
+      spec.family = core::EncoderSpec::Family::kElectra;
       break;
     default:
       spec.family = core::EncoderSpec::Family::kBert;

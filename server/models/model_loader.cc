@@ -214,10 +214,20 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
                           core::SafetensorsFile::Read((folder / weights_file).string()));
     // Saved from a task model (BertForSequenceClassification, DistilBertForMaskedLM,
     // ...): the encoder's tensors behind its base model's name.
-    const char* base = spec.family == core::EncoderSpec::Family::kDistilBert
-                           ? "distilbert."
-                       : spec.family == core::EncoderSpec::Family::kRoberta ? "roberta."
-                                                                            : "bert.";
+    const char* base = "bert.";
+    switch (spec.family) {
+      case core::EncoderSpec::Family::kDistilBert:
+        base = "distilbert.";
+        break;
+      case core::EncoderSpec::Family::kRoberta:
+        base = "roberta.";
+        break;
+      case core::EncoderSpec::Family::kElectra:
+        base = "electra.";
+        break;
+      case core::EncoderSpec::Family::kBert:
+        break;
+    }
     if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
         file.Find(absl::StrCat(base, "embeddings.word_embeddings.weight")) != nullptr) {
       prefix = base;

@@ -30,6 +30,11 @@ its precompiled charsmap, read from tokenizer.json):
   client, against CrossEncoder.predict's scores (1e-5), pairs cut longest-first;
 - a config whose max_position_embeddings leaves no room after pad_token_id, refused.
 
+ELECTRA (tests/data/electra_reranker_tiny, tests/tools/make_electra_golden.py: a seeded
+ElectraForSequenceClassification, BERT's blocks behind `electra.`, a GELU head): through
+Cohere's client and v1 against CrossEncoder.predict and transformers' logits (1e-5),
+pairs with token types; an embedding_size other than hidden_size refused by name.
+
 sentence-transformers' pooling modes (tests/data/pooling_modes.golden.json,
 tests/tools/make_pooling_golden.py): roberta_tiny with 1_Pooling/config.json in each mode
 (cls, max, mean, mean_sqrt_len_tokens, weightedmean, lasttoken; the older flags and
@@ -329,6 +334,48 @@ class XlmRobertaTest(FamilyServer):
         self.assertIn("pairs (text with text_pair) take no prompt",
                       refused.exception.details())
 
+
+
+class ElectraTest(FamilyServer):
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("electra_reranker_tiny")
+        cls.add_model("electra", "encoder {}\n")
+        cls.start()
+
+    def test_the_reranker_scores_as_cross_encoder(self):
+        import cohere
+        golden = self.golden
+        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
+        reply = client.rerank(model="electra", query=golden["query"],
+                              documents=golden["documents"])
+        scores = [0.0] * len(golden["documents"])
+        for result in reply.results:
+            scores[result.index] = result.relevance_score
+        np.testing.assert_allclose(scores, golden["scores"], atol=TOLERANCE, rtol=0)
+        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="electra", text=[golden["query"]] * len(scores),
+            text_pair=golden["documents"], truncate=True, return_token_ids=True,
+            raw_scores=True), timeout=60)
+        ids, start = [], 0
+        for length in pairs.lengths:
+            ids.append(list(pairs.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, golden["token_ids"])
+        # Logits up to about 9 in size (the head is drawn from N(0, 1)): 1e-5 of them.
+        np.testing.assert_allclose(np.frombuffer(pairs.scores.raw, "<f4"),
+                                   golden["logits"], atol=TOLERANCE, rtol=1e-5)
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="electra"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_ELECTRA)
+        self.assertEqual(model.encoder.weights_prefix, "electra.")
+
+    def test_a_projected_embedding_is_refused_by_name(self):
+        config = self.read_json("config.json")
+        self.load_refused("bad-projection", "encoder {}\n",
+                          {"config.json": dict(config, embedding_size=16)},
+                          ["embedding_size 16 differs from hidden_size 32",
+                           "embeddings_project"])
 
 
 class PoolingTest(FamilyServer):
