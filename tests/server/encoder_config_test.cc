@@ -112,6 +112,8 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
        "config.json: activation \"swish\" is not served"},
       {{R"({"model_type": "distilbert", "dim": 0})", "", ""},
        "config.json: dim must be an integer"},
+      {{R"({"model_type": "electra", "embedding_size": 128})", "", ""},
+       "embedding_size 128 differs from hidden_size 768"},
       {{R"({"model_type": "xlm-roberta", "pad_token_id": 1.5})", "", ""},
        "pad_token_id must be an integer in [0, 2^20], got 1.5"},
       {{R"({"position_embedding_type": "relative_key"})", "", ""},
