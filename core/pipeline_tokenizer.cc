@@ -387,12 +387,23 @@ class LowercaseNormalizer : public Normalizer {
   }
 };
 
-// Drops combining marks (Mn, Mc, Me).
+// Drops combining marks (Mn, Mc, Me) as the unicode-normalization-alignments crate's
+// table has them, Unicode 9.0's: marks assigned later are kept, and the two Vedic signs
+// that were marks then (U+1CF2, U+1CF3; letters now) are dropped.
+bool IsCombiningMarkOf9(char32_t c) {
+  if (c == 0x1CF2 || c == 0x1CF3) return true;
+  const auto u = static_cast<UChar32>(c);
+  if ((U_GET_GC_MASK(u) & U_GC_M_MASK) == 0) return false;
+  UVersionInfo age;
+  u_charAge(u, age);
+  return age[0] != 0 && age[0] <= 9;
+}
+
 class StripAccentsNormalizer : public Normalizer {
  public:
   void Normalize(std::string* text) const override {
     MapChars(text, [](char32_t c, std::u32string* out) {
-      if ((U_GET_GC_MASK(static_cast<UChar32>(c)) & U_GC_M_MASK) == 0) out->push_back(c);
+      if (!IsCombiningMarkOf9(c)) out->push_back(c);
     });
   }
 };
@@ -423,6 +434,7 @@ class ReplaceNormalizer : public Normalizer {
   ReplaceNormalizer(Pattern pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void Normalize(std::string* text) const override {
+    if (text->empty()) return;  // tokenizers finds no match in an empty text
     thread_local std::vector<std::pair<size_t, size_t>> matches;
     pattern_.FindAll(*text, &matches);
     if (matches.empty()) return;
@@ -972,7 +984,18 @@ class Model {
   // Every token with its id, for TokenOf and the id range.
   virtual void ListTokens(
       const std::function<void(absl::string_view, int64_t)>& each) const = 0;
+  // The id of `token` in the vocabulary, if it is there; and how many entries the
+  // vocabulary has (where tokenizers numbers added tokens it lacks from).
+  virtual std::optional<int64_t> IdOf(absl::string_view token) const = 0;
+  virtual int64_t Size() const = 0;
 };
+
+// IdOf and Size for a model whose vocabulary is a map of token to id.
+template <typename Map>
+std::optional<int64_t> FindId(const Map& vocab, absl::string_view token) {
+  const auto it = vocab.find(token);
+  return it == vocab.end() ? std::nullopt : std::optional<int64_t>(it->second);
+}
 
 absl::Status NoUnknownToken(absl::string_view piece) {
   return absl::InvalidArgumentError(absl::StrCat(
@@ -1027,6 +1050,9 @@ class BpeModel : public Model {
     // only the texts that need it.
     ATTN_ASSIGN_OR_RETURN(
         model->unk_id_, OptionalTokenId(json, "unk_token", model->vocab_, where, false));
+    if (!model->unk_id_ && json.contains("unk_token") && json["unk_token"].is_string()) {
+      model->missing_unk_ = json["unk_token"].get<std::string>();
+    }
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
       if (json.contains(key) && !json[key].is_null()) {
         ATTN_ASSIGN_OR_RETURN(std::string value, StringField(json, key, where));
@@ -1132,7 +1158,16 @@ class BpeModel : public Model {
         for (const char b : key) add(byte_ids_[static_cast<unsigned char>(b)], 1);
         continue;
       }
-      if (!unk_id_) continue;  // tokenizers drops what it cannot spell without one
+      if (!unk_id_) {
+        // tokenizers drops what it cannot spell without an unknown token, and fails
+        // when the one it names is not in the vocabulary.
+        if (!missing_unk_.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "has \"", c, "\", which the vocabulary lacks, and its unknown token \"",
+              missing_unk_.substr(0, 64), "\" is not in the vocabulary either"));
+        }
+        continue;
+      }
       if (unk_bytes > 0 && !fuse_unk_) {
         add(*unk_id_, unk_bytes);
         unk_bytes = 0;
@@ -1152,6 +1187,10 @@ class BpeModel : public Model {
       const std::function<void(absl::string_view, int64_t)>& each) const override {
     for (const auto& [token, id] : vocab_) each(token, id);
   }
+  std::optional<int64_t> IdOf(absl::string_view token) const override {
+    return FindId(vocab_, token);
+  }
+  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
 
  private:
   BpeModel() = default;
@@ -1211,6 +1250,7 @@ class BpeModel : public Model {
   absl::flat_hash_map<std::string, int64_t> vocab_;
   absl::flat_hash_map<std::pair<int64_t, int64_t>, std::pair<int32_t, int64_t>> merges_;
   std::optional<int64_t> unk_id_;
+  std::string missing_unk_;  // an unk_token the vocabulary lacks
   std::string prefix_;
   std::string suffix_;
   bool fuse_unk_ = false;
@@ -1298,10 +1338,12 @@ class UnigramModel : public Model {
         if (end + 1 - start == char_bytes) single = true;
       }
       if (!single) {
-        if (!unk_id_) return NoUnknownToken(piece.substr(start, char_bytes));
         Node& target = best[next];
         const double score = unknown_score + here;
         if (target.start < 0 || score > target.score) {
+          // Only an unknown that would be used needs the unknown token (tokenizers
+          // looks it up there).
+          if (!unk_id_) return NoUnknownToken(piece.substr(start, char_bytes));
           target = {*unk_id_, score, static_cast<int64_t>(start)};
         }
       }
@@ -1353,6 +1395,10 @@ class UnigramModel : public Model {
       each(pieces_[id], static_cast<int64_t>(id));
     }
   }
+  std::optional<int64_t> IdOf(absl::string_view token) const override {
+    return FindId(ids_, token);
+  }
+  int64_t Size() const override { return static_cast<int64_t>(pieces_.size()); }
 
  private:
   UnigramModel() = default;
@@ -1451,6 +1497,10 @@ class WordPieceModel : public Model {
       const std::function<void(absl::string_view, int64_t)>& each) const override {
     for (const auto& [token, id] : vocab_) each(token, id);
   }
+  std::optional<int64_t> IdOf(absl::string_view token) const override {
+    return FindId(vocab_, token);
+  }
+  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
 
  private:
   WordPieceModel() = default;
@@ -1490,6 +1540,10 @@ class WordLevelModel : public Model {
       const std::function<void(absl::string_view, int64_t)>& each) const override {
     for (const auto& [token, id] : vocab_) each(token, id);
   }
+  std::optional<int64_t> IdOf(absl::string_view token) const override {
+    return FindId(vocab_, token);
+  }
+  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
 
  private:
   WordLevelModel() = default;
@@ -1611,9 +1665,13 @@ void SplitOnAddedTokens(const Segment& text, const std::vector<const AddedToken*
       }
     }
     emit(offset, start, -1);
-    out->push_back({std::string(sentence.substr(start, stop - start)), found->id,
-                    text.at_origin && start == 0});
-    offset = stop;
+    // A match that its stripping left empty is dropped, as tokenizers drops every
+    // empty split (a crossed one, where tokenizers panics, likewise).
+    if (start < stop) {
+      out->push_back({std::string(sentence.substr(start, stop - start)), found->id,
+                      text.at_origin && start == 0});
+    }
+    offset = std::max(offset, stop);
   }
   emit(offset, sentence.size(), -1);
 }
@@ -1822,8 +1880,10 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
       if (!token.is_object()) return Invalid(where, "must be an object");
       AddedToken entry;
       ATTN_ASSIGN_OR_RETURN(entry.content, StringField(token, "content", where));
+      // The file's id is checked, not used: tokenizers numbers added tokens itself
+      // (below).
       if (!token.contains("id")) return Invalid(where, "needs an id");
-      ATTN_ASSIGN_OR_RETURN(entry.id, IdValue(token["id"], where + ".id"));
+      ATTN_RETURN_IF_ERROR(IdValue(token["id"], where + ".id").status());
       ATTN_ASSIGN_OR_RETURN(const bool special,
                             BoolField(token, "special", false, where));
       ATTN_ASSIGN_OR_RETURN(entry.single_word,
@@ -1836,8 +1896,25 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
       if (entry.normalized && parts->normalizer != nullptr) {
         parts->normalizer->Normalize(&entry.pattern);
       }
-      if (entry.content.empty() || entry.pattern.empty()) continue;  // never matches
+      if (entry.content.empty()) continue;  // tokenizers ignores it
       parts->added.push_back(std::move(entry));
+    }
+  }
+  // tokenizers' numbering: a content seen before keeps its id, one the vocabulary has
+  // takes the vocabulary's, any other the next id from the vocabulary's size, in file
+  // order.
+  {
+    int64_t next = parts->model->Size();
+    absl::flat_hash_map<std::string, int64_t> assigned;
+    for (AddedToken& token : parts->added) {
+      if (const auto it = assigned.find(token.content); it != assigned.end()) {
+        token.id = it->second;
+      } else if (const auto id = parts->model->IdOf(token.content)) {
+        token.id = *id;
+      } else {
+        token.id = next++;
+      }
+      assigned[token.content] = token.id;
     }
   }
   // Later entries with the same content win, as in tokenizers' map.
@@ -1845,7 +1922,9 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
   for (size_t i = 0; i < parts->added.size(); ++i) latest[parts->added[i].content] = i;
   for (size_t i = 0; i < parts->added.size(); ++i) {
     const AddedToken& token = parts->added[i];
-    if (latest[token.content] != i) continue;
+    // A pattern normalized to nothing never matches here (tokenizers' own behaviour
+    // with one is undefined: it panics on multibyte text).
+    if (latest[token.content] != i || token.pattern.empty()) continue;
     (token.normalized ? parts->normalized_tokens : parts->raw_tokens).push_back(&token);
   }
   for (auto* list : {&parts->raw_tokens, &parts->normalized_tokens}) {

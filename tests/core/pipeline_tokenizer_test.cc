@@ -221,6 +221,38 @@ TEST(ModelFolderTest, XlmRobertaPairsAreCutLongestFirst) {
   }
 }
 
+// Handmade tokenizers on paths the corpus seldom reaches, with tokenizers' own ids
+// (tests/tools/make_tokenizer_edge_golden.py): added-token numbering, tokens stripped to
+// nothing, StripAccents' Unicode 9.0 table, models without (or with a missing) unknown
+// token, every Split behavior, Metaspace's prepend schemes between added tokens.
+TEST(EdgeCaseTest, HandmadeTokenizersGiveHuggingFacesIds) {
+  std::ifstream in(kData + "/tokenizers/edge_cases.jsonl");
+  ASSERT_TRUE(in.good());
+  std::string line;
+  std::getline(in, line);  // the header
+  int cases = 0;
+  while (std::getline(in, line)) {
+    const Json item = Json::parse(line);
+    SCOPED_TRACE(item["name"].get<std::string>());
+    auto tokenizer = PipelineTokenizer::FromTokenizerJson(item["tokenizer"].dump(), {});
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    for (const Json& each : item["cases"]) {
+      const std::string text = each["text"];
+      std::vector<int64_t> ids;
+      const auto encoding = (*tokenizer)->Encode(text, 1 << 20, &ids);
+      if (each.contains("error")) {
+        EXPECT_FALSE(encoding.ok()) << "\"" << text << "\"";
+        EXPECT_TRUE(ids.empty());
+      } else {
+        ASSERT_TRUE(encoding.ok()) << "\"" << text << "\": " << encoding.status();
+        EXPECT_THAT(ids, ElementsAreArray(Ids(each["ids"]))) << "\"" << text << "\"";
+      }
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 70);
+}
+
 absl::StatusOr<std::unique_ptr<PipelineTokenizer>> FromJson(const std::string& json) {
   return PipelineTokenizer::FromTokenizerJson(json, {});
 }
