@@ -111,6 +111,18 @@ absl::Status EncoderSpec::Validate() const {
     return Invalid(
         absl::StrCat("position_offset must be in [0, 2^20], got ", position_offset));
   }
+  int64_t width = d_model;
+  for (size_t i = 0; i < dense.size(); ++i) {
+    if (num_labels > 0)
+      return Invalid("dense layers cannot follow a classification head");
+    if (dense[i].in_features != width || dense[i].out_features < 1 ||
+        dense[i].out_features > kMaxDenseWidth) {
+      return Invalid(absl::StrCat("dense[", i, "] must take ", width,
+                                  " features and give 1 to ", kMaxDenseWidth, ", got ",
+                                  dense[i].in_features, " -> ", dense[i].out_features));
+    }
+    width = dense[i].out_features;
+  }
   if (d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
@@ -185,6 +197,18 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   ATTN_RETURN_IF_ERROR(CheckSize(pooler_bias, head, "pooler_bias"));
   ATTN_RETURN_IF_ERROR(CheckSize(classifier_weight, labels * d, "classifier_weight"));
   ATTN_RETURN_IF_ERROR(CheckSize(classifier_bias, labels, "classifier_bias"));
+  if (dense.size() != spec.dense.size()) {
+    return Invalid(absl::StrCat("dense has ", dense.size(), " layers, expected ",
+                                spec.dense.size()));
+  }
+  for (size_t i = 0; i < dense.size(); ++i) {
+    const EncoderSpec::Dense& layer = spec.dense[i];
+    ATTN_RETURN_IF_ERROR(CheckSize(dense[i].weight,
+                                   layer.out_features * layer.in_features,
+                                   absl::StrCat("dense[", i, "].weight")));
+    ATTN_RETURN_IF_ERROR(CheckSize(dense[i].bias, layer.out_features,
+                                   absl::StrCat("dense[", i, "].bias")));
+  }
   if (static_cast<int64_t>(layers.size()) != spec.num_layers) {
     return Invalid(absl::StrCat("layers has ", layers.size(), " entries, expected ",
                                 spec.num_layers));
@@ -885,6 +909,41 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   return encoder;
 }
 
+void TransformerEncoder::ApplyDense(std::vector<float>* values,
+                                    std::vector<float>* scratch) const {
+  // One row per sequence, summed in double as the pooling is.
+  for (size_t n = 0; n < spec_.dense.size(); ++n) {
+    const EncoderSpec::Dense& layer = spec_.dense[n];
+    const EncoderWeights::DenseWeights& weights = state_->weights.dense[n];
+    scratch->resize(static_cast<size_t>(layer.out_features));
+    for (int64_t r = 0; r < layer.out_features; ++r) {
+      const float* row = &weights.weight[r * layer.in_features];
+      double sum = weights.bias[r];
+      for (int64_t c = 0; c < layer.in_features; ++c) {
+        sum += static_cast<double>(row[c]) * (*values)[c];
+      }
+      switch (layer.activation) {
+        case EncoderSpec::Dense::Activation::kTanh:
+          sum = std::tanh(sum);
+          break;
+        case EncoderSpec::Dense::Activation::kRelu:
+          sum = std::max(sum, 0.0);
+          break;
+        case EncoderSpec::Dense::Activation::kGelu:
+          sum = 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0)));
+          break;
+        case EncoderSpec::Dense::Activation::kSigmoid:
+          sum = 1.0 / (1.0 + std::exp(-sum));
+          break;
+        case EncoderSpec::Dense::Activation::kIdentity:
+          break;
+      }
+      (*scratch)[r] = static_cast<float>(sum);
+    }
+    values->swap(*scratch);
+  }
+}
+
 void TransformerEncoder::ClassifyHead(const float* last,
                                       absl::Span<const int64_t> lengths,
                                       absl::Span<float> logits) const {
@@ -1121,9 +1180,12 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     return absl::OkStatus();
   }
   int64_t first = 0;
+  std::vector<float> staged, next;
   for (int64_t i = 0; i < sequences; ++i) {
     const int64_t length = batch.lengths[i];
-    float* out = &pooled[i * d];
+    // Pooled into `out` directly, or into `staged` when Dense layers follow.
+    if (!spec_.dense.empty()) staged.resize(static_cast<size_t>(d));
+    float* out = spec_.dense.empty() ? &pooled[i * width] : staged.data();
     switch (spec_.pooling) {
       case EncoderSpec::Pooling::kCls:
       case EncoderSpec::Pooling::kLastToken: {
@@ -1157,12 +1219,17 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
         }
       }
     }
+    if (!spec_.dense.empty()) {
+      ApplyDense(&staged, &next);
+      out = &pooled[i * width];
+      std::copy(staged.begin(), staged.end(), out);
+    }
     if (spec_.normalize) {
       double norm = 0.0;
-      for (int64_t c = 0; c < d; ++c) norm += static_cast<double>(out[c]) * out[c];
+      for (int64_t c = 0; c < width; ++c) norm += static_cast<double>(out[c]) * out[c];
       // sentence-transformers' Normalize divides by max(norm, 1e-12).
       const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
-      for (int64_t c = 0; c < d; ++c) out[c] = static_cast<float>(out[c] * scale);
+      for (int64_t c = 0; c < width; ++c) out[c] = static_cast<float>(out[c] * scale);
     }
     first += length;
   }

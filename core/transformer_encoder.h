@@ -87,8 +87,25 @@ struct EncoderSpec {
   // [0, kMaxLabels].
   int64_t num_labels = 0;
   static constexpr int64_t kMaxLabels = 65536;
-  // The values per sequence Forward's `pooled` receives: num_labels logits, or d_model.
-  int64_t pooled_width() const { return num_labels > 0 ? num_labels : d_model; }
+  // sentence-transformers' Dense modules after the pooling (and before `normalize`), in
+  // order: each a linear layer of in_features -> out_features and an activation. The
+  // first takes d_model, each next one the previous one's out_features. Not with a
+  // classification head.
+  struct Dense {
+    int64_t in_features = 0;
+    int64_t out_features = 0;  // >= 1
+    enum class Activation { kIdentity, kTanh, kRelu, kGelu, kSigmoid };
+    Activation activation = Activation::kTanh;
+  };
+  std::vector<Dense> dense;
+  static constexpr int64_t kMaxDenseWidth = 65536;
+  // The values per sequence Forward's `pooled` receives: num_labels logits, or the
+  // embedding's width (the last Dense's out_features, else d_model).
+  int64_t pooled_width() const {
+    return num_labels > 0  ? num_labels
+           : dense.empty() ? d_model
+                           : dense.back().out_features;
+  }
   // Whether Forward can fill `pooled` (a head, or a pooling other than none).
   bool pools() const { return num_labels > 0 || pooling != Pooling::kNone; }
   // fp32: every product in f32. bf16: the attention and feed-forward weights are
@@ -143,6 +160,13 @@ struct EncoderWeights {
   // over [CLS] ([d, d], [d]), and the classifier ([num_labels, d], [num_labels]).
   std::vector<float> pooler_weight, pooler_bias;
   std::vector<float> classifier_weight, classifier_bias;
+  // One per EncoderSpec::dense: [out_features, in_features] and [out_features] (zeros for
+  // a layer without bias).
+  struct DenseWeights {
+    std::vector<float> weight;
+    std::vector<float> bias;
+  };
+  std::vector<DenseWeights> dense;
 
   // InvalidArgument naming the first tensor whose size does not fit `spec`.
   absl::Status CheckShapes(const EncoderSpec& spec) const;
@@ -249,6 +273,9 @@ class TransformerEncoder {
   struct State;
   TransformerEncoder(const EncoderSpec& spec, const Options& options);
   // The head's logits [n, num_labels] from the last hidden state (packed by `lengths`).
+  // The Dense layers on one pooled vector ([d_model] in, the last layer's width out);
+  // `scratch` is working space.
+  void ApplyDense(std::vector<float>* values, std::vector<float>* scratch) const;
   void ClassifyHead(const float* last, absl::Span<const int64_t> lengths,
                     absl::Span<float> logits) const;
 

@@ -140,7 +140,7 @@ void EncoderExecutor::Scatter(absl::Span<EncoderWork* const> batch, bool compute
         if (labels > 0) {
           ServeScores(&packed_.pooled[sequence * width], n, labels, work);
         } else {
-          ServeEmbedding(&packed_.pooled[sequence * d], n, d, work);
+          ServeEmbedding(&packed_.pooled[sequence * width], n, width, work);
         }
       }
       if (work->return_hidden) {

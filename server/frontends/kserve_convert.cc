@@ -567,7 +567,8 @@ void FillModelMetadata(const ServedModel& model,
     if (labels > 0) {
       tensor(response->mutable_outputs(), kScores, {-1, labels});
     } else {
-      tensor(response->mutable_outputs(), kEmbedding, {-1, d});
+      tensor(response->mutable_outputs(), kEmbedding,
+             {-1, model.encoder_spec.pooled_width()});
     }
     tensor(response->mutable_outputs(), kHidden, {-1, d});
     tensor(response->mutable_outputs(), kLengths, {-1}, "INT64");
@@ -618,7 +619,8 @@ void FillModelConfig(const ServedModel& model, inference::ModelConfig* config) {
     if (labels > 0) {
       add(config->add_output(), kScores, inference::TYPE_FP32, {-1, labels});
     } else {
-      add(config->add_output(), kEmbedding, inference::TYPE_FP32, {-1, d});
+      add(config->add_output(), kEmbedding, inference::TYPE_FP32,
+          {-1, model.encoder_spec.pooled_width()});
     }
     add(config->add_output(), kHidden, inference::TYPE_FP32, {-1, d});
     add(config->add_output(), kLengths, inference::TYPE_INT64, {-1});

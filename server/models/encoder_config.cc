@@ -337,16 +337,22 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   return absl::OkStatus();
 }
 
-// The served modules of modules.json: sentence-transformers' Transformer, Pooling and
-// Normalize, by the last part of their type (sentence_transformers.models.Normalize, or
-// sentence-transformers 6's sentence_transformers.base.modules.normalize.Normalize).
-// Whether Normalize is listed; a module of another type (Dense, ...) is refused by
-// name: computing without it would answer other vectors.
-absl::StatusOr<bool> ListsNormalize(const std::string& modules_json) {
+// The served modules of modules.json: sentence-transformers' Transformer, Pooling, Dense
+// and Normalize, by the last part of their type (sentence_transformers.models.Normalize,
+// or sentence-transformers 6's sentence_transformers.base.modules.normalize.Normalize).
+// A module of another type is refused by name (computing without it would answer other
+// vectors), and so is a Dense before the Pooling or a module after Normalize.
+struct Modules {
+  bool normalize = false;
+  std::vector<std::string> dense_folders;
+};
+
+absl::StatusOr<Modules> ReadModules(const std::string& modules_json) {
   constexpr absl::string_view kFile = "modules.json";
   ATTN_ASSIGN_OR_RETURN(const Json modules, Parse(modules_json, kFile));
   if (!modules.is_array()) return Invalid("modules.json: must be a JSON array");
-  bool normalize = false;
+  Modules out;
+  bool pooled = false;
   for (size_t i = 0; i < modules.size(); ++i) {
     if (!modules[i].is_object()) {
       return Invalid(absl::StrCat("modules.json: [", i, "] must be an object"));
@@ -354,15 +360,100 @@ absl::StatusOr<bool> ListsNormalize(const std::string& modules_json) {
     ATTN_ASSIGN_OR_RETURN(const std::string type, Text(modules[i], "type", "", kFile));
     const absl::string_view last = absl::string_view(type).substr(type.rfind('.') + 1);
     if (!absl::StartsWith(type, "sentence_transformers.") ||
-        (last != "Transformer" && last != "Pooling" && last != "Normalize")) {
+        (last != "Transformer" && last != "Pooling" && last != "Normalize" &&
+         last != "Dense")) {
       return Invalid(absl::StrCat("modules.json: [", i, "] type \"", type,
                                   "\" is not served (served: sentence-transformers' "
-                                  "Transformer, Pooling and Normalize)"));
+                                  "Transformer, Pooling, Dense and Normalize)"));
     }
-    normalize |= last == "Normalize";
+    if (out.normalize) {
+      return Invalid(
+          absl::StrCat("modules.json: [", i, "] ", last,
+                       " after Normalize is not served (Normalize comes last)"));
+    }
+    pooled |= last == "Pooling";
+    out.normalize |= last == "Normalize";
+    if (last == "Dense") {
+      ATTN_ASSIGN_OR_RETURN(const std::string path, Text(modules[i], "path", "", kFile));
+      const bool plain = !path.empty() && path != "." && path != ".." &&
+                         path.size() <= 128 &&
+                         path.find_first_not_of(
+                             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
+                             "OPQRSTUVWXYZ0123456789_.-") == std::string::npos;
+      if (!plain) {
+        return Invalid(
+            absl::StrCat("modules.json: [", i, "] Dense path \"", path.substr(0, 64),
+                         "\" must be one folder's name inside the model's folder"));
+      }
+      if (!pooled) {
+        return Invalid(absl::StrCat("modules.json: [", i,
+                                    "] Dense before the Pooling is not served"));
+      }
+      out.dense_folders.push_back(path);
+    }
   }
-  return normalize;
+  return out;
 }
+
+// A Dense module's config.json: in_features, out_features, bias, activation_function.
+absl::StatusOr<v1::EncoderConfig::Dense> DenseLayer(const std::string& folder,
+                                                    const std::string& json_text) {
+  const std::string file = absl::StrCat(folder, "/config.json");
+  ATTN_ASSIGN_OR_RETURN(const Json json, Parse(json_text, file));
+  if (!json.is_object()) return Invalid(absl::StrCat(file, ": must be an object"));
+  v1::EncoderConfig::Dense layer;
+  layer.set_folder(folder);
+  ATTN_ASSIGN_OR_RETURN(const int64_t in, Count(json, "in_features", 0, file));
+  ATTN_ASSIGN_OR_RETURN(const int64_t out, Count(json, "out_features", 0, file));
+  if (in == 0 || out == 0) {
+    return Invalid(absl::StrCat(file, ": in_features and out_features are required"));
+  }
+  layer.set_in_features(in);
+  layer.set_out_features(out);
+  bool bias = true;
+  if (const auto it = json.find("bias"); it != json.end() && !it->is_null()) {
+    ATTN_ASSIGN_OR_RETURN(bias, Flag(json, "bias", file));
+  }
+  layer.set_bias(bias);
+  ATTN_ASSIGN_OR_RETURN(const bool residual, Flag(json, "use_residual", file));
+  if (residual) return Invalid(absl::StrCat(file, ": use_residual true is not served"));
+  ATTN_ASSIGN_OR_RETURN(
+      const std::string activation,
+      Text(json, "activation_function", "torch.nn.modules.activation.Tanh", file));
+  const absl::string_view name =
+      absl::string_view(activation).substr(activation.rfind('.') + 1);
+  using Dense = v1::EncoderConfig::Dense;
+  if (!absl::StartsWith(activation, "torch.")) {
+    return Invalid(absl::StrCat(file, ": activation_function \"", activation,
+                                "\" is not served (served: torch's Identity, Tanh, ReLU, "
+                                "GELU, Sigmoid)"));
+  }
+  if (name == "Identity") {
+    layer.set_activation(Dense::DENSE_ACTIVATION_IDENTITY);
+  } else if (name == "Tanh") {
+    layer.set_activation(Dense::DENSE_ACTIVATION_TANH);
+  } else if (name == "ReLU") {
+    layer.set_activation(Dense::DENSE_ACTIVATION_RELU);
+  } else if (name == "GELU") {
+    layer.set_activation(Dense::DENSE_ACTIVATION_GELU);
+  } else if (name == "Sigmoid") {
+    layer.set_activation(Dense::DENSE_ACTIVATION_SIGMOID);
+  } else {
+    return Invalid(absl::StrCat(file, ": activation_function \"", activation,
+                                "\" is not served (served: torch's Identity, Tanh, ReLU, "
+                                "GELU, Sigmoid)"));
+  }
+  return layer;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> DenseFolders(const std::string& modules_json) {
+  ATTN_ASSIGN_OR_RETURN(const Modules modules, ReadModules(modules_json));
+  return modules.dense_folders;
+}
+
+namespace {
 
 // 1_Pooling/config.json's mode: sentence-transformers' pooling_mode_* flags, or
 // sentence-transformers 6's "pooling_mode" name.
@@ -416,9 +507,26 @@ absl::StatusOr<v1::EncoderConfig::Pooling> PoolingMode(const std::string& poolin
 absl::Status ApplySentenceTransformers(const EncoderFiles& files,
                                        v1::ModelConfig* config) {
   v1::EncoderConfig* encoder = config->mutable_encoder();
-  bool normalize = false;
+  Modules modules;
   if (!files.modules_json.empty()) {
-    ATTN_ASSIGN_OR_RETURN(normalize, ListsNormalize(files.modules_json));
+    ATTN_ASSIGN_OR_RETURN(modules, ReadModules(files.modules_json));
+  }
+  const bool normalize = modules.normalize;
+  if (encoder->dense_size() == 0) {
+    for (const std::string& folder : modules.dense_folders) {
+      const auto it =
+          std::find_if(files.dense_configs.begin(), files.dense_configs.end(),
+                       [&](const auto& entry) { return entry.first == folder; });
+      if (it == files.dense_configs.end() || it->second.empty()) {
+        return Invalid(absl::StrCat(folder,
+                                    "/config.json: modules.json lists a Dense "
+                                    "module there, and its config.json is missing"));
+      }
+      ATTN_ASSIGN_OR_RETURN(*encoder->add_dense(), DenseLayer(folder, it->second));
+    }
+  }
+  if (encoder->dense_size() > 0 && encoder->task() == v1::EncoderConfig::TASK_CLASSIFY) {
+    return Invalid("Dense modules after a classification head are not served");
   }
   if (encoder->normalization() == v1::EncoderConfig::NORMALIZATION_UNSPECIFIED) {
     encoder->set_normalization(normalize ? v1::EncoderConfig::NORMALIZATION_L2
@@ -736,6 +844,29 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       spec.family = core::EncoderSpec::Family::kBert;
   }
   spec.position_offset = encoder.position_offset();
+  for (const v1::EncoderConfig::Dense& layer : encoder.dense()) {
+    core::EncoderSpec::Dense dense;
+    dense.in_features = layer.in_features();
+    dense.out_features = layer.out_features();
+    using Activation = core::EncoderSpec::Dense::Activation;
+    switch (layer.activation()) {
+      case v1::EncoderConfig::Dense::DENSE_ACTIVATION_IDENTITY:
+        dense.activation = Activation::kIdentity;
+        break;
+      case v1::EncoderConfig::Dense::DENSE_ACTIVATION_RELU:
+        dense.activation = Activation::kRelu;
+        break;
+      case v1::EncoderConfig::Dense::DENSE_ACTIVATION_GELU:
+        dense.activation = Activation::kGelu;
+        break;
+      case v1::EncoderConfig::Dense::DENSE_ACTIVATION_SIGMOID:
+        dense.activation = Activation::kSigmoid;
+        break;
+      default:
+        dense.activation = Activation::kTanh;
+    }
+    spec.dense.push_back(dense);
+  }
   spec.layer_norm_eps = encoder.layer_norm_eps();
   spec.max_positions = encoder.max_positions();
   spec.vocab_size = encoder.vocab_size();

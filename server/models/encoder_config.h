@@ -6,6 +6,8 @@
 #define ATTNSERVE_SERVER_MODELS_ENCODER_CONFIG_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,7 +27,14 @@ struct EncoderFiles {
   // tokenizer_config.json (model_max_length: sentence-transformers 6 keeps
   // max_seq_length there)
   std::string tokenizer_config_json;
+  // Each Dense module's folder (DenseFolders) with the text of its config.json.
+  std::vector<std::pair<std::string, std::string>> dense_configs;
 };
+
+// The folders of modules.json's Dense modules, in order (each one folder name inside
+// the model's folder). InvalidArgument for a modules.json that is not a list or a Dense
+// path that is not a plain folder name.
+absl::StatusOr<std::vector<std::string>> DenseFolders(const std::string& modules_json);
 
 // Fills the unset fields of `config` (d_model, num_heads and `config->encoder()`) from
 // `files`: the task (a *ForSequenceClassification architecture classifies), its labels

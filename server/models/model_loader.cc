@@ -169,6 +169,45 @@ absl::Status WarmUpEncoder(core::TransformerEncoder& encoder) {
   return absl::OkStatus();
 }
 
+// The weights of each Dense module, from its folder's model.safetensors (linear.weight
+// [out, in], linear.bias [out] when it has one); any other tensor is an error naming it.
+absl::StatusOr<std::vector<core::EncoderWeights::DenseWeights>> LoadDenseWeights(
+    const std::filesystem::path& folder, const v1::EncoderConfig& encoder) {
+  std::vector<core::EncoderWeights::DenseWeights> out;
+  for (const v1::EncoderConfig::Dense& layer : encoder.dense()) {
+    const std::filesystem::path path = folder / layer.folder() / "model.safetensors";
+    std::error_code error;
+    if (!std::filesystem::exists(path, error) &&
+        std::filesystem::exists(folder / layer.folder() / "pytorch_model.bin", error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(layer.folder(),
+                       "/pytorch_model.bin: only model.safetensors is read (save the "
+                       "model with safe_serialization, or convert the file)"));
+    }
+    ATTN_ASSIGN_OR_RETURN(const core::SafetensorsFile file,
+                          core::SafetensorsFile::Read(path.string()));
+    core::EncoderWeights::DenseWeights weights;
+    ATTN_ASSIGN_OR_RETURN(
+        weights.weight,
+        file.ReadFloat32("linear.weight", {layer.out_features(), layer.in_features()}));
+    if (layer.bias()) {
+      ATTN_ASSIGN_OR_RETURN(weights.bias,
+                            file.ReadFloat32("linear.bias", {layer.out_features()}));
+    } else {
+      weights.bias.assign(static_cast<size_t>(layer.out_features()), 0.0f);
+    }
+    for (const std::string& name : file.Names()) {
+      if (name != "linear.weight" && (name != "linear.bias" || !layer.bias())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(layer.folder(), "/model.safetensors: unexpected tensor ", name,
+                         " (a Dense module holds linear.weight and linear.bias)"));
+      }
+    }
+    out.push_back(std::move(weights));
+  }
+  return out;
+}
+
 // An encoder model from its folder: config.pbtxt's `encoder` section completed from
 // config.json (and sentence-transformers' modules.json, 1_Pooling/config.json), the
 // weights from model.safetensors under their Hugging Face names.
@@ -191,6 +230,15 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
                         ReadOptionalFile(folder / "config_sentence_transformers.json"));
   ATTN_ASSIGN_OR_RETURN(files.tokenizer_config_json,
                         ReadOptionalFile(folder / "tokenizer_config.json"));
+  if (!files.modules_json.empty()) {
+    ATTN_ASSIGN_OR_RETURN(const std::vector<std::string> dense,
+                          DenseFolders(files.modules_json));
+    for (const std::string& name : dense) {
+      ATTN_ASSIGN_OR_RETURN(std::string text,
+                            ReadOptionalFile(folder / name / "config.json"));
+      files.dense_configs.emplace_back(name, std::move(text));
+    }
+  }
   ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));
   ATTN_ASSIGN_OR_RETURN(core::EncoderSpec spec, EncoderSpecFromConfig(config));
   spec.precision = ToCorePrecision(config.precision());
@@ -234,6 +282,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     }
     ATTN_ASSIGN_OR_RETURN(weights, core::LoadBertWeights(file, spec, prefix));
   }
+  ATTN_ASSIGN_OR_RETURN(weights.dense, LoadDenseWeights(folder, config.encoder()));
   config.mutable_encoder()->set_weights_prefix(prefix);
   config.mutable_encoder()->set_weights_file(weights_file);
   // Text in when the folder has a tokenizer; a tokenizer that is there but cannot be

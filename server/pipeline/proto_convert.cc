@@ -493,10 +493,11 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
     return absl::InvalidArgumentError(absl::StrCat(
         "dimensions must be 0 (all of them) or positive, got ", request.dimensions()));
   }
-  if (request.dimensions() > spec.d_model) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dimensions must be at most ", spec.d_model,
-                     " (the model's d_model), got ", request.dimensions()));
+  if (spec.num_labels == 0 && request.dimensions() > spec.pooled_width()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dimensions must be at most ", spec.pooled_width(), " (the model's embedding ",
+        spec.dense.empty() ? "width, d_model" : "width, its last Dense layer's",
+        "), got ", request.dimensions()));
   }
   const bool classifies = spec.num_labels > 0;
   if (classifies && (request.dimensions() > 0 || request.normalize())) {
@@ -529,7 +530,8 @@ void SetEmbeddingOptions(const v1::EncodeRequest& request, const core::EncoderSp
       request.raw_scores() ? EncoderWork::ScoreActivation::kNone : activation;
   work->dimensions = request.dimensions();
   work->head_mask.assign(request.head_mask().begin(), request.head_mask().end());
-  const bool shortened = request.dimensions() > 0 && request.dimensions() < spec.d_model;
+  const bool shortened =
+      request.dimensions() > 0 && request.dimensions() < spec.pooled_width();
   work->normalize = spec.normalize ? shortened : request.normalize();
 }
 
@@ -865,7 +867,9 @@ void FillEncodeResponse(EncoderWork& work, const std::string& model_name,
     v1::Tensor* embedding = response->mutable_embedding();
     embedding->set_dtype(v1::DATA_TYPE_FP32);
     embedding->add_shape(static_cast<int64_t>(work.lengths.size()));
-    embedding->add_shape(work.dimensions > 0 ? work.dimensions : d_model);
+    // Its width: d_model, a Dense layer's, or the dimensions asked for.
+    embedding->add_shape(static_cast<int64_t>(work.embedding.size() / sizeof(float)) /
+                         std::max<int64_t>(sequences, 1));
     embedding->set_raw(std::move(work.embedding));
   }
   if (work.return_hidden) {

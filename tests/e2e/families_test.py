@@ -46,7 +46,10 @@ once, refused by name. Prompts (config_sentence_transformers.json's "prompts" an
 through the openai client and tritonclient, prompt_name "passage" through v1 and
 KServe's parameter, each against encode(prompt_name=...) with the prompt's
 tokens in the ids; an unknown prompt_name, a prompt_name with pairs or with token ids,
-refused naming it.
+refused naming it. Two Dense modules after the pooling (make_pooling_golden.py's
+tests/data/roberta_dense_tiny: 32 -> 24 Tanh, 24 -> 16 Identity without bias) through v1,
+the openai client (with dimensions) and KServe's metadata; a Dense that cannot be served
+(activation, shape, a path outside the folder) refused by name.
 
 usage: families_test.py ATTNSERVE REPO_ROOT
 """
@@ -405,6 +408,13 @@ class PoolingTest(FamilyServer):
         os.unlink(os.path.join(prompted, "config_sentence_transformers.json"))
         with open(os.path.join(prompted, "config_sentence_transformers.json"), "w") as f:
             f.write(cls.pooling["prompts"]["config_sentence_transformers.json"])
+        dense = cls.add_model("dense", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        os.unlink(os.path.join(dense, "modules.json"))
+        with open(os.path.join(dense, "modules.json"), "w") as f:
+            f.write(cls.pooling["dense"]["modules.json"])
+        for name in ("2_Dense", "3_Dense"):
+            os.symlink(os.path.join(DATA, "roberta_dense_tiny", name),
+                       os.path.join(dense, name))
         st6 = cls.add_model("st6", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
                             {"1_Pooling/config.json": {}})
         for name, text in cls.pooling["st6"]["files"].items():
@@ -490,6 +500,58 @@ class PoolingTest(FamilyServer):
         self.assertEqual(ids, golden["passage"]["token_ids"])
         check(np.frombuffer(reply.embedding.raw, "<f4").reshape(len(texts), -1),
               golden["passage"]["embeddings"], "v1, prompt_name passage")
+
+    def test_dense_modules_follow_the_pooling_as_sentence_transformers_does(self):
+        want = np.asarray(self.pooling["dense"]["embeddings"], np.float32)
+        texts = self.pooling["texts"]
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(model="dense", text=texts),
+                               timeout=60)
+        self.assertEqual(list(reply.embedding.shape), [len(texts), 16])
+        got = np.frombuffer(reply.embedding.raw, "<f4").reshape(len(texts), 16)
+        self.assertGreaterEqual(float(cosines(got, want).min()), COSINE)
+        np.testing.assert_allclose(got, want, atol=TOLERANCE, rtol=0)
+        # Matryoshka-style shortening applies to the Dense output, renormalized.
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        reply = client.embeddings.create(model="dense", input=texts, dimensions=8)
+        short = np.asarray([item.embedding for item in reply.data], np.float32)
+        cut = want[:, :8] / np.linalg.norm(want[:, :8], axis=1, keepdims=True)
+        np.testing.assert_allclose(short, cut, atol=TOLERANCE, rtol=0)
+        with self.assertRaises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="dense", input=texts, dimensions=17)
+        self.assertIn("dimensions must be at most 16", str(refused.exception))
+        triton = triton_grpc.InferenceServerClient(self.server.target)
+        outputs = {o.name: list(o.shape) for o in triton.get_model_metadata("dense").outputs}
+        self.assertEqual(outputs["embedding"], [-1, 16])
+
+    def test_dense_modules_that_cannot_be_served_are_refused(self):
+        modules = json.loads(self.pooling["dense"]["modules.json"])
+        folder = os.path.join(self.repository.name, "dense-bad")
+        for name, config, message in (
+                ("activation", {"in_features": 32, "out_features": 24,
+                                "activation_function": "my.module.Swish"},
+                 'activation_function "my.module.Swish" is not served'),
+                ("shape", {"in_features": 32, "out_features": 20},
+                 "dense[1] must take 20 features")):
+            with self.subTest(case=name):
+                self.add_model("dense-bad", "encoder {}\n", {"modules.json": modules})
+                os.symlink(os.path.join(DATA, "roberta_dense_tiny", "3_Dense"),
+                           os.path.join(folder, "3_Dense"))
+                os.mkdir(os.path.join(folder, "2_Dense"))
+                with open(os.path.join(folder, "2_Dense", "config.json"), "w") as f:
+                    json.dump(config, f)
+                os.symlink(os.path.join(DATA, "roberta_dense_tiny", "2_Dense",
+                                        "model.safetensors"),
+                           os.path.join(folder, "2_Dense", "model.safetensors"))
+                status, reply = stubs.post_json(
+                    f"{self.http}/v2/repository/models/dense-bad/load", {})
+                self.assertEqual(status, 400, reply)
+                self.assertIn(message, reply["error"])
+                shutil.rmtree(folder)
+        escaping = [dict(m, path="../x") if m["type"].endswith("Dense") else m
+                    for m in modules]
+        self.load_refused("dense-escape", "encoder {}\n", {"modules.json": escaping},
+                          ['Dense path "../x" must be one folder\'s name'])
 
     def test_bad_prompt_names_are_refused_naming_them(self):
         texts = self.pooling["texts"][:2]

@@ -23,6 +23,11 @@ Writes tests/data/pooling_modes.golden.json:
   sentence-transformers 6 and loaded back: its config_sentence_transformers.json, the
   token ids and embeddings of encode(texts) (the default prompt) and of
   encode(texts, prompt_name="passage");
+- "dense": roberta_tiny with two sentence-transformers Dense modules after its mean
+  pooling (32 -> 24 with Tanh and a bias, 24 -> 16 with no activation and no bias) and
+  Normalize, seeded, saved by sentence-transformers 6: its modules.json, and the
+  embeddings of that load; the Dense modules' folders (config.json, model.safetensors)
+  go to tests/data/roberta_dense_tiny/.
 - the versions used.
 """
 import json
@@ -97,6 +102,32 @@ def main():
                                        convert_to_numpy=True)
             prompts[name] = {"token_ids": ids, "embeddings": rounded(embeddings)}
     golden["prompts"] = prompts
+
+    torch.manual_seed(5)
+    transformer = models.Transformer(SOURCE, max_seq_length=64)
+    pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
+    first = models.Dense(32, 24, bias=True, activation_function=torch.nn.Tanh())
+    second = models.Dense(24, 16, bias=False, activation_function=torch.nn.Identity())
+    with torch.no_grad():
+        first.linear.bias.uniform_(-0.5, 0.5)
+    model = SentenceTransformer(
+        modules=[transformer, pooling, first, second, models.Normalize()], device="cpu")
+    dense_out = os.path.join(OUT, "roberta_dense_tiny")
+    with tempfile.TemporaryDirectory() as folder:
+        model.save(folder)
+        loaded = SentenceTransformer(folder, device="cpu")
+        with open(os.path.join(folder, "modules.json"), encoding="utf-8") as f:
+            modules = f.read()
+        embeddings = loaded.encode(texts, batch_size=4, convert_to_numpy=True)
+        for entry in json.loads(modules):
+            if entry["type"].endswith("Dense"):
+                target = os.path.join(dense_out, entry["path"])
+                os.makedirs(target, exist_ok=True)
+                for name in ("config.json", "model.safetensors"):
+                    with open(os.path.join(folder, entry["path"], name), "rb") as src, \
+                            open(os.path.join(target, name), "wb") as dst:
+                        dst.write(src.read())
+    golden["dense"] = {"modules.json": modules, "embeddings": rounded(embeddings)}
     golden["versions"] = {"sentence-transformers": sentence_transformers.__version__,
                           "transformers": transformers.__version__,
                           "torch": torch.__version__}
