@@ -202,6 +202,26 @@ absl::StatusOr<Pattern> ReadPattern(const Json& object, absl::string_view where)
   return out;
 }
 
+// A Sequence's parts (json[key], a list), each read by `read` one level deeper.
+template <typename Part, typename Read>
+absl::StatusOr<std::vector<std::unique_ptr<Part>>> ReadSteps(const Json& json,
+                                                             const char* key,
+                                                             absl::string_view where,
+                                                             int depth, Read read) {
+  if (!json.contains(key) || !json[key].is_array()) {
+    return Invalid(where, absl::StrCat("Sequence needs a ", key, " list"));
+  }
+  std::vector<std::unique_ptr<Part>> steps;
+  int i = 0;
+  for (const Json& step : json[key]) {
+    ATTN_ASSIGN_OR_RETURN(
+        std::unique_ptr<Part> part,
+        read(step, absl::StrCat(where, ".", key, "[", i++, "]"), depth + 1));
+    steps.push_back(std::move(part));
+  }
+  return steps;
+}
+
 // ----------------------------------------------------------------------------
 // Pieces and how a pattern's matches split them (tokenizers' SplitDelimiterBehavior).
 
@@ -599,18 +619,8 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ReadNormalizer(const Json& json,
   if (depth > 8) return Invalid(where, "normalizers nest deeper than 8");
   const std::string type = TypeOf(json);
   if (type == "Sequence") {
-    if (!json.contains("normalizers") || !json["normalizers"].is_array()) {
-      return Invalid(where, "Sequence needs a normalizers list");
-    }
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    int i = 0;
-    for (const Json& step : json["normalizers"]) {
-      ATTN_ASSIGN_OR_RETURN(
-          std::unique_ptr<Normalizer> normalizer,
-          ReadNormalizer(step, absl::StrCat(where, ".normalizers[", i++, "]"),
-                         depth + 1));
-      steps.push_back(std::move(normalizer));
-    }
+    ATTN_ASSIGN_OR_RETURN(auto steps, ReadSteps<Normalizer>(json, "normalizers", where,
+                                                            depth, ReadNormalizer));
     return std::make_unique<SequenceNormalizer>(std::move(steps));
   }
   if (type == "NFC") return std::make_unique<FormNormalizer>(NormalForm::kNfc);
@@ -877,18 +887,9 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ReadPreTokenizer(const Json& json,
   if (depth > 8) return Invalid(where, "pre-tokenizers nest deeper than 8");
   const std::string type = TypeOf(json);
   if (type == "Sequence") {
-    if (!json.contains("pretokenizers") || !json["pretokenizers"].is_array()) {
-      return Invalid(where, "Sequence needs a pretokenizers list");
-    }
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    int i = 0;
-    for (const Json& step : json["pretokenizers"]) {
-      ATTN_ASSIGN_OR_RETURN(
-          std::unique_ptr<PreTokenizer> pre,
-          ReadPreTokenizer(step, absl::StrCat(where, ".pretokenizers[", i++, "]"),
-                           depth + 1));
-      steps.push_back(std::move(pre));
-    }
+    ATTN_ASSIGN_OR_RETURN(
+        auto steps,
+        ReadSteps<PreTokenizer>(json, "pretokenizers", where, depth, ReadPreTokenizer));
     return std::make_unique<SequencePreTokenizer>(std::move(steps));
   }
   if (type == "ByteLevel") {

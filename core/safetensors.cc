@@ -1,11 +1,11 @@
 #include "core/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -195,24 +195,33 @@ absl::StatusOr<std::string> SerializeSafetensors(
   return out;
 }
 
-absl::StatusOr<SafetensorsFile> SafetensorsFile::ParseView(absl::string_view bytes) {
-  if (bytes.size() < 8) {
+absl::StatusOr<uint64_t> SafetensorsFile::HeaderSize(absl::string_view head,
+                                                     uint64_t total) {
+  if (total < 8 || head.size() < 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("truncated file: ", bytes.size(),
+        absl::StrCat("truncated file: ", total,
                      " bytes is shorter than the 8-byte header length field"));
   }
-  const uint64_t header_size = ReadLittleEndian64(bytes.data());
-  if (header_size > bytes.size() - 8) {
+  const uint64_t header_size = ReadLittleEndian64(head.data());
+  if (header_size > total - 8) {
     return absl::InvalidArgumentError(
         absl::StrCat("header length ", header_size, " runs past the end of the file (",
-                     bytes.size() - 8, " bytes follow the length field)"));
+                     total - 8, " bytes follow the length field)"));
   }
   if (header_size > kMaxHeaderBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "header length ", header_size, " exceeds the limit of ", kMaxHeaderBytes));
   }
-  ATTN_ASSIGN_OR_RETURN(const Json header,
-                        ParseHeader(absl::string_view(bytes).substr(8, header_size)));
+  return header_size;
+}
+
+absl::StatusOr<SafetensorsFile> SafetensorsFile::ParseView(absl::string_view head,
+                                                           uint64_t total) {
+  ATTN_ASSIGN_OR_RETURN(const uint64_t header_size, HeaderSize(head, total));
+  if (head.size() < 8 + header_size) {
+    return absl::InternalError("the header was not read whole");  // callers read it
+  }
+  ATTN_ASSIGN_OR_RETURN(const Json header, ParseHeader(head.substr(8, header_size)));
   if (!header.is_object()) {
     return absl::InvalidArgumentError(
         "malformed JSON header: top level is not an object");
@@ -220,7 +229,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::ParseView(absl::string_view byt
 
   SafetensorsFile file;
   file.data_offset_ = 8 + header_size;
-  const uint64_t data_size = bytes.size() - file.data_offset_;
+  const uint64_t data_size = total - file.data_offset_;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
       if (!value.is_object()) {
@@ -328,53 +337,77 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::ParseView(absl::string_view byt
 }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Parse(std::string bytes) {
-  ATTN_ASSIGN_OR_RETURN(SafetensorsFile file, ParseView(bytes));
+  ATTN_ASSIGN_OR_RETURN(SafetensorsFile file, ParseView(bytes, bytes.size()));
   file.owned_ = std::move(bytes);
   return file;
 }
 
-SafetensorsFile::Mapping::~Mapping() { munmap(address, size); }
-
-void SafetensorsFile::Release(absl::string_view range) const {
-  if (mapping_ == nullptr || range.empty()) return;
-  static const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(range.data());
-  const uintptr_t first = (begin + page - 1) / page * page;
-  const uintptr_t last = (begin + range.size()) / page * page;
-  // Pages of a private read-only mapping: dropped, they are read from the file again
-  // if ever touched.
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
-}
+SafetensorsFile::OpenFile::~OpenFile() { close(fd); }
 
 absl::StatusOr<SafetensorsFile> SafetensorsFile::Read(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open '", path, "': ", std::strerror(errno)));
+  }
+  auto file = std::make_shared<OpenFile>();
+  file->fd = fd;
+  file->path = path;
   struct stat info;
-  if (fstat(fd, &info) != 0 || info.st_size < 0) {
-    close(fd);
-    return absl::DataLossError(absl::StrCat(path, ": cannot tell its size"));
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    return absl::DataLossError(absl::StrCat(path, ": not a regular file"));
   }
-  const auto size = static_cast<size_t>(info.st_size);
-  // Mapped, not read: the file's pages are the page cache's, read as the tensors are
-  // converted and dropped once they have been (Release), so that loading does not hold
-  // the file and the weights at once.
-  void* address =
-      size == 0 ? MAP_FAILED : mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (address == MAP_FAILED) {
-    if (size == 0) return Parse(std::string());
-    return absl::DataLossError(absl::StrCat(path, ": cannot map its ", size, " bytes"));
+  const auto total = static_cast<uint64_t>(info.st_size);
+  // Only the header is read here; each tensor is read from the file when asked for
+  // (ReadFloat32), so that loading never holds the file and the weights at once. A
+  // file changed meanwhile is an error, never a crash (as a mapping's SIGBUS would be).
+  const auto prefixed = [&](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  };
+  std::string head(static_cast<size_t>(std::min<uint64_t>(total, 8)), '\0');
+  if (absl::Status read = file->ReadAt(0, head.size(), head.data()); !read.ok()) {
+    return read;
   }
-  // Owned from here on (no temporary Mapping, whose destructor would unmap).
-  std::shared_ptr<const Mapping> mapping(new Mapping{address, size});
-  absl::StatusOr<SafetensorsFile> file =
-      ParseView(absl::string_view(static_cast<const char*>(address), size));
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat(path, ": ", file.status().message()));
+  absl::StatusOr<uint64_t> header_size = HeaderSize(head, total);
+  if (!header_size.ok()) return prefixed(header_size.status());
+  head.resize(static_cast<size_t>(8 + *header_size));
+  if (absl::Status read = file->ReadAt(8, *header_size, head.data() + 8); !read.ok()) {
+    return read;
   }
-  file->mapping_ = std::move(mapping);
-  return file;
+  absl::StatusOr<SafetensorsFile> parsed = ParseView(head, total);
+  if (!parsed.ok()) return prefixed(parsed.status());
+  parsed->file_ = std::move(file);
+  return parsed;
+}
+
+absl::Status SafetensorsFile::OpenFile::ReadAt(uint64_t offset, uint64_t size,
+                                               char* out) const {
+  uint64_t done = 0;
+  while (done < size) {
+    const ssize_t got = pread(fd, out + done, static_cast<size_t>(size - done),
+                              static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": could not read bytes [", offset + done, ", ", offset + size, ") (",
+          got < 0 ? std::strerror(errno) : "the file ended there",
+          "; was it changed while it was loading?)"));
+    }
+    done += static_cast<uint64_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsFile::ReadBytes(uint64_t offset, uint64_t size, char* out) const {
+  if (file_ == nullptr) {
+    std::memcpy(out, owned_.data() + data_offset_ + offset, static_cast<size_t>(size));
+    return absl::OkStatus();
+  }
+  ATTN_RETURN_IF_ERROR(file_->ReadAt(data_offset_ + offset, size, out));
+  // Read once: the page cache need not keep them.
+  posix_fadvise(file_->fd, static_cast<off_t>(data_offset_ + offset),
+                static_cast<off_t>(size), POSIX_FADV_DONTNEED);
+  return absl::OkStatus();
 }
 
 const SafetensorsFile::Tensor* SafetensorsFile::Find(absl::string_view name) const {
@@ -388,13 +421,10 @@ std::vector<std::string> SafetensorsFile::Names() const {
   return names;
 }
 
-absl::string_view SafetensorsFile::Data(const Tensor& tensor) const {
-  const absl::string_view bytes =
-      mapping_ != nullptr
-          ? absl::string_view(static_cast<const char*>(mapping_->address), mapping_->size)
-          : absl::string_view(owned_);
-  return bytes.substr(data_offset_ + tensor.data_begin,
-                      tensor.data_end - tensor.data_begin);
+absl::StatusOr<std::string> SafetensorsFile::Data(const Tensor& tensor) const {
+  std::string bytes(static_cast<size_t>(tensor.data_end - tensor.data_begin), '\0');
+  ATTN_RETURN_IF_ERROR(ReadBytes(tensor.data_begin, bytes.size(), bytes.data()));
+  return bytes;
 }
 
 absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
@@ -409,31 +439,34 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
         "tensor '", name, "' has wrong shape: expected ", ShapeString(expected_shape),
         ", found ", ShapeString(tensor->shape)));
   }
-  const absl::string_view data = Data(*tensor);
   if (tensor->dtype != "F32" && tensor->dtype != "BF16") {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", name, "' has wrong dtype: expected F32 or BF16, found ",
                      tensor->dtype));
   }
-  const size_t element = tensor->dtype == "F32" ? 4 : 2;
-  std::vector<float> values(data.size() / element);
-  // In chunks, each chunk's source pages released once converted: a big tensor (an
-  // embedding table) is never held twice.
-  constexpr size_t kChunk = size_t{8} << 20;
-  for (size_t at = 0; at < data.size(); at += kChunk) {
-    const absl::string_view chunk = data.substr(at, kChunk);
-    float* out = values.data() + at / element;
-    if (element == 4) {
-      std::memcpy(out, chunk.data(), chunk.size());
-    } else {
-      for (size_t i = 0; i < chunk.size() / 2; ++i) {
-        const uint16_t bits =
-            static_cast<uint16_t>(static_cast<unsigned char>(chunk[2 * i]) |
-                                  (static_cast<unsigned char>(chunk[2 * i + 1]) << 8));
-        out[i] = Bf16ToFloat(bits);
-      }
+  const uint64_t bytes = tensor->data_end - tensor->data_begin;
+  if (tensor->dtype == "F32") {
+    // Straight into the values: no second copy of a big tensor (an embedding table).
+    std::vector<float> values(static_cast<size_t>(bytes / 4));
+    ATTN_RETURN_IF_ERROR(
+        ReadBytes(tensor->data_begin, bytes, reinterpret_cast<char*>(values.data())));
+    return values;
+  }
+  std::vector<float> values(static_cast<size_t>(bytes / 2));
+  // BF16 through a bounded staging buffer.
+  constexpr uint64_t kChunk = uint64_t{8} << 20;
+  std::string chunk;
+  for (uint64_t at = 0; at < bytes; at += kChunk) {
+    const uint64_t size = std::min(kChunk, bytes - at);
+    chunk.resize(static_cast<size_t>(size));
+    ATTN_RETURN_IF_ERROR(ReadBytes(tensor->data_begin + at, size, chunk.data()));
+    float* out = values.data() + at / 2;
+    for (size_t i = 0; i < chunk.size() / 2; ++i) {
+      const uint16_t bits =
+          static_cast<uint16_t>(static_cast<unsigned char>(chunk[2 * i]) |
+                                (static_cast<unsigned char>(chunk[2 * i + 1]) << 8));
+      out[i] = Bf16ToFloat(bits);
     }
-    Release(chunk);
   }
   return values;
 }

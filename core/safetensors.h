@@ -33,8 +33,8 @@ struct SafetensorsEntry {
 absl::StatusOr<std::string> SerializeSafetensors(
     absl::Span<const SafetensorsEntry> entries);
 
-// A parsed safetensors file held in memory. Immutable after Parse/Read; safe to read
-// from many threads.
+// A parsed safetensors file: its bytes in memory (Parse) or an open file read per
+// tensor (Read). Immutable after Parse/Read; safe to read from many threads.
 class SafetensorsFile {
  public:
   struct Tensor {
@@ -52,9 +52,10 @@ class SafetensorsFile {
   // offsets.
   static absl::StatusOr<SafetensorsFile> Parse(std::string bytes);
 
-  // Maps and parses the file at `path` (read-only; the pages are read as tensors are).
-  // NotFound when it cannot be opened; otherwise as Parse, with the path prefixed to
-  // the message.
+  // Reads and parses the header of the file at `path`, which stays open: each tensor
+  // is read from it when asked for, so that loading never holds the whole file beside
+  // the weights. NotFound when it cannot be opened; DataLoss for what is not a regular
+  // file or cannot be read; otherwise as Parse, with the path prefixed to the message.
   static absl::StatusOr<SafetensorsFile> Read(const std::string& path);
 
   // The tensor called `name`, or nullptr.
@@ -63,14 +64,14 @@ class SafetensorsFile {
   // Tensor names in sorted order.
   std::vector<std::string> Names() const;
 
-  // The raw bytes of `tensor`. REQUIRES: `tensor` came from this object's Find().
-  absl::string_view Data(const Tensor& tensor) const;
+  // A copy of the raw bytes of `tensor`; DataLoss when the file no longer holds them.
+  // REQUIRES: `tensor` came from this object's Find().
+  absl::StatusOr<std::string> Data(const Tensor& tensor) const;
 
   // Copies tensor `name` as float32, converting from F32 or BF16. `expected_shape`, when
   // not empty, must match exactly. NotFound (naming the tensor) when absent;
-  // InvalidArgument for another dtype or a different shape (expected vs found). A
-  // mapped file's pages of the tensor are released as they are converted (read again
-  // from the file if the tensor is read again).
+  // InvalidArgument for another dtype or a different shape (expected vs found);
+  // DataLoss when a file from Read no longer holds the bytes (changed while loading).
   absl::StatusOr<std::vector<float>> ReadFloat32(
       absl::string_view name, absl::Span<const int64_t> expected_shape = {}) const;
 
@@ -78,23 +79,29 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
-  // A read-only private mapping of the file, unmapped with its last holder.
-  struct Mapping {
-    void* address;
-    size_t size;
-    ~Mapping();
-    Mapping(const Mapping&) = delete;
-    Mapping& operator=(const Mapping&) = delete;
+  // An open file, closed with its last holder.
+  struct OpenFile {
+    int fd = -1;
+    std::string path;
+    ~OpenFile();
+    // Exactly `size` bytes at `offset` into `out`; DataLoss naming the range when the
+    // file ends before them (changed while loading).
+    absl::Status ReadAt(uint64_t offset, uint64_t size, char* out) const;
   };
   SafetensorsFile() = default;
-  // Parse's checks on `bytes`, which the caller then keeps alive in owned_ or mapping_.
-  static absl::StatusOr<SafetensorsFile> ParseView(absl::string_view bytes);
-  // Drops the mapped pages wholly inside `range` (nothing for owned bytes).
-  void Release(absl::string_view range) const;
+  // The header's length from the file's first bytes (`head`, at least 8 of them) and its
+  // size; InvalidArgument as Parse's.
+  static absl::StatusOr<uint64_t> HeaderSize(absl::string_view head, uint64_t total);
+  // Parse's checks, on `head` (the length field and the whole header) of a file of
+  // `total` bytes.
+  static absl::StatusOr<SafetensorsFile> ParseView(absl::string_view head,
+                                                   uint64_t total);
+  // `size` bytes of the data section from `offset` into `out`.
+  absl::Status ReadBytes(uint64_t offset, uint64_t size, char* out) const;
 
-  // The file's bytes: owned (Parse) or mapped (Read).
+  // The file's bytes: owned (Parse), or read from the open file when asked for (Read).
   std::string owned_;
-  std::shared_ptr<const Mapping> mapping_;
+  std::shared_ptr<const OpenFile> file_;
   uint64_t data_offset_ = 0;  // where the data section starts in the bytes
   std::map<std::string, Tensor, std::less<>> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -298,35 +298,13 @@ constexpr TensorNames kDistilBertNames = {"DistilBERT",
                                           "ffn.lin2.",
                                           "output_layer_norm."};
 
-// RoBERTa's tensors are BERT's, by name.
-constexpr TensorNames kRobertaNames = {"RoBERTa",
-                                       "embeddings.token_type_embeddings.weight",
-                                       "embeddings.LayerNorm.",
-                                       "",
-                                       "encoder.layer.",
-                                       "attention.self.query.",
-                                       "attention.self.key.",
-                                       "attention.self.value.",
-                                       "attention.output.dense.",
-                                       "attention.output.LayerNorm.",
-                                       "intermediate.dense.",
-                                       "output.dense.",
-                                       "output.LayerNorm."};
-
-// ELECTRA's discriminator is BERT's blocks by name too.
-constexpr TensorNames kElectraNames = {"ELECTRA",
-                                       "embeddings.token_type_embeddings.weight",
-                                       "embeddings.LayerNorm.",
-                                       "",
-                                       "encoder.layer.",
-                                       "attention.self.query.",
-                                       "attention.self.key.",
-                                       "attention.self.value.",
-                                       "attention.output.dense.",
-                                       "attention.output.LayerNorm.",
-                                       "intermediate.dense.",
-                                       "output.dense.",
-                                       "output.LayerNorm."};
+// `names` under another family's name (RoBERTa's and ELECTRA's tensors are BERT's).
+constexpr TensorNames Renamed(TensorNames names, const char* family) {
+  names.family = family;
+  return names;
+}
+constexpr TensorNames kRobertaNames = Renamed(kBertNames, "RoBERTa");
+constexpr TensorNames kElectraNames = Renamed(kBertNames, "ELECTRA");
 
 const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kDistilBert) return kDistilBertNames;
@@ -491,8 +469,12 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     const absl::string_view local = absl::string_view(name).substr(prefix.size());
     // A buffer, not a weight; and BertModel's [CLS] pooler (a dense layer + tanh), which
     // every BertModel checkpoint carries and no pooling served here uses.
+    // RoBERTa's and ELECTRA's heads read no pooler either (some conversions keep one).
+    const bool pooler_unused = spec.num_labels == 0 ||
+                               spec.family == EncoderSpec::Family::kRoberta ||
+                               spec.family == EncoderSpec::Family::kElectra;
     if (local == "embeddings.position_ids" ||
-        (spec.num_labels == 0 &&
+        (pooler_unused &&
          (local == "pooler.dense.weight" || local == "pooler.dense.bias"))) {
       continue;
     }

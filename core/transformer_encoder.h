@@ -187,7 +187,12 @@ struct EncoderWeights {
 // ignored. With a classification head (spec.num_labels > 0) the pooler `pooler.dense.*`
 // under the prefix and `classifier.weight`/`classifier.bias` outside it (where
 // BertForSequenceClassification keeps them) are read; without one BertModel's pooler,
-// which no served pooling uses, is accepted and ignored.
+// which no served pooling uses, is accepted and ignored. RoBERTa and ELECTRA: BERT's
+// names (behind "roberta." / "electra."), their head `classifier.dense.*` and
+// `classifier.out_proj.*` outside the prefix; RoBERTa's position table is read as
+// [position_offset + max_positions, d] and its first position_offset rows dropped.
+// `weights.dense` (sentence-transformers' Dense modules, in their own files) is left for
+// the caller to fill.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");
@@ -221,7 +226,8 @@ struct EncoderHeadStatistic {
 };
 
 // Thread-compatible: one thread at a time may call Forward (run several objects for
-// parallel workers). Owns its copy of the weights and its scratch buffers.
+// parallel workers). Owns its copy of the weights (the word-embedding table, read-only,
+// is shared with the other copies) and its scratch buffers.
 class TransformerEncoder {
  public:
   struct Options {
@@ -272,10 +278,10 @@ class TransformerEncoder {
  private:
   struct State;
   TransformerEncoder(const EncoderSpec& spec, const Options& options);
-  // The head's logits [n, num_labels] from the last hidden state (packed by `lengths`).
   // The Dense layers on one pooled vector ([d_model] in, the last layer's width out);
   // `scratch` is working space.
   void ApplyDense(std::vector<float>* values, std::vector<float>* scratch) const;
+  // The head's logits [n, num_labels] from the last hidden state (packed by `lengths`).
   void ClassifyHead(const float* last, absl::Span<const int64_t> lengths,
                     absl::Span<float> logits) const;
 

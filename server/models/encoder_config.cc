@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/json_values.h"
 #include "core/status_macros.h"
 #include "core/unicode_text.h"
@@ -252,9 +253,9 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     int64_t padding = 1;
     if (const auto it = json.find("pad_token_id"); it != json.end()) {
       const std::optional<int64_t> value = core::JsonInt64(*it);
-      if (!value || *value < 0 || *value > (int64_t{1} << 20)) {
+      if (!value || *value < 0 || *value >= (int64_t{1} << 20)) {
         return Invalid(absl::StrCat(
-            "config.json: pad_token_id must be an integer in [0, 2^20], got ",
+            "config.json: pad_token_id must be an integer in [0, 2^20), got ",
             Shown(*it)));
       }
       padding = *value;
@@ -406,7 +407,8 @@ absl::StatusOr<v1::EncoderConfig::Dense> DenseLayer(const std::string& folder,
   ATTN_ASSIGN_OR_RETURN(const int64_t in, Count(json, "in_features", 0, file));
   ATTN_ASSIGN_OR_RETURN(const int64_t out, Count(json, "out_features", 0, file));
   if (in == 0 || out == 0) {
-    return Invalid(absl::StrCat(file, ": in_features and out_features are required"));
+    return Invalid(absl::StrCat(file, ": ", in == 0 ? "in_features" : "out_features",
+                                " is required (an integer in [1, 2^31))"));
   }
   layer.set_in_features(in);
   layer.set_out_features(out);
@@ -512,7 +514,12 @@ absl::Status ApplySentenceTransformers(const EncoderFiles& files,
     ATTN_ASSIGN_OR_RETURN(modules, ReadModules(files.modules_json));
   }
   const bool normalize = modules.normalize;
-  if (encoder->dense_size() == 0) {
+  if (encoder->dense_size() > 0) {
+    return Invalid(
+        "encoder.dense is read from modules.json and the Dense modules' folders; leave "
+        "it unset in config.pbtxt");
+  }
+  {
     for (const std::string& folder : modules.dense_folders) {
       const auto it =
           std::find_if(files.dense_configs.begin(), files.dense_configs.end(),
@@ -731,10 +738,14 @@ absl::Status ApplyHeads(const v1::EncoderConfig& encoder, core::EncoderSpec* spe
 absl::Status ApplyPrompts(const EncoderFiles& files, v1::ModelConfig* config) {
   v1::EncoderConfig* encoder = config->mutable_encoder();
   constexpr absl::string_view kFile = "config_sentence_transformers.json";
-  if (encoder->prompts().empty() && !files.sentence_transformers_json.empty()) {
+  if (!files.sentence_transformers_json.empty()) {
     ATTN_ASSIGN_OR_RETURN(const Json st, Parse(files.sentence_transformers_json, kFile));
     if (!st.is_object()) return Invalid(absl::StrCat(kFile, ": must be an object"));
-    if (const auto it = st.find("prompts"); it != st.end() && !it->is_null()) {
+    // config.pbtxt's prompts replace the file's; the file's default stays unless
+    // config.pbtxt names one.
+    const bool file_prompts = encoder->prompts().empty();
+    if (const auto it = st.find("prompts");
+        file_prompts && it != st.end() && !it->is_null()) {
       if (!it->is_object()) {
         return Invalid(absl::StrCat(
             kFile, ": prompts must be an object of name: text, got ", Shown(*it)));
@@ -762,9 +773,15 @@ absl::Status ApplyPrompts(const EncoderFiles& files, v1::ModelConfig* config) {
   }
   if (!encoder->default_prompt_name().empty() &&
       !encoder->prompts().contains(encoder->default_prompt_name())) {
-    return Invalid(absl::StrCat("default_prompt_name \"", encoder->default_prompt_name(),
-                                "\" is not one of the prompts"));
+    std::vector<std::string> names;
+    for (const auto& [name, unused] : encoder->prompts()) names.push_back(name);
+    std::sort(names.begin(), names.end());
+    return Invalid(
+        absl::StrCat("default_prompt_name \"", encoder->default_prompt_name(),
+                     "\" is not one of the prompts (",
+                     names.empty() ? "there are none" : absl::StrJoin(names, ", "), ")"));
   }
+
   for (const auto& [name, text] : encoder->prompts()) {
     if (name.empty() || name.size() > 256 || text.size() > 65536 ||
         core::FirstInvalidUtf8(text) >= 0) {

@@ -40,9 +40,9 @@ absl::StatusOr<std::vector<std::string>> DenseFolders(const std::string& modules
 // `files`: the task (a *ForSequenceClassification architecture classifies), its labels
 // (id2label) and score activation too. InvalidArgument naming the file, the field and the
 // value: text that is not JSON, a field of the wrong type, an architecture that is not
-// served (model_type other than "bert", relative position embeddings, a decoder), an
-// activation or a pooling mode that is not served, or a config.pbtxt value that
-// contradicts config.json. Never throws.
+// served (a model_type outside the served families, relative position embeddings, a
+// decoder), an activation or a pooling mode that is not served, or a config.pbtxt value
+// that contradicts config.json. Never throws.
 absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* config);
 
 // The core's spec of a resolved config (ResolveEncoderConfig) and checks it.

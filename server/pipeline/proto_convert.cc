@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/bfloat16.h"
 #include "core/status_macros.h"
+#include "core/unicode_text.h"
 
 namespace attnserve::server {
 
@@ -495,9 +496,10 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
   }
   if (spec.num_labels == 0 && request.dimensions() > spec.pooled_width()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "dimensions must be at most ", spec.pooled_width(), " (the model's embedding ",
-        spec.dense.empty() ? "width, d_model" : "width, its last Dense layer's",
-        "), got ", request.dimensions()));
+        "dimensions must be at most ", spec.pooled_width(),
+        spec.dense.empty() ? " (the model's d_model)"
+                           : " (the model's embedding width, its last Dense layer's)",
+        ", got ", request.dimensions()));
   }
   const bool classifies = spec.num_labels > 0;
   if (classifies && (request.dimensions() > 0 || request.normalize())) {
@@ -604,13 +606,18 @@ absl::StatusOr<std::unique_ptr<EncoderWork>> TextWork(
   }
   ATTN_ASSIGN_OR_RETURN(const std::string prompt, PromptFor(request, limits, pairs));
   const bool truncate = request.truncate() || limits.auto_truncate;
+  std::string prompted;  // a prompted text, reused from text to text
   auto work = std::make_unique<EncoderWork>();
   work->lengths.reserve(static_cast<size_t>(request.text_size()));
   for (int i = 0; i < request.text_size(); ++i) {
     const size_t before = work->token_ids.size();
-    thread_local std::string prompted;
     absl::string_view text = request.text(i);
     if (!prompt.empty()) {
+      // Offsets in errors count from the text's start, not the prompt's.
+      if (absl::Status utf8 = core::CheckUtf8(text); !utf8.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("text[", i, "] is ", utf8.message()));
+      }
       prompted.assign(prompt);
       prompted.append(text.data(), text.size());
       text = prompted;

@@ -103,8 +103,9 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // request.truncate (naming the text, its count and the limit), attention_mask or
 // token_type_ids beside text, and the response and work budgets as for ids (checked as
 // the tokens add up, so no more than the budget is ever held); first of all, dimensions
-// outside [0, d_model], and dimensions or normalize for a model that pools nothing.
-// Pairs (request.text_pair, a classification model's) are tokenized as BERT's pair
+// outside [0, the embedding's width], and dimensions or normalize for a model that pools
+// nothing; a prompt_name the model lacks, one with pairs or without text. Pairs
+// (request.text_pair, a classification model's) are tokenized in the tokenizer's pair
 // template; a classification model's scores go through `activation` unless
 // request.raw_scores.
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(

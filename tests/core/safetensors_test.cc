@@ -1,5 +1,7 @@
 #include "core/safetensors.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -200,10 +202,10 @@ TEST(SafetensorsTest, EntryWithoutFieldsIsRejected) {
                 "missing field 'data_offsets'");
 }
 
-// A file is mapped, not read; a tensor's pages are dropped once converted (several
-// chunks' worth here) and read from the file again when asked for again; the mapping
-// outlives the file's name and every copy of the object.
-TEST(SafetensorsTest, MappedFileReadsTensorsAgainAfterReleasingThem) {
+// A file's tensors are read when asked for (a bf16 one through several chunks), again
+// when asked for again; the open file outlives the file's name and every copy of the
+// object.
+TEST(SafetensorsTest, ReadFileReadsEachTensorWhenAskedFor) {
   std::vector<float> big(5 << 20);  // 20 MiB: more than two conversion chunks
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 9973) - 17.5f;
   std::string data(big.size() * 4, '\0');
@@ -229,6 +231,31 @@ TEST(SafetensorsTest, MappedFileReadsTensorsAgainAfterReleasingThem) {
   file = absl::UnknownError("gone");
   EXPECT_EQ(*copy.ReadFloat32("big"), big);
   EXPECT_THAT(*copy.ReadFloat32("small"), ::testing::ElementsAre(1.0f, -2.0f));
+}
+
+// A file cut short after its header was read (rewritten in place while loading) is a
+// DataLoss naming the file and the range, never a crash.
+TEST(SafetensorsTest, AFileCutShortWhileLoadingIsAnErrorNotACrash) {
+  std::vector<float> values(1 << 20, 0.25f);
+  std::string data(values.size() * 4, '\0');
+  std::memcpy(data.data(), values.data(), data.size());
+  const std::string path = ::testing::TempDir() + "/cut.safetensors";
+  const std::string bytes =
+      *SerializeSafetensors({{"w", "F32", {static_cast<int64_t>(values.size())}, data}});
+  {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(out, nullptr);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), out), bytes.size());
+    std::fclose(out);
+  }
+  const absl::StatusOr<SafetensorsFile> file = SafetensorsFile::Read(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(truncate(path.c_str(), 100), 0);
+  const auto read = file->ReadFloat32("w");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(read.status().message(), HasSubstr(path));
+  EXPECT_THAT(read.status().message(), HasSubstr("changed while it was loading"));
+  std::remove(path.c_str());
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {

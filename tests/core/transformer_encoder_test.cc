@@ -392,7 +392,7 @@ SafetensorsFile Rewritten(const std::string& prefix, const std::string& extra,
     if (name == dropped) continue;
     const SafetensorsFile::Tensor* tensor = file->Find(name);
     entries.push_back(
-        {prefix + name, tensor->dtype, tensor->shape, std::string(file->Data(*tensor))});
+        {prefix + name, tensor->dtype, tensor->shape, *file->Data(*tensor)});
   }
   if (!extra.empty()) {
     entries.push_back({prefix + extra, "F32", {2}, std::string(8, '\0')});

@@ -280,7 +280,7 @@ class RobertaTest(FamilyServer):
                           ["max_position_embeddings 2", "pad_token_id 1"])
         self.load_refused("bad-padding", "encoder {}\n",
                           {"config.json": dict(config, pad_token_id=-3)},
-                          ["pad_token_id must be an integer in [0, 2^20], got -3"])
+                          ["pad_token_id must be an integer in [0, 2^20), got -3"])
         self.assert_golden(self.encode("roberta"))
 
 

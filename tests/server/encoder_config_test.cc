@@ -115,7 +115,7 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
       {{R"({"model_type": "electra", "embedding_size": 128})", "", ""},
        "embedding_size 128 differs from hidden_size 768"},
       {{R"({"model_type": "xlm-roberta", "pad_token_id": 1.5})", "", ""},
-       "pad_token_id must be an integer in [0, 2^20], got 1.5"},
+       "pad_token_id must be an integer in [0, 2^20), got 1.5"},
       {{R"({"position_embedding_type": "relative_key"})", "", ""},
        "position_embedding_type \"relative_key\" is not served"},
       {{R"({"is_decoder": true})", "", ""}, "decoders are not served"},
