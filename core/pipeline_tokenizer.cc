@@ -998,6 +998,22 @@ std::optional<int64_t> FindId(const Map& vocab, absl::string_view token) {
   return it == vocab.end() ? std::nullopt : std::optional<int64_t>(it->second);
 }
 
+// A model whose vocabulary is a map of token to id (BPE, WordPiece, WordLevel).
+class MapVocabModel : public Model {
+ public:
+  void ListTokens(
+      const std::function<void(absl::string_view, int64_t)>& each) const override {
+    for (const auto& [token, id] : vocab_) each(token, id);
+  }
+  std::optional<int64_t> IdOf(absl::string_view token) const override {
+    return FindId(vocab_, token);
+  }
+  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
+
+ protected:
+  absl::flat_hash_map<std::string, int64_t> vocab_;
+};
+
 absl::Status NoUnknownToken(absl::string_view piece) {
   return absl::InvalidArgumentError(absl::StrCat(
       "has \"", piece.substr(0, 64),
@@ -1036,7 +1052,7 @@ absl::StatusOr<std::optional<int64_t>> OptionalTokenId(
   return std::optional<int64_t>(it->second);
 }
 
-class BpeModel : public Model {
+class BpeModel : public MapVocabModel {
  public:
   static absl::StatusOr<std::unique_ptr<BpeModel>> Read(const Json& json,
                                                         absl::string_view where) {
@@ -1184,15 +1200,6 @@ class BpeModel : public Model {
     return absl::OkStatus();
   }
 
-  void ListTokens(
-      const std::function<void(absl::string_view, int64_t)>& each) const override {
-    for (const auto& [token, id] : vocab_) each(token, id);
-  }
-  std::optional<int64_t> IdOf(absl::string_view token) const override {
-    return FindId(vocab_, token);
-  }
-  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
-
  private:
   BpeModel() = default;
 
@@ -1248,7 +1255,6 @@ class BpeModel : public Model {
     }
   }
 
-  absl::flat_hash_map<std::string, int64_t> vocab_;
   absl::flat_hash_map<std::pair<int64_t, int64_t>, std::pair<int32_t, int64_t>> merges_;
   std::optional<int64_t> unk_id_;
   std::string missing_unk_;  // an unk_token the vocabulary lacks
@@ -1439,7 +1445,7 @@ class UnigramModel : public Model {
   std::array<int64_t, 256> byte_ids_{};
 };
 
-class WordPieceModel : public Model {
+class WordPieceModel : public MapVocabModel {
  public:
   static absl::StatusOr<std::unique_ptr<WordPieceModel>> Read(const Json& json,
                                                               absl::string_view where) {
@@ -1494,15 +1500,6 @@ class WordPieceModel : public Model {
     return absl::OkStatus();
   }
 
-  void ListTokens(
-      const std::function<void(absl::string_view, int64_t)>& each) const override {
-    for (const auto& [token, id] : vocab_) each(token, id);
-  }
-  std::optional<int64_t> IdOf(absl::string_view token) const override {
-    return FindId(vocab_, token);
-  }
-  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
-
  private:
   WordPieceModel() = default;
   absl::Status Unknown(absl::string_view piece, std::vector<int64_t>* ids) const {
@@ -1511,13 +1508,12 @@ class WordPieceModel : public Model {
     return absl::OkStatus();
   }
 
-  absl::flat_hash_map<std::string, int64_t> vocab_;
   std::optional<int64_t> unk_id_;
   std::string prefix_ = "##";
   int64_t max_chars_ = 100;
 };
 
-class WordLevelModel : public Model {
+class WordLevelModel : public MapVocabModel {
  public:
   static absl::StatusOr<std::unique_ptr<WordLevelModel>> Read(const Json& json,
                                                               absl::string_view where) {
@@ -1537,18 +1533,9 @@ class WordLevelModel : public Model {
     ids->push_back(*unk_id_);
     return absl::OkStatus();
   }
-  void ListTokens(
-      const std::function<void(absl::string_view, int64_t)>& each) const override {
-    for (const auto& [token, id] : vocab_) each(token, id);
-  }
-  std::optional<int64_t> IdOf(absl::string_view token) const override {
-    return FindId(vocab_, token);
-  }
-  int64_t Size() const override { return static_cast<int64_t>(vocab_.size()); }
 
  private:
   WordLevelModel() = default;
-  absl::flat_hash_map<std::string, int64_t> vocab_;
   std::optional<int64_t> unk_id_;
 };
 
