@@ -1590,9 +1590,21 @@ struct Segment {
 // AddedVocabulary::find_matches keeps them: a single_word token only between non-word
 // characters, lstrip/rstrip taking the spaces beside it. Appends the segments of
 // `text`.
-void SplitOnAddedTokens(const Segment& text, const std::vector<const AddedToken*>& tokens,
+// Added tokens matched in one kind of text (raw or normalized), longest first, and the
+// bytes any of them starts with (the search skips every other position).
+struct AddedTokenSet {
+  std::vector<const AddedToken*> tokens;
+  std::array<bool, 256> first_bytes{};
+  void Add(const AddedToken* token) {
+    tokens.push_back(token);
+    first_bytes[static_cast<unsigned char>(token->pattern[0])] = true;
+  }
+};
+
+void SplitOnAddedTokens(const Segment& text, const AddedTokenSet& set,
                         std::vector<Segment>* out) {
   const absl::string_view sentence = text.text;
+  const std::vector<const AddedToken*>& tokens = set.tokens;
   if (tokens.empty() || sentence.empty()) {
     if (!sentence.empty()) out->push_back(text);
     return;
@@ -1615,6 +1627,7 @@ void SplitOnAddedTokens(const Segment& text, const std::vector<const AddedToken*
     const AddedToken* found = nullptr;
     size_t start = at;
     for (; start < sentence.size() && found == nullptr; ++start) {
+      if (!set.first_bytes[static_cast<unsigned char>(sentence[start])]) continue;
       for (const AddedToken* token : tokens) {
         if (sentence.substr(start, token->pattern.size()) == token->pattern) {
           found = token;
@@ -1812,8 +1825,8 @@ struct PipelineTokenizer::Parts {
   Template layout;
   std::vector<AddedToken> added;
   // The added tokens matched in the raw text and in the normalized text, longest first.
-  std::vector<const AddedToken*> raw_tokens;
-  std::vector<const AddedToken*> normalized_tokens;
+  AddedTokenSet raw_tokens;
+  AddedTokenSet normalized_tokens;
   absl::flat_hash_map<int64_t, std::string> token_of;
   int64_t max_id = 0;
   bool truncate_left = false;
@@ -1908,18 +1921,20 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
   // Later entries with the same content win, as in tokenizers' map.
   absl::flat_hash_map<std::string, size_t> latest;
   for (size_t i = 0; i < parts->added.size(); ++i) latest[parts->added[i].content] = i;
+  std::vector<const AddedToken*> matched;
   for (size_t i = 0; i < parts->added.size(); ++i) {
     const AddedToken& token = parts->added[i];
     // A pattern normalized to nothing never matches here (tokenizers' own behaviour
     // with one is undefined: it panics on multibyte text).
     if (latest[token.content] != i || token.pattern.empty()) continue;
-    (token.normalized ? parts->normalized_tokens : parts->raw_tokens).push_back(&token);
+    matched.push_back(&token);
   }
-  for (auto* list : {&parts->raw_tokens, &parts->normalized_tokens}) {
-    std::stable_sort(list->begin(), list->end(),
-                     [](const AddedToken* a, const AddedToken* b) {
-                       return a->pattern.size() > b->pattern.size();
-                     });
+  std::stable_sort(matched.begin(), matched.end(),
+                   [](const AddedToken* a, const AddedToken* b) {
+                     return a->pattern.size() > b->pattern.size();
+                   });
+  for (const AddedToken* token : matched) {
+    (token->normalized ? parts->normalized_tokens : parts->raw_tokens).Add(token);
   }
 
   parts->model->ListTokens([&](absl::string_view token, int64_t id) {
@@ -1941,29 +1956,6 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
 namespace {
 
 // The segments of `text` after the added tokens and the normalizer.
-std::vector<Segment> ExtractAndNormalize(const PipelineTokenizer::Parts& parts,
-                                         absl::string_view text);
-
-}  // namespace
-
-absl::StatusOr<std::vector<std::string>> PipelineTokenizer::Pieces(
-    absl::string_view text) const {
-  ATTN_RETURN_IF_ERROR(CheckUtf8(text));
-  std::vector<std::string> out;
-  for (Segment& segment : ExtractAndNormalize(*parts_, text)) {
-    if (segment.id >= 0 || parts_->pre_tokenizer == nullptr) {
-      out.push_back(std::move(segment.text));
-      continue;
-    }
-    std::vector<Piece> pieces;
-    parts_->pre_tokenizer->Split({segment.text, segment.at_origin}, &pieces);
-    for (Piece& piece : pieces) out.push_back(std::move(piece.text));
-  }
-  return out;
-}
-
-namespace {
-
 std::vector<Segment> ExtractAndNormalize(const PipelineTokenizer::Parts& parts,
                                          absl::string_view text) {
   std::vector<Segment> raw;

@@ -55,10 +55,6 @@ class PipelineTokenizer : public Tokenizer {
   int64_t max_id() const override;
   absl::string_view TokenOf(int64_t id) const override;
 
-  // The steps, for tests: the pieces a text becomes before the model (added tokens
-  // as they matched, every other piece normalized and pre-tokenized).
-  absl::StatusOr<std::vector<std::string>> Pieces(absl::string_view text) const;
-
   struct Parts;
 
  private:

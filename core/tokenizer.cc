@@ -15,14 +15,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 std::string TypeOf(const Json& json, const char* key) {
   if (!json.contains(key)) return "";
   const Json& part = json[key];
@@ -33,6 +25,14 @@ std::string TypeOf(const Json& json, const char* key) {
 }
 
 }  // namespace
+
+absl::StatusOr<std::string> ReadTokenizerFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
 
 void PairKeep(int64_t n1, int64_t n2, int64_t budget, int64_t* keep1, int64_t* keep2) {
   *keep1 = n1;
@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFolder(
     ATTN_ASSIGN_OR_RETURN(auto wordpiece, WordPieceTokenizer::FromFolder(folder));
     return std::unique_ptr<Tokenizer>(std::move(wordpiece));
   }
-  ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(json_path));
+  ATTN_ASSIGN_OR_RETURN(const std::string text, ReadTokenizerFile(json_path));
   const Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object()) {
     return absl::InvalidArgumentError("tokenizer.json: not a JSON object");
@@ -73,7 +73,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFolder(
   PipelineTokenizer::Options options;
   const std::string config_path = folder + "/tokenizer_config.json";
   if (std::ifstream(config_path).good()) {
-    ATTN_ASSIGN_OR_RETURN(const std::string config_text, ReadFile(config_path));
+    ATTN_ASSIGN_OR_RETURN(const std::string config_text, ReadTokenizerFile(config_path));
     const Json config = Json::parse(config_text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded() || !config.is_object()) {
       return absl::InvalidArgumentError("tokenizer_config.json: not a JSON object");

@@ -64,6 +64,10 @@ class Tokenizer {
   virtual absl::string_view TokenOf(int64_t id) const = 0;
 };
 
+// The whole file at `path`, for the tokenizers' readers; NotFound naming it when it
+// cannot be opened.
+absl::StatusOr<std::string> ReadTokenizerFile(const std::string& path);
+
 // How many tokens of each text a pair keeps when n1 + n2 tokens must fit in `budget`:
 // tokenizers' longest_first. With s <= l the shorter and longer counts, the longer is
 // cut to what the shorter leaves (never below it); when both still do not fit, each

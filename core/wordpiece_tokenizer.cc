@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -21,14 +20,6 @@ using Json = nlohmann::json;
 
 absl::Status Invalid(absl::string_view file, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(file, ": ", message));
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // A special token as tokenizer_config.json writes it: a string or {"content": ...}.
@@ -83,7 +74,7 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromFold
     const std::string& folder) {
   const std::string json_path = folder + "/tokenizer.json";
   if (std::ifstream(json_path).good()) {
-    ATTN_ASSIGN_OR_RETURN(const std::string json, ReadFile(json_path));
+    ATTN_ASSIGN_OR_RETURN(const std::string json, ReadTokenizerFile(json_path));
     return FromTokenizerJson(json);
   }
   const std::string vocab_path = folder + "/vocab.txt";
@@ -95,7 +86,7 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromFold
   const std::string config_path = folder + "/tokenizer_config.json";
   if (std::ifstream(config_path).good()) {
     constexpr absl::string_view kFile = "tokenizer_config.json";
-    ATTN_ASSIGN_OR_RETURN(const std::string text, ReadFile(config_path));
+    ATTN_ASSIGN_OR_RETURN(const std::string text, ReadTokenizerFile(config_path));
     const Json config = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (config.is_discarded() || !config.is_object()) {
       return Invalid(kFile, "not a JSON object");
@@ -127,7 +118,7 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromFold
       }
     }
   }
-  ATTN_ASSIGN_OR_RETURN(const std::string vocab, ReadFile(vocab_path));
+  ATTN_ASSIGN_OR_RETURN(const std::string vocab, ReadTokenizerFile(vocab_path));
   return FromVocab(vocab, options);
 }
 
