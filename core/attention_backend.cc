@@ -87,7 +87,13 @@ absl::Status CheckForwardArguments(const ModelSpec& spec, const AttentionBatch& 
           "causal must be false for cross-attention (memory given): a causal mask is "
           "defined for self-attention only");
     }
+    if (!options.relative_bias.empty()) {
+      return absl::InvalidArgumentError(
+          "relative_bias must be empty for cross-attention (memory given): offsets "
+          "between a query and its keys are defined for self-attention only");
+    }
   }
+  ATTN_RETURN_IF_ERROR(options.relative_bias.Validate(spec.num_heads));
   if (!options.head_mask.empty()) {
     if (static_cast<int64_t>(options.head_mask.size()) != spec.num_heads) {
       return absl::InvalidArgumentError(

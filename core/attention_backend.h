@@ -17,6 +17,7 @@
 #include "core/attention_weights.h"
 #include "core/device.h"
 #include "core/model_spec.h"
+#include "core/relative_bias.h"
 
 namespace attnserve::core {
 
@@ -47,6 +48,10 @@ struct AttentionOptions {
   // W_out. 0 prunes the head: it is not computed, and its attention weights read as
   // zeros. Applies to every sequence of the batch.
   absl::Span<const float> head_mask;
+  // Added to each head's scores (after the 1/sqrt(head_dim) scale, before the
+  // softmax), by the key's offset from the query: see relative_bias.h. Empty for none.
+  // Self-attention only; indexed by the model's heads (a pruned head's rows unused).
+  RelativeBias relative_bias;
 };
 
 // What one head does over some inputs, to choose heads to prune. Zero for a head the
@@ -70,8 +75,8 @@ int64_t AttentionWeightsSize(int64_t num_heads, absl::Span<const int64_t> query_
 // The checks every backend's Forward makes before any work: OK, or InvalidArgument
 // naming the field (a length < 1, both or neither of query and query_bf16 set, sizes
 // that do not match the lengths, memory_lengths count != query_lengths count, causal
-// with cross-attention, head_mask size != num_heads or a value outside [0, 1], a wrong
-// output or attention_weights size).
+// or a relative bias with cross-attention, head_mask size != num_heads or a value
+// outside [0, 1], a malformed relative bias, a wrong output or attention_weights size).
 absl::Status CheckForwardArguments(const ModelSpec& spec, const AttentionBatch& batch,
                                    const AttentionOptions& options,
                                    absl::Span<const float> output,

@@ -119,8 +119,10 @@ struct Item {
 // The item's context rows: see FlashAttention. `buffer` holds BufferFloats floats;
 // `packed` is the item's head's PackedHeadFloats (null without register kernels).
 // Returns oneDNN's status.
+// `bias_table` is the item's head's relative bias (null for none).
 dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
                          int64_t head_dim, int64_t width, bool causal,
+                         const float* bias_table, int64_t bias_radius,
                          const FlashTiles& tiles, const float* packed, float* buffer) {
   const VectorUnit& unit = Unit();
   const bool kernels = packed != nullptr;
@@ -162,10 +164,15 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
     const bool first = first_key == 0;
     for (int64_t r = 0; r < rows; ++r) {
       float* row = scores + r * stride;
-      // A pass over the row for its maximum without the kernels, or when keys of the
-      // row are masked below (the kernels' maximum over them could exceed the visible
-      // scores' by enough to flush them all to 0).
-      bool scan_for_max = !kernels;
+      // A pass over the row for its maximum without the kernels, when a bias moves the
+      // scores after the kernels' maximum, or when keys of the row are masked below (the
+      // kernels' maximum over them could exceed the visible scores' by enough to flush
+      // them all to 0).
+      bool scan_for_max = !kernels || bias_table != nullptr;
+      if (bias_table != nullptr) {
+        AddRelativeBias(row, keys, first_key - (item.first_row + r), bias_table,
+                        bias_radius);
+      }
       if (causal) {
         // Keys after this query row are left out; the row's own key is always in the
         // first block, so its maximum is finite from the first block on.
@@ -216,7 +223,9 @@ std::string FlashVectorUnit() { return Unit().name; }
 
 absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,
                             int64_t head_dim, int64_t width, bool causal,
-                            const FlashTiles& tiles, int threads, FlashScratch& scratch) {
+                            const FlashTiles& tiles, int threads, FlashScratch& scratch,
+                            const RelativeBias& bias,
+                            absl::Span<const int64_t> bias_heads) {
   if (tiles.query_rows < 1 || tiles.keys < 1) {
     return absl::InvalidArgumentError(absl::StrCat("flash tiles must be >= 1, got ",
                                                    tiles.query_rows, " query rows and ",
@@ -227,6 +236,11 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
         "flash attention needs heads, head_dim, threads >= 1 and heads * "
         "head_dim <= width, got heads ",
         heads, ", head_dim ", head_dim, ", width ", width, ", threads ", threads));
+  }
+  if (!bias.empty() && static_cast<int64_t>(bias_heads.size()) != heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flash attention: a relative bias needs one model head per head (",
+                     heads, "), got ", bias_heads.size()));
   }
   std::vector<Item> items;
   for (size_t s = 0; s < sequences.size(); ++s) {
@@ -308,8 +322,10 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
             ? nullptr
             : packed + packed_offsets[static_cast<size_t>(item.sequence)] +
                   item.head * PackedHeadFloats(sequence.key_length, head_dim);
-    failures[thread] =
-        AttendItem(sequence, item, head_dim, width, causal, tiles, head, buffers[thread]);
+    const float* bias_table =
+        bias.empty() ? nullptr : bias.Head(bias_heads[static_cast<size_t>(item.head)]);
+    failures[thread] = AttendItem(sequence, item, head_dim, width, causal, bias_table,
+                                  bias.radius, tiles, head, buffers[thread]);
   }
   for (const dnnl_status_t failure : failures) {
     if (failure != dnnl_success) {

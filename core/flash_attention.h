@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "core/relative_bias.h"
 #include "core/scratch_buffer.h"
 
 namespace attnserve::core {
@@ -54,20 +55,24 @@ class FlashScratch {
 
  private:
   friend absl::Status FlashAttention(absl::Span<const FlashSequence>, int64_t, int64_t,
-                                     int64_t, bool, const FlashTiles&, int,
-                                     FlashScratch&);
+                                     int64_t, bool, const FlashTiles&, int, FlashScratch&,
+                                     const RelativeBias&, absl::Span<const int64_t>);
   std::vector<std::unique_ptr<ScratchBuffer>> per_thread_;
   ScratchBuffer packed_;  // every head's keys and values, packed for the kernels
 };
 
 // Writes every sequence's context: for head p (columns [p head_dim, (p+1) head_dim)),
 // softmax(q_p k_p^T) v_p, with key j > query i left out when `causal` (which then
-// requires query_length == key_length). `threads` >= 1 OpenMP threads. InvalidArgument
-// for tiles or dimensions < 1, heads * head_dim > width, or a causal sequence whose
-// lengths differ; Internal when oneDNN's sgemm fails.
+// requires query_length == key_length). `threads` >= 1 OpenMP threads. `bias` (empty,
+// or validated for the model's heads) is added to the scores, head p reading the table
+// of model head bias_heads[p] (bias_heads: one per head). InvalidArgument for tiles or
+// dimensions < 1, heads * head_dim > width, a causal sequence whose lengths differ, or
+// a bias without a model head per head; Internal when oneDNN's sgemm fails.
 absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,
                             int64_t head_dim, int64_t width, bool causal,
-                            const FlashTiles& tiles, int threads, FlashScratch& scratch);
+                            const FlashTiles& tiles, int threads, FlashScratch& scratch,
+                            const RelativeBias& bias = {},
+                            absl::Span<const int64_t> bias_heads = {});
 
 // The vector unit the exponentials run on: "avx512f", "avx2" or "scalar".
 std::string FlashVectorUnit();

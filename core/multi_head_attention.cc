@@ -117,6 +117,20 @@ memory::desc ScoresDesc(int64_t count, int64_t heads, int64_t rows, int64_t key_
   return memory::desc({heads, rows, key_length}, type, memory::format_tag::abc);
 }
 
+// scores [planes, rows, keys] of query rows first_row.. against keys 0..keys-1, plane p
+// of the model head heads[p % heads.size()]: + the relative bias.
+void AddBiasToScores(const RelativeBias& bias, absl::Span<const int64_t> heads,
+                     int64_t planes, int64_t first_row, int64_t rows, int64_t keys,
+                     float* scores) {
+  for (int64_t plane = 0; plane < planes; ++plane) {
+    const float* table = bias.Head(heads[static_cast<size_t>(plane) % heads.size()]);
+    for (int64_t r = 0; r < rows; ++r) {
+      AddRelativeBias(scores + (plane * rows + r) * keys, keys, -(first_row + r), table,
+                      bias.radius);
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<dnnl::engine> CreateCpuEngine() {
@@ -553,7 +567,7 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     ATTN_RETURN_IF_ERROR(AttendSequences(
         set, count, q + query_offset * row_bytes, k + key_offset * row_bytes,
         v + key_offset * row_bytes, query_length, key_length, options.causal,
-        probabilities, context + query_offset * row_bytes));
+        options.relative_bias, probabilities, context + query_offset * row_bytes));
     query_offset += count * query_length;
     key_offset += count * key_length;
     weights_offset += count * heads * query_length * key_length;
@@ -563,7 +577,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     ATTN_RETURN_IF_ERROR(
         FlashAttention(flash, static_cast<int64_t>(set.heads.size()), spec_.head_dim(),
                        width, options.causal, attention_choice_.tiles,
-                       kParallelBlocks ? omp_get_max_threads() : 1, scratch_->flash));
+                       kParallelBlocks ? omp_get_max_threads() : 1, scratch_->flash,
+                       options.relative_bias, set.heads));
   }
   // The heads' factors are folded into the set's W_out columns.
   if (int8_) {
@@ -916,13 +931,14 @@ MultiHeadAttention::TimeAttentionKernels() {
   for (int round = 0; round < 4 && status.ok(); ++round) {
     for (size_t candidate = 0; candidate < times.size() && status.ok(); ++candidate) {
       const absl::Time start = absl::Now();
-      status = candidate == 0
-                   ? AttendSequences(set, 1, q_bytes, k_bytes, v_bytes,
-                                     choice.timed_length, choice.timed_length, false,
-                                     nullptr, reinterpret_cast<uint8_t*>(context.data()))
-                   : FlashAttention({&sequence, 1}, choice.timed_heads, head_dim,
-                                    set.width, false, kTimedTiles[candidate - 1], threads,
-                                    scratch_->flash);
+      status =
+          candidate == 0
+              ? AttendSequences(set, 1, q_bytes, k_bytes, v_bytes, choice.timed_length,
+                                choice.timed_length, false, RelativeBias{}, nullptr,
+                                reinterpret_cast<uint8_t*>(context.data()))
+              : FlashAttention({&sequence, 1}, choice.timed_heads, head_dim, set.width,
+                               false, kTimedTiles[candidate - 1], threads,
+                               scratch_->flash);
       if (round > 0) {
         times[candidate].push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
       }
@@ -1110,12 +1126,10 @@ absl::StatusOr<const void*> MultiHeadAttention::InComputePrecision(
   return static_cast<const void*>(converted);
 }
 
-absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t count,
-                                                 const uint8_t* q, const uint8_t* k,
-                                                 const uint8_t* v, int64_t query_length,
-                                                 int64_t key_length, bool causal,
-                                                 float* attention_weights,
-                                                 uint8_t* context) {
+absl::Status MultiHeadAttention::AttendSequences(
+    const HeadSet& set, int64_t count, const uint8_t* q, const uint8_t* k,
+    const uint8_t* v, int64_t query_length, int64_t key_length, bool causal,
+    const RelativeBias& bias, float* attention_weights, uint8_t* context) {
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
@@ -1149,7 +1163,7 @@ absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t cou
   if (kParallelBlocks && !all_heads && count == 1 && attention_weights == nullptr &&
       omp_get_max_threads() > 1 && 3 * blocks <= options_.primitive_cache_capacity) {
     return AttendBlocksInParallel(set, q, k, v, query_length, key_length, block_rows,
-                                  skip_masked, causal, context);
+                                  skip_masked, causal, bias, context);
   }
   // Scores go straight into the caller's [count, num_heads, L_q, L_k] weights when they
   // have the same layout there: all heads present, full key rows.
@@ -1192,6 +1206,12 @@ absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t cou
                    {DNNL_ARG_WEIGHTS, HeadColumnsView(count, group, keys, width),
                     at(k, 0, column)},
                    {DNNL_ARG_DST, scores, scores_data}}));
+      if (!bias.empty()) {
+        AddBiasToScores(bias,
+                        absl::MakeConstSpan(set.heads).subspan(
+                            static_cast<size_t>(first_head), static_cast<size_t>(group)),
+                        count * group, first_row, rows, keys, scores_data);
+      }
 
       if (causal) {
         // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
@@ -1264,7 +1284,7 @@ absl::Status MultiHeadAttention::AttendSequences(const HeadSet& set, int64_t cou
 absl::Status MultiHeadAttention::AttendBlocksInParallel(
     const HeadSet& set, const uint8_t* q, const uint8_t* k, const uint8_t* v,
     int64_t query_length, int64_t key_length, int64_t block_rows, bool skip_masked,
-    bool causal, uint8_t* context) {
+    bool causal, const RelativeBias& bias, uint8_t* context) {
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
@@ -1355,6 +1375,11 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
            {DNNL_ARG_WEIGHTS, HeadColumnsView(1, 1, block.keys, width), at(k, 0, column)},
            {DNNL_ARG_DST, scores_desc, scores}});
       mine.stream->wait();
+      if (!bias.empty()) {
+        const int64_t head = set.heads[static_cast<size_t>(item / blocks)];
+        AddBiasToScores(bias, absl::MakeConstSpan(&head, 1), 1, block.first_row,
+                        block.rows, block.keys, scores);
+      }
       if (causal) {
         const float masked = -std::numeric_limits<float>::infinity();
         for (int64_t r = 0; r < block.rows; ++r) {

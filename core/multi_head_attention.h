@@ -278,13 +278,14 @@ class MultiHeadAttention : public AttentionBackend {
   // `count` consecutive sequences of equal lengths (count > 1 only when all heads of
   // one sequence fit the block budget and no causal blocks are needed: see
   // RunLength), the heads of `set`: context[count L_q, width] from q[count L_q, width],
-  // k/v[count L_k, width], all in the compute precision. When `attention_weights` is
+  // k/v[count L_k, width], all in the compute precision; `bias` (by model head) added
+  // to the scores. When `attention_weights` is
   // not null the softmax weights [count, num_heads, L_q, L_k] of the set's heads are
   // written there (others untouched).
   absl::Status AttendSequences(const HeadSet& set, int64_t count, const uint8_t* q,
                                const uint8_t* k, const uint8_t* v, int64_t query_length,
-                               int64_t key_length, bool causal, float* attention_weights,
-                               uint8_t* context);
+                               int64_t key_length, bool causal, const RelativeBias& bias,
+                               float* attention_weights, uint8_t* context);
   // One sequence's heads one at a time in blocks of `block_rows` query rows (the long
   // path of AttendSequences, without returned weights), the (head, block) items spread
   // over OpenMP's threads, each running single-threaded primitives in its own buffers.
@@ -292,7 +293,7 @@ class MultiHeadAttention : public AttentionBackend {
                                       const uint8_t* k, const uint8_t* v,
                                       int64_t query_length, int64_t key_length,
                                       int64_t block_rows, bool skip_masked, bool causal,
-                                      uint8_t* context);
+                                      const RelativeBias& bias, uint8_t* context);
   // Bytes of the f32 scores of all the set's heads for one sequence.
   static int64_t ScoresBytes(const HeadSet& set, int64_t query_length,
                              int64_t key_length);

@@ -33,7 +33,8 @@ std::vector<double> Linear(absl::Span<const float> x, int64_t rows, int64_t n_in
 ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
                                    absl::Span<const float> query,
                                    absl::Span<const float> memory, bool causal,
-                                   absl::Span<const float> head_mask) {
+                                   absl::Span<const float> head_mask,
+                                   const RelativeBias& relative_bias) {
   const int64_t d = spec.d_model;
   const int64_t heads = spec.num_heads;
   const int64_t head_dim = d / heads;
@@ -67,6 +68,13 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
           dot += q[i * d + h * head_dim + c] * k[j * d + h * head_dim + c];
         }
         row[j] = dot * scale;
+        if (!relative_bias.empty()) {
+          const int64_t offset =
+              std::clamp(j - i, -relative_bias.radius, relative_bias.radius);
+          row[j] +=
+              relative_bias
+                  .values[h * relative_bias.width() + offset + relative_bias.radius];
+        }
         max_score = std::max(max_score, row[j]);
       }
       double sum = 0.0;

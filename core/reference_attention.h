@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "core/attention_weights.h"
 #include "core/model_spec.h"
+#include "core/relative_bias.h"
 
 namespace attnserve::core {
 
@@ -21,12 +22,15 @@ struct ReferenceResult {
 
 // One sequence: `query` [L_q, d]; `memory` [L_k, d] or empty for self-attention;
 // `head_mask` empty or h factors. A head with factor 0, or in spec.pruned_heads, is
-// pruned: it adds nothing to the output and its attention weights are zeros. REQUIRES:
+// pruned: it adds nothing to the output and its attention weights are zeros.
+// `relative_bias` (self-attention) is added to head h's scaled score of query i and key
+// j as relative_bias(h, j - i), each offset clamped here with std::clamp. REQUIRES:
 // consistent sizes (checked by assert-free arithmetic only; callers are tests).
 ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
                                    absl::Span<const float> query,
                                    absl::Span<const float> memory, bool causal,
-                                   absl::Span<const float> head_mask);
+                                   absl::Span<const float> head_mask,
+                                   const RelativeBias& relative_bias = {});
 
 }  // namespace attnserve::core
 

@@ -415,6 +415,10 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
                                         absl::Span<float> attention_weights) {
   ATTN_RETURN_IF_ERROR(
       CheckForwardArguments(spec_, batch, options, output, attention_weights));
+  if (!options.relative_bias.empty()) {
+    return absl::UnimplementedError(
+        "relative_bias is not implemented on CUDA devices yet (the CPU backend has it)");
+  }
   ATTN_CUDA(cudaSetDevice(device_), absl::StrCat("select device cuda:", device_));
   const int64_t d = spec_.d_model;
   const int64_t head_dim = spec_.head_dim();

@@ -6,6 +6,7 @@
 // and at SSE4.1).
 #include "core/flash_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -39,9 +40,11 @@ Planes MakePlanes(int64_t query_length, int64_t key_length, int64_t width, uint3
   return planes;
 }
 
-// softmax(q_p k_p^T) v_p per head in fp64, keys after the query left out when causal.
+// softmax(q_p k_p^T + bias) v_p per head in fp64, keys after the query left out when
+// causal; head p's bias the table of model head bias_heads[p] at clamp(j - i).
 std::vector<double> Naive(const Planes& planes, int64_t heads, int64_t head_dim,
-                          int64_t width, bool causal) {
+                          int64_t width, bool causal, const RelativeBias& bias = {},
+                          const std::vector<int64_t>& bias_heads = {}) {
   std::vector<double> context(planes.context.size(), 0.0);
   std::vector<double> weights(static_cast<size_t>(planes.key_length));
   for (int64_t h = 0; h < heads; ++h) {
@@ -54,6 +57,10 @@ std::vector<double> Naive(const Planes& planes, int64_t heads, int64_t head_dim,
         for (int64_t c = 0; c < head_dim; ++c) {
           dot += static_cast<double>(planes.q[i * width + column + c]) *
                  planes.k[j * width + column + c];
+        }
+        if (!bias.empty()) {
+          dot += bias.Head(
+              bias_heads[h])[std::clamp(j - i, -bias.radius, bias.radius) + bias.radius];
         }
         weights[j] = dot;
         most = std::max(most, dot);
@@ -95,32 +102,41 @@ TEST_P(FlashAttentionTest, MatchesNaiveFp64) {
     sequences.push_back({p.q.data(), p.k.data(), p.v.data(), p.context.data(),
                          p.query_length, p.key_length});
   }
-  FlashScratch scratch;
-  ASSERT_TRUE(
-      FlashAttention(sequences, heads, head_dim, width, causal, tiles, threads, scratch)
-          .ok());
-  for (size_t s = 0; s < planes.size(); ++s) {
-    const std::vector<double> expected = Naive(planes[s], heads, head_dim, width, causal);
-    // Only the heads' columns are written; the last 4 of each row keep their NaN.
-    std::vector<float> got;
-    std::vector<double> want;
-    for (int64_t i = 0; i < planes[s].query_length; ++i) {
-      for (int64_t c = 0; c < width; ++c) {
-        const float value = planes[s].context[i * width + c];
-        if (c >= heads * head_dim) {
-          EXPECT_TRUE(std::isnan(value)) << "column " << c << " was written";
-          continue;
+  // Without a bias, and with one of 4 model heads read in another order (radius 20:
+  // the 300-token sequence's offsets pass it on both sides).
+  const std::vector<float> table = RandomTokens(4 * 41, 77, 2.0f);
+  const std::vector<int64_t> bias_heads = {3, 0, 2};
+  for (const bool with_bias : {false, true}) {
+    const RelativeBias bias = with_bias ? RelativeBias{table, 20} : RelativeBias{};
+    FlashScratch scratch;
+    ASSERT_TRUE(FlashAttention(sequences, heads, head_dim, width, causal, tiles, threads,
+                               scratch, bias, bias_heads)
+                    .ok());
+    for (size_t s = 0; s < planes.size(); ++s) {
+      const std::vector<double> expected =
+          Naive(planes[s], heads, head_dim, width, causal, bias, bias_heads);
+      // Only the heads' columns are written; the last 4 of each row keep their NaN.
+      std::vector<float> got;
+      std::vector<double> want;
+      for (int64_t i = 0; i < planes[s].query_length; ++i) {
+        for (int64_t c = 0; c < width; ++c) {
+          const float value = planes[s].context[i * width + c];
+          if (c >= heads * head_dim) {
+            EXPECT_TRUE(std::isnan(value)) << "column " << c << " was written";
+            continue;
+          }
+          got.push_back(value);
+          want.push_back(expected[i * width + c]);
         }
-        got.push_back(value);
-        want.push_back(expected[i * width + c]);
       }
+      // fp32 products of up to 64 terms of order 10, exponentials within 2e-7
+      // relative.
+      EXPECT_LE((MaxAbsDiff<float, double>(got, want)), 2e-5)
+          << "sequence " << s << " (" << planes[s].query_length << " x "
+          << planes[s].key_length << "), tiles " << tiles.query_rows << " x "
+          << tiles.keys << ", " << threads << " threads, unit " << FlashVectorUnit()
+          << (with_bias ? ", with a relative bias" : "");
     }
-    // fp32 products of up to 64 terms of order 10, exponentials within 2e-7
-    // relative.
-    EXPECT_LE((MaxAbsDiff<float, double>(got, want)), 2e-5)
-        << "sequence " << s << " (" << planes[s].query_length << " x "
-        << planes[s].key_length << "), tiles " << tiles.query_rows << " x " << tiles.keys
-        << ", " << threads << " threads, unit " << FlashVectorUnit();
   }
 }
 
@@ -191,6 +207,12 @@ TEST(FlashAttentionErrorsTest, RefusesBadTilesAndShapes) {
       FlashAttention({&sequence, 1}, 3, 4, 8, false, FlashTiles{}, 1, scratch);
   EXPECT_EQ(wide.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(wide.message(), HasSubstr("heads 3, head_dim 4, width 8"));
+  const std::vector<float> table(2 * 3, 0.0f);
+  const std::vector<int64_t> one_head = {0};
+  const absl::Status bias_heads = FlashAttention(
+      {&sequence, 1}, 2, 4, 8, false, FlashTiles{}, 1, scratch, {table, 1}, one_head);
+  EXPECT_EQ(bias_heads.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bias_heads.message(), HasSubstr("one model head per head (2), got 1"));
 }
 
 // Runs where CMake caps oneDNN's ISA: the exponentials follow the cap.

@@ -70,7 +70,8 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
 void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_lengths,
                             const std::vector<int64_t>& memory_lengths, bool causal,
                             const std::vector<float>& head_mask, uint32_t seed,
-                            double tolerance = kTolerance, bool with_weights = true) {
+                            double tolerance = kTolerance, bool with_weights = true,
+                            const RelativeBias& bias = {}) {
   const int64_t d = fixture.spec.d_model;
   const int64_t h = fixture.spec.num_heads;
   const int64_t query_tokens =
@@ -84,11 +85,10 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
       with_weights ? AttentionWeightsSize(h, query_lengths, memory_lengths) : 0);
 
   AttentionBatch batch{query, query_lengths, memory, memory_lengths};
-  AttentionOptions options{causal, head_mask};
-  ASSERT_TRUE(
-      fixture.attention
-          ->Forward(batch, options, absl::MakeSpan(output), absl::MakeSpan(weights))
-          .ok());
+  AttentionOptions options{causal, head_mask, bias};
+  const absl::Status status = fixture.attention->Forward(
+      batch, options, absl::MakeSpan(output), absl::MakeSpan(weights));
+  ASSERT_TRUE(status.ok()) << status;
 
   int64_t query_offset = 0, memory_offset = 0, weights_offset = 0;
   for (size_t i = 0; i < query_lengths.size(); ++i) {
@@ -101,7 +101,7 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
             ? absl::Span<const float>()
             : absl::MakeConstSpan(memory).subspan(memory_offset * d, lk * d);
     const ReferenceResult expected = ReferenceAttention(
-        fixture.spec, fixture.weights, query_i, memory_i, causal, head_mask);
+        fixture.spec, fixture.weights, query_i, memory_i, causal, head_mask, bias);
     EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(output).subspan(query_offset * d, lq * d),
                          absl::MakeConstSpan(expected.output)),
               tolerance)
@@ -117,6 +117,55 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
     memory_offset += memory_lengths.empty() ? 0 : lk;
     weights_offset += h * lq * lk;
   }
+}
+
+// A relative bias table for `heads` heads of radius `radius`, values in [-2, 2].
+std::vector<float> RandomBias(int64_t heads, int64_t radius, uint32_t seed) {
+  std::vector<float> table = RandomTokens(heads * (2 * radius + 1), seed);
+  for (float& value : table) value = 2.0f * std::clamp(value, -1.0f, 1.0f);
+  return table;
+}
+
+TEST(RelativeBiasTest, AddRelativeBiasClampsEachOffset) {
+  for (const int64_t radius : {0, 1, 5}) {
+    const std::vector<float> table = RandomBias(1, radius, 9);
+    for (int64_t first = -12; first <= 12; ++first) {
+      for (int64_t n = 0; n <= 20; ++n) {
+        std::vector<float> row(static_cast<size_t>(n), 1.0f);
+        AddRelativeBias(row.data(), n, first, table.data(), radius);
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t at = std::clamp(first + j, -radius, radius) + radius;
+          ASSERT_EQ(row[j], 1.0f + table[at])
+              << "radius " << radius << ", first offset " << first << ", key " << j;
+        }
+      }
+    }
+  }
+}
+
+TEST(MultiHeadAttentionTest, RelativeBiasMatchesReferenceOnTheShortPaths) {
+  // All heads in one product, a run of equal lengths, the weights written in place,
+  // and (with a model-pruned head) copied per head; radius 3 saturates early.
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<float> table = RandomBias(4, 3, 11);
+  const RelativeBias bias{table, 3};
+  ExpectMatchesReference(fixture, {1, 9, 9, 9, 30}, {}, false, {}, 12, kTolerance, true,
+                         bias);
+  ExpectMatchesReference(fixture, {9, 9, 20}, {}, true, {}, 13, kTolerance, false, bias);
+  Fixture pruned = MakeFixture(64, 4, 7, 0, 1 << 20, {1});
+  ExpectMatchesReference(pruned, {16, 16, 5}, {}, false, {1, 1, 0.5f, 1}, 14, kTolerance,
+                         true, bias);
+}
+
+TEST(MultiHeadAttentionTest, RelativeBiasMatchesReferenceInRowBlocks) {
+  // A 4 KiB budget: one head at a time in row blocks, with weights (serial) and
+  // without (the parallel items on 2 threads), causal blocks skipping masked keys.
+  Fixture fixture = MakeFixture(64, 4, 7, /*threads=*/2, /*block_bytes=*/4096);
+  const std::vector<float> table = RandomBias(4, 128, 15);
+  const RelativeBias bias{table, 128};
+  ExpectMatchesReference(fixture, {300, 17}, {}, false, {}, 16, kTolerance, true, bias);
+  ExpectMatchesReference(fixture, {300, 17}, {}, false, {}, 17, kTolerance, false, bias);
+  ExpectMatchesReference(fixture, {300}, {}, true, {}, 18, kTolerance, false, bias);
 }
 
 TEST(MultiHeadAttentionTest, MatchesReferenceForOneToken) {
@@ -170,6 +219,15 @@ TEST_P(AttentionKernelTest, MatchesReference) {
   // With weights asked, every kernel answers through the blocks (the flash kernel
   // never forms the weights).
   ExpectMatchesReference(odd, {70, 3}, {}, true, {}, 101);
+  // A relative bias on every path (MPNet's): offsets past the radius on both sides,
+  // causal, a pruned head (odd's head 2) and a head mask.
+  const std::vector<float> table = RandomBias(6, 40, 102);
+  const RelativeBias bias{table, 40};
+  ExpectMatchesReference(odd, {1, 7, 260, 33}, {}, false, {}, 103, kTolerance, false,
+                         bias);
+  ExpectMatchesReference(odd, {260, 90}, {}, true, {1, 1, 0, 0.5f, 0, 1}, 104, kTolerance,
+                         false, bias);
+  ExpectMatchesReference(odd, {70, 3}, {}, false, {}, 105, kTolerance, true, bias);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -529,6 +587,11 @@ TEST_F(Bf16Test, MatchesReferenceInBlocksAndWithPrunedHeads) {
   Fixture blocked = MakeFixture(120, 6, 7, 0, 4096, {2}, Precision::kBf16);
   ExpectMatchesReference(blocked, {200, 3}, {}, false, {}, 65, kBf16Tolerance);
   ExpectMatchesReference(blocked, {260}, {}, true, {}, 66, kBf16Tolerance);
+  const std::vector<float> table = RandomBias(6, 64, 67);
+  const RelativeBias bias{table, 64};
+  ExpectMatchesReference(blocked, {200, 3}, {}, false, {}, 68, kBf16Tolerance, true,
+                         bias);
+  ExpectMatchesReference(blocked, {260}, {}, false, {}, 69, kBf16Tolerance, false, bias);
 }
 
 TEST_F(Bf16Test, OutputWithoutWeightsEqualsOutputWithWeights) {
@@ -921,6 +984,32 @@ TEST_F(ForwardErrorTest, RejectsCausalCrossAttention) {
   EXPECT_THAT(status.message(), HasSubstr("cross-attention"));
 }
 
+TEST_F(ForwardErrorTest, RejectsMalformedRelativeBias) {
+  const std::vector<float> table(2 * 5, 0.5f);  // 2 heads, radius 2
+  AttentionOptions options;
+  options.relative_bias = {table, 3};
+  absl::Status status = Run({query_, lengths_}, options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("relative_bias.values must hold num_heads * (2 radius + 1) = 14 "
+                        "floats, got 10"));
+  options.relative_bias = {table, -1};
+  status = Run({query_, lengths_}, options);
+  EXPECT_THAT(status.message(), HasSubstr("relative_bias.radius must be >= 0, got -1"));
+  std::vector<float> not_finite = table;
+  not_finite[7] = std::nanf("");
+  options.relative_bias = {not_finite, 2};
+  status = Run({query_, lengths_}, options);
+  EXPECT_THAT(status.message(), HasSubstr("relative_bias.values[7] must be finite"));
+  const std::vector<int64_t> memory_lengths = {4};
+  options.relative_bias = {table, 2};
+  status = Run({query_, lengths_, query_, memory_lengths}, options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("relative_bias must be empty for cross"));
+  options.relative_bias = {table, 2};
+  EXPECT_TRUE(Run({query_, lengths_}, options).ok());
+}
+
 TEST_F(ForwardErrorTest, RejectsMemoryLengthsCountMismatch) {
   const std::vector<int64_t> memory_lengths = {2, 2};
   const absl::Status status = Run({query_, lengths_, query_, memory_lengths});
@@ -1083,6 +1172,10 @@ TEST(Int8Test, BlocksThreadsAndPrunedHeadsMatchTheReference) {
   ExpectMatchesReference(blocked, {260}, {}, true, {}, 67, kInt8Tolerance, false);
   ExpectMatchesReference(blocked, {300, 5}, {77, 400}, false, {}, 68, kInt8Tolerance,
                          false);
+  const std::vector<float> table = RandomBias(6, 64, 69);
+  const RelativeBias bias{table, 64};
+  ExpectMatchesReference(blocked, {200, 3}, {}, false, {}, 70, kInt8Tolerance, true,
+                         bias);
 }
 
 TEST(Int8Test, Bf16InputsEqualTheirWidenedValues) {
