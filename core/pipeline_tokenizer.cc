@@ -428,6 +428,19 @@ class StripAccentsNormalizer : public Normalizer {
   }
 };
 
+class BertNormalizer : public Normalizer {
+ public:
+  explicit BertNormalizer(const BertNormalization& how) : how_(how) {}
+  void Normalize(std::string* text) const override {
+    std::u32string chars;
+    HfBertNormalize(*text, how_, &chars);
+    *text = ToUtf8(chars);
+  }
+
+ private:
+  BertNormalization how_;
+};
+
 class StripNormalizer : public Normalizer {
  public:
   StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
@@ -630,6 +643,17 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ReadNormalizer(const Json& json,
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "StripAccents") return std::make_unique<StripAccentsNormalizer>();
   if (type == "Nmt") return std::make_unique<NmtNormalizer>();
+  if (type == "BertNormalizer") {
+    BertNormalization how;
+    ATTN_ASSIGN_OR_RETURN(how.clean_text, BoolField(json, "clean_text", true, where));
+    ATTN_ASSIGN_OR_RETURN(how.handle_chinese_chars,
+                          BoolField(json, "handle_chinese_chars", true, where));
+    ATTN_ASSIGN_OR_RETURN(how.lowercase, BoolField(json, "lowercase", true, where));
+    // Unset (null): strip accents when lowercasing, as BERT does.
+    ATTN_ASSIGN_OR_RETURN(how.strip_accents,
+                          BoolField(json, "strip_accents", how.lowercase, where));
+    return std::make_unique<BertNormalizer>(how);
+  }
   if (type == "Strip") {
     ATTN_ASSIGN_OR_RETURN(const bool left, BoolField(json, "strip_left", true, where));
     ATTN_ASSIGN_OR_RETURN(const bool right, BoolField(json, "strip_right", true, where));
@@ -666,9 +690,9 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ReadNormalizer(const Json& json,
     return normalizer;
   }
   return Invalid(where, absl::StrCat("normalizer type \"", type,
-                                     "\" is not supported (NFC, NFD, NFKC, NFKD, "
-                                     "Lowercase, StripAccents, Strip, Replace, Prepend, "
-                                     "Nmt, Precompiled, Sequence)"));
+                                     "\" is not supported (BertNormalizer, NFC, NFD, "
+                                     "NFKC, NFKD, Lowercase, StripAccents, Strip, "
+                                     "Replace, Prepend, Nmt, Precompiled, Sequence)"));
 }
 
 // ----------------------------------------------------------------------------

@@ -61,11 +61,23 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFolder(
     return absl::InvalidArgumentError("tokenizer.json: not a JSON object");
   }
   // BERT's recipe keeps its own implementation (as fast as it is exact), as long as
-  // its pairs are BERT's too.
+  // its pairs and added tokens are BERT's too (MPNet's RobertaProcessing and <mask>
+  // with lstrip go through the pipeline).
   const std::string post = TypeOf(json, "post_processor");
+  bool plain_added_tokens = true;
+  if (json.contains("added_tokens") && json["added_tokens"].is_array()) {
+    for (const Json& token : json["added_tokens"]) {
+      for (const char* flag : {"single_word", "lstrip", "rstrip", "normalized"}) {
+        if (token.is_object() && token.contains(flag) && token[flag].is_boolean() &&
+            token[flag].get<bool>()) {
+          plain_added_tokens = false;
+        }
+      }
+    }
+  }
   if (TypeOf(json, "normalizer") == "BertNormalizer" &&
       TypeOf(json, "pre_tokenizer") == "BertPreTokenizer" &&
-      TypeOf(json, "model") == "WordPiece" &&
+      TypeOf(json, "model") == "WordPiece" && plain_added_tokens &&
       (post == "BertProcessing" || post == "TemplateProcessing")) {
     ATTN_ASSIGN_OR_RETURN(auto wordpiece, WordPieceTokenizer::FromTokenizerJson(text));
     return std::unique_ptr<Tokenizer>(std::move(wordpiece));

@@ -294,4 +294,45 @@ void AppendLowercase(char32_t c, std::u32string* out) {
   }
 }
 
+void HfBertNormalize(absl::string_view text, const BertNormalization& how,
+                     std::u32string* out) {
+  out->clear();
+  bool ascii = true;
+  for (size_t i = 0; i < text.size();) {
+    char32_t c = DecodeUtf8(text, &i);
+    const uint8_t flags = HfCharFlags(c);
+    if (how.clean_text) {
+      if (flags & kRemoved) continue;
+      if (flags & kSpace) c = ' ';
+    }
+    if (how.handle_chinese_chars && (flags & kChinese)) {
+      out->push_back(U' ');
+      out->push_back(c);
+      out->push_back(U' ');
+      ascii = false;
+      continue;
+    }
+    if (c >= 0x80) ascii = false;
+    out->push_back(c);
+  }
+  if (how.strip_accents && !ascii) {
+    HfNormalize(NormalForm::kNfd, out);
+    out->erase(std::remove_if(out->begin(), out->end(),
+                              [](char32_t c) { return (HfCharFlags(c) & kMark) != 0; }),
+               out->end());
+  }
+  if (how.lowercase) {
+    if (ascii) {
+      for (char32_t& c : *out) {
+        if (c >= 'A' && c <= 'Z') c += 'a' - 'A';
+      }
+    } else {
+      std::u32string lowered;
+      lowered.reserve(out->size());
+      for (const char32_t c : *out) AppendLowercase(c, &lowered);
+      out->swap(lowered);
+    }
+  }
+}
+
 }  // namespace attnserve::core

@@ -44,6 +44,19 @@ void HfNormalize(NormalForm form, std::u32string* text);
 // capital sigma is always a small sigma).
 void AppendLowercase(char32_t c, std::u32string* out);
 
+// tokenizers' BertNormalizer: clean_text (drop kRemoved characters, whitespace becomes
+// ' '), handle_chinese_chars (spaces around each CJK ideograph), strip_accents (NFD,
+// then drop kMark characters), lowercase, in that order. `text` is valid UTF-8; `out`
+// receives the result.
+struct BertNormalization {
+  bool clean_text = true;
+  bool handle_chinese_chars = true;
+  bool strip_accents = true;
+  bool lowercase = true;
+};
+void HfBertNormalize(absl::string_view text, const BertNormalization& how,
+                     std::u32string* out);
+
 }  // namespace attnserve::core
 
 #endif  // ATTNSERVE_CORE_UNICODE_TEXT_H_

@@ -335,43 +335,10 @@ absl::Status WordPieceTokenizer::Build(
 
 void WordPieceTokenizer::NormalizeInto(absl::string_view text,
                                        std::u32string* out) const {
-  out->clear();
-  bool ascii = true;
-  for (size_t i = 0; i < text.size();) {
-    char32_t c = DecodeUtf8(text, &i);
-    const uint8_t flags = HfCharFlags(c);
-    if (options_.clean_text) {
-      if (flags & kRemoved) continue;
-      if (flags & kSpace) c = ' ';
-    }
-    if (options_.handle_chinese_chars && (flags & kChinese)) {
-      out->push_back(U' ');
-      out->push_back(static_cast<char32_t>(c));
-      out->push_back(U' ');
-      ascii = false;
-      continue;
-    }
-    if (c >= 0x80) ascii = false;
-    out->push_back(static_cast<char32_t>(c));
-  }
-  if (strip_accents_ && !ascii) {
-    HfNormalize(NormalForm::kNfd, out);
-    out->erase(std::remove_if(out->begin(), out->end(),
-                              [](char32_t c) { return (HfCharFlags(c) & kMark) != 0; }),
-               out->end());
-  }
-  if (options_.lowercase) {
-    if (ascii) {
-      for (char32_t& c : *out) {
-        if (c >= 'A' && c <= 'Z') c += 'a' - 'A';
-      }
-    } else {
-      std::u32string lowered;
-      lowered.reserve(out->size());
-      for (const char32_t c : *out) AppendLowercase(c, &lowered);
-      out->swap(lowered);
-    }
-  }
+  HfBertNormalize(text,
+                  {options_.clean_text, options_.handle_chinese_chars, strip_accents_,
+                   options_.lowercase},
+                  out);
 }
 
 absl::StatusOr<std::string> WordPieceTokenizer::Normalize(absl::string_view text) const {

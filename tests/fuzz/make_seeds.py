@@ -232,6 +232,20 @@ def pipeline_tokenizer_inputs():
                       "vocab": dict(vocab, **{"##b": 12})},
             "post_processor": {"type": "BertProcessing", "sep": ["</s>", 2],
                                "cls": ["<s>", 0]}},
+        # MPNet's recipe: BERT's normalizer and pre-tokenizer with RobertaProcessing and
+        # an added token that strips the space on its left.
+        "wordpiece_bert_roberta": {
+            "normalizer": {"type": "BertNormalizer", "clean_text": True,
+                           "handle_chinese_chars": True, "strip_accents": None,
+                           "lowercase": True},
+            "pre_tokenizer": {"type": "BertPreTokenizer"},
+            "model": {"type": "WordPiece", "unk_token": "<unk>",
+                      "continuing_subword_prefix": "##", "max_input_chars_per_word": 100,
+                      "vocab": dict(vocab, **{"##b": 12})},
+            "post_processor": {"type": "RobertaProcessing", "sep": ["</s>", 2],
+                               "cls": ["<s>", 0], "trim_offsets": True,
+                               "add_prefix_space": False},
+            "added_tokens": added},
     }
     for name, spec in specs.items():
         write("pipeline_tokenizer", f"json_{name}", b"\x01" + json.dumps(spec).encode())
