@@ -111,6 +111,11 @@ absl::Status EncoderSpec::Validate() const {
     return Invalid(
         absl::StrCat("position_offset must be in [0, 2^20], got ", position_offset));
   }
+  const int64_t buckets = family == Family::kMpnet ? kMpnetBuckets : 0;
+  if (relative_attention_buckets != buckets) {
+    return Invalid(absl::StrCat("relative_attention_buckets must be ", buckets,
+                                " for this family, got ", relative_attention_buckets));
+  }
   int64_t width = d_model;
   for (size_t i = 0; i < dense.size(); ++i) {
     if (num_labels > 0)
@@ -191,6 +196,9 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
       CheckSize(embedding_norm_shift, pre ? 0 : d, "embedding_norm_shift"));
   ATTN_RETURN_IF_ERROR(CheckSize(final_norm_scale, pre ? d : 0, "final_norm_scale"));
   ATTN_RETURN_IF_ERROR(CheckSize(final_norm_shift, pre ? d : 0, "final_norm_shift"));
+  ATTN_RETURN_IF_ERROR(CheckSize(relative_attention_bias,
+                                 spec.relative_attention_buckets * spec.num_heads,
+                                 "relative_attention_bias"));
   const int64_t labels = spec.num_labels;
   const int64_t head = labels > 0 ? d : 0;
   ATTN_RETURN_IF_ERROR(CheckSize(pooler_weight, head * d, "pooler_weight"));
@@ -298,6 +306,20 @@ constexpr TensorNames kDistilBertNames = {"DistilBERT",
                                           "ffn.lin2.",
                                           "output_layer_norm."};
 
+constexpr TensorNames kMpnetNames = {"MPNet",
+                                     "",
+                                     "embeddings.LayerNorm.",
+                                     "",
+                                     "encoder.layer.",
+                                     "attention.attn.q.",
+                                     "attention.attn.k.",
+                                     "attention.attn.v.",
+                                     "attention.attn.o.",
+                                     "attention.LayerNorm.",
+                                     "intermediate.dense.",
+                                     "output.dense.",
+                                     "output.LayerNorm."};
+
 // `names` under another family's name (RoBERTa's and ELECTRA's tensors are BERT's).
 constexpr TensorNames Renamed(TensorNames names, const char* family) {
   names.family = family;
@@ -310,11 +332,30 @@ const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kDistilBert) return kDistilBertNames;
   if (spec.family == EncoderSpec::Family::kRoberta) return kRobertaNames;
   if (spec.family == EncoderSpec::Family::kElectra) return kElectraNames;
+  if (spec.family == EncoderSpec::Family::kMpnet) return kMpnetNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
 }
 
 }  // namespace
+
+int64_t MpnetRelativeBucket(int64_t offset) {
+  constexpr int64_t kHalf = EncoderSpec::kMpnetBuckets / 2;  // per direction
+  constexpr int64_t kExact = kHalf / 2;
+  // transformers: n = -(j - i); keys after the query (n < 0) take the upper half.
+  const int64_t n = -offset;
+  const int64_t base = n < 0 ? kHalf : 0;
+  const int64_t distance = std::min<int64_t>(std::abs(n), kMpnetBucketRadius);
+  if (distance < kExact) return base + distance;
+  // log(n / 8) / log(128 / 8) * 8, in float32 as torch computes it (exact at 16, 32,
+  // 64 and 128, where the bucket steps), then truncated.
+  const float scaled =
+      std::log(static_cast<float>(distance) / static_cast<float>(kExact)) /
+      static_cast<float>(std::log(static_cast<double>(kMpnetBucketRadius) /
+                                  static_cast<double>(kExact))) *
+      static_cast<float>(kHalf - kExact);
+  return base + std::min<int64_t>(kExact + static_cast<int64_t>(scaled), kHalf - 1);
+}
 
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
@@ -436,11 +477,19 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                           read(absl::StrCat(at, names.output_norm, "bias"), {d}));
     weights.layers.push_back(std::move(layer));
   }
-  if (spec.num_labels > 0 && (spec.family == EncoderSpec::Family::kRoberta ||
-                              spec.family == EncoderSpec::Family::kElectra)) {
+  if (spec.relative_attention_buckets > 0) {
+    ATTN_ASSIGN_OR_RETURN(weights.relative_attention_bias,
+                          read("encoder.relative_attention_bias.weight",
+                               {spec.relative_attention_buckets, spec.num_heads}));
+  }
+  // Families whose head is RoBERTa's classifier.dense + classifier.out_proj.
+  const bool roberta_head = spec.family == EncoderSpec::Family::kRoberta ||
+                            spec.family == EncoderSpec::Family::kElectra ||
+                            spec.family == EncoderSpec::Family::kMpnet;
+  if (spec.num_labels > 0 && roberta_head) {
     // RobertaClassificationHead: dense + tanh over <s>, then out_proj; the same
-    // computation as BERT's pooler and classifier, under other names.
-    // ElectraClassificationHead: the same names, GELU for the tanh.
+    // computation as BERT's pooler and classifier, under other names. MPNet's is the
+    // same; ElectraClassificationHead: the same names, GELU for the tanh.
     ATTN_ASSIGN_OR_RETURN(weights.pooler_weight,
                           read("classifier.dense.weight", {d, d}, true));
     ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("classifier.dense.bias", {d}, true));
@@ -470,9 +519,7 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     // A buffer, not a weight; and BertModel's [CLS] pooler (a dense layer + tanh), which
     // every BertModel checkpoint carries and no pooling served here uses.
     // RoBERTa's and ELECTRA's heads read no pooler either (some conversions keep one).
-    const bool pooler_unused = spec.num_labels == 0 ||
-                               spec.family == EncoderSpec::Family::kRoberta ||
-                               spec.family == EncoderSpec::Family::kElectra;
+    const bool pooler_unused = spec.num_labels == 0 || roberta_head;
     if (local == "embeddings.position_ids" ||
         (pooler_unused &&
          (local == "pooler.dense.weight" || local == "pooler.dense.bias"))) {
@@ -510,7 +557,10 @@ struct TransformerEncoder::State {
   // and feed-forward weights live packed in `attention` and `ffn_in`/`ffn_out`.
   EncoderWeights weights;
   std::vector<std::unique_ptr<MultiHeadAttention>> attention;  // per layer
-  std::vector<PackedLinear> ffn_in, ffn_out;                   // per layer
+  // MPNet: every head's bias by offset, [num_heads, 2 kMpnetBucketRadius + 1] (see
+  // RelativeBias); empty for the other families.
+  std::vector<float> relative_bias;
+  std::vector<PackedLinear> ffn_in, ffn_out;  // per layer
   // Primitives by shape (the row count changes with every batch), bounded.
   PrimitiveCache cache{256};
   // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
@@ -864,6 +914,17 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
     encoder->state_->attention.push_back(std::move(attention));
   }
   State& state = *encoder->state_;
+  if (spec.relative_attention_buckets > 0) {
+    const int64_t width = 2 * kMpnetBucketRadius + 1;
+    state.relative_bias.resize(static_cast<size_t>(spec.num_heads * width));
+    for (int64_t h = 0; h < spec.num_heads; ++h) {
+      for (int64_t offset = -kMpnetBucketRadius; offset <= kMpnetBucketRadius; ++offset) {
+        state.relative_bias[h * width + offset + kMpnetBucketRadius] =
+            weights.relative_attention_bias[MpnetRelativeBucket(offset) * spec.num_heads +
+                                            h];
+      }
+    }
+  }
   try {
     for (const EncoderLayerWeights& layer : weights.layers) {
       ATTN_ASSIGN_OR_RETURN(
@@ -1096,6 +1157,9 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     AttentionOptions options;
     if (!batch.head_mask.empty()) {
       options.head_mask = batch.head_mask.subspan(n * heads, heads);
+    }
+    if (!state.relative_bias.empty()) {
+      options.relative_bias = {state.relative_bias, kMpnetBucketRadius};
     }
     ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(
         AttentionBatch{absl::MakeConstSpan(from, tokens * d), batch.lengths}, options,

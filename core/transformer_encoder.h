@@ -54,11 +54,19 @@ struct EncoderSpec {
   // classifier.out_proj.
   // ELECTRA's discriminator: BERT's names, no pooler, a classification head of
   // classifier.dense + GELU + classifier.out_proj.
-  enum class Family { kBert, kDistilBert, kRoberta, kElectra };
+  // MPNet's: its own names (attention.attn.q, ...), positions after the padding index,
+  // no token types, RoBERTa's classification head, and a relative position bias
+  // (relative_attention_buckets) added to every layer's attention scores.
+  enum class Family { kBert, kDistilBert, kRoberta, kElectra, kMpnet };
   Family family = Family::kBert;
   // The rows of the checkpoint's position table before position 0 (RoBERTa's
   // padding_idx + 1): LoadBertWeights drops them. >= 0.
   int64_t position_offset = 0;
+  // MPNet: the buckets of its relative position bias (32; every other family 0). Head
+  // h's score of query i and key j gains
+  // EncoderWeights::relative_attention_bias[MpnetRelativeBucket(j - i), h].
+  int64_t relative_attention_buckets = 0;
+  static constexpr int64_t kMpnetBuckets = 32;
   float layer_norm_eps = 1e-12f;  // > 0
   int64_t max_positions = 512;    // learned absolute positions, >= 1
   int64_t vocab_size = 0;         // >= 1
@@ -154,6 +162,9 @@ struct EncoderWeights {
   // Post-LN only ([d]; empty for pre-LN).
   std::vector<float> embedding_norm_scale, embedding_norm_shift;
   std::vector<EncoderLayerWeights> layers;  // num_layers
+  // MPNet: [relative_attention_buckets, num_heads], shared by every layer (empty for
+  // the other families).
+  std::vector<float> relative_attention_bias;
   // Pre-LN only: the norm after the last block ([d]; empty for post-LN).
   std::vector<float> final_norm_scale, final_norm_shift;
   // The classification head (empty without one): BERT's pooler, a dense layer + tanh
@@ -191,11 +202,23 @@ struct EncoderWeights {
 // names (behind "roberta." / "electra."), their head `classifier.dense.*` and
 // `classifier.out_proj.*` outside the prefix; RoBERTa's position table is read as
 // [position_offset + max_positions, d] and its first position_offset rows dropped.
+// MPNet: `encoder.layer.N.attention.attn.{q,k,v,o}`, `attention.LayerNorm`, BERT's
+// feed-forward names, no token types, positions as RoBERTa's, and
+// `encoder.relative_attention_bias.weight` [relative_attention_buckets, num_heads];
+// RoBERTa's head names.
 // `weights.dense` (sentence-transformers' Dense modules, in their own files) is left for
 // the caller to fill.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");
+
+// MPNet's bucket (in [0, 32)) for a key `offset` = j - i tokens from its query, as
+// transformers' MPNetEncoder.relative_position_bucket computes it (in float32, as
+// torch does): 16 buckets per direction (keys after the query in the upper 16), exact
+// below 8 tokens, logarithmic up to 128, the last bucket beyond. Constant for
+// |offset| >= kMpnetBucketRadius.
+int64_t MpnetRelativeBucket(int64_t offset);
+inline constexpr int64_t kMpnetBucketRadius = 128;
 
 // A batch of tokenized sequences, packed: sequence i is the next lengths[i] ids.
 struct EncoderBatch {

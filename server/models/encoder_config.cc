@@ -169,6 +169,9 @@ constexpr ConfigKeys kBertKeys = {"hidden_size",       "num_attention_heads",
                                   "hidden_act",        true};
 constexpr ConfigKeys kDistilBertKeys = {"dim",        "n_heads",    "n_layers",
                                         "hidden_dim", "activation", false};
+constexpr ConfigKeys kMpnetKeys = {"hidden_size",       "num_attention_heads",
+                                   "num_hidden_layers", "intermediate_size",
+                                   "hidden_act",        false};
 
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
@@ -188,14 +191,16 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     family = v1::EncoderConfig::FAMILY_ROBERTA;
   } else if (model_type == "electra") {
     family = v1::EncoderConfig::FAMILY_ELECTRA;
+  } else if (model_type == "mpnet") {
+    family = v1::EncoderConfig::FAMILY_MPNET;
   } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
         "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
-        "\"roberta\", \"xlm-roberta\", \"camembert\" and \"electra\": learned "
-        "absolute positions, post-LN or pre-LN blocks, Hugging Face's BertModel, "
-        "MegatronBertModel, DistilBertModel, RobertaModel and ElectraModel tensor "
-        "names)"));
+        "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\" and \"mpnet\": "
+        "learned absolute positions (MPNet's with its relative position bias), post-LN "
+        "or pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, "
+        "DistilBertModel, RobertaModel, ElectraModel and MPNetModel tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -224,8 +229,10 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
       placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
     return Invalid("encoder.norm_placement: DistilBERT's blocks are post-LN");
   }
-  const ConfigKeys& keys =
-      family == v1::EncoderConfig::FAMILY_DISTILBERT ? kDistilBertKeys : kBertKeys;
+  const ConfigKeys& keys = family == v1::EncoderConfig::FAMILY_DISTILBERT
+                               ? kDistilBertKeys
+                           : family == v1::EncoderConfig::FAMILY_MPNET ? kMpnetKeys
+                                                                       : kBertKeys;
   ATTN_ASSIGN_OR_RETURN(const std::string positions,
                         Text(json, "position_embedding_type", "absolute", kFile));
   if (positions != "absolute") {
@@ -268,6 +275,28 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                                   " (RoBERTa's positions start at pad_token_id + 1)"));
     }
     positions_count -= position_offset;
+  }
+  if (family == v1::EncoderConfig::FAMILY_MPNET) {
+    // MPNetEmbeddings numbers positions after its padding index, 1 whatever
+    // pad_token_id says; and MPNetEncoder buckets offsets into 32 (its
+    // relative_position_bucket's default, whatever the config says): a table of
+    // another size would be read differently.
+    position_offset = 2;
+    if (positions_count <= position_offset) {
+      return Invalid(absl::StrCat("config.json: max_position_embeddings ",
+                                  positions_count,
+                                  " leaves no position after MPNet's padding index 1"));
+    }
+    positions_count -= position_offset;
+    ATTN_ASSIGN_OR_RETURN(const int64_t buckets,
+                          Count(json, "relative_attention_num_buckets",
+                                core::EncoderSpec::kMpnetBuckets, kFile));
+    if (buckets != core::EncoderSpec::kMpnetBuckets) {
+      return Invalid(absl::StrCat("config.json: relative_attention_num_buckets ", buckets,
+                                  " is not served (MPNetEncoder buckets offsets into ",
+                                  core::EncoderSpec::kMpnetBuckets,
+                                  " whatever the table holds)"));
+    }
   }
   encoder->set_position_offset(position_offset);
   if (family == v1::EncoderConfig::FAMILY_ELECTRA) {
@@ -856,6 +885,10 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       break;
     case v1::EncoderConfig::FAMILY_ELECTRA:
       spec.family = core::EncoderSpec::Family::kElectra;
+      break;
+    case v1::EncoderConfig::FAMILY_MPNET:
+      spec.family = core::EncoderSpec::Family::kMpnet;
+      spec.relative_attention_buckets = core::EncoderSpec::kMpnetBuckets;
       break;
     default:
       spec.family = core::EncoderSpec::Family::kBert;

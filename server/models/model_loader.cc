@@ -273,6 +273,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
       case core::EncoderSpec::Family::kElectra:
         base = "electra.";
         break;
+      case core::EncoderSpec::Family::kMpnet:
+        base = "mpnet.";
+        break;
       case core::EncoderSpec::Family::kBert:
         break;
     }

@@ -185,8 +185,9 @@ INSTANTIATE_TEST_SUITE_P(Types, GoldenTest,
 
 // The seeded model folders: the ids sentence-transformers fed the model, at its
 // max_seq_length.
-TEST(ModelFolderTest, RobertaAndXlmRobertaGiveSentenceTransformersIds) {
-  for (const std::string name : {"roberta_tiny", "xlmr_tiny"}) {
+TEST(ModelFolderTest, RobertaXlmRobertaAndMpnetGiveSentenceTransformersIds) {
+  // MPNet's: BERT's normalizer and pre-tokenizer, RobertaProcessing, <mask> with lstrip.
+  for (const std::string name : {"roberta_tiny", "xlmr_tiny", "mpnet_tiny"}) {
     SCOPED_TRACE(name);
     std::ifstream in(kData + "/" + name + ".golden.json");
     const Json golden = Json::parse(in);
@@ -203,21 +204,24 @@ TEST(ModelFolderTest, RobertaAndXlmRobertaGiveSentenceTransformersIds) {
   }
 }
 
-TEST(ModelFolderTest, XlmRobertaPairsAreCutLongestFirst) {
-  std::ifstream in(kData + "/xlmr_reranker_tiny.golden.json");
-  const Json golden = Json::parse(in);
-  auto tokenizer = Load(kData + "/xlmr_reranker_tiny");
-  ASSERT_NE(tokenizer, nullptr);
-  EXPECT_EQ(tokenizer->added_tokens(true), 4);  // <s> a </s></s> b </s>
-  for (size_t i = 0; i < golden["documents"].size(); ++i) {
-    std::vector<int64_t> ids, types;
-    ASSERT_TRUE(tokenizer
-                    ->EncodePair(golden["query"].get<std::string>(),
-                                 golden["documents"][i].get<std::string>(),
-                                 golden["max_length"], &ids, &types)
-                    .ok());
-    EXPECT_THAT(ids, ElementsAreArray(Ids(golden["token_ids"][i])));
-    EXPECT_THAT(types, ::testing::Each(0));
+TEST(ModelFolderTest, XlmRobertaAndMpnetPairsAreCutLongestFirst) {
+  for (const std::string name : {"xlmr_reranker_tiny", "mpnet_reranker_tiny"}) {
+    SCOPED_TRACE(name);
+    std::ifstream in(kData + "/" + name + ".golden.json");
+    const Json golden = Json::parse(in);
+    auto tokenizer = Load(kData + "/" + name);
+    ASSERT_NE(tokenizer, nullptr);
+    EXPECT_EQ(tokenizer->added_tokens(true), 4);  // <s> a </s></s> b </s>
+    for (size_t i = 0; i < golden["documents"].size(); ++i) {
+      std::vector<int64_t> ids, types;
+      ASSERT_TRUE(tokenizer
+                      ->EncodePair(golden["query"].get<std::string>(),
+                                   golden["documents"][i].get<std::string>(),
+                                   golden["max_length"], &ids, &types)
+                      .ok());
+      EXPECT_THAT(ids, ElementsAreArray(Ids(golden["token_ids"][i])));
+      EXPECT_THAT(types, ::testing::Each(0));
+    }
   }
 }
 

@@ -51,6 +51,16 @@ tests/data/roberta_dense_tiny: 32 -> 24 Tanh, 24 -> 16 Identity without bias) th
 the openai client (with dimensions) and KServe's metadata; a Dense that cannot be served
 (activation, shape, a path outside the folder) refused by name.
 
+MPNet (tests/data/mpnet_tiny, mpnet_reranker_tiny, tests/tools/make_mpnet_golden.py:
+seeded MPNetModel / MPNetForSequenceClassification with their relative position bias,
+texts up to 128 tokens, BERT's tokenizer recipe with RobertaProcessing): the embedder
+through the openai client, tritonclient and v1, with prompt_name "query" and without;
+the reranker through Cohere's client and v1 (1e-5); other bucket counts and a missing
+bias tensor refused by name.
+
+Precision: each family's seeded embedder and reranker at bf16 and int8 against the
+fp32 goldens, within the bounds docs/models.md states.
+
 usage: families_test.py ATTNSERVE REPO_ROOT
 """
 import json
@@ -379,6 +389,155 @@ class ElectraTest(FamilyServer):
                           {"config.json": dict(config, embedding_size=16)},
                           ["embedding_size 16 differs from hidden_size 32",
                            "embeddings_project"])
+
+
+class MpnetTest(FamilyServer):
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("mpnet_tiny")
+        cls.add_model("mpnet", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        with open(os.path.join(DATA, "mpnet_reranker_tiny.golden.json"),
+                  encoding="utf-8") as f:
+            cls.reranker = json.load(f)
+        reranker = os.path.join(cls.repository.name, "mpnet-reranker")
+        os.mkdir(reranker)
+        for name in os.listdir(os.path.join(DATA, "mpnet_reranker_tiny")):
+            os.symlink(os.path.join(DATA, "mpnet_reranker_tiny", name),
+                       os.path.join(reranker, name))
+        with open(os.path.join(reranker, "config.pbtxt"), "w") as f:
+            f.write("encoder {}\n")
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("mpnet")
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="mpnet"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_MPNET)
+        self.assertEqual(model.encoder.position_offset, 2)
+        self.assertEqual(model.encoder.max_positions, 128)
+        self.assertEqual(model.encoder.type_vocab_size, 1)
+
+    def test_a_prompt_is_embedded_as_sentence_transformers_does(self):
+        golden = self.golden
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        reply = client.embeddings.create(model="mpnet", input=golden["texts"],
+                                         extra_body={"prompt_name": "query"})
+        self.assert_golden([item.embedding for item in reply.data], "prompt_embeddings")
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="mpnet", text=golden["texts"], truncate=True, return_token_ids=True,
+            prompt_name="query"), timeout=60)
+        ids, start = [], 0
+        for length in reply.lengths:
+            ids.append(list(reply.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, golden["prompt_token_ids"])
+        self.assert_golden(np.frombuffer(reply.embedding.raw, "<f4").reshape(len(ids), -1),
+                           "prompt_embeddings")
+
+    def test_the_reranker_scores_as_cross_encoder_through_cohere(self):
+        import cohere
+        golden = self.reranker
+        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
+        reply = client.rerank(model="mpnet-reranker", query=golden["query"],
+                              documents=golden["documents"])
+        scores = [0.0] * len(golden["documents"])
+        for result in reply.results:
+            scores[result.index] = result.relevance_score
+        np.testing.assert_allclose(scores, golden["scores"], atol=TOLERANCE, rtol=0)
+        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="mpnet-reranker", text=[golden["query"]] * len(scores),
+            text_pair=golden["documents"], truncate=True, return_token_ids=True,
+            raw_scores=True), timeout=60)
+        ids, start = [], 0
+        for length in pairs.lengths:
+            ids.append(list(pairs.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, golden["token_ids"])
+        np.testing.assert_allclose(np.frombuffer(pairs.scores.raw, "<f4"),
+                                   golden["logits"], atol=TOLERANCE, rtol=1e-5)
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="mpnet-reranker"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.weights_prefix, "mpnet.")
+
+    def test_other_buckets_or_a_missing_bias_are_refused_by_name(self):
+        config = self.read_json("config.json")
+        self.load_refused("bad-buckets", "encoder {}\n",
+                          {"config.json": dict(config, relative_attention_num_buckets=16)},
+                          ["relative_attention_num_buckets 16 is not served"])
+        folder = self.add_model("no-bias", "encoder {}\n", link_weights=False)
+        tensors, metadata = stubs.read_safetensors(
+            os.path.join(self.source, "model.safetensors"))
+        del tensors["encoder.relative_attention_bias.weight"]
+        stubs.write_safetensors(os.path.join(folder, "model.safetensors"), tensors,
+                                metadata)
+        status, reply = stubs.post_json(
+            f"{self.http}/v2/repository/models/no-bias/load", {})
+        self.assertEqual(status, 400, reply)
+        self.assertIn("missing tensor encoder.relative_attention_bias.weight",
+                      reply["error"])
+        self.assert_golden(self.encode("mpnet"))
+
+
+class PrecisionTest(FamilyServer):
+    """Every family's seeded model at bf16 and int8, against sentence-transformers'
+    fp32 output: embedders by cosine, rerankers by their logits' error relative to the
+    largest logit (their heads are drawn from N(0, 1), which magnifies every error)."""
+    EMBEDDERS = ("distilbert_tiny", "roberta_tiny", "xlmr_tiny", "mpnet_tiny")
+    RERANKERS = ("xlmr_reranker_tiny", "electra_reranker_tiny", "mpnet_reranker_tiny")
+    # Minimum cosine, and the rerankers' largest logit error over the largest logit.
+    # Measured on AVX-512 with VNNI and bf16 (and capped to AVX2): bf16 0.99997
+    # (0.99999), int8 0.99983 (0.99947); rerankers bf16 0.029 (0.022), int8 0.048
+    # (0.133).
+    COSINE = {"bf16": 0.9999, "int8": 0.999}
+    LOGITS = {"bf16": 0.06, "int8": 0.2}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.repository = tempfile.TemporaryDirectory()
+        for source in cls.EMBEDDERS + cls.RERANKERS:
+            for precision in ("bf16", "int8"):
+                folder = os.path.join(cls.repository.name, f"{source}-{precision}")
+                os.mkdir(folder)
+                for name in os.listdir(os.path.join(DATA, source)):
+                    os.symlink(os.path.join(DATA, source, name),
+                               os.path.join(folder, name))
+                with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+                    f.write(f"precision: PRECISION_{precision.upper()}\n"
+                            "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.start()
+        for source in cls.EMBEDDERS + cls.RERANKERS:
+            for precision in ("bf16", "int8"):
+                status, reply = stubs.post_json(
+                    f"{cls.http}/v2/repository/models/{source}-{precision}/load", {})
+                assert status == 200, (source, precision, reply)
+
+    def test_embedders_stay_within_the_stated_cosine(self):
+        for source in self.EMBEDDERS:
+            with open(os.path.join(DATA, source + ".golden.json"), encoding="utf-8") as f:
+                golden = json.load(f)
+            want = np.asarray(golden["embeddings"], np.float32)
+            for precision, bound in self.COSINE.items():
+                reply = self.v1.Encode(attention_pb2.EncodeRequest(
+                    model=f"{source}-{precision}", text=golden["texts"]), timeout=60)
+                got = np.frombuffer(reply.embedding.raw, "<f4").reshape(want.shape)
+                self.assertGreaterEqual(float(cosines(got, want).min()), bound,
+                                        f"{source} at {precision}")
+
+    def test_rerankers_stay_within_the_stated_logit_error(self):
+        for source in self.RERANKERS:
+            with open(os.path.join(DATA, source + ".golden.json"), encoding="utf-8") as f:
+                golden = json.load(f)
+            want = np.asarray(golden["logits"], np.float32).reshape(-1)
+            for precision, bound in self.LOGITS.items():
+                reply = self.v1.Encode(attention_pb2.EncodeRequest(
+                    model=f"{source}-{precision}", text=[golden["query"]] * len(want),
+                    text_pair=golden["documents"], truncate=True, raw_scores=True),
+                    timeout=60)
+                got = np.frombuffer(reply.scores.raw, "<f4")
+                self.assertLessEqual(float(np.abs(got - want).max()),
+                                     bound * float(np.abs(want).max()),
+                                     f"{source} at {precision}")
 
 
 class PoolingTest(FamilyServer):

@@ -103,9 +103,13 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
       {{"[1]", "", ""}, "config.json: must be a JSON object"},
       {{std::string(40, '[') + std::string(40, ']'), "", ""},
        "config.json: nested deeper than 32 levels"},
-      {{R"({"model_type": "mpnet"})", "", ""},
-       "config.json: model_type \"mpnet\" is not served (served: \"bert\", "
+      {{R"({"model_type": "deberta"})", "", ""},
+       "config.json: model_type \"deberta\" is not served (served: \"bert\", "
        "\"megatron-bert\", \"distilbert\", \"roberta\""},
+      {{R"({"model_type": "mpnet", "relative_attention_num_buckets": 64})", "", ""},
+       "config.json: relative_attention_num_buckets 64 is not served"},
+      {{R"({"model_type": "mpnet", "max_position_embeddings": 2})", "", ""},
+       "max_position_embeddings 2 leaves no position after MPNet's padding index 1"},
       {{R"({"model_type": "roberta", "max_position_embeddings": 2})", "", ""},
        "max_position_embeddings 2 leaves no position after pad_token_id 1"},
       {{R"({"model_type": "distilbert", "activation": "swish"})", "", ""},
