@@ -427,7 +427,7 @@ absl::StatusOr<std::string> SafetensorsFile::Data(const Tensor& tensor) const {
   return bytes;
 }
 
-absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
+absl::StatusOr<const SafetensorsFile::Tensor*> SafetensorsFile::FindReadable(
     absl::string_view name, absl::Span<const int64_t> expected_shape) const {
   const Tensor* tensor = Find(name);
   if (tensor == nullptr) {
@@ -444,6 +444,36 @@ absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
         absl::StrCat("tensor '", name, "' has wrong dtype: expected F32 or BF16, found ",
                      tensor->dtype));
   }
+  return tensor;
+}
+
+absl::StatusOr<std::vector<uint16_t>> SafetensorsFile::ReadBfloat16(
+    absl::string_view name, absl::Span<const int64_t> expected_shape) const {
+  ATTN_ASSIGN_OR_RETURN(const Tensor* tensor, FindReadable(name, expected_shape));
+  const uint64_t bytes = tensor->data_end - tensor->data_begin;
+  if (tensor->dtype == "BF16") {
+    std::vector<uint16_t> values(static_cast<size_t>(bytes / 2));
+    ATTN_RETURN_IF_ERROR(
+        ReadBytes(tensor->data_begin, bytes, reinterpret_cast<char*>(values.data())));
+    return values;
+  }
+  std::vector<uint16_t> values(static_cast<size_t>(bytes / 4));
+  constexpr uint64_t kChunk = uint64_t{8} << 20;
+  std::vector<float> chunk;
+  for (uint64_t at = 0; at < bytes; at += kChunk) {
+    const uint64_t size = std::min(kChunk, bytes - at);
+    chunk.resize(static_cast<size_t>(size / 4));
+    ATTN_RETURN_IF_ERROR(
+        ReadBytes(tensor->data_begin + at, size, reinterpret_cast<char*>(chunk.data())));
+    uint16_t* out = values.data() + at / 4;
+    for (size_t i = 0; i < chunk.size(); ++i) out[i] = FloatToBf16(chunk[i]);
+  }
+  return values;
+}
+
+absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
+    absl::string_view name, absl::Span<const int64_t> expected_shape) const {
+  ATTN_ASSIGN_OR_RETURN(const Tensor* tensor, FindReadable(name, expected_shape));
   const uint64_t bytes = tensor->data_end - tensor->data_begin;
   if (tensor->dtype == "F32") {
     // Straight into the values: no second copy of a big tensor (an embedding table).

@@ -74,6 +74,11 @@ class SafetensorsFile {
   // DataLoss when a file from Read no longer holds the bytes (changed while loading).
   absl::StatusOr<std::vector<float>> ReadFloat32(
       absl::string_view name, absl::Span<const int64_t> expected_shape = {}) const;
+  // The same as bfloat16 bits: BF16 copied, F32 rounded to nearest even through a
+  // bounded staging buffer (never a float32 copy of the whole tensor). Errors as
+  // ReadFloat32's.
+  absl::StatusOr<std::vector<uint16_t>> ReadBfloat16(
+      absl::string_view name, absl::Span<const int64_t> expected_shape = {}) const;
 
   // The "__metadata__" string map (empty when absent).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -96,6 +101,10 @@ class SafetensorsFile {
   // `total` bytes.
   static absl::StatusOr<SafetensorsFile> ParseView(absl::string_view head,
                                                    uint64_t total);
+  // The tensor `name` when present, of that shape (when given) and F32 or BF16;
+  // ReadFloat32's errors otherwise.
+  absl::StatusOr<const Tensor*> FindReadable(absl::string_view name,
+                                             absl::Span<const int64_t> shape) const;
   // `size` bytes of the data section from `offset` into `out`.
   absl::Status ReadBytes(uint64_t offset, uint64_t size, char* out) const;
 

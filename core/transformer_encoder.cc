@@ -182,9 +182,16 @@ absl::Span<const int64_t> EncoderSpec::PrunedHeads(int64_t layer) const {
 
 absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   const int64_t d = spec.d_model;
-  if (word_embeddings == nullptr) return Invalid("word_embeddings is not set");
-  ATTN_RETURN_IF_ERROR(
-      CheckSize(*word_embeddings, spec.vocab_size * d, "word_embeddings"));
+  if ((word_embeddings == nullptr) == (word_embeddings_bf16 == nullptr)) {
+    return Invalid("exactly one of word_embeddings and word_embeddings_bf16 must be set");
+  }
+  if (word_embeddings != nullptr) {
+    ATTN_RETURN_IF_ERROR(
+        CheckSize(*word_embeddings, spec.vocab_size * d, "word_embeddings"));
+  } else if (static_cast<int64_t>(word_embeddings_bf16->size()) != spec.vocab_size * d) {
+    return Invalid(absl::StrCat("word_embeddings_bf16 has ", word_embeddings_bf16->size(),
+                                " values, expected ", spec.vocab_size * d));
+  }
   ATTN_RETURN_IF_ERROR(
       CheckSize(position_embeddings, spec.max_positions * d, "position_embeddings"));
   ATTN_RETURN_IF_ERROR(CheckSize(token_type_embeddings, spec.type_vocab_size * d,
@@ -365,9 +372,11 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   const int64_t d = spec.d_model;
   std::vector<std::string> used;
   // The tensor `name` (under the prefix unless `outside`) with `shape`, as float32.
-  const auto read = [&](const std::string& name, std::vector<int64_t> shape,
-                        bool outside = false) -> absl::StatusOr<std::vector<float>> {
-    const std::string full = outside ? name : absl::StrCat(prefix, name);
+  // The full name of tensor `name` (under the prefix unless `outside`), marked used,
+  // or the error naming it.
+  const auto locate = [&](const std::string& name,
+                          bool outside) -> absl::StatusOr<std::string> {
+    std::string full = outside ? name : absl::StrCat(prefix, name);
     if (file.Find(full) == nullptr) {
       return Invalid(absl::StrCat("missing tensor ", full, " (a ", names.family,
                                   " checkpoint with ", spec.num_layers, " layers",
@@ -375,13 +384,28 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                   " names it)"));
     }
     used.push_back(full);
+    return full;
+  };
+  const auto read = [&](const std::string& name, std::vector<int64_t> shape,
+                        bool outside = false) -> absl::StatusOr<std::vector<float>> {
+    ATTN_ASSIGN_OR_RETURN(const std::string full, locate(name, outside));
     return file.ReadFloat32(full, shape);
   };
   EncoderWeights weights;
-  ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
-                        read("embeddings.word_embeddings.weight", {spec.vocab_size, d}));
-  weights.word_embeddings =
-      std::make_shared<const std::vector<float>>(std::move(word_embeddings));
+  const std::string table = "embeddings.word_embeddings.weight";
+  if (spec.precision == Precision::kFp32) {
+    ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
+                          read(table, {spec.vocab_size, d}));
+    weights.word_embeddings =
+        std::make_shared<const std::vector<float>>(std::move(word_embeddings));
+  } else {
+    // Half the memory of the biggest tensor of a small multilingual model.
+    ATTN_ASSIGN_OR_RETURN(const std::string full, locate(table, false));
+    ATTN_ASSIGN_OR_RETURN(std::vector<uint16_t> word_embeddings,
+                          file.ReadBfloat16(full, {spec.vocab_size, d}));
+    weights.word_embeddings_bf16 =
+        std::make_shared<const std::vector<uint16_t>>(std::move(word_embeddings));
+  }
   // RoBERTa's first rows (the padding index and those before it) are never read.
   ATTN_ASSIGN_OR_RETURN(weights.position_embeddings,
                         read("embeddings.position_embeddings.weight",
@@ -1127,10 +1151,17 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     for (const int64_t length : batch.lengths) {
       for (int64_t position = 0; position < length; ++position, ++t) {
         const int64_t type = batch.token_types.empty() ? 0 : batch.token_types[t];
-        const float* word = &(*weights.word_embeddings)[batch.token_ids[t] * d];
         const float* where = &weights.position_embeddings[position * d];
         const float* kind = &weights.token_type_embeddings[type * d];
-        for (int64_t c = 0; c < d; ++c) sum[t * d + c] = word[c] + where[c] + kind[c];
+        if (weights.word_embeddings != nullptr) {
+          const float* word = &(*weights.word_embeddings)[batch.token_ids[t] * d];
+          for (int64_t c = 0; c < d; ++c) sum[t * d + c] = word[c] + where[c] + kind[c];
+        } else {
+          const uint16_t* word = &(*weights.word_embeddings_bf16)[batch.token_ids[t] * d];
+          for (int64_t c = 0; c < d; ++c) {
+            sum[t * d + c] = Bf16ToFloat(word[c]) + where[c] + kind[c];
+          }
+        }
       }
     }
   }

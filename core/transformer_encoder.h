@@ -156,7 +156,10 @@ struct EncoderLayerWeights {
 struct EncoderWeights {
   // [vocab_size, d]; read-only, shared by every copy of the weights (the instances of
   // a model): a big vocabulary's table (XLM-R's 250,002 rows) is most of a small model.
+  // Exactly one of the two is set: f32 for fp32 models, bf16 bits for bf16 and int8
+  // ones (half the memory; LoadBertWeights reads it so).
   std::shared_ptr<const std::vector<float>> word_embeddings;
+  std::shared_ptr<const std::vector<uint16_t>> word_embeddings_bf16;
   std::vector<float> position_embeddings;    // [max_positions, d]
   std::vector<float> token_type_embeddings;  // [type_vocab_size, d]
   // Post-LN only ([d]; empty for pre-LN).
@@ -202,12 +205,12 @@ struct EncoderWeights {
 // names (behind "roberta." / "electra."), their head `classifier.dense.*` and
 // `classifier.out_proj.*` outside the prefix; RoBERTa's position table is read as
 // [position_offset + max_positions, d] and its first position_offset rows dropped.
-// MPNet: `encoder.layer.N.attention.attn.{q,k,v,o}`, `attention.LayerNorm`, BERT's
-// feed-forward names, no token types, positions as RoBERTa's, and
-// `encoder.relative_attention_bias.weight` [relative_attention_buckets, num_heads];
-// RoBERTa's head names.
-// `weights.dense` (sentence-transformers' Dense modules, in their own files) is left for
-// the caller to fill.
+// The word-embedding table is kept in bf16 for a bf16 or int8 spec (rounded to nearest
+// even from F32), f32 otherwise. MPNet: `encoder.layer.N.attention.attn.{q,k,v,o}`,
+// `attention.LayerNorm`, BERT's feed-forward names, no token types, positions as
+// RoBERTa's, and `encoder.relative_attention_bias.weight` [relative_attention_buckets,
+// num_heads]; RoBERTa's head names. `weights.dense` (sentence-transformers' Dense
+// modules, in their own files) is left for the caller to fill.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");

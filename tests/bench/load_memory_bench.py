@@ -121,10 +121,8 @@ def main():
             rss = status_kib(pid, "VmRSS") * 1024
             channel.close()
             assert server.stop() == 0
-            # The layers' weights at the precision; the table stays fp32 at every
-            # precision today.
-            layer_params = params - VOCAB * D
-            weights = VOCAB * D * 4 + layer_params * element
+            # Every weight at the precision (a bf16 model keeps its table in bf16 too).
+            weights = params * element
             rows.append((precision, weights, loaded, served, rss))
         target_note = "peak after load <= weights + file/4 + 200 MiB"
         print(f"| precision | weights (MiB) | peak after load (MiB) | peak after 64 requests "

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -231,6 +232,29 @@ TEST(SafetensorsTest, ReadFileReadsEachTensorWhenAskedFor) {
   file = absl::UnknownError("gone");
   EXPECT_EQ(*copy.ReadFloat32("big"), big);
   EXPECT_THAT(*copy.ReadFloat32("small"), ::testing::ElementsAre(1.0f, -2.0f));
+  // As bf16 bits: F32 rounded to nearest even through the chunks, BF16 as stored.
+  const absl::StatusOr<std::vector<uint16_t>> narrow = copy.ReadBfloat16("big");
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  ASSERT_EQ(narrow->size(), big.size());
+  for (size_t i = 0; i < big.size(); i += 4099) {
+    ASSERT_EQ((*narrow)[i], FloatToBf16(big[i])) << "value " << i;
+  }
+  EXPECT_EQ(narrow->back(), FloatToBf16(big.back()));
+  EXPECT_THAT(*copy.ReadBfloat16("small", {2}), ::testing::ElementsAre(0x3f80, 0xc000));
+}
+
+TEST(SafetensorsTest, ReadBfloat16RoundsToNearestEvenAndChecksAsReadFloat32) {
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: even (1) wins; 1 +
+  // 3 * 2^-8 rounds up to 1 + 2^-6.
+  const std::vector<SafetensorsEntry> entries = {
+      {"w", "F32", {3}, FloatBytes({1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -0.0f})}};
+  const auto file = SafetensorsFile::Parse(*SerializeSafetensors(entries));
+  ASSERT_TRUE(file.ok());
+  EXPECT_THAT(*file->ReadBfloat16("w", {3}),
+              ::testing::ElementsAre(0x3f80, 0x3f82, 0x8000));
+  EXPECT_EQ(file->ReadBfloat16("w", {4}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(file->ReadBfloat16("x").status().code(), absl::StatusCode::kNotFound);
 }
 
 // A file cut short after its header was read (rewritten in place while loading) is a

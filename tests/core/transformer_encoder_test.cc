@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/bfloat16.h"
 #include "core/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -253,6 +254,15 @@ TEST(TransformerEncoderTest, Bf16IsWithinBf16ToleranceOnEveryPath) {
   spec.precision = Precision::kBf16;
   auto weights = LoadBertWeights(*file, spec);
   ASSERT_TRUE(weights.ok()) << weights.status();
+  // The word-embedding table is held in bf16: half the memory.
+  ASSERT_EQ(weights->word_embeddings, nullptr);
+  ASSERT_NE(weights->word_embeddings_bf16, nullptr);
+  auto fp32 = LoadBertWeights(*file, TinySpec());
+  ASSERT_TRUE(fp32.ok());
+  for (size_t i = 0; i < fp32->word_embeddings->size(); ++i) {
+    ASSERT_EQ((*weights->word_embeddings_bf16)[i],
+              FloatToBf16((*fp32->word_embeddings)[i]));
+  }
   std::vector<std::vector<float>> results;
   for (const auto path : {TransformerEncoder::Options::Bf16Compute::kAuto,
                           TransformerEncoder::Options::Bf16Compute::kFloat32}) {
