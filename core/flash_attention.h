@@ -65,7 +65,8 @@ class FlashScratch {
 // softmax(q_p k_p^T) v_p, with key j > query i left out when `causal` (which then
 // requires query_length == key_length). `threads` >= 1 OpenMP threads. `bias` (empty,
 // or validated for the model's heads) is added to the scores, head p reading the table
-// of model head bias_heads[p] (bias_heads: one per head). InvalidArgument for tiles or
+// of model head bias_heads[p] (bias_heads: one per head; REQUIRES: each a head of the
+// table). InvalidArgument for tiles or
 // dimensions < 1, heads * head_dim > width, a causal sequence whose lengths differ, or
 // a bias without a model head per head; Internal when oneDNN's sgemm fails.
 absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,

@@ -21,6 +21,7 @@ struct RelativeBias {
   // is values[h (2 radius + 1) + clamp(o, -radius, radius) + radius].
   absl::Span<const float> values;
   int64_t radius = 0;
+  static constexpr int64_t kMaxRadius = int64_t{1} << 24;
 
   bool empty() const { return values.empty(); }
   int64_t width() const { return 2 * radius + 1; }
@@ -31,9 +32,9 @@ struct RelativeBias {
   // num_heads (2 radius + 1), a value that is not finite.
   absl::Status Validate(int64_t num_heads) const {
     if (values.empty()) return absl::OkStatus();
-    if (radius < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("relative_bias.radius must be >= 0, got ", radius));
+    if (radius < 0 || radius > kMaxRadius) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "relative_bias.radius must be in [0, ", kMaxRadius, "], got ", radius));
     }
     if (static_cast<int64_t>(values.size()) != num_heads * width()) {
       return absl::InvalidArgumentError(

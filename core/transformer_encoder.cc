@@ -206,6 +206,12 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   ATTN_RETURN_IF_ERROR(CheckSize(relative_attention_bias,
                                  spec.relative_attention_buckets * spec.num_heads,
                                  "relative_attention_bias"));
+  for (size_t i = 0; i < relative_attention_bias.size(); ++i) {
+    if (!std::isfinite(relative_attention_bias[i])) {
+      return Invalid(absl::StrCat("relative_attention_bias[", i, "] must be finite, got ",
+                                  relative_attention_bias[i]));
+    }
+  }
   const int64_t labels = spec.num_labels;
   const int64_t head = labels > 0 ? d : 0;
   ATTN_RETURN_IF_ERROR(CheckSize(pooler_weight, head * d, "pooler_weight"));

@@ -163,15 +163,28 @@ struct ConfigKeys {
   const char* ffn;
   const char* activation;
   bool token_types;  // type_vocab_size; without, the model has one type (a zero table)
+  // transformers' defaults for a key config.json leaves out.
+  int64_t default_layers;
+  int64_t default_vocab;
 };
-constexpr ConfigKeys kBertKeys = {"hidden_size",       "num_attention_heads",
-                                  "num_hidden_layers", "intermediate_size",
-                                  "hidden_act",        true};
-constexpr ConfigKeys kDistilBertKeys = {"dim",        "n_heads",    "n_layers",
-                                        "hidden_dim", "activation", false};
-constexpr ConfigKeys kMpnetKeys = {"hidden_size",       "num_attention_heads",
-                                   "num_hidden_layers", "intermediate_size",
-                                   "hidden_act",        false};
+constexpr ConfigKeys kBertKeys = {"hidden_size",
+                                  "num_attention_heads",
+                                  "num_hidden_layers",
+                                  "intermediate_size",
+                                  "hidden_act",
+                                  true,
+                                  12,
+                                  30522};
+constexpr ConfigKeys kDistilBertKeys = {"dim",        "n_heads", "n_layers", "hidden_dim",
+                                        "activation", false,     6,          30522};
+constexpr ConfigKeys kMpnetKeys = {"hidden_size",
+                                   "num_attention_heads",
+                                   "num_hidden_layers",
+                                   "intermediate_size",
+                                   "hidden_act",
+                                   false,
+                                   12,
+                                   30527};
 
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
@@ -225,9 +238,13 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
         " in config.pbtxt but config.json's model_type is \"", model_type, "\""));
   }
   encoder->set_family(family);
-  if (family == v1::EncoderConfig::FAMILY_DISTILBERT &&
+  // Only BERT's family comes pre-LN (Megatron-BERT); the others' names have no final
+  // norm to read.
+  if (family != v1::EncoderConfig::FAMILY_BERT &&
       placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
-    return Invalid("encoder.norm_placement: DistilBERT's blocks are post-LN");
+    return Invalid(
+        absl::StrCat("encoder.norm_placement: ", v1::EncoderConfig::Family_Name(family),
+                     "'s blocks are post-LN"));
   }
   const ConfigKeys& keys = family == v1::EncoderConfig::FAMILY_DISTILBERT
                                ? kDistilBertKeys
@@ -249,7 +266,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, keys.hidden, 768, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t heads, Count(json, keys.heads, 12, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t layers,
-                        Count(json, keys.layers, keys.token_types ? 12 : 6, kFile));
+                        Count(json, keys.layers, keys.default_layers, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, keys.ffn, 3072, kFile));
   ATTN_ASSIGN_OR_RETURN(int64_t positions_count,
                         Count(json, "max_position_embeddings", 512, kFile));
@@ -309,7 +326,8 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
           ": ELECTRA's embeddings_project (a generator-sized embedding) is not served"));
     }
   }
-  ATTN_ASSIGN_OR_RETURN(const int64_t vocab, Count(json, "vocab_size", 30522, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t vocab,
+                        Count(json, "vocab_size", keys.default_vocab, kFile));
   int64_t types = 1;
   if (keys.token_types) {
     ATTN_ASSIGN_OR_RETURN(types, Count(json, "type_vocab_size", 2, kFile));

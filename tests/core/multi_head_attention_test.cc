@@ -995,7 +995,11 @@ TEST_F(ForwardErrorTest, RejectsMalformedRelativeBias) {
                         "floats, got 10"));
   options.relative_bias = {table, -1};
   status = Run({query_, lengths_}, options);
-  EXPECT_THAT(status.message(), HasSubstr("relative_bias.radius must be >= 0, got -1"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("relative_bias.radius must be in [0, 16777216], got -1"));
+  options.relative_bias = {table, int64_t{1} << 62};  // no overflow before the check
+  status = Run({query_, lengths_}, options);
+  EXPECT_THAT(status.message(), HasSubstr("relative_bias.radius must be in"));
   std::vector<float> not_finite = table;
   not_finite[7] = std::nanf("");
   options.relative_bias = {not_finite, 2};

@@ -599,7 +599,12 @@ TEST(MpnetTest, EncoderMatchesSentenceTransformers) {
     for (const double value : row) want.push_back(static_cast<float>(value));
   }
   EXPECT_LE((MaxAbsDiff<float, float>(pooled, want)), kHiddenTolerance);
-  // A checkpoint without the bias is refused naming the tensor.
+  // A bias that is not finite is refused at load, not at every request.
+  EncoderWeights broken = *weights;
+  broken.relative_attention_bias[5] = std::nanf("");
+  EXPECT_THAT(TransformerEncoder::Create(spec, broken, {}).status().message(),
+              HasSubstr("relative_attention_bias[5] must be finite"));
+  // A spec of this family without the bias is refused naming the field.
   spec.relative_attention_buckets = 0;
   EXPECT_THAT(spec.Validate().message(),
               HasSubstr("relative_attention_buckets must be 32 for this family, got 0"));

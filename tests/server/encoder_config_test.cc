@@ -80,6 +80,28 @@ TEST(EncoderConfigTest, ReadsSentenceTransformers6sLayoutAndADistilBertConfig) {
   EXPECT_EQ(spec->family, core::EncoderSpec::Family::kDistilBert);
 }
 
+TEST(EncoderConfigTest, MpnetTakesItsOwnDefaultsAndOnlyPostLn) {
+  // transformers' MPNetConfig defaults: 12 layers, 30527 tokens; positions after the
+  // padding index 1 (514 rows serve 512 tokens); 32 buckets.
+  auto config = Resolve({R"({"model_type": "mpnet"})", "", ""});
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->encoder().family(), v1::EncoderConfig::FAMILY_MPNET);
+  EXPECT_EQ(config->encoder().num_layers(), 12);
+  EXPECT_EQ(config->encoder().vocab_size(), 30527);
+  EXPECT_EQ(config->encoder().position_offset(), 2);
+  EXPECT_EQ(config->encoder().type_vocab_size(), 1);
+  auto spec = EncoderSpecFromConfig(*config);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->relative_attention_buckets, core::EncoderSpec::kMpnetBuckets);
+  // Without a model_type to check it against, config.pbtxt's family holds, and only
+  // BERT's family comes pre-LN.
+  v1::ModelConfig pbtxt;
+  pbtxt.mutable_encoder()->set_family(v1::EncoderConfig::FAMILY_MPNET);
+  pbtxt.mutable_encoder()->set_norm_placement(v1::EncoderConfig::NORM_PLACEMENT_PRE);
+  EXPECT_THAT(Resolve({"{}", "", ""}, pbtxt).status().message(),
+              HasSubstr("encoder.norm_placement: FAMILY_MPNET's blocks are post-LN"));
+}
+
 TEST(EncoderConfigTest, ConfigPbtxtWinsAndBertDefaultsFillTheRest) {
   v1::ModelConfig pbtxt;
   pbtxt.mutable_encoder()->set_pooling(v1::EncoderConfig::POOLING_CLS);
