@@ -16,10 +16,13 @@ fed text through gRPC and POST /v1/embeddings beside the Python server tokenizin
 `tokenizers` (--only text runs these rows alone); then one row per tokenizer type
 (BERT's WordPiece, and each tokenizer.json of tests/data/tokenizers: byte-level BPE,
 Unigram, XLM-R's, two mixed BPEs, WordPiece behind NFKC) beside `tokenizers` on the same
-file (--only tokenizers).
+file (--only tokenizers). Last, one row per encoder family (BERT, DistilBERT, RoBERTa,
+ELECTRA, MPNet; MiniLM-L6-shaped, random weights) beside ONNX Runtime on the same
+exported checkpoint (--only families).
 
 usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/encoder_bench.py
-       BUILD_DIR REPO_ROOT [--rounds 5] [--only all|text|int8|pruned|tokenizers]
+       BUILD_DIR REPO_ROOT [--rounds 5]
+       [--only all|text|int8|pruned|tokenizers|families]
 """
 import argparse
 import glob
@@ -435,6 +438,83 @@ def tokenizer_rows(args, model_path):
               f"{'PASS' if ratio >= 1.0 else 'FAIL'} |")
 
 
+# The families, each a MiniLM-L6-shaped model (6 layers, d=384, 12 heads, FFN 1536)
+# initialized by transformers from seed 0: (name, model class, config class, keywords).
+FAMILY_SHAPE = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6,
+                    num_attention_heads=12, intermediate_size=1536)
+FAMILIES = (
+    ("BERT", "BertModel", "BertConfig", {}),
+    ("DistilBERT", "DistilBertModel", "DistilBertConfig",
+     dict(vocab_size=30522, dim=384, n_layers=6, n_heads=12, hidden_dim=1536)),
+    ("RoBERTa / XLM-R", "RobertaModel", "RobertaConfig",
+     dict(max_position_embeddings=514, type_vocab_size=1, pad_token_id=1)),
+    ("ELECTRA", "ElectraModel", "ElectraConfig", dict(embedding_size=384)),
+    ("MPNet", "MPNetModel", "MPNetConfig", dict(max_position_embeddings=514)),
+)
+
+
+def family_rows(args, files, sequences):
+    """Sentences/s per family on one core, B=32 mixed lengths: the core beside ONNX
+    Runtime on the same checkpoint exported as export_onnx exports MiniLM (mean pooling,
+    normalized), after checking that both give the same vectors."""
+    import onnxruntime
+    import torch
+    import transformers
+    work = os.path.join(args.build, "bench-encoder", "families")
+    os.makedirs(work, exist_ok=True)
+    rounds = max(1, args.rounds // 2)
+    count, checked = 512, 64
+    print()
+    print(f"Families ({FAMILY_SHAPE['num_hidden_layers']} layers, d="
+          f"{FAMILY_SHAPE['hidden_size']}, {FAMILY_SHAPE['num_attention_heads']} heads, "
+          f"random weights from seed 0; the first {count} sentences, B=32, one core; "
+          f"medians of {rounds} passes; ORT pads each batch)")
+    print("| family | attnserve sentences/s | ORT sentences/s | ratio | cosine to ORT "
+          "(min) | target | result |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name, model_class, config_class, keywords in FAMILIES:
+        folder = os.path.join(work, model_class)
+        torch.manual_seed(0)
+        fields = dict(FAMILY_SHAPE, **keywords) if model_class != "DistilBertModel" \
+            else keywords
+        config = getattr(transformers, config_class)(**fields)
+        model = getattr(transformers, model_class)(config).eval()
+        if not os.path.exists(os.path.join(folder, "model.safetensors")):
+            model.save_pretrained(folder)
+            with open(os.path.join(folder, "modules.json"), "w") as f:
+                json.dump([{"idx": 0, "name": "0", "path": "",
+                            "type": "sentence_transformers.models.Transformer"},
+                           {"idx": 1, "name": "1", "path": "1_Pooling",
+                            "type": "sentence_transformers.models.Pooling"},
+                           {"idx": 2, "name": "2", "path": "2_Normalize",
+                            "type": "sentence_transformers.models.Normalize"}], f)
+            os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+            with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
+                json.dump({"word_embedding_dimension": 384,
+                           "pooling_mode_mean_tokens": True}, f)
+        onnx_path = os.path.join(work, model_class + ".onnx")
+        export_onnx(folder, onnx_path, model)
+        options = onnxruntime.SessionOptions()
+        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = onnxruntime.InferenceSession(onnx_path, options,
+                                               providers=["CPUExecutionProvider"])
+        dump = os.path.join(work, model_class + ".pooled.bin")
+        core_rate(args.build, folder, files, 16, 1, 1, checked, dump=dump)
+        ours = np.fromfile(dump, dtype="<f4").reshape(checked, -1)
+        theirs = np.concatenate([session.run(None, {"input_ids": ids,
+                                                    "attention_mask": mask})[0]
+                                 for ids, mask in padded_batches(sequences[:checked], 16)])
+        cosine = float(cosines(ours, theirs).min())
+        core = core_rate(args.build, folder, files, 32, 1, rounds, count)
+        peer = peer_rate("ort", {1: session}, sequences[:count], 32, 1, rounds)
+        ratio = core / peer
+        print(f"| {name} | {core:.1f} | {peer:.1f} | x{ratio:.2f} | {cosine:.6f} | "
+              f">= x1.3, cosine >= 0.9999 | "
+              f"{'PASS' if ratio >= 1.3 and cosine >= 0.9999 else 'FAIL'} |")
+
+
 def row(name, ours, peer, target, passed, detail=""):
     print(f"| {name} | {ours} | {peer} | {target} | {'PASS' if passed else 'FAIL'} |"
           f"{' ' + detail if detail else ''}")
@@ -445,11 +525,13 @@ def main():
     parser.add_argument("build")
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", choices=("all", "text", "int8", "pruned", "tokenizers"),
+    parser.add_argument("--only", choices=("all", "text", "int8", "pruned", "tokenizers",
+                                           "families"),
                         default="all",
                         help="text: only the text-in rows (the peer around ORT); int8: "
                         "only the int8 rows (beside ORT's quantize_dynamic); pruned: only "
-                        "the pruned-heads row; tokenizers: only the tokenizer rows")
+                        "the pruned-heads row; tokenizers: only the tokenizer rows; "
+                        "families: only the rows per encoder family")
     args = parser.parse_args()
     import onnxruntime
     import sentence_transformers
@@ -485,6 +567,11 @@ def main():
         print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
               f"server core {SERVER_CORE}")
         int8_rows(args, model_path, files, sequences, golden, onnx_path)
+        return
+    if args.only == "families":
+        print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+              f"core {SERVER_CORE}; onnxruntime {onnxruntime.__version__}")
+        family_rows(args, files, sequences)
         return
     if args.only == "pruned":
         print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
@@ -653,6 +740,7 @@ def main():
     tokenizer_rows(args, model_path)
     int8_rows(args, model_path, files, sequences, golden, onnx_path)
     pruned_rows(args, model_path, npz)
+    family_rows(args, files, sequences)
 
 
 if __name__ == "__main__":
