@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -92,6 +93,12 @@ absl::Status CheckOptions(const AttentionServer::Options& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("port must be in [0, 65535], got ", options.port));
   }
+  if (options.max_concurrent_requests < 0 ||
+      options.max_concurrent_requests > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_concurrent_requests must be in [0, 2^31 - 1], got ",
+                     options.max_concurrent_requests));
+  }
   if (options.max_message_bytes < 1024) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_message_bytes must be >= 1024, got ", options.max_message_bytes));
@@ -160,6 +167,7 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   pipeline_options.auth = server->auth_.get();
   pipeline_options.max_response_bytes = options.max_message_bytes;
   pipeline_options.reject_non_finite = options.reject_non_finite;
+  pipeline_options.max_concurrent_requests = options.max_concurrent_requests;
   server->pipeline_ = std::make_unique<RequestPipeline>(
       server->registry_.get(), pipeline_options, server->metrics_->service_observer());
   server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());
@@ -335,6 +343,7 @@ absl::Status AttentionServer::StartHttp() {
     http_options.port = options_.http_port;
     http_options.default_timeout = options_.http_timeout;
     http_options.keep_alive_timeout = options_.http_keep_alive_timeout;
+    http_options.max_concurrent_requests = options_.max_concurrent_requests;
     // JSON text of a tensor is several times its bytes; binary requests are smaller.
     http_options.max_body_bytes = 4 * static_cast<int64_t>(options_.max_message_bytes);
     absl::StatusOr<std::unique_ptr<KServeHttp>> http =

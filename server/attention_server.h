@@ -45,6 +45,10 @@ class AttentionServer {
     // element) instead of computing them through, as PyTorch, ONNX Runtime and Triton
     // do (NaN in, NaN out).
     bool reject_non_finite = false;
+    // Calls in flight beyond which a new one is refused at once with
+    // RESOURCE_EXHAUSTED (HTTP 429, Retry-After: 1) and counted
+    // (RequestPipeline::Options::max_concurrent_requests); 0: no limit. Range [0, 2^31).
+    int64_t max_concurrent_requests = 0;
     // Connections are closed (with GOAWAY) after this age so that clients re-resolve
     // DNS and spread onto new replicas; zero or infinite keeps them open.
     absl::Duration max_connection_age = absl::ZeroDuration();

@@ -85,6 +85,12 @@ ABSL_FLAG(bool, auto_truncate, false,
           "encoder.auto_truncate overrides it.");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "Largest gRPC message, both directions, in bytes.");
+ABSL_FLAG(
+    int64_t, max_concurrent_requests, 0,
+    "Calls in flight (every door; stream messages aside) beyond which a new one is "
+    "refused at once: HTTP 429 with Retry-After: 1, gRPC RESOURCE_EXHAUSTED, counted "
+    "in attnserve_requests_overloaded_total; 0: no limit (the queues' byte budgets "
+    "still hold).");
 ABSL_FLAG(bool, reject_non_finite, false,
           "Refuse float inputs holding NaN or an infinity (INVALID_ARGUMENT naming the "
           "element); false computes them through, as PyTorch, ONNX Runtime and Triton do "
@@ -194,6 +200,7 @@ absl::StatusOr<attnserve::server::AttentionServer::Options> OptionsFromFlags() {
   options.port = absl::GetFlag(FLAGS_port);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.reject_non_finite = absl::GetFlag(FLAGS_reject_non_finite);
+  options.max_concurrent_requests = absl::GetFlag(FLAGS_max_concurrent_requests);
   options.grace_period = absl::GetFlag(FLAGS_grace_period);
   options.max_connection_age = absl::GetFlag(FLAGS_max_connection_age);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);

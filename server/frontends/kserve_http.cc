@@ -15,10 +15,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_convert.h"
@@ -40,10 +42,12 @@ void Send(mg_connection* connection, int status, const std::string& body,
           const char* content_type = "application/json") {
   const auto* http =
       static_cast<const KServeHttp*>(mg_get_user_data(mg_get_context(connection)));
+  // A 429 (a full queue, or --max_concurrent_requests) says when to try again.
   std::string answer = absl::StrCat(
       "HTTP/1.1 ", status, " ", HttpReason(status), "\r\nContent-Type: ", content_type,
       "\r\nContent-Length: ", body.size(), "\r\n", extra_headers,
-      "Connection: keep-alive\r\n", http->keep_alive_header(), "\r\n");
+      status == 429 ? "Retry-After: 1\r\n" : "", "Connection: keep-alive\r\n",
+      http->keep_alive_header(), "\r\n");
   // Head and a small body leave in one write (one segment, one wake-up of the client);
   // a large body is written from where it is rather than copied.
   constexpr size_t kCopiedBodyBytes = 64 << 10;
@@ -199,6 +203,11 @@ int DispatchApi(mg_connection* connection, void* self) {
   return 0;  // not ours: civetweb answers 404
 }
 
+// The GET routes beside the APIs: /v1/models (and below it) and /info.
+int DispatchGet(mg_connection* connection, void* self) {
+  return static_cast<KServeHttp*>(self)->HandleGet(connection);
+}
+
 // The parser of each API's body.
 absl::StatusOr<EmbeddingsCall> ParseCall(EmbeddingsCall::Api api,
                                          absl::string_view body) {
@@ -276,6 +285,8 @@ absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
     return transport::ListenError("HTTP", "--http_port", options.host, options.port);
   }
   mg_set_request_handler(http->context_, "/v2", Dispatch, http.get());
+  mg_set_request_handler(http->context_, "/v1/models", DispatchGet, http.get());
+  mg_set_request_handler(http->context_, "/info$", DispatchGet, http.get());
   for (const ApiRoute& route : kApiRoutes) {
     // "$": the path itself, nothing below it.
     mg_set_request_handler(http->context_, absl::StrCat(route.path, "$").c_str(),
@@ -327,6 +338,151 @@ int KServeHttp::Handle(mg_connection* connection,
     fail("unknown exception");
   }
   return 1;
+}
+
+int KServeHttp::HandleGet(mg_connection* connection) noexcept {
+  try {
+    const absl::string_view uri = mg_get_request_info(connection)->local_uri;
+    if (uri == "/info") {
+      Info(connection);
+    } else {
+      Models(connection);
+    }
+  } catch (const std::exception& error) {
+    if (pipeline_->observer().on_internal_error) {
+      pipeline_->observer().on_internal_error("kserve_http");
+    }
+    SendError(connection, 500, absl::StrCat("internal error: ", error.what()));
+  } catch (...) {
+    SendError(connection, 500, "internal error: unknown exception");
+  }
+  return 1;
+}
+
+namespace {
+
+const char* DtypeName(v1::Precision precision) {
+  switch (precision) {
+    case v1::PRECISION_BF16:
+      return "bfloat16";
+    case v1::PRECISION_INT8:
+      return "int8";
+    default:
+      return "float32";
+  }
+}
+
+// What OpenAI's model object says of a served model.
+Json OpenAiModel(const ServedModel& model) {
+  return {{"id", model.name},
+          {"object", "model"},
+          {"created", absl::ToUnixSeconds(model.loaded_at)},
+          {"owned_by", "attnserve"},
+          {"max_model_len", model.max_text_tokens > 0 ? model.max_text_tokens
+                                                      : model.max_sequence_length}};
+}
+
+}  // namespace
+
+void KServeHttp::Models(mg_connection* connection) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const std::string uri = request->local_uri;
+  const auto fail = [&](const absl::Status& status, int http_status) {
+    const auto [code, body] =
+        EmbeddingsError(EmbeddingsCall::Api::kOpenAi, status, http_status);
+    Send(connection, code, body);
+  };
+  if (std::string(request->request_method) != "GET") {
+    return fail(absl::InvalidArgumentError(
+                    absl::StrCat(request->request_method, " ", uri, ": use GET")),
+                405);
+  }
+  const char* authorization = mg_get_header(connection, "Authorization");
+  if (absl::Status allowed =
+          pipeline_->Authorize(authorization != nullptr ? authorization : "");
+      !allowed.ok()) {
+    return fail(allowed, HttpStatusFor(allowed.code()));
+  }
+  if (uri == "/v1/models") {
+    Json data = Json::array();
+    for (const ModelRegistry::IndexEntry& entry : pipeline_->RepositoryIndex(true)) {
+      absl::StatusOr<std::shared_ptr<ServedModel>> model =
+          pipeline_->FindModel(entry.name, entry.version);
+      if (model.ok()) data.push_back(OpenAiModel(**model));
+    }
+    return Send(connection, 200, JsonText({{"object", "list"}, {"data", data}}));
+  }
+  constexpr absl::string_view kPrefix = "/v1/models/";
+  if (!absl::StartsWith(uri, kPrefix) || uri.size() == kPrefix.size()) {
+    return fail(absl::NotFoundError(absl::StrCat("no such endpoint: ", uri)), 404);
+  }
+  absl::StatusOr<std::shared_ptr<ServedModel>> model =
+      pipeline_->FindModel(uri.substr(kPrefix.size()));
+  if (!model.ok()) return fail(model.status(), 404);
+  Send(connection, 200, JsonText(OpenAiModel(**model)));
+}
+
+void KServeHttp::Info(mg_connection* connection) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  if (std::string(request->request_method) != "GET") {
+    return SendError(connection, 405,
+                     absl::StrCat(request->request_method, " /info: use GET"));
+  }
+  const char* authorization = mg_get_header(connection, "Authorization");
+  if (absl::Status allowed =
+          pipeline_->Authorize(authorization != nullptr ? authorization : "");
+      !allowed.ok()) {
+    return SendStatus(connection, allowed);
+  }
+  char name[256] = {};
+  const int found =
+      request->query_string == nullptr
+          ? -1
+          : mg_get_var(request->query_string, std::strlen(request->query_string), "model",
+                       name, sizeof(name));
+  if (found == -2) {
+    return SendError(connection, 400, "the model query parameter is over 255 bytes");
+  }
+  absl::StatusOr<std::shared_ptr<ServedModel>> served =
+      pipeline_->FindModel(found > 0 ? absl::string_view(name) : absl::string_view());
+  if (!served.ok()) return SendStatus(connection, served.status());
+  const ServedModel& model = **served;
+  const v1::ModelInfo& info = model.info;
+  Json type;
+  if (!model.is_encoder()) {
+    type = {
+        {"attention", {{"d_model", info.d_model()}, {"num_heads", info.num_heads()}}}};
+  } else if (model.encoder_spec.num_labels > 0) {
+    Json id2label = Json::object(), label2id = Json::object();
+    for (int i = 0; i < info.encoder().labels_size(); ++i) {
+      id2label[std::to_string(i)] = info.encoder().labels(i);
+      label2id[info.encoder().labels(i)] = i;
+    }
+    type = {{"classifier", {{"id2label", id2label}, {"label2id", label2id}}}};
+  } else {
+    std::string pooling = v1::EncoderConfig::Pooling_Name(info.encoder().pooling());
+    pooling = absl::AsciiStrToLower(absl::StripPrefix(pooling, "POOLING_"));
+    type = {{"embedding", {{"pooling", pooling}}}};
+  }
+  Send(connection, 200,
+       JsonText(
+           {{"model_id", model.name},
+            {"model_version", model.version},
+            {"model_sha", nullptr},
+            {"model_dtype", DtypeName(info.precision())},
+            {"model_type", type},
+            {"device", info.device()},
+            {"max_concurrent_requests", options_.max_concurrent_requests},
+            {"max_input_length", model.max_text_tokens > 0 ? model.max_text_tokens
+                                                           : model.max_sequence_length},
+            {"max_batch_tokens", info.batching().max_batch_tokens()},
+            {"max_batch_requests", info.batching().max_batch_size()},
+            {"max_client_batch_size", nullptr},
+            {"auto_truncate", model.auto_truncate},
+            {"tokenization_workers", nullptr},
+            {"version", kServerVersion},
+            {"sha", nullptr},
+            {"docker_label", nullptr}}));
 }
 
 void KServeHttp::Route(mg_connection* connection) {
@@ -494,6 +650,7 @@ void KServeHttp::Repository(mg_connection* connection,
 
 void KServeHttp::Infer(mg_connection* connection, const std::string& model,
                        const std::string& version) {
+  const absl::Time start = absl::Now();
   const mg_request_info* request = mg_get_request_info(connection);
   const OpenCall call(pipeline_);
   const char* authorization = mg_get_header(connection, "Authorization");
@@ -542,13 +699,15 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   int64_t response_header_length = -1;
   const std::string out =
       InferResponseBody(response, parsed->binary_outputs, &response_header_length);
+  const std::string timing = absl::StrCat(
+      "x-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start), "\r\n");
   if (response_header_length >= 0) {
-    Send(
-        connection, 200, out,
-        absl::StrCat("Inference-Header-Content-Length: ", response_header_length, "\r\n"),
-        "application/octet-stream");
+    Send(connection, 200, out,
+         absl::StrCat("Inference-Header-Content-Length: ", response_header_length, "\r\n",
+                      timing),
+         "application/octet-stream");
   } else {
-    Send(connection, 200, out);
+    Send(connection, 200, out, timing);
   }
 }
 
@@ -590,6 +749,7 @@ void KServeHttp::AwaitAnswer(const mg_request_info* request, absl::Notification&
 }
 
 void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) {
+  const absl::Time start = absl::Now();
   const mg_request_info* request = mg_get_request_info(connection);
   const auto fail = [&](const absl::Status& status, int http_status) {
     const auto [code, body] = EmbeddingsError(api, status, http_status);
@@ -644,7 +804,17 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
                           });
   AwaitAnswer(request, done, *cancellation);
   if (!status.ok()) return refuse(status);
-  Send(connection, 200, EmbeddingsBody(*call, response, *model));
+  const std::string body_text = EmbeddingsBody(*call, response, *model);
+  // TEI's timing headers, whole milliseconds as TEI writes them.
+  int64_t tokens = 0;
+  for (const int64_t length : response.lengths()) tokens += length;
+  Send(connection, 200, body_text,
+       absl::StrCat("x-compute-type: ", model->info.device(),
+                    "\r\nx-compute-tokens: ", tokens,
+                    "\r\nx-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start),
+                    "\r\nx-tokenization-time: ", response.tokenize_time_us() / 1000,
+                    "\r\nx-queue-time: ", response.queue_time_us() / 1000,
+                    "\r\nx-inference-time: ", response.compute_time_us() / 1000, "\r\n"));
 }
 
 }  // namespace attnserve::server

@@ -71,6 +71,9 @@ class KServeHttp {
     // of common load balancers in front. An idle connection holds one of `threads`.
     // Range [1 s, 1 h].
     absl::Duration keep_alive_timeout = absl::Seconds(75);
+    // The most calls in flight before new ones get 429, as /info reports it (the
+    // pipeline enforces it); 0: no limit.
+    int64_t max_concurrent_requests = 0;
     // Called on the HTTP thread with each request's URI before it is routed: a seam
     // for tests to inject faults (an exception thrown here is answered 500, counted
     // and logged, like any other that reaches the door's boundary). Optional.
@@ -96,6 +99,8 @@ class KServeHttp {
   // logged, and counted (ServiceObserver::on_internal_error).
   int Handle(mg_connection* connection,
              std::optional<EmbeddingsCall::Api> api = std::nullopt) noexcept;
+  // The GET routes beside the APIs (/v1/models, /info); the same guarantees.
+  int HandleGet(mg_connection* connection) noexcept;
 
  private:
   KServeHttp(const Options& options, RequestPipeline* pipeline,
@@ -114,6 +119,10 @@ class KServeHttp {
   void Infer(mg_connection* connection, const std::string& model,
              const std::string& version);
   void Embeddings(mg_connection* connection, EmbeddingsCall::Api api);
+  // OpenAI's GET /v1/models and /v1/models/{model}: the ready models.
+  void Models(mg_connection* connection);
+  // TEI's GET /info: the default model's (or ?model=NAME's) description and limits.
+  void Info(mg_connection* connection);
   // The whole body into `body`; OutOfRange (answered 413) past max_body_bytes, checked
   // against Content-Length before a byte is read.
   absl::Status ReadBody(mg_connection* connection, std::string* body) const;

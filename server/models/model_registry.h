@@ -76,6 +76,8 @@ struct ServedModel {
   int64_t max_queue_bytes = 0;
   // As reported by ListModels / GetModel.
   v1::ModelInfo info;
+  // When it was made (OpenAI's model "created").
+  absl::Time loaded_at = absl::Now();
   // The model's batcher: one of the two, by kind.
   std::unique_ptr<AttentionBatcher> attention_batcher;
   std::unique_ptr<EncoderBatcher> encoder_batcher;

@@ -307,6 +307,13 @@ ServerMetrics::ServerMetrics() : registry_(std::make_shared<prometheus::Registry
            .Register(*registry_);
   // Exported at 0 from the start, so that an alert can tell "none" from "not scraped".
   internal_errors_->Add({{"door", "kserve_http"}});
+  overloaded_ = &prometheus::BuildCounter()
+                     .Name("attnserve_requests_overloaded_total")
+                     .Help(
+                         "Calls refused at once (RESOURCE_EXHAUSTED, HTTP 429) because "
+                         "--max_concurrent_requests calls were in flight.")
+                     .Register(*registry_)
+                     .Add({});
   // Every method of both services, read from their descriptors: an RPC added to a
   // .proto is counted without a list here to forget it in.
   AddRpcs(
@@ -512,6 +519,7 @@ ServiceObserver ServerMetrics::service_observer() {
       rpc->handling->Observe(Seconds(elapsed));
     }
   };
+  observer.on_overloaded = [this] { overloaded_->Increment(); };
   observer.on_internal_error = [this](absl::string_view door) {
     internal_errors_->Add({{"door", std::string(door)}}).Increment();
   };

@@ -168,6 +168,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>* model_loads_;
   prometheus::Family<prometheus::Counter>* model_unloads_;
   prometheus::Family<prometheus::Counter>* internal_errors_;
+  prometheus::Counter* overloaded_ = nullptr;
   prometheus::Family<prometheus::Counter>* rpc_started_;
   prometheus::Family<prometheus::Counter>* rpc_handled_;
   prometheus::Family<prometheus::Histogram>* rpc_handling_;

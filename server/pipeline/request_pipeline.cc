@@ -249,6 +249,7 @@ absl::Status Request::Find(absl::string_view name, absl::string_view version) {
 
 void Request::Finish(const absl::Status& status, int64_t tokens) {
   if (finished_.exchange(true)) return;
+  if (admitted_) pipeline_->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   const ServiceObserver& observer = pipeline_->observer();
   if (!started_ && observer.on_request_started) observer.on_request_started(label_);
   if (observer.on_request_finished) {
@@ -267,6 +268,16 @@ absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
   if (allowed.ok() && deadline <= absl::Now()) {
     allowed =
         absl::DeadlineExceededError("the deadline passed before the request was read");
+  }
+  if (allowed.ok() && options_.max_concurrent_requests > 0) {
+    request->admitted_ = true;
+    const int64_t open = in_flight_.fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (open > options_.max_concurrent_requests) {
+      allowed = absl::ResourceExhaustedError(absl::StrCat(
+          "the server is at its limit of ", options_.max_concurrent_requests,
+          " concurrent requests (--max_concurrent_requests): retry later or elsewhere"));
+      if (observer_.on_overloaded) observer_.on_overloaded();
+    }
   }
   if (!allowed.ok()) {
     request->Finish(allowed);
@@ -431,9 +442,11 @@ void RequestPipeline::SubmitEncode(
         "to Attend (KServe: input \"query\")")));
   }
   if (absl::Status timely = CheckDeadline(deadline); !timely.ok()) return refuse(timely);
+  const absl::Time decode_start = absl::Now();
   absl::StatusOr<std::unique_ptr<EncoderWork>> work =
       EncoderWorkFromRequest(encode, model->encoder_spec, LimitsFor(*model),
                              model->tokenizer.get(), model->score_activation);
+  const int64_t tokenize_us = absl::ToInt64Microseconds(absl::Now() - decode_start);
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (statistics != nullptr) {
     if (absl::Status admitted = AdmitEncoderStatistics(
@@ -458,7 +471,7 @@ void RequestPipeline::SubmitEncode(
       std::move(done));
   const absl::Status enqueued = model->encoder_batcher->Enqueue(
       std::move(work).value(),
-      [this, request, model, tokens, answer, statistics,
+      [this, request, model, tokens, answer, statistics, tokenize_us,
        request_id = encode.request_id()](absl::Status status,
                                          std::unique_ptr<EncoderWork> result) {
         v1::EncodeResponse response;
@@ -473,6 +486,7 @@ void RequestPipeline::SubmitEncode(
           FillEncodeResponse(*result, model->name, request_id, model->spec.d_model,
                              &response);
           response.set_model_version(model->version);
+          response.set_tokenize_time_us(tokenize_us);
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
         }

@@ -49,6 +49,8 @@ struct ServiceObserver {
   std::function<void(const std::string& model, int64_t sequences)> on_sequences_scored;
   // A door caught an exception at its boundary (a bug: it was answered 500/INTERNAL).
   std::function<void(absl::string_view door)> on_internal_error;
+  // A call was refused RESOURCE_EXHAUSTED because max_concurrent_requests were open.
+  std::function<void()> on_overloaded;
 };
 
 // The cancellation of one call, shared by its door (which cancels) and its queued
@@ -118,8 +120,9 @@ class Request {
 
   const RequestPipeline* const pipeline_;
   const absl::Time start_;
-  std::string label_;     // the model's name, or "" (set before on_request_started)
-  bool started_ = false;  // on_request_started told (by Find, or by a refusal)
+  std::string label_;      // the model's name, or "" (set before on_request_started)
+  bool started_ = false;   // on_request_started told (by Find, or by a refusal)
+  bool admitted_ = false;  // counted in the pipeline's in-flight calls until Finish
   std::atomic<bool> finished_{false};
   std::shared_ptr<ServedModel> model_;
 };
@@ -138,6 +141,11 @@ class RequestPipeline {
     int64_t max_response_bytes = 64 << 20;
     // Refuse NaN and infinities in float inputs (AdmissionLimits::reject_non_finite).
     bool reject_non_finite = false;
+    // Calls (not stream messages) answered at once with RESOURCE_EXHAUSTED (HTTP 429
+    // with Retry-After) while this many are in flight, from Begin to their answer, so
+    // that a load balancer can send them elsewhere instead of queueing them here; 0:
+    // no limit (the queues' byte budgets still hold). Range [0, 2^31 - 1].
+    int64_t max_concurrent_requests = 0;
     // When set, calls need a valid bearer token (else UNAUTHENTICATED); health and
     // readiness checks stay open. Not owned.
     TokenAuthenticator* auth = nullptr;
@@ -297,6 +305,10 @@ class RequestPipeline {
   const Options options_;
   const ServiceObserver observer_;
   std::atomic<bool> draining_{false};
+  // Calls between Begin and their answer (Options::max_concurrent_requests); Request
+  // gives its count back in Finish.
+  friend class Request;
+  mutable std::atomic<int64_t> in_flight_{0};
   absl::Mutex streams_mu_;
   absl::flat_hash_set<OpenStream*> streams_ ABSL_GUARDED_BY(streams_mu_);
   bool streams_draining_ ABSL_GUARDED_BY(streams_mu_) = false;

