@@ -425,12 +425,36 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
   return encode;
 }
 
+void SetTimingParameters(int64_t tokenize_us, int64_t queue_us, int64_t compute_us,
+                         inference::ModelInferResponse* response) {
+  auto& parameters = *response->mutable_parameters();
+  parameters[kTokenizeTimeUs].set_int64_param(tokenize_us);
+  parameters[kQueueTimeUs].set_int64_param(queue_us);
+  parameters[kComputeTimeUs].set_int64_param(compute_us);
+}
+
+std::string TimingText(const inference::ModelInferResponse& response,
+                       absl::string_view separator) {
+  std::string text;
+  for (const auto& [parameter, header] :
+       {std::pair<const char*, const char*>{kTokenizeTimeUs, "x-tokenization-time"},
+        {kQueueTimeUs, "x-queue-time"},
+        {kComputeTimeUs, "x-inference-time"}}) {
+    const auto it = response.parameters().find(parameter);
+    if (it == response.parameters().end()) continue;
+    absl::StrAppend(&text, header, ": ", it->second.int64_param() / 1000, separator);
+  }
+  return text;
+}
+
 void InferResponseFromEncode(const inference::ModelInferRequest& infer,
                              v1::EncodeResponse& encode,
                              inference::ModelInferResponse* response) {
   response->set_model_name(encode.model());
   response->set_model_version(encode.model_version());
   response->set_id(infer.id());
+  SetTimingParameters(encode.tokenize_time_us(), encode.queue_time_us(),
+                      encode.compute_time_us(), response);
   bool want_embedding = infer.outputs().empty(), want_lengths = false;
   bool want_scores = infer.outputs().empty();
   for (const auto& requested : infer.outputs()) {
@@ -524,6 +548,7 @@ void InferResponseFromAttend(const inference::ModelInferRequest& infer,
   response->set_model_name(attend.model());
   response->set_model_version(attend.model_version());
   response->set_id(infer.id());
+  SetTimingParameters(0, attend.queue_time_us(), attend.compute_time_us(), response);
   bool want_output = infer.outputs().empty();
   bool want_attention = infer.outputs().empty();
   for (const auto& requested : infer.outputs()) {

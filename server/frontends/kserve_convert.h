@@ -21,6 +21,11 @@ namespace attnserve::server {
 
 // The version attnserve reports (ServerMetadata; the image's label says the same).
 inline constexpr char kServerVersion[] = "0.1.0";
+// Response parameters every infer answer carries (int64_param, microseconds): decoding
+// and tokenizing, waiting in the queue, the batch's compute.
+inline constexpr char kTokenizeTimeUs[] = "tokenize_time_us";
+inline constexpr char kQueueTimeUs[] = "queue_time_us";
+inline constexpr char kComputeTimeUs[] = "compute_time_us";
 // The protocol extensions attnserve implements, as ServerMetadata lists them
 // (Triton's names): ModelConfig, ModelStatistics, request parameters.
 inline constexpr const char* kExtensions[] = {"model_configuration", "statistics",
@@ -66,6 +71,14 @@ void SubmitInfer(
     const std::shared_ptr<inference::ModelInferRequest>& infer, absl::Time call_deadline,
     const std::shared_ptr<Cancellation>& cancellation,
     const std::function<void(absl::Status, inference::ModelInferResponse)>& done);
+
+// Sets the three timing parameters on `response`.
+void SetTimingParameters(int64_t tokenize_us, int64_t queue_us, int64_t compute_us,
+                         inference::ModelInferResponse* response);
+// The timing parameters of `response` as TEI's header lines, whole milliseconds
+// ("x-queue-time: 3" and so on), each followed by `separator`; "" for none.
+std::string TimingText(const inference::ModelInferResponse& response,
+                       absl::string_view separator);
 
 // `deadline`, or sooner when the request's "timeout" parameter (Triton's schedule
 // policy: int64 microseconds from now, 0 = none) ends first. InvalidArgument for a

@@ -699,8 +699,9 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
   int64_t response_header_length = -1;
   const std::string out =
       InferResponseBody(response, parsed->binary_outputs, &response_header_length);
-  const std::string timing = absl::StrCat(
-      "x-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start), "\r\n");
+  const std::string timing =
+      absl::StrCat("x-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start),
+                   "\r\n", TimingText(response, "\r\n"));
   if (response_header_length >= 0) {
     Send(connection, 200, out,
          absl::StrCat("Inference-Header-Content-Length: ", response_header_length, "\r\n",

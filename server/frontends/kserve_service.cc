@@ -1,5 +1,6 @@
 #include "server/frontends/kserve_service.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -196,13 +197,24 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
   auto infer = std::make_shared<inference::ModelInferRequest>(*request);
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
-  SubmitInfer(*pipeline_, *begun, infer, CallDeadline(context), cancellation,
-              [rpc, response, reactor](const absl::Status& status,
-                                       inference::ModelInferResponse result) {
-                if (status.ok()) response->Swap(&result);
-                rpc.End(status.code());
-                reactor->Finish(ToGrpcStatus(status));
-              });
+  SubmitInfer(
+      *pipeline_, *begun, infer, CallDeadline(context), cancellation,
+      [rpc, response, reactor, context](const absl::Status& status,
+                                        inference::ModelInferResponse result) {
+        if (status.ok()) {
+          response->Swap(&result);
+          // The same figures as trailing metadata, in microseconds.
+          for (const char* name : {kTokenizeTimeUs, kQueueTimeUs, kComputeTimeUs}) {
+            const auto it = response->parameters().find(name);
+            if (it == response->parameters().end()) continue;
+            std::string key = absl::StrCat("x-", name);
+            std::replace(key.begin(), key.end(), '_', '-');
+            context->AddTrailingMetadata(key, std::to_string(it->second.int64_param()));
+          }
+        }
+        rpc.End(status.code());
+        reactor->Finish(ToGrpcStatus(status));
+      });
   return reactor;
 }
 

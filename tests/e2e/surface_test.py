@@ -9,7 +9,8 @@ cross-encoder of tests/data/reranker_tiny:
   classifier's id2label/label2id, the limits), refused naming an unknown model;
 - TEI's timing headers on every embeddings answer (x-compute-tokens equal to the
   tokens Hugging Face's tokenizer makes, each time within x-total-time), x-total-time
-  on KServe's infer, and tokenize_time_us in Encode's response;
+  on KServe's infer (with the other three from its response parameters, which KServe
+  gRPC also sends as trailing metadata), and tokenize_time_us in Encode's response;
 - --max_concurrent_requests=1 on a second server: while one call holds the only slot
   (a POST whose body is still being sent: the slot is taken before the body is read),
   HTTP calls get 429 with Retry-After and the API's own error shape, gRPC calls
@@ -174,7 +175,22 @@ class SurfaceTest(unittest.TestCase):
             {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2],
                          "data": texts}]})
         self.assertEqual(status, 200, answer)
-        self.assertGreaterEqual(int(headers["x-total-time"]), 0)
+        total = int(headers["x-total-time"])
+        for name in ("x-tokenization-time", "x-queue-time", "x-inference-time"):
+            self.assertLessEqual(int(headers[name]), total, ("infer", name))
+        # KServe gRPC: response parameters and trailing metadata, microseconds.
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        kserve = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        request = service_pb2.ModelInferRequest(model_name="minilm")
+        entry = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+        entry.contents.bytes_contents.extend([t.encode() for t in texts])
+        response, call = kserve.ModelInfer.with_call(request, timeout=60)
+        trailing = dict(call.trailing_metadata())
+        for name in ("tokenize_time_us", "queue_time_us", "compute_time_us"):
+            value = response.parameters[name].int64_param
+            self.assertGreaterEqual(value, 0, name)
+            self.assertEqual(trailing["x-" + name.replace("_", "-")], str(value))
+        self.assertGreater(response.parameters["compute_time_us"].int64_param, 0)
 
 
 class ConcurrencyLimitTest(unittest.TestCase):
