@@ -239,6 +239,133 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
   return call;
 }
 
+absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
+  using Type = EmbeddingsCall::EmbeddingType;
+  ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
+  EmbeddingsCall call;
+  call.api = EmbeddingsCall::Api::kCohereEmbed;
+  bool has_texts = false, has_model = false;
+  call.encode.set_truncate(true);  // Cohere's default: END
+  for (const auto& [key, value] : json.items()) {
+    if (value.is_null()) continue;  // an optional field sent as null is absent
+    if (key == "texts") {
+      if (!value.is_array() || value.empty() || !value[0].is_string()) {
+        return Invalid(absl::StrCat("texts must be a non-empty list of strings, got ",
+                                    JsonExcerpt(value)));
+      }
+      ATTN_RETURN_IF_ERROR(ReadInput(value, "texts", body.size(), &call.encode));
+      has_texts = true;
+    } else if (key == "model") {
+      const auto* name = value.get_ptr<const Json::string_t*>();
+      if (name == nullptr) {
+        return Invalid(absl::StrCat("model must be a string, got ", JsonExcerpt(value)));
+      }
+      call.encode.set_model(*name);
+      has_model = true;
+    } else if (key == "input_type") {
+      const auto* type = value.get_ptr<const Json::string_t*>();
+      if (type == nullptr || (*type != "search_document" && *type != "search_query" &&
+                              *type != "classification" && *type != "clustering")) {
+        return Invalid(
+            absl::StrCat("input_type must be \"search_document\", \"search_query\", "
+                         "\"classification\" or \"clustering\" (text models only), got ",
+                         JsonExcerpt(value)));
+      }
+    } else if (key == "embedding_types") {
+      if (!value.is_array() || value.empty()) {
+        return Invalid(absl::StrCat("embedding_types must be a non-empty list, got ",
+                                    JsonExcerpt(value)));
+      }
+      for (size_t i = 0; i < value.size(); ++i) {
+        const auto* name = value[i].get_ptr<const Json::string_t*>();
+        static constexpr std::pair<const char*, Type> kTypes[] = {
+            {"float", Type::kFloat},     {"int8", Type::kInt8},
+            {"uint8", Type::kUint8},     {"binary", Type::kBinary},
+            {"ubinary", Type::kUbinary}, {"base64", Type::kBase64}};
+        const auto* found =
+            name == nullptr
+                ? std::end(kTypes)
+                : std::find_if(std::begin(kTypes), std::end(kTypes),
+                               [&](const auto& entry) { return *name == entry.first; });
+        if (found == std::end(kTypes)) {
+          return Invalid(absl::StrCat(
+              "embedding_types[", i,
+              "] must be \"float\", \"int8\", \"uint8\", \"binary\", \"ubinary\" or "
+              "\"base64\", got ",
+              JsonExcerpt(value[i])));
+        }
+        if (std::find(call.embedding_types.begin(), call.embedding_types.end(),
+                      found->second) == call.embedding_types.end()) {
+          call.embedding_types.push_back(found->second);
+        }
+      }
+    } else if (key == "truncate") {
+      const auto* mode = value.get_ptr<const Json::string_t*>();
+      if (mode == nullptr || (*mode != "END" && *mode != "NONE")) {
+        return Invalid(absl::StrCat(
+            "truncate must be \"END\" (cut a long text's end, the default) or \"NONE\" "
+            "(refuse it); \"START\" is not served, got ",
+            JsonExcerpt(value)));
+      }
+      call.encode.set_truncate(*mode == "END");
+    } else if (key == "output_dimension") {
+      ATTN_ASSIGN_OR_RETURN(const int32_t dimensions, DimensionsAt(value));
+      call.encode.set_dimensions(dimensions);
+    } else if (key == "max_tokens") {
+      const std::optional<int64_t> limit = core::JsonInt64(value);
+      if (!limit || *limit < 1) {
+        return Invalid(absl::StrCat("max_tokens must be a positive integer, got ",
+                                    JsonExcerpt(value)));
+      }
+      call.max_tokens_per_doc = *limit;
+    } else if (key == "priority") {
+      if (!core::JsonInt64(value)) {
+        return Invalid(
+            absl::StrCat("priority must be an integer, got ", JsonExcerpt(value)));
+      }
+    } else if (key == "images" || key == "inputs") {
+      return Invalid(absl::StrCat(key, " is not served: the models here take text ",
+                                  "(send texts)"));
+    } else {
+      return Invalid(absl::StrCat("unknown field \"", key,
+                                  "\" (accepted: model, texts, input_type, "
+                                  "embedding_types, truncate, output_dimension, "
+                                  "max_tokens, priority)"));
+    }
+  }
+  if (!has_texts) return Invalid("texts is required: a non-empty list of strings");
+  if (!has_model) return Invalid("model is required: the name of a served encoder");
+  if (call.embedding_types.empty()) call.embedding_types.push_back(Type::kFloat);
+  return call;
+}
+
+std::vector<int> QuantizeEmbedding(absl::Span<const float> values,
+                                   EmbeddingsCall::EmbeddingType type) {
+  using Type = EmbeddingsCall::EmbeddingType;
+  std::vector<int> out;
+  if (type == Type::kInt8 || type == Type::kUint8) {
+    // sentence-transformers: starts = -1, steps = (1 - -1) / 255, in float32;
+    // clip(floor((x - starts) / steps), 0, 255), minus 128 for int8.
+    const float step = 2.0f / 255.0f;
+    const int shift = type == Type::kInt8 ? 128 : 0;
+    out.reserve(values.size());
+    for (const float x : values) {
+      const float level = std::clamp(std::floor((x + 1.0f) / step), 0.0f, 255.0f);
+      out.push_back(static_cast<int>(level) - shift);
+    }
+    return out;
+  }
+  // binary / ubinary: numpy's packbits of x > 0.
+  out.assign((values.size() + 7) / 8, 0);
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i] > 0.0f) out[i / 8] |= 0x80 >> (i % 8);
+  }
+  if (type == Type::kBinary) {
+    for (int& byte : out) byte -= 128;
+  }
+  return out;
+}
+
 absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& model) {
   // The model's kind as ListModels reports it (the batcher behind it is the pipeline's
   // business, and SubmitEncode checks it again).
@@ -269,6 +396,12 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
                                 "\" classifies (a cross-encoder) and makes no "
                                 "embeddings: call /rerank or /predict"));
   }
+  if (call.max_tokens_per_doc > 0 && call.max_tokens_per_doc < model.max_text_tokens) {
+    return Invalid(absl::StrCat("max_tokens below the model's max_text_tokens (",
+                                model.max_text_tokens, ") is not supported, got ",
+                                call.max_tokens_per_doc, ": each text is cut to ",
+                                model.max_text_tokens, " tokens"));
+  }
   if (model.encoder_spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return Invalid(absl::StrCat("model \"", model.name,
                                 "\" pools nothing (pooling NONE): it has no embedding"));
@@ -282,6 +415,51 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Cohere's EmbedByTypeResponse: {"id", "response_type": "embeddings_by_type",
+// "embeddings": {type: [...]}, "texts", "meta": {"api_version", "billed_units"}}.
+std::string CohereEmbedBody(const EmbeddingsCall& call,
+                            const v1::EncodeResponse& response) {
+  using Type = EmbeddingsCall::EmbeddingType;
+  const v1::Tensor& embedding = response.embedding();
+  const int64_t count = embedding.shape_size() == 2 ? embedding.shape(0) : 0;
+  const int64_t d = embedding.shape_size() == 2 ? embedding.shape(1) : 0;
+  std::vector<float> row(static_cast<size_t>(d));
+  Json embeddings = Json::object();
+  for (const Type type : call.embedding_types) {
+    Json rows = Json::array();
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(row.data(), embedding.raw().data() + i * d * sizeof(float),
+                  static_cast<size_t>(d) * sizeof(float));
+      if (type == Type::kFloat) {
+        rows.push_back(row);
+      } else if (type == Type::kBase64) {
+        rows.push_back(absl::Base64Escape(absl::string_view(
+            reinterpret_cast<const char*>(row.data()), row.size() * sizeof(float))));
+      } else {
+        rows.push_back(QuantizeEmbedding(row, type));
+      }
+    }
+    static constexpr const char* kNames[] = {"float",  "int8",    "uint8",
+                                             "binary", "ubinary", "base64"};
+    embeddings[kNames[static_cast<int>(type)]] = std::move(rows);
+  }
+  int64_t tokens = 0;
+  for (const int64_t length : response.lengths()) tokens += length;
+  return JsonText(
+      {{"id", response.request_id().empty() ? "attnserve" : response.request_id()},
+       {"response_type", "embeddings_by_type"},
+       {"embeddings", std::move(embeddings)},
+       {"texts",
+        std::vector<std::string>(call.encode.text().begin(), call.encode.text().end())},
+       {"meta",
+        {{"api_version", {{"version", "2"}}},
+         {"billed_units", {{"input_tokens", tokens}}}}}});
+}
+
+}  // namespace
 
 std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
                            const ServedModel& model) {
@@ -311,6 +489,8 @@ std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse&
         {{"object", "embedding"}, {"index", i}, {"embedding", std::move(values)}});
   }
   if (call.api == EmbeddingsCall::Api::kTei) return JsonText(data);
+  if (call.api == EmbeddingsCall::Api::kCohereEmbed)
+    return CohereEmbedBody(call, response);
   int64_t tokens = 0;
   for (const int64_t length : response.lengths()) tokens += length;
   return JsonText({{"object", "list"},
@@ -322,7 +502,7 @@ std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse&
 std::pair<int, std::string> EmbeddingsError(EmbeddingsCall::Api api,
                                             const absl::Status& status, int http_status) {
   const std::string message(status.message());
-  if (api == EmbeddingsCall::Api::kRerank) {
+  if (api == EmbeddingsCall::Api::kRerank || api == EmbeddingsCall::Api::kCohereEmbed) {
     return {http_status, JsonText({{"message", message}})};
   }
   if (api != EmbeddingsCall::Api::kOpenAi) {

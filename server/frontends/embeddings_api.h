@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "attnserve/v1/attention.pb.h"
 #include "server/models/model_registry.h"
 
@@ -24,7 +26,8 @@ namespace attnserve::server {
 struct EmbeddingsCall {
   // kTeiRerank: TEI's POST /rerank; kTeiPredict: TEI's POST /predict; kRerank: the
   // Cohere and Jina shape, POST /v1/rerank and /v2/rerank.
-  enum class Api { kOpenAi, kTei, kTeiRerank, kTeiPredict, kRerank };
+  // kCohereEmbed: Cohere's POST /v2/embed.
+  enum class Api { kOpenAi, kTei, kTeiRerank, kTeiPredict, kRerank, kCohereEmbed };
   bool reranks() const { return api == Api::kTeiRerank || api == Api::kRerank; }
   bool classifies() const { return reranks() || api == Api::kTeiPredict; }
   Api api = Api::kOpenAi;
@@ -49,6 +52,9 @@ struct EmbeddingsCall {
   int64_t max_tokens_per_doc = 0;
   // TEI /predict: the inputs came as a list of inputs (answered as a list of lists).
   bool batch = false;
+  // Cohere /v2/embed: the embedding types asked for, in the body's order (each once).
+  enum class EmbeddingType { kFloat, kInt8, kUint8, kBinary, kUbinary, kBase64 };
+  std::vector<EmbeddingType> embedding_types;
 };
 
 // The most documents one rerank call may hold (Cohere's limit), and the most inputs of
@@ -84,6 +90,23 @@ absl::StatusOr<EmbeddingsCall> ParseRerank(absl::string_view body);
 // text, a pair, or a list of either), "raw_scores"?, "truncate"?,
 // "truncation_direction"?}. Errors as ParseTeiRerank's.
 absl::StatusOr<EmbeddingsCall> ParseTeiPredict(absl::string_view body);
+
+// Cohere's POST /v2/embed: {"model", "texts": [text], "input_type": "search_document" |
+// "search_query" | "classification" | "clustering", "embedding_types"?: ["float" |
+// "int8" | "uint8" | "binary" | "ubinary" | "base64"] (default ["float"]), "truncate"?:
+// "END" (default) | "NONE", "output_dimension"?: n, "max_tokens"?: n, "priority"?}.
+// Images and "inputs" are refused (text models only), as is truncate "START". Errors as
+// ParseOpenAiEmbeddings's.
+absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body);
+
+// One embedding quantized as Cohere's embedding types, with sentence-transformers'
+// quantize_embeddings rules (sentence_transformers.quantization) and the fixed range
+// [-1, 1] (an L2-normalized embedding's) for int8 and uint8: uint8 = clip(floor((x + 1)
+// / (2/255)), 0, 255) in float32, int8 = uint8 - 128; binary and ubinary: the signs (x >
+// 0) packed 8 per byte, first value in the highest bit, the last byte padded with zeros;
+// binary is ubinary - 128 as int8.
+std::vector<int> QuantizeEmbedding(absl::Span<const float> values,
+                                   EmbeddingsCall::EmbeddingType type);
 
 // What needs the model, checked before the call is queued: an embeddings call's model
 // pools (an embedding exists) and does not classify, and TEI's normalize=false is

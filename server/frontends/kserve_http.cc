@@ -190,6 +190,8 @@ constexpr ApiRoute kApiRoutes[] = {
     {"/rerank", EmbeddingsCall::Api::kTeiRerank, ParseTeiRerank},
     {"/predict", EmbeddingsCall::Api::kTeiPredict, ParseTeiPredict},
     {"/v1/rerank", EmbeddingsCall::Api::kRerank, ParseRerank},
+    // Cohere's embed lies under /v2 (Route sends it here); the route names its parser.
+    {"/v2/embed", EmbeddingsCall::Api::kCohereEmbed, ParseCohereEmbed},
 };
 
 // One handler for every path of kApiRoutes (civetweb matched the path exactly).
@@ -492,6 +494,8 @@ void KServeHttp::Route(mg_connection* connection) {
   // Cohere's v2 rerank path lies under KServe's /v2 prefix, whichever handler civetweb
   // matched it to.
   if (uri == "/v2/rerank") return Embeddings(connection, EmbeddingsCall::Api::kRerank);
+  if (uri == "/v2/embed")
+    return Embeddings(connection, EmbeddingsCall::Api::kCohereEmbed);
   if (options_.on_request) options_.on_request(uri);
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"

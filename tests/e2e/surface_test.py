@@ -11,6 +11,11 @@ cross-encoder of tests/data/reranker_tiny:
   tokens Hugging Face's tokenizer makes, each time within x-total-time), x-total-time
   on KServe's infer (with the other three from its response parameters, which KServe
   gRPC also sends as trailing metadata), and tokenize_time_us in Encode's response;
+- Cohere's POST /v2/embed through the `cohere` client (ClientV2.embed) with every
+  embedding type, against sentence-transformers' quantize_embeddings of the same
+  sentences (tests/tools/make_quantization_golden.py; int8/uint8 with the range [-1,
+  1]): floats by cosine, quantized levels within one level (at least 99.9% equal),
+  binary signs equal but for values within 1e-6 of zero;
 - --max_concurrent_requests=1 on a second server: while one call holds the only slot
   (a POST whose body is still being sent: the slot is taken before the body is read),
   HTTP calls get 429 with Retry-After and the API's own error shape, gRPC calls
@@ -191,6 +196,53 @@ class SurfaceTest(unittest.TestCase):
             self.assertGreaterEqual(value, 0, name)
             self.assertEqual(trailing["x-" + name.replace("_", "-")], str(value))
         self.assertGreater(response.parameters["compute_time_us"].int64_param, 0)
+
+
+    def test_cohere_client_embeds_by_type_as_sentence_transformers_quantizes(self):
+        import base64
+        import cohere
+        import numpy as np
+        with open(os.path.join(ROOT, "tests", "data", "quantization.golden.json"),
+                  encoding="utf-8") as f:
+            golden = json.load(f)
+        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
+        types = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
+        reply = client.embed(texts=golden["texts"], model="minilm",
+                             input_type="search_document", embedding_types=types)
+        floats = np.asarray(reply.embeddings.float_, np.float32)
+        want = np.asarray(golden["embeddings"], np.float32)
+        cosine = np.sum(floats * want, 1) / (np.linalg.norm(floats, axis=1) *
+                                              np.linalg.norm(want, axis=1))
+        self.assertGreaterEqual(float(cosine.min()), 0.99999)
+        self.assertEqual(reply.texts, golden["texts"])
+        decoded = np.stack([np.frombuffer(base64.b64decode(row), "<f4")
+                            for row in reply.embeddings.base64])
+        np.testing.assert_array_equal(decoded, floats)
+        for name in ("int8", "uint8"):
+            got = np.asarray(getattr(reply.embeddings, name))
+            expected = np.asarray(golden["embeddings_quantized"][name])
+            # Our floats are within 1e-6 of sentence-transformers': a value at a level's
+            # edge may land on the next level, never further.
+            self.assertLessEqual(int(np.abs(got - expected).max()), 1, name)
+            self.assertGreaterEqual(float(np.mean(got == expected)), 0.999, name)
+        for name in ("binary", "ubinary"):
+            got = np.asarray(getattr(reply.embeddings, name))
+            expected = np.asarray(golden["embeddings_quantized"][name])
+            self.assertEqual(got.shape, (len(golden["texts"]), 384 // 8), name)
+            for row, byte in zip(*np.nonzero(got != expected)):
+                # Only a sign within 1e-6 of zero may differ.
+                near = np.abs(want[row, byte * 8:(byte + 1) * 8]).min()
+                self.assertLess(near, 1e-6, (name, row, byte))
+        # Unknown types and images are refused in Cohere's error shape.
+        status, _, answer = post(self.http + "/v2/embed",
+                                 {"model": "minilm", "texts": ["a"],
+                                  "embedding_types": ["int4"]})
+        self.assertEqual(status, 400)
+        self.assertIn("embedding_types[0] must be", answer["message"])
+        status, _, answer = post(self.http + "/v2/embed",
+                                 {"model": "minilm", "images": ["data:,"]})
+        self.assertEqual(status, 400)
+        self.assertIn("images is not served", answer["message"])
 
 
 class ConcurrencyLimitTest(unittest.TestCase):

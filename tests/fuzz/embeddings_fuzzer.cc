@@ -28,9 +28,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnserve::server;  // NOLINT(build/namespaces): a fuzzer's one function
   if (size == 0) return 0;
   using Api = EmbeddingsCall::Api;
-  constexpr Api kApis[] = {Api::kOpenAi, Api::kTei, Api::kTeiRerank, Api::kTeiPredict,
-                           Api::kRerank};
-  const Api api = kApis[data[0] % 5];
+  constexpr Api kApis[] = {Api::kOpenAi,     Api::kTei,    Api::kTeiRerank,
+                           Api::kTeiPredict, Api::kRerank, Api::kCohereEmbed};
+  const Api api = kApis[data[0] % 6];
   const absl::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   static const auto* const tokenizer =
       attnserve::core::WordPieceTokenizer::FromVocab(
@@ -65,7 +65,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                         : api == Api::kTei  ? ParseTeiEmbed(body)
                                         : api == Api::kTeiRerank ? ParseTeiRerank(body)
                                         : api == Api::kRerank    ? ParseRerank(body)
-                                                                 : ParseTeiPredict(body);
+                                        : api == Api::kCohereEmbed
+                                            ? ParseCohereEmbed(body)
+                                            : ParseTeiPredict(body);
   if (!call.ok()) return refuse(call.status()), 0;
   const ServedModel* model = !call->classifies()       ? embedder
                              : api == Api::kTeiPredict ? classifier

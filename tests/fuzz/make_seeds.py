@@ -304,6 +304,15 @@ def embeddings_bodies():
     ]
     for i, body in enumerate(rerank):
         write("embeddings", f"rerank_{i}", b"\x04" + json.dumps(body).encode())
+    cohere = [
+        {"model": "m", "texts": ["hello world", "\u00e9s"], "input_type": "search_query",
+         "embedding_types": ["float", "int8", "uint8", "binary", "ubinary", "base64"]},
+        {"model": "m", "texts": ["hello"], "input_type": "search_document",
+         "truncate": "NONE", "output_dimension": 4, "max_tokens": 16, "priority": 0},
+        {"model": "m", "texts": ["hello"], "images": ["data:x"]},
+    ]
+    for i, body in enumerate(cohere):
+        write("embeddings", f"cohere_embed_{i}", b"\x05" + json.dumps(body).encode())
 
 
 def heads_page():

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,8 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/frontends/embeddings_api.h"
 #include "server/models/model_registry.h"
 #include "server/observability/server_metrics.h"
 #include "server/pipeline/request_pipeline.h"
@@ -157,6 +160,81 @@ TEST_F(KServeHttpTest, TheTimeoutParameterEndsAQueuedRequestWith504) {
       Request("POST", "/v2/models/mha-base/infer", InferBody(R"({"timeout": 200000})"));
   EXPECT_EQ(reply.status, 504) << reply.body;
   EXPECT_EQ(last_code_.load(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// Cohere's /v2/embed body and its embedding types.
+TEST(CohereEmbedTest, ParsesTheBodyCohereSendsAndRefusesTheRestNamingIt) {
+  using Type = EmbeddingsCall::EmbeddingType;
+  absl::StatusOr<EmbeddingsCall> call = ParseCohereEmbed(
+      R"({"model": "m", "texts": ["a", "b"], "input_type": "search_query",
+          "embedding_types": ["int8", "float", "int8", "ubinary"], "truncate": "NONE",
+          "output_dimension": 256, "max_tokens": 512, "priority": 0, "images": null})");
+  ASSERT_TRUE(call.ok()) << call.status();
+  EXPECT_EQ(call->encode.model(), "m");
+  EXPECT_EQ(call->encode.text_size(), 2);
+  EXPECT_FALSE(call->encode.truncate());
+  EXPECT_EQ(call->encode.dimensions(), 256);
+  EXPECT_EQ(call->max_tokens_per_doc, 512);
+  EXPECT_THAT(call->embedding_types,
+              ::testing::ElementsAre(Type::kInt8, Type::kFloat, Type::kUbinary));
+  call = ParseCohereEmbed(R"({"model": "m", "texts": ["a"]})");
+  ASSERT_TRUE(call.ok());
+  EXPECT_TRUE(call->encode.truncate());  // END by default
+  EXPECT_THAT(call->embedding_types, ::testing::ElementsAre(Type::kFloat));
+  const struct {
+    const char* body;
+    const char* words;
+  } refused[] = {
+      {R"({"texts": ["a"]})", "model is required"},
+      {R"({"model": "m"})", "texts is required"},
+      {R"({"model": "m", "texts": []})", "texts must be a non-empty list of strings"},
+      {R"({"model": "m", "texts": [1]})", "texts must be a non-empty list of strings"},
+      {R"({"model": "m", "texts": ["a", 2]})", "texts[1] must be a string"},
+      {R"({"model": "m", "texts": ["a"], "images": ["x"]})", "images is not served"},
+      {R"({"model": "m", "inputs": []})", "inputs is not served"},
+      {R"({"model": "m", "texts": ["a"], "truncate": "START"})",
+       "\"START\" is not served"},
+      {R"({"model": "m", "texts": ["a"], "input_type": "image"})", "input_type must be"},
+      {R"({"model": "m", "texts": ["a"], "embedding_types": ["float", "int4"]})",
+       "embedding_types[1] must be"},
+      {R"({"model": "m", "texts": ["a"], "embedding_types": []})",
+       "embedding_types must be a non-empty list"},
+      {R"({"model": "m", "texts": ["a"], "output_dimension": 0})",
+       "dimensions must be a positive integer"},
+      {R"({"model": "m", "texts": ["a"], "max_tokens": -1})",
+       "max_tokens must be a positive integer"},
+      {R"({"model": "m", "texts": ["a"], "dimensions": 4})",
+       "unknown field \"dimensions\""},
+      {R"(["a"])", "JSON object"},
+  };
+  for (const auto& [body, words] : refused) {
+    call = ParseCohereEmbed(body);
+    EXPECT_EQ(call.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_THAT(call.status().message(), HasSubstr(words)) << body;
+  }
+}
+
+TEST(CohereEmbedTest, QuantizesAsSentenceTransformers) {
+  // tests/tools/make_quantization_golden.py: quantize_embeddings' own answers, ranges
+  // [-1, 1], on seeded values, every level's boundary, the ends, zero and -0.
+  std::ifstream in(std::string(ATTNSERVE_TEST_DATA_DIR) + "/quantization.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  using Type = EmbeddingsCall::EmbeddingType;
+  const std::pair<const char*, Type> types[] = {{"int8", Type::kInt8},
+                                                {"uint8", Type::kUint8},
+                                                {"binary", Type::kBinary},
+                                                {"ubinary", Type::kUbinary}};
+  const nlohmann::json& rows = golden["values"];
+  ASSERT_EQ(rows.size(), 8u);
+  for (const auto& [name, type] : types) {
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::vector<float> values;
+      for (const double value : rows[r]) values.push_back(static_cast<float>(value));
+      EXPECT_EQ(QuantizeEmbedding(values, type),
+                golden["values_quantized"][name][r].get<std::vector<int>>())
+          << name << " row " << r;
+    }
+  }
 }
 
 }  // namespace
