@@ -137,6 +137,16 @@ absl::Status PromptNameAt(const Json& value, v1::EncodeRequest* encode) {
   return absl::OkStatus();
 }
 
+// The body's "model": a string.
+absl::Status ModelAt(const Json& value, v1::EncodeRequest* encode) {
+  const auto* name = value.get_ptr<const Json::string_t*>();
+  if (name == nullptr) {
+    return Invalid(absl::StrCat("model must be a string, got ", JsonExcerpt(value)));
+  }
+  encode->set_model(*name);
+  return absl::OkStatus();
+}
+
 // A positive int32 (larger ones exceed every model's d_model, which the work checks).
 absl::StatusOr<int32_t> DimensionsAt(const Json& value) {
   const std::optional<int64_t> count = core::JsonInt64(value);
@@ -159,11 +169,7 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
       ATTN_RETURN_IF_ERROR(ReadInput(value, "input", body.size(), &call.encode));
       has_input = true;
     } else if (key == "model") {
-      const auto* name = value.get_ptr<const Json::string_t*>();
-      if (name == nullptr) {
-        return Invalid(absl::StrCat("model must be a string, got ", JsonExcerpt(value)));
-      }
-      call.encode.set_model(*name);
+      ATTN_RETURN_IF_ERROR(ModelAt(value, &call.encode));
       has_model = true;
     } else if (key == "encoding_format") {
       const auto* format = value.get_ptr<const Json::string_t*>();
@@ -256,11 +262,7 @@ absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
       ATTN_RETURN_IF_ERROR(ReadInput(value, "texts", body.size(), &call.encode));
       has_texts = true;
     } else if (key == "model") {
-      const auto* name = value.get_ptr<const Json::string_t*>();
-      if (name == nullptr) {
-        return Invalid(absl::StrCat("model must be a string, got ", JsonExcerpt(value)));
-      }
-      call.encode.set_model(*name);
+      ATTN_RETURN_IF_ERROR(ModelAt(value, &call.encode));
       has_model = true;
     } else if (key == "input_type") {
       const auto* type = value.get_ptr<const Json::string_t*>();

@@ -86,6 +86,17 @@ def export_onnx(model_path, out, bert=None):
                       opset_version=17, dynamo=False)
 
 
+def ort_session(path, threads):
+    """ONNX Runtime on `path` as the peer rows run it: every graph optimization,
+    `threads` intra-op threads, one inter-op thread, the CPU provider."""
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
 def padded_batches(sequences, batch):
     result = []
     for first in range(0, len(sequences), batch):
@@ -298,12 +309,7 @@ def int8_rows(args, model_path, files, sequences, golden, onnx_path):
     int8_path = os.path.join(work, "minilm.int8.onnx")
     if not os.path.exists(int8_path):
         quantize_dynamic(onnx_path, int8_path, weight_type=QuantType.QInt8)
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(int8_path, options,
-                                           providers=["CPUExecutionProvider"])
+    session = ort_session(int8_path, 1)
     figures = {}
     for batch in (1, 32):
         subset = sequences[:B1_SENTENCES] if batch == 1 else sequences
@@ -457,7 +463,6 @@ def family_rows(args, files, sequences):
     """Sentences/s per family on one core, B=32 mixed lengths: the core beside ONNX
     Runtime on the same checkpoint exported as export_onnx exports MiniLM (mean pooling,
     normalized), after checking that both give the same vectors."""
-    import onnxruntime
     import torch
     import transformers
     work = os.path.join(args.build, "bench-encoder", "families")
@@ -494,12 +499,7 @@ def family_rows(args, files, sequences):
                            "pooling_mode_mean_tokens": True}, f)
         onnx_path = os.path.join(work, model_class + ".onnx")
         export_onnx(folder, onnx_path, model)
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(onnx_path, options,
-                                               providers=["CPUExecutionProvider"])
+        session = ort_session(onnx_path, 1)
         dump = os.path.join(work, model_class + ".pooled.bin")
         core_rate(args.build, folder, files, 16, 1, 1, checked, dump=dump)
         ours = np.fromfile(dump, dtype="<f4").reshape(checked, -1)
@@ -590,14 +590,7 @@ def main():
     print(f"corpus: {len(sequences)} sentences, {int(golden['lengths'].sum())} tokens "
           f"(B=1 rows: the first {B1_SENTENCES}); medians of {args.rounds} passes")
 
-    sessions = {}
-    for threads in (1, 2):
-        options = onnxruntime.SessionOptions()
-        options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        sessions[threads] = onnxruntime.InferenceSession(onnx_path, options,
-                                                         providers=["CPUExecutionProvider"])
+    sessions = {threads: ort_session(onnx_path, threads) for threads in (1, 2)}
     st_model = SentenceTransformer(model_path, device="cpu").eval()
     figures = {}
     for threads, batch in ((1, 1), (1, 32), (2, 32)):
@@ -671,13 +664,7 @@ def main():
             m = torch.from_numpy(mask).unsqueeze(-1).float()
             want.append(((hidden * m).sum(1) / m.sum(1)).numpy())
     base_error = float(np.abs(ours_pooled - np.concatenate(want)).max())
-    base_sessions = {}
-    options = onnxruntime.SessionOptions()
-    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    base_sessions[1] = onnxruntime.InferenceSession(base_onnx, options,
-                                                    providers=["CPUExecutionProvider"])
+    base_sessions = {1: ort_session(base_onnx, 1)}
     base_rounds = max(1, args.rounds // 2)
     for batch, count in ((1, 64), (32, 256)):
         figures[("base-core", batch)] = core_rate(args.build, base_path, files, batch, 1,

@@ -184,6 +184,45 @@ class FamilyServer(unittest.TestCase):
                               outputs=[triton_grpc.InferRequestedOutput("embedding")])
         self.assert_golden(result.as_numpy("embedding"))
 
+    @classmethod
+    def add_reranker(cls, model, source, pbtxt):
+        """`model`: the folder tests/data/SOURCE linked as it is, with `pbtxt`; returns
+        SOURCE's golden."""
+        with open(os.path.join(DATA, source + ".golden.json"), encoding="utf-8") as f:
+            golden = json.load(f)
+        folder = os.path.join(cls.repository.name, model)
+        os.mkdir(folder)
+        for name in os.listdir(os.path.join(DATA, source)):
+            os.symlink(os.path.join(DATA, source, name), os.path.join(folder, name))
+        with open(os.path.join(folder, "config.pbtxt"), "w") as f:
+            f.write(pbtxt)
+        return golden
+
+    def assert_reranker(self, model, golden):
+        """Cohere's client against CrossEncoder.predict's scores, and v1 Encode with
+        text pairs against the pairs' ids and transformers' logits (1e-5; relative 1e-5
+        for logits drawn large)."""
+        import cohere
+        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
+        reply = client.rerank(model=model, query=golden["query"],
+                              documents=golden["documents"])
+        scores = [0.0] * len(golden["documents"])
+        for result in reply.results:
+            scores[result.index] = result.relevance_score
+        np.testing.assert_allclose(scores, golden["scores"], atol=TOLERANCE, rtol=0)
+        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
+            model=model, text=[golden["query"]] * len(scores),
+            text_pair=golden["documents"], truncate=True, return_token_ids=True,
+            raw_scores=True), timeout=60)
+        ids, start = [], 0
+        for length in pairs.lengths:
+            ids.append(list(pairs.token_ids[start:start + length]))
+            start += length
+        self.assertEqual(ids, golden["token_ids"])
+        np.testing.assert_allclose(np.frombuffer(pairs.scores.raw, "<f4"),
+                                   np.asarray(golden["logits"]).reshape(-1),
+                                   atol=TOLERANCE, rtol=1e-5)
+
     def load_refused(self, model, pbtxt, replaced, words):
         self.add_model(model, pbtxt, replaced)
         status, reply = stubs.post_json(
@@ -299,16 +338,9 @@ class XlmRobertaTest(FamilyServer):
     def setUpClass(cls):
         cls.open_source("xlmr_tiny")
         cls.add_model("xlmr", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
-        with open(os.path.join(DATA, "xlmr_reranker_tiny.golden.json"),
-                  encoding="utf-8") as f:
-            cls.reranker = json.load(f)
-        reranker = os.path.join(cls.repository.name, "xlmr-reranker")
-        os.mkdir(reranker)
-        for name in os.listdir(os.path.join(DATA, "xlmr_reranker_tiny")):
-            os.symlink(os.path.join(DATA, "xlmr_reranker_tiny", name),
-                       os.path.join(reranker, name))
-        with open(os.path.join(reranker, "config.pbtxt"), "w") as f:
-            f.write("encoder { max_text_tokens: %d }\n" % cls.reranker["max_length"])
+        cls.reranker = cls.add_reranker(
+            "xlmr-reranker", "xlmr_reranker_tiny",
+            "encoder { max_text_tokens: 64 }\n")
         cls.start()
 
     def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
@@ -318,26 +350,7 @@ class XlmRobertaTest(FamilyServer):
         self.assertEqual(model.encoder.pooling, attention_pb2.EncoderConfig.POOLING_CLS)
 
     def test_the_reranker_scores_as_cross_encoder_through_cohere(self):
-        import cohere
-        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
-        reply = client.rerank(model="xlmr-reranker", query=self.reranker["query"],
-                              documents=self.reranker["documents"])
-        scores = [0.0] * len(self.reranker["documents"])
-        for result in reply.results:
-            scores[result.index] = result.relevance_score
-        np.testing.assert_allclose(scores, self.reranker["scores"], atol=TOLERANCE, rtol=0)
-        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
-            model="xlmr-reranker", text=[self.reranker["query"]] * len(scores),
-            text_pair=self.reranker["documents"], truncate=True, return_token_ids=True,
-            raw_scores=True), timeout=60)
-        ids, start = [], 0
-        for length in pairs.lengths:
-            ids.append(list(pairs.token_ids[start:start + length]))
-            start += length
-        self.assertEqual(ids, self.reranker["token_ids"])
-        logits = np.frombuffer(pairs.scores.raw, "<f4").reshape(-1)
-        np.testing.assert_allclose(logits, np.asarray(self.reranker["logits"]).reshape(-1),
-                                   atol=TOLERANCE, rtol=0)
+        self.assert_reranker("xlmr-reranker", self.reranker)
         # Pairs take no prompt.
         with self.assertRaises(grpc.RpcError) as refused:
             self.v1.Encode(attention_pb2.EncodeRequest(
@@ -357,27 +370,8 @@ class ElectraTest(FamilyServer):
         cls.start()
 
     def test_the_reranker_scores_as_cross_encoder(self):
-        import cohere
-        golden = self.golden
-        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
-        reply = client.rerank(model="electra", query=golden["query"],
-                              documents=golden["documents"])
-        scores = [0.0] * len(golden["documents"])
-        for result in reply.results:
-            scores[result.index] = result.relevance_score
-        np.testing.assert_allclose(scores, golden["scores"], atol=TOLERANCE, rtol=0)
-        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
-            model="electra", text=[golden["query"]] * len(scores),
-            text_pair=golden["documents"], truncate=True, return_token_ids=True,
-            raw_scores=True), timeout=60)
-        ids, start = [], 0
-        for length in pairs.lengths:
-            ids.append(list(pairs.token_ids[start:start + length]))
-            start += length
-        self.assertEqual(ids, golden["token_ids"])
-        # Logits up to about 9 in size (the head is drawn from N(0, 1)): 1e-5 of them.
-        np.testing.assert_allclose(np.frombuffer(pairs.scores.raw, "<f4"),
-                                   golden["logits"], atol=TOLERANCE, rtol=1e-5)
+        # Logits up to about 9 in size (the head is drawn from N(0, 1)).
+        self.assert_reranker("electra", self.golden)
         model = self.v1.GetModel(attention_pb2.GetModelRequest(name="electra"),
                                  timeout=60).model
         self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_ELECTRA)
@@ -396,16 +390,8 @@ class MpnetTest(FamilyServer):
     def setUpClass(cls):
         cls.open_source("mpnet_tiny")
         cls.add_model("mpnet", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
-        with open(os.path.join(DATA, "mpnet_reranker_tiny.golden.json"),
-                  encoding="utf-8") as f:
-            cls.reranker = json.load(f)
-        reranker = os.path.join(cls.repository.name, "mpnet-reranker")
-        os.mkdir(reranker)
-        for name in os.listdir(os.path.join(DATA, "mpnet_reranker_tiny")):
-            os.symlink(os.path.join(DATA, "mpnet_reranker_tiny", name),
-                       os.path.join(reranker, name))
-        with open(os.path.join(reranker, "config.pbtxt"), "w") as f:
-            f.write("encoder {}\n")
+        cls.reranker = cls.add_reranker("mpnet-reranker", "mpnet_reranker_tiny",
+                                        "encoder {}\n")
         cls.start()
 
     def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
@@ -436,26 +422,7 @@ class MpnetTest(FamilyServer):
                            "prompt_embeddings")
 
     def test_the_reranker_scores_as_cross_encoder_through_cohere(self):
-        import cohere
-        golden = self.reranker
-        client = cohere.ClientV2(api_key="not-checked", base_url=self.http)
-        reply = client.rerank(model="mpnet-reranker", query=golden["query"],
-                              documents=golden["documents"])
-        scores = [0.0] * len(golden["documents"])
-        for result in reply.results:
-            scores[result.index] = result.relevance_score
-        np.testing.assert_allclose(scores, golden["scores"], atol=TOLERANCE, rtol=0)
-        pairs = self.v1.Encode(attention_pb2.EncodeRequest(
-            model="mpnet-reranker", text=[golden["query"]] * len(scores),
-            text_pair=golden["documents"], truncate=True, return_token_ids=True,
-            raw_scores=True), timeout=60)
-        ids, start = [], 0
-        for length in pairs.lengths:
-            ids.append(list(pairs.token_ids[start:start + length]))
-            start += length
-        self.assertEqual(ids, golden["token_ids"])
-        np.testing.assert_allclose(np.frombuffer(pairs.scores.raw, "<f4"),
-                                   golden["logits"], atol=TOLERANCE, rtol=1e-5)
+        self.assert_reranker("mpnet-reranker", self.reranker)
         model = self.v1.GetModel(attention_pb2.GetModelRequest(name="mpnet-reranker"),
                                  timeout=60).model
         self.assertEqual(model.encoder.weights_prefix, "mpnet.")

@@ -91,14 +91,17 @@ def metric(port, name):
     return None
 
 
-class SurfaceTest(unittest.TestCase):
+class ServerCase(unittest.TestCase):
+    """One attnserve over MODELS ((name, folder) pairs) with FLAGS."""
+    MODELS = ()
+    FLAGS = ()
+
     @classmethod
     def setUpClass(cls):
-        cls.repository = repository_with([("minilm", MODEL_DIR),
-                                          ("reranker", RERANKER_DIR)])
+        cls.repository = repository_with(cls.MODELS)
         cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
-                                     "--max_queue_delay=2ms", "--default_model=minilm",
-                                     "--builtin_model=false", metrics=True, http=True)
+                                     "--max_queue_delay=2ms", "--builtin_model=false",
+                                     *cls.FLAGS, metrics=True, http=True)
         cls.http = f"http://127.0.0.1:{cls.server.http_port}"
         cls.channel = grpc.insecure_channel(cls.server.target)
         cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
@@ -108,6 +111,11 @@ class SurfaceTest(unittest.TestCase):
         cls.channel.close()
         assert cls.server.stop() == 0
         cls.repository.cleanup()
+
+
+class SurfaceTest(ServerCase):
+    MODELS = (("minilm", MODEL_DIR), ("reranker", RERANKER_DIR))
+    FLAGS = ("--default_model=minilm",)
 
     def test_openai_client_lists_and_retrieves_the_models(self):
         client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",
@@ -245,22 +253,9 @@ class SurfaceTest(unittest.TestCase):
         self.assertIn("images is not served", answer["message"])
 
 
-class ConcurrencyLimitTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.repository = repository_with([("minilm", MODEL_DIR)])
-        cls.server = stubs.Attnserve(SERVER, f"--model_repository={cls.repository.name}",
-                                     "--max_queue_delay=2ms", "--max_concurrent_requests=1",
-                                     "--builtin_model=false", metrics=True, http=True)
-        cls.http = f"http://127.0.0.1:{cls.server.http_port}"
-        cls.channel = grpc.insecure_channel(cls.server.target)
-        cls.v1 = attention_pb2_grpc.AttentionServiceStub(cls.channel)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.channel.close()
-        assert cls.server.stop() == 0
-        cls.repository.cleanup()
+class ConcurrencyLimitTest(ServerCase):
+    MODELS = (("minilm", MODEL_DIR),)
+    FLAGS = ("--max_concurrent_requests=1",)
 
     def test_calls_past_the_limit_get_429_until_the_slot_is_free(self):
         body = json.dumps({"inputs": ["held"]}).encode()
