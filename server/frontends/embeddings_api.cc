@@ -203,12 +203,21 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
   return call;
 }
 
-absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
+namespace {
+
+// TEI's /embed body, or (`all`) its /embed_all body, which takes neither normalize nor
+// dimensions nor head_mask.
+absl::StatusOr<EmbeddingsCall> ParseTeiBody(absl::string_view body, bool all) {
   ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
-  call.api = EmbeddingsCall::Api::kTei;
+  call.api = all ? EmbeddingsCall::Api::kTeiEmbedAll : EmbeddingsCall::Api::kTei;
   bool has_input = false;
   for (const auto& [key, value] : json.items()) {
+    if (all && (key == "normalize" || key == "dimensions" || key == "head_mask")) {
+      return Invalid(absl::StrCat("unknown field \"", key,
+                                  "\" (accepted: inputs, truncate, "
+                                  "truncation_direction, prompt_name)"));
+    }
     if (key == "inputs") {
       ATTN_RETURN_IF_ERROR(ReadInput(value, "inputs", body.size(), &call.encode));
       has_input = true;
@@ -237,12 +246,26 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
     }
   }
   if (!has_input) return Invalid("inputs is required: a string or a list of strings");
-  call.encode.set_normalize(call.normalize);
+  if (all) {
+    call.encode.set_return_hidden(true);
+  } else {
+    call.encode.set_normalize(call.normalize);
+  }
   // Token ids carry no text to cut.
   if (call.encode.truncate() && call.encode.text().empty()) {
     call.encode.set_truncate(false);
   }
   return call;
+}
+
+}  // namespace
+
+absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
+  return ParseTeiBody(body, false);
+}
+
+absl::StatusOr<EmbeddingsCall> ParseTeiEmbedAll(absl::string_view body) {
+  return ParseTeiBody(body, true);
 }
 
 absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
@@ -404,6 +427,7 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
                                 call.max_tokens_per_doc, ": each text is cut to ",
                                 model.max_text_tokens, " tokens"));
   }
+  if (call.api == EmbeddingsCall::Api::kTeiEmbedAll) return absl::OkStatus();
   if (model.encoder_spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return Invalid(absl::StrCat("model \"", model.name,
                                 "\" pools nothing (pooling NONE): it has no embedding"));
@@ -466,6 +490,24 @@ std::string CohereEmbedBody(const EmbeddingsCall& call,
 std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
                            const ServedModel& model) {
   if (call.classifies()) return ScoresBody(call, response, model);
+  if (call.api == EmbeddingsCall::Api::kTeiEmbedAll) {
+    // Each input's tokens, [L_i, d] from the packed [sum(L_i), d].
+    const v1::Tensor& hidden = response.hidden();
+    const int64_t d = hidden.shape_size() == 2 ? hidden.shape(1) : 0;
+    std::vector<float> row(static_cast<size_t>(d));
+    Json inputs = Json::array();
+    int64_t token = 0;
+    for (const int64_t length : response.lengths()) {
+      Json tokens = Json::array();
+      for (int64_t t = 0; t < length; ++t, ++token) {
+        std::memcpy(row.data(), hidden.raw().data() + token * d * sizeof(float),
+                    static_cast<size_t>(d) * sizeof(float));
+        tokens.push_back(row);
+      }
+      inputs.push_back(std::move(tokens));
+    }
+    return JsonText(inputs);
+  }
   const v1::Tensor& embedding = response.embedding();
   const int64_t count = embedding.shape_size() == 2 ? embedding.shape(0) : 0;
   const int64_t d = embedding.shape_size() == 2 ? embedding.shape(1) : 0;

@@ -26,8 +26,16 @@ namespace attnserve::server {
 struct EmbeddingsCall {
   // kTeiRerank: TEI's POST /rerank; kTeiPredict: TEI's POST /predict; kRerank: the
   // Cohere and Jina shape, POST /v1/rerank and /v2/rerank.
-  // kCohereEmbed: Cohere's POST /v2/embed.
-  enum class Api { kOpenAi, kTei, kTeiRerank, kTeiPredict, kRerank, kCohereEmbed };
+  // kCohereEmbed: Cohere's POST /v2/embed; kTeiEmbedAll: TEI's POST /embed_all.
+  enum class Api {
+    kOpenAi,
+    kTei,
+    kTeiRerank,
+    kTeiPredict,
+    kRerank,
+    kCohereEmbed,
+    kTeiEmbedAll
+  };
   bool reranks() const { return api == Api::kTeiRerank || api == Api::kRerank; }
   bool classifies() const { return reranks() || api == Api::kTeiPredict; }
   Api api = Api::kOpenAi;
@@ -73,6 +81,11 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body);
 // "truncate"?: bool, "truncation_direction"?: "Right", "dimensions"?: n}. Errors as
 // ParseOpenAiEmbeddings's.
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body);
+
+// TEI's POST /embed_all: {"inputs": text | [text] | [ids] | [[ids]], "truncate"?: bool,
+// "truncation_direction"?: "Right", "prompt_name"?}: every token's last hidden state
+// (sentence-transformers' output_value="token_embeddings"). Errors as ParseTeiEmbed's.
+absl::StatusOr<EmbeddingsCall> ParseTeiEmbedAll(absl::string_view body);
 
 // TEI's POST /rerank: {"query", "texts": [text], "truncate"?, "truncation_direction"?:
 // "Right", "raw_scores"?, "return_text"?}. Errors as ParseOpenAiEmbeddings's, and more
@@ -120,7 +133,8 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
 // [[...], ...]. The embeddings as the work made them (shortened, normalized).
 // TEI /rerank: [{"index", "score", "text"?}]; Cohere/Jina: {"id", "model", "results":
 // [{"index", "relevance_score", "document"?: {"text"}}], "usage": {"total_tokens"},
-// "meta"}; both best first, cut to top_n. TEI /predict: [{"label", "score"}] best
+// "meta"}; both best first, cut to top_n. TEI /embed_all: [[[...] per token] per
+// input], the hidden states as they are. TEI /predict: [{"label", "score"}] best
 // first (a list of them for a batch), labels from `model`.
 std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
                            const ServedModel& model);

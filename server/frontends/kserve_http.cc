@@ -187,6 +187,7 @@ struct ApiRoute {
 constexpr ApiRoute kApiRoutes[] = {
     {"/v1/embeddings", EmbeddingsCall::Api::kOpenAi, ParseOpenAiEmbeddings},
     {"/embed", EmbeddingsCall::Api::kTei, ParseTeiEmbed},
+    {"/embed_all", EmbeddingsCall::Api::kTeiEmbedAll, ParseTeiEmbedAll},
     {"/rerank", EmbeddingsCall::Api::kTeiRerank, ParseTeiRerank},
     {"/predict", EmbeddingsCall::Api::kTeiPredict, ParseTeiPredict},
     {"/v1/rerank", EmbeddingsCall::Api::kRerank, ParseRerank},

@@ -11,6 +11,9 @@ cross-encoder of tests/data/reranker_tiny:
   tokens Hugging Face's tokenizer makes, each time within x-total-time), x-total-time
   on KServe's infer (with the other three from its response parameters, which KServe
   gRPC also sends as trailing metadata), and tokenize_time_us in Encode's response;
+- TEI's POST /embed_all: every token's vector, equal to sentence-transformers'
+  output_value="token_embeddings" (tests/tools/make_token_embeddings_golden.py; cosine
+  >= 0.99999 per token, 1e-4) and to Encode's hidden states, bit for bit;
 - Cohere's POST /v2/embed through the `cohere` client (ClientV2.embed) with every
   embedding type, against sentence-transformers' quantize_embeddings of the same
   sentences (tests/tools/make_quantization_golden.py; int8/uint8 with the range [-1,
@@ -251,6 +254,36 @@ class SurfaceTest(ServerCase):
                                  {"model": "minilm", "images": ["data:,"]})
         self.assertEqual(status, 400)
         self.assertIn("images is not served", answer["message"])
+
+
+    def test_embed_all_answers_every_token_as_sentence_transformers(self):
+        import numpy as np
+        golden = np.load(os.path.join(ROOT, "tests", "data",
+                                      "minilm_token_embeddings.npz"))
+        texts = [str(t) for t in golden["texts"]]
+        status, headers, answer = post(self.http + "/embed_all", {"inputs": texts})
+        self.assertEqual(status, 200, answer)
+        self.assertEqual([len(rows) for rows in answer], golden["lengths"].tolist())
+        got = np.concatenate([np.asarray(rows, np.float32) for rows in answer])
+        want = golden["tokens"]
+        cosine = np.sum(got * want, 1) / (np.linalg.norm(got, axis=1) *
+                                           np.linalg.norm(want, axis=1))
+        self.assertGreaterEqual(float(cosine.min()), 0.99999)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+        self.assertEqual(int(headers["x-compute-tokens"]), int(golden["lengths"].sum()))
+        # The same values as Encode's hidden states (one computation, two shapes).
+        reply = self.v1.Encode(attention_pb2.EncodeRequest(
+            model="minilm", text=texts, return_hidden=True), timeout=60)
+        hidden = np.frombuffer(reply.hidden.raw, "<f4").reshape(-1, 384)
+        np.testing.assert_array_equal(hidden, got)
+        # Malformed: what only /embed takes, and a reranker's body.
+        for body, words in (({"inputs": "a", "normalize": True}, 'unknown field "normalize"'),
+                            ({"inputs": "a", "dimensions": 8}, 'unknown field "dimensions"'),
+                            ({"inputs": []}, "inputs must not be an empty list"),
+                            ({"texts": ["a"]}, 'unknown field "texts"')):
+            status, _, answer = post(self.http + "/embed_all", body)
+            self.assertEqual(status, 422, (body, answer))
+            self.assertIn(words, answer["error"])
 
 
 class ConcurrencyLimitTest(ServerCase):

@@ -100,6 +100,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   result->set_raw(std::string(reinterpret_cast<const char*>(values.data()),
                               values.size() * sizeof(float)));
   response.mutable_lengths()->Add((*work)->lengths.begin(), (*work)->lengths.end());
+  if (call->encode.return_hidden()) {
+    // What the work returns: every token's hidden state, [sum(lengths), d_model].
+    int64_t tokens = 0;
+    for (const int64_t length : (*work)->lengths) tokens += length;
+    const int64_t d = model->encoder_spec.d_model;
+    std::vector<float> hidden(static_cast<size_t>(tokens * d), 0.5f);
+    response.mutable_hidden()->add_shape(tokens);
+    response.mutable_hidden()->add_shape(d);
+    response.mutable_hidden()->set_raw(std::string(
+        reinterpret_cast<const char*>(hidden.data()), hidden.size() * sizeof(float)));
+  }
   if (EmbeddingsBody(*call, response, *model).empty()) __builtin_trap();
   return 0;
 }

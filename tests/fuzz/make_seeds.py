@@ -313,6 +313,13 @@ def embeddings_bodies():
     ]
     for i, body in enumerate(cohere):
         write("embeddings", f"cohere_embed_{i}", b"\x05" + json.dumps(body).encode())
+    embed_all = [
+        {"inputs": ["hello world", "\u00e9s"], "truncate": True, "prompt_name": None},
+        {"inputs": [[2, 5, 3], [2, 6, 7, 3]]},
+        {"inputs": "hello", "normalize": True},
+    ]
+    for i, body in enumerate(embed_all):
+        write("embeddings", f"tei_embed_all_{i}", b"\x06" + json.dumps(body).encode())
 
 
 def heads_page():
