@@ -533,8 +533,9 @@ std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse&
         {{"object", "embedding"}, {"index", i}, {"embedding", std::move(values)}});
   }
   if (call.api == EmbeddingsCall::Api::kTei) return JsonText(data);
-  if (call.api == EmbeddingsCall::Api::kCohereEmbed)
+  if (call.api == EmbeddingsCall::Api::kCohereEmbed) {
     return CohereEmbedBody(call, response);
+  }
   int64_t tokens = 0;
   for (const int64_t length : response.lengths()) tokens += length;
   return JsonText({{"object", "list"},

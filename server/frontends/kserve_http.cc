@@ -495,8 +495,9 @@ void KServeHttp::Route(mg_connection* connection) {
   // Cohere's v2 rerank path lies under KServe's /v2 prefix, whichever handler civetweb
   // matched it to.
   if (uri == "/v2/rerank") return Embeddings(connection, EmbeddingsCall::Api::kRerank);
-  if (uri == "/v2/embed")
+  if (uri == "/v2/embed") {
     return Embeddings(connection, EmbeddingsCall::Api::kCohereEmbed);
+  }
   if (options_.on_request) options_.on_request(uri);
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"
