@@ -219,6 +219,15 @@ class SecurityTest(unittest.TestCase):
             with urllib.request.urlopen(f"http://{server.http}/v2/health/ready",
                                         timeout=30) as reply:
                 self.assertEqual(reply.status, 200)
+            # The descriptions (OpenAI's model list, TEI's /info) follow them too.
+            for path in ("/v1/models", "/v1/models/mha-base", "/info"):
+                described = urllib.request.Request(f"http://{server.http}{path}")
+                with self.assertRaises(urllib.error.HTTPError) as error:
+                    urllib.request.urlopen(described, timeout=30)
+                self.assertEqual(error.exception.code, 401, path)
+                described.add_header("Authorization", "Bearer first-secret-token")
+                with urllib.request.urlopen(described, timeout=30) as reply:
+                    self.assertEqual(reply.status, 200, path)
 
             # Rotation: a new file replaces the tokens without a restart.
             with open(self.path("tokens.new"), "w") as f:
