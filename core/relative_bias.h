@@ -8,6 +8,7 @@
 #define ATTNSERVE_CORE_RELATIVE_BIAS_H_
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -42,7 +43,7 @@ struct RelativeBias {
                        num_heads * width(), " floats, got ", values.size()));
     }
     for (size_t i = 0; i < values.size(); ++i) {
-      if (!(values[i] - values[i] == 0.0f)) {
+      if (!std::isfinite(values[i])) {
         return absl::InvalidArgumentError(absl::StrCat(
             "relative_bias.values[", i, "] must be finite, got ", values[i]));
       }

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -447,58 +448,47 @@ absl::StatusOr<const SafetensorsFile::Tensor*> SafetensorsFile::FindReadable(
   return tensor;
 }
 
+template <typename Stored, typename Out, typename Convert>
+absl::StatusOr<std::vector<Out>> SafetensorsFile::ReadConverted(const Tensor& tensor,
+                                                                Convert convert) const {
+  const uint64_t bytes = tensor.data_end - tensor.data_begin;
+  std::vector<Out> values(static_cast<size_t>(bytes / sizeof(Stored)));
+  if constexpr (std::is_same_v<Stored, Out>) {
+    // Straight into the values: no second copy of a big tensor (an embedding table).
+    ATTN_RETURN_IF_ERROR(
+        ReadBytes(tensor.data_begin, bytes, reinterpret_cast<char*>(values.data())));
+  } else {
+    // Through a bounded staging buffer, never a whole copy in the stored type.
+    constexpr uint64_t kChunk = uint64_t{8} << 20;
+    std::vector<Stored> chunk;
+    for (uint64_t at = 0; at < bytes; at += kChunk) {
+      const uint64_t size = std::min(kChunk, bytes - at);
+      chunk.resize(static_cast<size_t>(size / sizeof(Stored)));
+      ATTN_RETURN_IF_ERROR(
+          ReadBytes(tensor.data_begin + at, size, reinterpret_cast<char*>(chunk.data())));
+      Out* out = values.data() + at / sizeof(Stored);
+      for (size_t i = 0; i < chunk.size(); ++i) out[i] = convert(chunk[i]);
+    }
+  }
+  return values;
+}
+
 absl::StatusOr<std::vector<uint16_t>> SafetensorsFile::ReadBfloat16(
     absl::string_view name, absl::Span<const int64_t> expected_shape) const {
   ATTN_ASSIGN_OR_RETURN(const Tensor* tensor, FindReadable(name, expected_shape));
-  const uint64_t bytes = tensor->data_end - tensor->data_begin;
   if (tensor->dtype == "BF16") {
-    std::vector<uint16_t> values(static_cast<size_t>(bytes / 2));
-    ATTN_RETURN_IF_ERROR(
-        ReadBytes(tensor->data_begin, bytes, reinterpret_cast<char*>(values.data())));
-    return values;
+    return ReadConverted<uint16_t, uint16_t>(*tensor, [](uint16_t bits) { return bits; });
   }
-  std::vector<uint16_t> values(static_cast<size_t>(bytes / 4));
-  constexpr uint64_t kChunk = uint64_t{8} << 20;
-  std::vector<float> chunk;
-  for (uint64_t at = 0; at < bytes; at += kChunk) {
-    const uint64_t size = std::min(kChunk, bytes - at);
-    chunk.resize(static_cast<size_t>(size / 4));
-    ATTN_RETURN_IF_ERROR(
-        ReadBytes(tensor->data_begin + at, size, reinterpret_cast<char*>(chunk.data())));
-    uint16_t* out = values.data() + at / 4;
-    for (size_t i = 0; i < chunk.size(); ++i) out[i] = FloatToBf16(chunk[i]);
-  }
-  return values;
+  return ReadConverted<float, uint16_t>(*tensor, FloatToBf16);
 }
 
 absl::StatusOr<std::vector<float>> SafetensorsFile::ReadFloat32(
     absl::string_view name, absl::Span<const int64_t> expected_shape) const {
   ATTN_ASSIGN_OR_RETURN(const Tensor* tensor, FindReadable(name, expected_shape));
-  const uint64_t bytes = tensor->data_end - tensor->data_begin;
   if (tensor->dtype == "F32") {
-    // Straight into the values: no second copy of a big tensor (an embedding table).
-    std::vector<float> values(static_cast<size_t>(bytes / 4));
-    ATTN_RETURN_IF_ERROR(
-        ReadBytes(tensor->data_begin, bytes, reinterpret_cast<char*>(values.data())));
-    return values;
+    return ReadConverted<float, float>(*tensor, [](float value) { return value; });
   }
-  std::vector<float> values(static_cast<size_t>(bytes / 2));
-  // BF16 through a bounded staging buffer.
-  constexpr uint64_t kChunk = uint64_t{8} << 20;
-  std::string chunk;
-  for (uint64_t at = 0; at < bytes; at += kChunk) {
-    const uint64_t size = std::min(kChunk, bytes - at);
-    chunk.resize(static_cast<size_t>(size));
-    ATTN_RETURN_IF_ERROR(ReadBytes(tensor->data_begin + at, size, chunk.data()));
-    float* out = values.data() + at / 2;
-    for (size_t i = 0; i < chunk.size() / 2; ++i) {
-      const uint16_t bits =
-          static_cast<uint16_t>(static_cast<unsigned char>(chunk[2 * i]) |
-                                (static_cast<unsigned char>(chunk[2 * i + 1]) << 8));
-      out[i] = Bf16ToFloat(bits);
-    }
-  }
-  return values;
+  return ReadConverted<uint16_t, float>(*tensor, Bf16ToFloat);
 }
 
 }  // namespace attnserve::core

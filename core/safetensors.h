@@ -105,6 +105,12 @@ class SafetensorsFile {
   // ReadFloat32's errors otherwise.
   absl::StatusOr<const Tensor*> FindReadable(absl::string_view name,
                                              absl::Span<const int64_t> shape) const;
+  // `tensor`'s values, stored as `Stored` (little-endian, as every dtype here), each
+  // made an `Out` by `convert`: read straight into the values when the types are the
+  // same, else through 8 MiB chunks (never a whole copy in the stored type).
+  template <typename Stored, typename Out, typename Convert>
+  absl::StatusOr<std::vector<Out>> ReadConverted(const Tensor& tensor,
+                                                 Convert convert) const;
   // `size` bytes of the data section from `offset` into `out`.
   absl::Status ReadBytes(uint64_t offset, uint64_t size, char* out) const;
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -268,6 +269,19 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbedAll(absl::string_view body) {
   return ParseTeiBody(body, true);
 }
 
+namespace {
+
+// Cohere's embedding types by their names in the body and the answer.
+constexpr std::pair<const char*, EmbeddingsCall::EmbeddingType> kEmbeddingTypes[] = {
+    {"float", EmbeddingsCall::EmbeddingType::kFloat},
+    {"int8", EmbeddingsCall::EmbeddingType::kInt8},
+    {"uint8", EmbeddingsCall::EmbeddingType::kUint8},
+    {"binary", EmbeddingsCall::EmbeddingType::kBinary},
+    {"ubinary", EmbeddingsCall::EmbeddingType::kUbinary},
+    {"base64", EmbeddingsCall::EmbeddingType::kBase64}};
+
+}  // namespace
+
 absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
   using Type = EmbeddingsCall::EmbeddingType;
   ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
@@ -303,16 +317,12 @@ absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
       }
       for (size_t i = 0; i < value.size(); ++i) {
         const auto* name = value[i].get_ptr<const Json::string_t*>();
-        static constexpr std::pair<const char*, Type> kTypes[] = {
-            {"float", Type::kFloat},     {"int8", Type::kInt8},
-            {"uint8", Type::kUint8},     {"binary", Type::kBinary},
-            {"ubinary", Type::kUbinary}, {"base64", Type::kBase64}};
         const auto* found =
             name == nullptr
-                ? std::end(kTypes)
-                : std::find_if(std::begin(kTypes), std::end(kTypes),
+                ? std::end(kEmbeddingTypes)
+                : std::find_if(std::begin(kEmbeddingTypes), std::end(kEmbeddingTypes),
                                [&](const auto& entry) { return *name == entry.first; });
-        if (found == std::end(kTypes)) {
+        if (found == std::end(kEmbeddingTypes)) {
           return Invalid(absl::StrCat(
               "embedding_types[", i,
               "] must be \"float\", \"int8\", \"uint8\", \"binary\", \"ubinary\" or "
@@ -468,9 +478,10 @@ std::string CohereEmbedBody(const EmbeddingsCall& call,
         rows.push_back(QuantizeEmbedding(row, type));
       }
     }
-    static constexpr const char* kNames[] = {"float",  "int8",    "uint8",
-                                             "binary", "ubinary", "base64"};
-    embeddings[kNames[static_cast<int>(type)]] = std::move(rows);
+    const auto* entry =
+        std::find_if(std::begin(kEmbeddingTypes), std::end(kEmbeddingTypes),
+                     [&](const auto& named) { return named.second == type; });
+    embeddings[entry->first] = std::move(rows);
   }
   int64_t tokens = 0;
   for (const int64_t length : response.lengths()) tokens += length;

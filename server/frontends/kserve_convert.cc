@@ -433,18 +433,19 @@ void SetTimingParameters(int64_t tokenize_us, int64_t queue_us, int64_t compute_
   parameters[kComputeTimeUs].set_int64_param(compute_us);
 }
 
-std::string TimingText(const inference::ModelInferResponse& response,
-                       absl::string_view separator) {
-  std::string text;
-  for (const auto& [parameter, header] :
-       {std::pair<const char*, const char*>{kTokenizeTimeUs, "x-tokenization-time"},
-        {kQueueTimeUs, "x-queue-time"},
-        {kComputeTimeUs, "x-inference-time"}}) {
-    const auto it = response.parameters().find(parameter);
-    if (it == response.parameters().end()) continue;
-    absl::StrAppend(&text, header, ": ", it->second.int64_param() / 1000, separator);
-  }
-  return text;
+std::string TimingHeaders(int64_t tokenize_us, int64_t queue_us, int64_t compute_us) {
+  return absl::StrCat("x-tokenization-time: ", tokenize_us / 1000,
+                      "\r\nx-queue-time: ", queue_us / 1000,
+                      "\r\nx-inference-time: ", compute_us / 1000, "\r\n");
+}
+
+std::string TimingHeaders(const inference::ModelInferResponse& response) {
+  const auto micros = [&](const char* name) -> int64_t {
+    const auto it = response.parameters().find(name);
+    return it == response.parameters().end() ? 0 : it->second.int64_param();
+  };
+  return TimingHeaders(micros(kTokenizeTimeUs), micros(kQueueTimeUs),
+                       micros(kComputeTimeUs));
 }
 
 void InferResponseFromEncode(const inference::ModelInferRequest& infer,

@@ -75,10 +75,11 @@ void SubmitInfer(
 // Sets the three timing parameters on `response`.
 void SetTimingParameters(int64_t tokenize_us, int64_t queue_us, int64_t compute_us,
                          inference::ModelInferResponse* response);
-// The timing parameters of `response` as TEI's header lines, whole milliseconds
-// ("x-queue-time: 3" and so on), each followed by `separator`; "" for none.
-std::string TimingText(const inference::ModelInferResponse& response,
-                       absl::string_view separator);
+// TEI's timing header lines, whole milliseconds as TEI writes them:
+// "x-tokenization-time: 0\r\nx-queue-time: 3\r\nx-inference-time: 11\r\n".
+std::string TimingHeaders(int64_t tokenize_us, int64_t queue_us, int64_t compute_us);
+// The same from `response`'s timing parameters (0 for one it lacks).
+std::string TimingHeaders(const inference::ModelInferResponse& response);
 
 // `deadline`, or sooner when the request's "timeout" parameter (Triton's schedule
 // policy: int64 microseconds from now, 0 = none) ends first. InvalidArgument for a

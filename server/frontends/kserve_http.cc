@@ -206,11 +206,6 @@ int DispatchApi(mg_connection* connection, void* self) {
   return 0;  // not ours: civetweb answers 404
 }
 
-// The GET routes beside the APIs: /v1/models (and below it) and /info.
-int DispatchGet(mg_connection* connection, void* self) {
-  return static_cast<KServeHttp*>(self)->HandleGet(connection);
-}
-
 // The parser of each API's body.
 absl::StatusOr<EmbeddingsCall> ParseCall(EmbeddingsCall::Api api,
                                          absl::string_view body) {
@@ -288,8 +283,9 @@ absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
     return transport::ListenError("HTTP", "--http_port", options.host, options.port);
   }
   mg_set_request_handler(http->context_, "/v2", Dispatch, http.get());
-  mg_set_request_handler(http->context_, "/v1/models", DispatchGet, http.get());
-  mg_set_request_handler(http->context_, "/info$", DispatchGet, http.get());
+  // The GET routes beside the APIs (Route sends them on).
+  mg_set_request_handler(http->context_, "/v1/models", Dispatch, http.get());
+  mg_set_request_handler(http->context_, "/info$", Dispatch, http.get());
   for (const ApiRoute& route : kApiRoutes) {
     // "$": the path itself, nothing below it.
     mg_set_request_handler(http->context_, absl::StrCat(route.path, "$").c_str(),
@@ -343,25 +339,6 @@ int KServeHttp::Handle(mg_connection* connection,
   return 1;
 }
 
-int KServeHttp::HandleGet(mg_connection* connection) noexcept {
-  try {
-    const absl::string_view uri = mg_get_request_info(connection)->local_uri;
-    if (uri == "/info") {
-      Info(connection);
-    } else {
-      Models(connection);
-    }
-  } catch (const std::exception& error) {
-    if (pipeline_->observer().on_internal_error) {
-      pipeline_->observer().on_internal_error("kserve_http");
-    }
-    SendError(connection, 500, absl::StrCat("internal error: ", error.what()));
-  } catch (...) {
-    SendError(connection, 500, "internal error: unknown exception");
-  }
-  return 1;
-}
-
 namespace {
 
 const char* DtypeName(v1::Precision precision) {
@@ -375,14 +352,18 @@ const char* DtypeName(v1::Precision precision) {
   }
 }
 
+// The most tokens one input may have: an encoder's per text, else per sequence.
+int64_t MaxInputLength(const ServedModel& model) {
+  return model.max_text_tokens > 0 ? model.max_text_tokens : model.max_sequence_length;
+}
+
 // What OpenAI's model object says of a served model.
 Json OpenAiModel(const ServedModel& model) {
   return {{"id", model.name},
           {"object", "model"},
           {"created", absl::ToUnixSeconds(model.loaded_at)},
           {"owned_by", "attnserve"},
-          {"max_model_len", model.max_text_tokens > 0 ? model.max_text_tokens
-                                                      : model.max_sequence_length}};
+          {"max_model_len", MaxInputLength(model)}};
 }
 
 }  // namespace
@@ -468,24 +449,22 @@ void KServeHttp::Info(mg_connection* connection) {
     type = {{"embedding", {{"pooling", pooling}}}};
   }
   Send(connection, 200,
-       JsonText(
-           {{"model_id", model.name},
-            {"model_version", model.version},
-            {"model_sha", nullptr},
-            {"model_dtype", DtypeName(info.precision())},
-            {"model_type", type},
-            {"device", info.device()},
-            {"max_concurrent_requests", options_.max_concurrent_requests},
-            {"max_input_length", model.max_text_tokens > 0 ? model.max_text_tokens
-                                                           : model.max_sequence_length},
-            {"max_batch_tokens", info.batching().max_batch_tokens()},
-            {"max_batch_requests", info.batching().max_batch_size()},
-            {"max_client_batch_size", nullptr},
-            {"auto_truncate", model.auto_truncate},
-            {"tokenization_workers", nullptr},
-            {"version", kServerVersion},
-            {"sha", nullptr},
-            {"docker_label", nullptr}}));
+       JsonText({{"model_id", model.name},
+                 {"model_version", model.version},
+                 {"model_sha", nullptr},
+                 {"model_dtype", DtypeName(info.precision())},
+                 {"model_type", type},
+                 {"device", info.device()},
+                 {"max_concurrent_requests", options_.max_concurrent_requests},
+                 {"max_input_length", MaxInputLength(model)},
+                 {"max_batch_tokens", info.batching().max_batch_tokens()},
+                 {"max_batch_requests", info.batching().max_batch_size()},
+                 {"max_client_batch_size", nullptr},
+                 {"auto_truncate", model.auto_truncate},
+                 {"tokenization_workers", nullptr},
+                 {"version", kServerVersion},
+                 {"sha", nullptr},
+                 {"docker_label", nullptr}}));
 }
 
 void KServeHttp::Route(mg_connection* connection) {
@@ -499,6 +478,8 @@ void KServeHttp::Route(mg_connection* connection) {
     return Embeddings(connection, EmbeddingsCall::Api::kCohereEmbed);
   }
   if (options_.on_request) options_.on_request(uri);
+  if (uri == "/info") return Info(connection);
+  if (absl::StartsWith(uri, "/v1/models")) return Models(connection);
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"
   const auto not_found = [&] {
@@ -707,7 +688,7 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
       InferResponseBody(response, parsed->binary_outputs, &response_header_length);
   const std::string timing =
       absl::StrCat("x-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start),
-                   "\r\n", TimingText(response, "\r\n"));
+                   "\r\n", TimingHeaders(response));
   if (response_header_length >= 0) {
     Send(connection, 200, out,
          absl::StrCat("Inference-Header-Content-Length: ", response_header_length, "\r\n",
@@ -816,12 +797,11 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
   int64_t tokens = 0;
   for (const int64_t length : response.lengths()) tokens += length;
   Send(connection, 200, body_text,
-       absl::StrCat("x-compute-type: ", model->info.device(),
-                    "\r\nx-compute-tokens: ", tokens,
-                    "\r\nx-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start),
-                    "\r\nx-tokenization-time: ", response.tokenize_time_us() / 1000,
-                    "\r\nx-queue-time: ", response.queue_time_us() / 1000,
-                    "\r\nx-inference-time: ", response.compute_time_us() / 1000, "\r\n"));
+       absl::StrCat(
+           "x-compute-type: ", model->info.device(), "\r\nx-compute-tokens: ", tokens,
+           "\r\nx-total-time: ", absl::ToInt64Milliseconds(absl::Now() - start), "\r\n",
+           TimingHeaders(response.tokenize_time_us(), response.queue_time_us(),
+                         response.compute_time_us())));
 }
 
 }  // namespace attnserve::server

@@ -99,8 +99,6 @@ class KServeHttp {
   // logged, and counted (ServiceObserver::on_internal_error).
   int Handle(mg_connection* connection,
              std::optional<EmbeddingsCall::Api> api = std::nullopt) noexcept;
-  // The GET routes beside the APIs (/v1/models, /info); the same guarantees.
-  int HandleGet(mg_connection* connection) noexcept;
 
  private:
   KServeHttp(const Options& options, RequestPipeline* pipeline,
