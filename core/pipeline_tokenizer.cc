@@ -2,6 +2,7 @@
 
 #include <unicode/ubrk.h>
 #include <unicode/uchar.h>
+#include <unicode/unorm2.h>
 #include <unicode/utext.h>
 // Oniguruma would define UChar, which is ICU's type.
 #define ONIG_ESCAPE_UCHAR_COLLISION
@@ -17,6 +18,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -225,11 +227,129 @@ absl::StatusOr<std::vector<std::unique_ptr<Part>>> ReadSteps(const Json& json,
 // ----------------------------------------------------------------------------
 // Pieces and how a pattern's matches split them (tokenizers' SplitDelimiterBehavior).
 
+// Where each byte of a normalized text came from: the [start, end) bytes of the input
+// text (tokenizers' NormalizedString alignments, kept absolute rather than relative to
+// each split; every byte of a character holds the same pair). Tracked only for
+// Tokenize; empty on Encode's path.
+using Alignments = std::vector<std::pair<int64_t, int64_t>>;
+
+Alignments SliceAlignments(const Alignments& align, size_t start, size_t end) {
+  if (align.empty()) return {};
+  return Alignments(align.begin() + static_cast<std::ptrdiff_t>(start),
+                    align.begin() + static_cast<std::ptrdiff_t>(end));
+}
+
+// The bytes of the input text that the normalized bytes [start, end) came from.
+std::pair<int64_t, int64_t> OriginalRange(const Alignments& align, size_t start,
+                                          size_t end) {
+  return {align[start].first, align[end - 1].second};
+}
+
 struct Piece {
   std::string text;
   // Whether it starts where the input text starts (Metaspace's prepend_scheme "first").
   bool at_origin = false;
+  // One entry per byte of `text` when offsets are tracked, else empty.
+  Alignments align;
 };
+
+// Each character with the change it makes to the character count at its place:
+// tokenizers' (char, isize) transformations (0 replaces a character, n > 0 inserts,
+// n < 0 also removes the n characters after the one it replaces).
+using Changes = std::vector<std::pair<char32_t, int64_t>>;
+
+// tokenizers' NormalizedString::transform over a whole text: the text becomes the
+// characters of `changes`, the first `initial_offset` characters removed; a character
+// that replaces another takes its alignment, an inserted one the alignment of the byte
+// before it.
+void Transform(const Changes& changes, size_t initial_offset, std::string* text,
+               Alignments* align) {
+  std::vector<size_t> sizes;
+  sizes.reserve(text->size());
+  for (size_t i = 0; i < text->size();) {
+    const size_t at = i;
+    DecodeUtf8(*text, &i);
+    sizes.push_back(i - at);
+  }
+  size_t next = 0;    // the next old character
+  size_t offset = 0;  // its byte offset
+  for (; next < initial_offset && next < sizes.size(); ++next) offset += sizes[next];
+  std::string out;
+  Alignments out_align;
+  out.reserve(text->size());
+  out_align.reserve(text->size());
+  for (const auto& [c, change] : changes) {
+    std::pair<int64_t, int64_t> origin{0, 0};
+    if (change > 0) {
+      if (offset >= 1) origin = (*align)[offset - 1];
+    } else if (offset < align->size()) {
+      origin = (*align)[offset];
+    } else if (!align->empty()) {
+      origin = align->back();
+    }
+    if (change <= 0 && next < sizes.size()) offset += sizes[next++];
+    for (int64_t k = 0; k < -change && next < sizes.size(); ++k) offset += sizes[next++];
+    const size_t before = out.size();
+    AppendUtf8(c, &out);
+    out_align.insert(out_align.end(), out.size() - before, origin);
+  }
+  text->swap(out);
+  align->swap(out_align);
+}
+
+// tokenizers' NormalizedString::filter: a kept character absorbs the removed ones after
+// it; those before the first kept one are the initial offset.
+template <typename Keep>
+void FilterAligned(Keep keep, std::string* text, Alignments* align) {
+  Changes changes;
+  size_t removed = 0, removed_start = 0;
+  std::optional<char32_t> last;
+  for (size_t i = 0; i < text->size();) {
+    const char32_t c = DecodeUtf8(*text, &i);
+    if (!keep(c)) {
+      ++removed;
+      continue;
+    }
+    if (last) {
+      changes.emplace_back(*last, -static_cast<int64_t>(removed));
+    } else {
+      removed_start = removed;
+    }
+    last = c;
+    removed = 0;
+  }
+  if (last) changes.emplace_back(*last, -static_cast<int64_t>(removed));
+  Transform(changes, removed_start, text, align);
+}
+
+// Each character replaced by the ones `map` appends (one or more): the first replaces
+// it, the others are inserted (tokenizers' map and lowercase).
+template <typename Map>
+void MapAligned(Map map, std::string* text, Alignments* align) {
+  Changes changes;
+  std::u32string each;
+  for (size_t i = 0; i < text->size();) {
+    each.clear();
+    map(DecodeUtf8(*text, &i), &each);
+    for (size_t k = 0; k < each.size(); ++k) {
+      changes.emplace_back(each[k], k == 0 ? 0 : 1);
+    }
+  }
+  Transform(changes, 0, text, align);
+}
+
+// The alignment of a text as given: each byte holds its character's bytes.
+Alignments Identity(absl::string_view text, int64_t base) {
+  Alignments align;
+  align.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t at = i;
+    DecodeUtf8(text, &i);
+    align.insert(align.end(), i - at,
+                 {base + static_cast<int64_t>(at), base + static_cast<int64_t>(i)});
+  }
+  return align;
+}
 
 enum class Behavior {
   kRemoved,
@@ -346,8 +466,8 @@ void SplitPiece(const Piece& piece, const std::vector<Span>& spans, Behavior beh
   }
   for (const auto& [start, end] : kept) {
     if (start == end) continue;
-    out->push_back(
-        {piece.text.substr(start, end - start), piece.at_origin && start == 0});
+    out->push_back({piece.text.substr(start, end - start), piece.at_origin && start == 0,
+                    SliceAlignments(piece.align, start, end)});
   }
 }
 
@@ -359,6 +479,9 @@ class Normalizer {
   virtual ~Normalizer() = default;
   // `text` is valid UTF-8 and stays so.
   virtual void Normalize(std::string* text) const = 0;
+  // The same text as Normalize makes, with `align` (one entry per byte of *text)
+  // following it as tokenizers' alignments follow it.
+  virtual void NormalizeAligned(std::string* text, Alignments* align) const = 0;
 };
 
 class SequenceNormalizer : public Normalizer {
@@ -367,6 +490,9 @@ class SequenceNormalizer : public Normalizer {
       : steps_(std::move(steps)) {}
   void Normalize(std::string* text) const override {
     for (const auto& step : steps_) step->Normalize(text);
+  }
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    for (const auto& step : steps_) step->NormalizeAligned(text, align);
   }
 
  private:
@@ -395,6 +521,77 @@ class FormNormalizer : public Normalizer {
     HfNormalize(form_, &chars);
     *text = ToUtf8(chars);
   }
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    if (std::all_of(text->begin(), text->end(),
+                    [](char c) { return static_cast<unsigned char>(c) < 0x80; })) {
+      return;
+    }
+    Transform(FormChanges(form_, ToUtf32(*text)), 0, text, align);
+  }
+
+  // The changes of normalizing `chars`, as the unicode-normalization-alignments crate
+  // reports them: normalized one segment at a time (segments start where the form has
+  // a boundary), a segment's characters replace its input's one by one, extra ones are
+  // inserted, and a shorter segment's last character absorbs the rest. Where each
+  // input character normalizes on its own to as many characters as the segment has
+  // (decompositions), each one's first output replaces it and the rest are inserted.
+  static Changes FormChanges(NormalForm form, const std::u32string& chars) {
+    UErrorCode error = U_ZERO_ERROR;
+    const UNormalizer2* boundaries =
+        form == NormalForm::kNfc    ? unorm2_getNFCInstance(&error)
+        : form == NormalForm::kNfd  ? unorm2_getNFDInstance(&error)
+        : form == NormalForm::kNfkc ? unorm2_getNFKCInstance(&error)
+                                    : unorm2_getNFKDInstance(&error);
+    const auto starts_segment = [&](size_t i) {
+      if (i == 0 || U_FAILURE(error)) return true;
+      // Characters newer than the tables are left alone: segments of their own.
+      if ((HfCharFlags(chars[i]) & kNoNfd) || (HfCharFlags(chars[i - 1]) & kNoNfd)) {
+        return true;
+      }
+      return unorm2_hasBoundaryBefore(boundaries, static_cast<UChar32>(chars[i])) != 0;
+    };
+    Changes changes;
+    int64_t carried = 0;  // characters of empty segments, absorbed by the next change
+    for (size_t start = 0; start < chars.size();) {
+      size_t end = start + 1;
+      while (end < chars.size() && !starts_segment(end)) ++end;
+      std::u32string segment = chars.substr(start, end - start);
+      HfNormalize(form, &segment);
+      const auto n = static_cast<int64_t>(end - start);
+      const auto m = static_cast<int64_t>(segment.size());
+      std::vector<int64_t> own;
+      int64_t total = 0;
+      for (size_t i = start; i < end; ++i) {
+        std::u32string one(1, chars[i]);
+        HfNormalize(form, &one);
+        own.push_back(static_cast<int64_t>(one.size()));
+        total += own.back();
+      }
+      const size_t first = changes.size();
+      if (total == m && std::find(own.begin(), own.end(), 0) == own.end()) {
+        size_t k = 0;
+        for (const int64_t count : own) {
+          for (int64_t j = 0; j < count; ++j) {
+            changes.emplace_back(segment[k++], j == 0 ? 0 : 1);
+          }
+        }
+      } else if (m >= n) {
+        for (int64_t k = 0; k < m; ++k) changes.emplace_back(segment[k], k < n ? 0 : 1);
+      } else if (m > 0) {
+        for (int64_t k = 0; k < m; ++k) {
+          changes.emplace_back(segment[k], k + 1 < m ? 0 : -(n - m));
+        }
+      } else {
+        carried += n;
+      }
+      if (carried > 0 && changes.size() > first) {
+        changes[first].second -= carried;
+        carried = 0;
+      }
+      start = end;
+    }
+    return changes;
+  }
 
  private:
   NormalForm form_;
@@ -404,6 +601,10 @@ class LowercaseNormalizer : public Normalizer {
  public:
   void Normalize(std::string* text) const override {
     MapChars(text, [](char32_t c, std::u32string* out) { AppendLowercase(c, out); });
+  }
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    MapAligned([](char32_t c, std::u32string* out) { AppendLowercase(c, out); }, text,
+               align);
   }
 };
 
@@ -426,6 +627,9 @@ class StripAccentsNormalizer : public Normalizer {
       if (!IsCombiningMarkOf9(c)) out->push_back(c);
     });
   }
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    FilterAligned([](char32_t c) { return !IsCombiningMarkOf9(c); }, text, align);
+  }
 };
 
 class BertNormalizer : public Normalizer {
@@ -435,6 +639,40 @@ class BertNormalizer : public Normalizer {
     std::u32string chars;
     HfBertNormalize(*text, how_, &chars);
     *text = ToUtf8(chars);
+  }
+  // tokenizers' steps, each a transformation: clean_text (filter, then whitespace
+  // mapped to ' '), spaces around CJK ideographs, NFD and non-spacing marks dropped,
+  // lowercase.
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    if (how_.clean_text) {
+      FilterAligned([](char32_t c) { return (HfCharFlags(c) & kRemoved) == 0; }, text,
+                    align);
+      MapAligned(
+          [](char32_t c, std::u32string* out) {
+            out->push_back((HfCharFlags(c) & kSpace) ? U' ' : c);
+          },
+          text, align);
+    }
+    if (how_.handle_chinese_chars) {
+      Changes changes;
+      for (size_t i = 0; i < text->size();) {
+        const char32_t c = DecodeUtf8(*text, &i);
+        if (HfCharFlags(c) & kChinese) {
+          changes.insert(changes.end(), {{U' ', 0}, {c, 1}, {U' ', 1}});
+        } else {
+          changes.emplace_back(c, 0);
+        }
+      }
+      Transform(changes, 0, text, align);
+    }
+    if (how_.strip_accents) {
+      FormNormalizer(NormalForm::kNfd).NormalizeAligned(text, align);
+      FilterAligned([](char32_t c) { return (HfCharFlags(c) & kMark) == 0; }, text,
+                    align);
+    }
+    if (how_.lowercase) {
+      LowercaseNormalizer().NormalizeAligned(text, align);
+    }
   }
 
  private:
@@ -455,6 +693,20 @@ class StripNormalizer : public Normalizer {
     }
     if (begin == 0 && end == chars.size()) return;
     *text = ToUtf8(chars.substr(begin, end - begin));
+  }
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    const std::u32string chars = ToUtf32(*text);
+    size_t begin = 0, end = chars.size();
+    if (left_) {
+      while (begin < end && IsWhitespace(chars[begin])) ++begin;
+    }
+    if (right_) {
+      while (end > begin && IsWhitespace(chars[end - 1])) --end;
+    }
+    if (begin == 0 && end == chars.size()) return;
+    Changes changes;
+    for (size_t i = begin; i < end; ++i) changes.emplace_back(chars[i], 0);
+    Transform(changes, begin, text, align);
   }
 
  private:
@@ -481,6 +733,33 @@ class ReplaceNormalizer : public Normalizer {
     out.append(*text, last, std::string::npos);
     text->swap(out);
   }
+  // Each match's characters are removed and the content's inserted, aligned to the
+  // match's last byte (tokenizers' NormalizedString::replace).
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    if (text->empty()) return;
+    std::vector<std::pair<size_t, size_t>> matches;
+    pattern_.FindAll(*text, &matches);
+    if (matches.empty()) return;
+    std::string out;
+    Alignments out_align;
+    size_t last = 0;
+    for (const auto& [start, end] : matches) {
+      out.append(*text, last, start - last);
+      out_align.insert(out_align.end(),
+                       align->begin() + static_cast<std::ptrdiff_t>(last),
+                       align->begin() + static_cast<std::ptrdiff_t>(start));
+      const std::pair<int64_t, int64_t> origin =
+          end >= 1 ? (*align)[end - 1] : std::pair<int64_t, int64_t>{0, 0};
+      out += content_;
+      out_align.insert(out_align.end(), content_.size(), origin);
+      last = end;
+    }
+    out.append(*text, last, std::string::npos);
+    out_align.insert(out_align.end(), align->begin() + static_cast<std::ptrdiff_t>(last),
+                     align->end());
+    text->swap(out);
+    align->swap(out_align);
+  }
 
  private:
   Pattern pattern_;
@@ -493,6 +772,20 @@ class PrependNormalizer : public Normalizer {
   void Normalize(std::string* text) const override {
     if (!text->empty()) text->insert(0, prefix_);
   }
+  // The prefix and the first character all take the first character's alignment.
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    if (text->empty()) return;
+    Changes changes;
+    for (const char32_t c : ToUtf32(prefix_)) {
+      changes.emplace_back(c, changes.empty() ? 0 : 1);
+    }
+    bool first = true;
+    for (size_t i = 0; i < text->size();) {
+      changes.emplace_back(DecodeUtf8(*text, &i), first ? 1 : 0);
+      first = false;
+    }
+    Transform(changes, 0, text, align);
+  }
 
  private:
   std::string prefix_;
@@ -503,15 +796,25 @@ class NmtNormalizer : public Normalizer {
  public:
   void Normalize(std::string* text) const override {
     MapChars(text, [](char32_t c, std::u32string* out) {
-      if ((c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) ||
-          c == 0x7F || c == 0x8F || c == 0x9F) {
-        return;
-      }
-      const bool space = c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D ||
-                         c == 0x1680 || (c >= 0x200B && c <= 0x200F) || c == 0x2028 ||
-                         c == 0x2029 || c == 0x2581 || c == 0xFEFF || c == 0xFFFD;
-      out->push_back(space ? U' ' : c);
+      if (!Dropped(c)) out->push_back(Spaced(c));
     });
+  }
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    FilterAligned([](char32_t c) { return !Dropped(c); }, text, align);
+    MapAligned([](char32_t c, std::u32string* out) { out->push_back(Spaced(c)); }, text,
+               align);
+  }
+
+ private:
+  static bool Dropped(char32_t c) {
+    return (c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) ||
+           c == 0x7F || c == 0x8F || c == 0x9F;
+  }
+  static char32_t Spaced(char32_t c) {
+    const bool space = c == 0x09 || c == 0x0A || c == 0x0C || c == 0x0D || c == 0x1680 ||
+                       (c >= 0x200B && c <= 0x200F) || c == 0x2028 || c == 0x2029 ||
+                       c == 0x2581 || c == 0xFEFF || c == 0xFFFD;
+    return space ? U' ' : c;
   }
 };
 
@@ -547,9 +850,45 @@ class PrecompiledNormalizer : public Normalizer {
 
   void Normalize(std::string* text) const override {
     if (text->empty()) return;
+    std::string out;
+    out.reserve(text->size());
+    Walk(*text, [&](absl::string_view /*part*/, absl::string_view chosen,
+                    bool /*found*/) { out.append(chosen.data(), chosen.size()); });
+    text->swap(out);
+  }
+  // tokenizers' changes for a replacement: its characters replace the old part's one
+  // by one, extra ones are inserted, and a shorter one's removed characters go to the
+  // last change made so far (the previous part's, when the replacement is empty).
+  void NormalizeAligned(std::string* text, Alignments* align) const override {
+    if (text->empty()) return;
+    Changes changes;
+    bool modified = false;
+    Walk(*text, [&](absl::string_view part, absl::string_view chosen, bool found) {
+      const std::u32string replacement = ToUtf32(chosen);
+      for (const char32_t c : replacement) changes.emplace_back(c, 0);
+      if (!found) return;
+      modified = true;
+      const auto diff = static_cast<int64_t>(replacement.size()) -
+                        static_cast<int64_t>(ToUtf32(part).size());
+      if (diff > 0) {
+        for (int64_t k = 0; k < diff; ++k) changes[changes.size() - 1 - k].second = 1;
+      } else if (diff < 0 && !changes.empty()) {
+        changes.back().second += diff;
+      }
+    });
+    if (modified) Transform(changes, 0, text, align);
+  }
+
+ private:
+  PrecompiledNormalizer() = default;
+
+  // Calls emit(part, chosen, found) for each part of `text` in order: a grapheme
+  // cluster or a character, with its replacement (found) or itself.
+  template <typename Emit>
+  void Walk(const std::string& text, Emit emit) const {
     UErrorCode error = U_ZERO_ERROR;
     UText* utext =
-        utext_openUTF8(nullptr, text->data(), static_cast<int64_t>(text->size()), &error);
+        utext_openUTF8(nullptr, text.data(), static_cast<int64_t>(text.size()), &error);
     // One break iterator per thread, closed with the thread.
     struct Breaks {
       UBreakIterator* iterator;
@@ -562,17 +901,15 @@ class PrecompiledNormalizer : public Normalizer {
       return;  // ICU's data is built in: this does not happen
     }
     ubrk_setUText(breaks, utext, &error);
-    std::string out;
-    out.reserve(text->size());
-    const absl::string_view all = *text;
+    const absl::string_view all = text;
     int32_t start = ubrk_first(breaks);
     for (int32_t end = ubrk_next(breaks); end != UBRK_DONE;
          start = end, end = ubrk_next(breaks)) {
       const absl::string_view cluster =
           all.substr(static_cast<size_t>(start), static_cast<size_t>(end - start));
       if (cluster.size() < 6) {
-        if (const auto replacement = Transform(cluster)) {
-          out.append(replacement->data(), replacement->size());
+        if (const auto replacement = Replacement(cluster)) {
+          emit(cluster, *replacement, true);
           continue;
         }
       }
@@ -580,20 +917,15 @@ class PrecompiledNormalizer : public Normalizer {
         const size_t at = i;
         DecodeUtf8(cluster, &i);
         const absl::string_view one = cluster.substr(at, i - at);
-        const auto replacement = Transform(one);
-        const absl::string_view chosen = replacement ? *replacement : one;
-        out.append(chosen.data(), chosen.size());
+        const auto replacement = Replacement(one);
+        emit(one, replacement ? *replacement : one, replacement.has_value());
       }
     }
     utext_close(utext);
-    text->swap(out);
   }
 
- private:
-  PrecompiledNormalizer() = default;
-
   // The replacement of the shortest key that is a prefix of `chunk`, if any.
-  std::optional<absl::string_view> Transform(absl::string_view chunk) const {
+  std::optional<absl::string_view> Replacement(absl::string_view chunk) const {
     const auto offset = [](uint32_t unit) -> size_t {
       return static_cast<size_t>((unit >> 10) << ((unit & (1u << 9)) >> 6));
     };
@@ -722,22 +1054,6 @@ class SequencePreTokenizer : public PreTokenizer {
   std::vector<std::unique_ptr<PreTokenizer>> steps_;
 };
 
-// GPT-2's bytes-to-characters table: printable bytes stand for themselves, the rest
-// for U+0100 onwards, in byte order.
-const std::array<std::string, 256>& ByteChars() {
-  static const std::array<std::string, 256>* const table = [] {
-    auto* chars = new std::array<std::string, 256>();
-    char32_t next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable =
-          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      AppendUtf8(printable ? static_cast<char32_t>(b) : next++, &(*chars)[b]);
-    }
-    return chars;
-  }();
-  return *table;
-}
-
 class ByteLevelPreTokenizer : public PreTokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<ByteLevelPreTokenizer>> Make(
@@ -757,6 +1073,10 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     Piece prefixed = piece;
     if (add_prefix_space_ && (prefixed.text.empty() || prefixed.text[0] != ' ')) {
       prefixed.text.insert(0, " ");
+      // The space takes the first character's alignment (NormalizedString::prepend).
+      if (!prefixed.align.empty()) {
+        prefixed.align.insert(prefixed.align.begin(), prefixed.align.front());
+      }
     }
     std::vector<Piece> split;
     if (regex_ != nullptr) {
@@ -767,12 +1087,21 @@ class ByteLevelPreTokenizer : public PreTokenizer {
     } else if (!prefixed.text.empty()) {
       split.push_back(std::move(prefixed));
     }
-    const auto& chars = ByteChars();
+    const auto& chars = ByteLevelChars();
     for (Piece& each : split) {
       std::string mapped;
       mapped.reserve(each.text.size() * 2);
-      for (const char b : each.text) mapped += chars[static_cast<unsigned char>(b)];
+      // Each byte's character keeps the byte's alignment (its character's).
+      Alignments mapped_align;
+      for (size_t i = 0; i < each.text.size(); ++i) {
+        const std::string& c = chars[static_cast<unsigned char>(each.text[i])];
+        mapped += c;
+        if (!each.align.empty()) {
+          mapped_align.insert(mapped_align.end(), c.size(), each.align[i]);
+        }
+      }
       each.text.swap(mapped);
+      each.align.swap(mapped_align);
       out->push_back(std::move(each));
     }
   }
@@ -791,13 +1120,21 @@ class MetaspacePreTokenizer : public PreTokenizer {
     AppendUtf8(replacement, &replacement_text_);
   }
   void Split(const Piece& piece, std::vector<Piece>* out) const override {
-    Piece replaced{std::string(), piece.at_origin};
+    Piece replaced{std::string(), piece.at_origin, {}};
     replaced.text.reserve(piece.text.size() + 3);
-    for (const char c : piece.text) {
+    const bool aligned = !piece.align.empty();
+    // A replacement takes its space's alignment; a prepended one the first character's.
+    for (size_t i = 0; i < piece.text.size(); ++i) {
+      const char c = piece.text[i];
       if (c == ' ') {
         replaced.text += replacement_text_;
+        if (aligned) {
+          replaced.align.insert(replaced.align.end(), replacement_text_.size(),
+                                piece.align[i]);
+        }
       } else {
         replaced.text.push_back(c);
+        if (aligned) replaced.align.push_back(piece.align[i]);
       }
     }
     const bool starts =
@@ -806,6 +1143,10 @@ class MetaspacePreTokenizer : public PreTokenizer {
     if (!starts && (prepend_ == Prepend::kAlways ||
                     (prepend_ == Prepend::kFirst && piece.at_origin))) {
       replaced.text.insert(0, replacement_text_);
+      if (aligned) {
+        replaced.align.insert(replaced.align.begin(), replacement_text_.size(),
+                              replaced.align.front());
+      }
     }
     if (!split_) {
       if (!replaced.text.empty()) out->push_back(std::move(replaced));
@@ -870,7 +1211,8 @@ class WhitespacePreTokenizer : public PreTokenizer {
     const auto flush = [&](size_t end) {
       if (run != 0) {
         out->push_back({std::string(text.substr(start, end - start)),
-                        piece.at_origin && start == 0});
+                        piece.at_origin && start == 0,
+                        SliceAlignments(piece.align, start, end)});
       }
     };
     while (i < text.size()) {
@@ -999,13 +1341,18 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ReadPreTokenizer(const Json& json,
 // ----------------------------------------------------------------------------
 // Models: a piece to ids.
 
+// Byte ranges of a piece, one per id a model appends.
+using TokenSpans = std::vector<std::pair<size_t, size_t>>;
+
 class Model {
  public:
   virtual ~Model() = default;
-  // Appends the ids of one pre-tokenized piece (not empty). InvalidArgument when a
-  // piece needs an unknown token the model does not have.
-  virtual absl::Status Tokenize(absl::string_view piece,
-                                std::vector<int64_t>* ids) const = 0;
+  // Appends the ids of one pre-tokenized piece (not empty), and when `spans` is not
+  // null the [start, end) bytes of the piece each id came from, as tokenizers' models
+  // give them. InvalidArgument when a piece needs an unknown token the model does not
+  // have.
+  virtual absl::Status Tokenize(absl::string_view piece, std::vector<int64_t>* ids,
+                                TokenSpans* spans) const = 0;
   // Every token with its id, for TokenOf and the id range.
   virtual void ListTokens(
       const std::function<void(absl::string_view, int64_t)>& each) const = 0;
@@ -1154,11 +1501,12 @@ class BpeModel : public MapVocabModel {
     return model;
   }
 
-  absl::Status Tokenize(absl::string_view piece,
-                        std::vector<int64_t>* ids) const override {
+  absl::Status Tokenize(absl::string_view piece, std::vector<int64_t>* ids,
+                        TokenSpans* spans) const override {
     if (ignore_merges_) {
       if (const auto it = vocab_.find(piece); it != vocab_.end()) {
         ids->push_back(it->second);
+        if (spans != nullptr) spans->emplace_back(0, piece.size());
         return absl::OkStatus();
       }
     }
@@ -1218,8 +1566,14 @@ class BpeModel : public MapVocabModel {
     if (unk_bytes > 0) add(*unk_id_, unk_bytes);
     if (!symbols.empty()) symbols.back().next = -1;
     MergeAll(&symbols);
+    // Offsets add up the symbols' bytes, as tokenizers' Word does (characters dropped
+    // for want of an unknown token count for nothing).
+    size_t offset = 0;
     for (const Symbol& symbol : symbols) {
-      if (symbol.bytes != 0) ids->push_back(symbol.id);
+      if (symbol.bytes == 0) continue;
+      ids->push_back(symbol.id);
+      if (spans != nullptr) spans->emplace_back(offset, offset + symbol.bytes);
+      offset += symbol.bytes;
     }
     return absl::OkStatus();
   }
@@ -1336,8 +1690,8 @@ class UnigramModel : public Model {
     return model;
   }
 
-  absl::Status Tokenize(absl::string_view piece,
-                        std::vector<int64_t>* ids) const override {
+  absl::Status Tokenize(absl::string_view piece, std::vector<int64_t>* ids,
+                        TokenSpans* spans) const override {
     // The best path by score ending at each byte (SentencePiece's optimized Viterbi);
     // a character no piece starts with is an unknown of score min - 10.
     struct Node {
@@ -1381,8 +1735,8 @@ class UnigramModel : public Model {
       start = next;
     }
     // Back from the end; runs of unknowns become one string.
-    thread_local std::vector<std::pair<size_t, size_t>> spans;
-    spans.clear();
+    thread_local std::vector<std::pair<size_t, size_t>> runs;
+    runs.clear();
     constexpr size_t kNone = std::numeric_limits<size_t>::max();
     size_t end = piece.size();
     size_t unknown_end = kNone;
@@ -1393,29 +1747,31 @@ class UnigramModel : public Model {
         if (unknown_end == kNone) unknown_end = end;
       } else {
         if (unknown_end != kNone) {
-          spans.emplace_back(end, unknown_end);
+          runs.emplace_back(end, unknown_end);
           unknown_end = kNone;
         }
-        spans.emplace_back(start, end);
+        runs.emplace_back(start, end);
       }
       end = start;
     }
-    if (unknown_end != kNone) spans.emplace_back(0, unknown_end);
-    for (auto it = spans.rbegin(); it != spans.rend(); ++it) {
+    if (unknown_end != kNone) runs.emplace_back(0, unknown_end);
+    for (auto it = runs.rbegin(); it != runs.rend(); ++it) {
       const absl::string_view text = piece.substr(it->first, it->second - it->first);
+      // Every id of a span (each byte's, for a byte fallback) covers the whole span.
+      const size_t before = ids->size();
       if (const auto found = ids_.find(text); found != ids_.end()) {
         ids->push_back(found->second);
-        continue;
-      }
-      if (byte_fallback_ && std::all_of(text.begin(), text.end(), [&](char b) {
-            return byte_ids_[static_cast<unsigned char>(b)] >= 0;
-          })) {
-        for (const char b : text)
+      } else if (byte_fallback_ && std::all_of(text.begin(), text.end(), [&](char b) {
+                   return byte_ids_[static_cast<unsigned char>(b)] >= 0;
+                 })) {
+        for (const char b : text) {
           ids->push_back(byte_ids_[static_cast<unsigned char>(b)]);
-        continue;
+        }
+      } else {
+        if (!unk_id_) return NoUnknownToken(text);
+        ids->push_back(*unk_id_);
       }
-      if (!unk_id_) return NoUnknownToken(text);
-      ids->push_back(*unk_id_);
+      if (spans != nullptr) spans->insert(spans->end(), ids->size() - before, *it);
     }
     return absl::OkStatus();
   }
@@ -1491,12 +1847,13 @@ class WordPieceModel : public MapVocabModel {
     return model;
   }
 
-  absl::Status Tokenize(absl::string_view piece,
-                        std::vector<int64_t>* ids) const override {
+  absl::Status Tokenize(absl::string_view piece, std::vector<int64_t>* ids,
+                        TokenSpans* spans) const override {
     int64_t chars = 0;
     for (size_t i = 0; i < piece.size(); DecodeUtf8(piece, &i)) ++chars;
-    if (chars > max_chars_) return Unknown(piece, ids);
+    if (chars > max_chars_) return Unknown(piece, ids, spans);
     const size_t before = ids->size();
+    const size_t spans_before = spans != nullptr ? spans->size() : 0;
     std::string key;
     for (size_t start = 0; start < piece.size();) {
       size_t end = piece.size();
@@ -1507,6 +1864,7 @@ class WordPieceModel : public MapVocabModel {
         key.append(piece.data() + start, end - start);
         if (const auto it = vocab_.find(key); it != vocab_.end()) {
           ids->push_back(it->second);
+          if (spans != nullptr) spans->emplace_back(start, end);
           found = true;
           break;
         }
@@ -1517,7 +1875,8 @@ class WordPieceModel : public MapVocabModel {
       }
       if (!found) {
         ids->resize(before);
-        return Unknown(piece, ids);
+        if (spans != nullptr) spans->resize(spans_before);
+        return Unknown(piece, ids, spans);
       }
       start = end;
     }
@@ -1526,9 +1885,11 @@ class WordPieceModel : public MapVocabModel {
 
  private:
   WordPieceModel() = default;
-  absl::Status Unknown(absl::string_view piece, std::vector<int64_t>* ids) const {
+  absl::Status Unknown(absl::string_view piece, std::vector<int64_t>* ids,
+                       TokenSpans* spans) const {
     if (!unk_id_) return NoUnknownToken(piece);
     ids->push_back(*unk_id_);
+    if (spans != nullptr) spans->emplace_back(0, piece.size());
     return absl::OkStatus();
   }
 
@@ -1547,8 +1908,9 @@ class WordLevelModel : public MapVocabModel {
         model->unk_id_, OptionalTokenId(json, "unk_token", model->vocab_, where, false));
     return model;
   }
-  absl::Status Tokenize(absl::string_view piece,
-                        std::vector<int64_t>* ids) const override {
+  absl::Status Tokenize(absl::string_view piece, std::vector<int64_t>* ids,
+                        TokenSpans* spans) const override {
+    if (spans != nullptr) spans->emplace_back(0, piece.size());
     if (const auto it = vocab_.find(piece); it != vocab_.end()) {
       ids->push_back(it->second);
       return absl::OkStatus();
@@ -1602,12 +1964,16 @@ struct AddedToken {
   bool lstrip = false;
   bool rstrip = false;
   bool normalized = false;
+  bool special = false;
 };
 
 struct Segment {
   std::string text;
   int64_t id = -1;  // an added token's id, or -1 for text still to tokenize
   bool at_origin = false;
+  bool special = false;  // an added token marked special
+  // One entry per byte of `text` when offsets are tracked, else empty.
+  Alignments align;
 };
 
 // Leftmost-longest matches of `tokens` (longest first) in `text`, as tokenizers'
@@ -1640,10 +2006,12 @@ void SplitOnAddedTokens(const Segment& text, const AddedTokenSet& set,
     size_t i = start;
     return DecodeUtf8(sentence, &i);
   };
-  const auto emit = [&](size_t start, size_t end, int64_t id) {
+  const auto emit = [&](size_t start, size_t end, const AddedToken* token) {
     if (start >= end) return;
-    out->push_back({std::string(sentence.substr(start, end - start)), id,
-                    text.at_origin && start == 0});
+    out->push_back({std::string(sentence.substr(start, end - start)),
+                    token != nullptr ? token->id : -1, text.at_origin && start == 0,
+                    token != nullptr && token->special,
+                    SliceAlignments(text.align, start, end)});
   };
   size_t offset = 0;  // where the text not yet emitted starts
   size_t at = 0;      // where the search goes on
@@ -1689,16 +2057,13 @@ void SplitOnAddedTokens(const Segment& text, const AddedTokenSet& set,
         stop = next;
       }
     }
-    emit(offset, start, -1);
+    emit(offset, start, nullptr);
     // A match that its stripping left empty is dropped, as tokenizers drops every
     // empty split (a crossed one, where tokenizers panics, likewise).
-    if (start < stop) {
-      out->push_back({std::string(sentence.substr(start, stop - start)), found->id,
-                      text.at_origin && start == 0});
-    }
+    emit(start, stop, found);
     offset = std::max(offset, stop);
   }
-  emit(offset, sentence.size(), -1);
+  emit(offset, sentence.size(), nullptr);
 }
 
 // ----------------------------------------------------------------------------
@@ -1774,12 +2139,36 @@ absl::StatusOr<std::vector<TemplateItem>> ReadTemplateItems(const Json& items,
   return out;
 }
 
+// What ByteLevel's trim_offsets does to offsets (RobertaProcessing's and the ByteLevel
+// post-processor's): each token's leading and trailing spaces ("Ġ" or whitespace) are
+// left out of its offsets, except the one space add_prefix_space put before the first.
+struct OffsetTrim {
+  bool add_prefix_space = true;
+};
+
+// Reads trim_offsets and add_prefix_space (both true when unset); appends a trim to
+// `trims` when trim_offsets is set.
+absl::Status ReadOffsetTrim(const Json& json, absl::string_view where,
+                            std::vector<OffsetTrim>* trims) {
+  ATTN_ASSIGN_OR_RETURN(const bool trim, BoolField(json, "trim_offsets", true, where));
+  OffsetTrim each;
+  ATTN_ASSIGN_OR_RETURN(each.add_prefix_space,
+                        BoolField(json, "add_prefix_space", true, where));
+  if (trim) trims->push_back(each);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::optional<Template>> ReadPostProcessor(const Json& json,
                                                           absl::string_view where,
+                                                          std::vector<OffsetTrim>* trims,
                                                           int depth = 0) {
   if (depth > 4) return Invalid(where, "post-processors nest deeper than 4");
   const std::string type = TypeOf(json);
-  if (type == "null" || type == "ByteLevel") return std::optional<Template>();
+  if (type == "null") return std::optional<Template>();
+  if (type == "ByteLevel") {
+    ATTN_RETURN_IF_ERROR(ReadOffsetTrim(json, where, trims));
+    return std::optional<Template>();
+  }
   if (type == "Sequence") {
     if (!json.contains("processors") || !json["processors"].is_array()) {
       return Invalid(where, "Sequence needs a processors list");
@@ -1789,7 +2178,7 @@ absl::StatusOr<std::optional<Template>> ReadPostProcessor(const Json& json,
     for (const Json& step : json["processors"]) {
       ATTN_ASSIGN_OR_RETURN(
           std::optional<Template> each,
-          ReadPostProcessor(step, absl::StrCat(where, ".processors[", i++, "]"),
+          ReadPostProcessor(step, absl::StrCat(where, ".processors[", i++, "]"), trims,
                             depth + 1));
       if (each && chosen) {
         return Invalid(where, "holds two processors that add tokens; one is supported");
@@ -1803,6 +2192,7 @@ absl::StatusOr<std::optional<Template>> ReadPostProcessor(const Json& json,
     ATTN_ASSIGN_OR_RETURN(const int64_t cls, ProcessingToken(json, "cls", where));
     ATTN_ASSIGN_OR_RETURN(const int64_t sep, ProcessingToken(json, "sep", where));
     const bool roberta = type == "RobertaProcessing";
+    if (roberta) ATTN_RETURN_IF_ERROR(ReadOffsetTrim(json, where, trims));
     out.single = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0}};
     if (roberta) {
       out.pair = {{-1, {cls}, 0}, {0, {}, 0}, {-1, {sep}, 0},
@@ -1851,6 +2241,15 @@ struct PipelineTokenizer::Parts {
   // The added tokens matched in the raw text and in the normalized text, longest first.
   AddedTokenSet raw_tokens;
   AddedTokenSet normalized_tokens;
+  // The post-processors' offset trims, in order.
+  std::vector<OffsetTrim> trims;
+  // The contents of the added tokens marked special (Decode's skip_special_tokens
+  // compares the token, as tokenizers does).
+  absl::flat_hash_set<std::string> special_contents;
+  // What Decode reads for the added tokens that the normalizer changes: their
+  // normalized content (tokenizers' normalized_cache), for the decoder to invert.
+  absl::flat_hash_map<int64_t, std::string> decoded_as;
+  std::unique_ptr<TokenDecoder> decoder;
   absl::flat_hash_map<int64_t, std::string> token_of;
   int64_t max_id = 0;
   bool truncate_left = false;
@@ -1882,8 +2281,10 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
                           ReadPreTokenizer(field("pre_tokenizer"), "pre_tokenizer"));
   }
   ATTN_ASSIGN_OR_RETURN(parts->model, ReadModel(field("model")));
-  ATTN_ASSIGN_OR_RETURN(std::optional<Template> layout,
-                        ReadPostProcessor(field("post_processor"), "post_processor"));
+  ATTN_ASSIGN_OR_RETURN(
+      std::optional<Template> layout,
+      ReadPostProcessor(field("post_processor"), "post_processor", &parts->trims));
+  parts->decoder = TokenDecoder::FromJson(field("decoder").dump());
   if (layout) {
     parts->layout = *std::move(layout);
   } else {
@@ -1909,8 +2310,8 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
       // (below).
       if (!token.contains("id")) return Invalid(where, "needs an id");
       ATTN_RETURN_IF_ERROR(IdValue(token["id"], where + ".id").status());
-      ATTN_ASSIGN_OR_RETURN(const bool special,
-                            BoolField(token, "special", false, where));
+      ATTN_ASSIGN_OR_RETURN(entry.special, BoolField(token, "special", false, where));
+      const bool special = entry.special;
       ATTN_ASSIGN_OR_RETURN(entry.single_word,
                             BoolField(token, "single_word", false, where));
       ATTN_ASSIGN_OR_RETURN(entry.lstrip, BoolField(token, "lstrip", false, where));
@@ -1968,6 +2369,10 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
   for (const AddedToken& token : parts->added) {
     parts->token_of[token.id] = token.content;
     parts->max_id = std::max(parts->max_id, token.id);
+    if (token.special) parts->special_contents.insert(token.content);
+    if (token.normalized && token.pattern != token.content) {
+      parts->decoded_as[token.id] = token.pattern;
+    }
   }
   for (const auto* items : {&parts->layout.single, &parts->layout.pair}) {
     for (const TemplateItem& item : *items) {
@@ -1979,18 +2384,27 @@ absl::StatusOr<std::unique_ptr<PipelineTokenizer>> PipelineTokenizer::FromTokeni
 
 namespace {
 
-// The segments of `text` after the added tokens and the normalizer.
+// The segments of `text` after the added tokens and the normalizer; with their
+// alignments when `aligned`.
 std::vector<Segment> ExtractAndNormalize(const PipelineTokenizer::Parts& parts,
-                                         absl::string_view text) {
+                                         absl::string_view text, bool aligned = false) {
   std::vector<Segment> raw;
-  SplitOnAddedTokens({std::string(text), -1, true}, parts.raw_tokens, &raw);
+  Segment whole{std::string(text), -1, true, false, {}};
+  if (aligned) whole.align = Identity(text, 0);
+  SplitOnAddedTokens(whole, parts.raw_tokens, &raw);
   std::vector<Segment> out;
   for (Segment& segment : raw) {
     if (segment.id >= 0) {
       out.push_back(std::move(segment));
       continue;
     }
-    if (parts.normalizer != nullptr) parts.normalizer->Normalize(&segment.text);
+    if (parts.normalizer != nullptr) {
+      if (aligned) {
+        parts.normalizer->NormalizeAligned(&segment.text, &segment.align);
+      } else {
+        parts.normalizer->Normalize(&segment.text);
+      }
+    }
     SplitOnAddedTokens(segment, parts.normalized_tokens, &out);
   }
   return out;
@@ -2014,7 +2428,7 @@ absl::Status PipelineTokenizer::AppendTextIds(absl::string_view text,
       pieces.push_back({segment.text, segment.at_origin});
     }
     for (const Piece& piece : pieces) {
-      ATTN_RETURN_IF_ERROR(parts_->model->Tokenize(piece.text, ids));
+      ATTN_RETURN_IF_ERROR(parts_->model->Tokenize(piece.text, ids, nullptr));
     }
   }
   return absl::OkStatus();
@@ -2077,6 +2491,133 @@ absl::StatusOr<Tokenizer::Encoding> PipelineTokenizer::EncodePair(
   const std::vector<int64_t>* sequences[2] = {&a, &b};
   Emit(parts_->layout.pair, sequences, ids, types);
   return Encoding{n1 + n2 + added, keep1 < n1 || keep2 < n2};
+}
+
+// A token of one text before the template, with the text tokenizers keeps for it (the
+// vocabulary's token; an added token's matched text), which the offset trims read.
+struct PipelineTokenizer::TextToken {
+  Tokenizer::Token token;
+  std::string value;
+};
+
+namespace {
+
+// tokenizers' ByteLevel process_offsets over the tokens of one text.
+void TrimOffsets(const OffsetTrim& trim,
+                 std::vector<PipelineTokenizer::TextToken>* tokens) {
+  using TextToken = PipelineTokenizer::TextToken;
+  const auto is_space = [](char32_t c) { return c == U'\u0120' || IsWhitespace(c); };
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    TextToken& each = (*tokens)[i];
+    const std::u32string chars = ToUtf32(each.value);
+    int64_t leading = 0;
+    while (leading < static_cast<int64_t>(chars.size()) && is_space(chars[leading])) {
+      ++leading;
+    }
+    int64_t trailing = 0;
+    while (trailing < static_cast<int64_t>(chars.size()) &&
+           is_space(chars[chars.size() - 1 - trailing])) {
+      ++trailing;
+    }
+    int64_t& start = each.token.start;
+    int64_t& end = each.token.end;
+    if (leading > 0) {
+      const bool first = i == 0 || start == 0;
+      if (first && trim.add_prefix_space && leading == 1) leading = 0;
+      start = std::min(start + leading, end);
+    }
+    if (trailing > 0 && end >= trailing) end = std::max(end - trailing, start);
+  }
+}
+
+}  // namespace
+
+absl::Status PipelineTokenizer::AppendTextTokens(absl::string_view text,
+                                                 std::vector<TextToken>* tokens) const {
+  ATTN_RETURN_IF_ERROR(CheckUtf8(text));
+  std::vector<Piece> pieces;
+  std::vector<int64_t> ids;
+  TokenSpans spans;
+  for (Segment& segment : ExtractAndNormalize(*parts_, text, /*aligned=*/true)) {
+    if (segment.id >= 0) {
+      const auto [start, end] = OriginalRange(segment.align, 0, segment.text.size());
+      tokens->push_back(
+          {{segment.id, segment.special, start, end}, std::move(segment.text)});
+      continue;
+    }
+    pieces.clear();
+    if (parts_->pre_tokenizer != nullptr) {
+      parts_->pre_tokenizer->Split({segment.text, segment.at_origin, segment.align},
+                                   &pieces);
+    } else {
+      pieces.push_back({segment.text, segment.at_origin, segment.align});
+    }
+    for (const Piece& piece : pieces) {
+      ids.clear();
+      spans.clear();
+      ATTN_RETURN_IF_ERROR(parts_->model->Tokenize(piece.text, &ids, &spans));
+      for (size_t k = 0; k < ids.size(); ++k) {
+        const auto [start, end] =
+            OriginalRange(piece.align, spans[k].first, spans[k].second);
+        tokens->push_back({{ids[k], false, start, end}, std::string(TokenOf(ids[k]))});
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tokenizer::Encoding> PipelineTokenizer::Tokenize(
+    absl::string_view text, int64_t max_tokens, bool add_special_tokens,
+    std::vector<Token>* tokens) const {
+  tokens->clear();
+  std::vector<TextToken> a;
+  ATTN_RETURN_IF_ERROR(AppendTextTokens(text, &a));
+  const int64_t added = add_special_tokens ? parts_->layout.Added(false) : 0;
+  const auto n = static_cast<int64_t>(a.size());
+  const int64_t budget = std::max<int64_t>(max_tokens - added, 0);
+  if (n > budget) {
+    if (parts_->truncate_left) {
+      a.erase(a.begin(), a.end() - budget);
+    } else {
+      a.resize(static_cast<size_t>(budget));
+    }
+  }
+  for (const OffsetTrim& trim : parts_->trims) TrimOffsets(trim, &a);
+  const auto append_text = [&] {
+    for (const TextToken& each : a) tokens->push_back(each.token);
+  };
+  if (!add_special_tokens) {
+    append_text();
+  } else {
+    for (const TemplateItem& item : parts_->layout.single) {
+      if (item.sequence >= 0) {
+        append_text();
+        continue;
+      }
+      for (const int64_t id : item.ids) tokens->push_back({id, true, -1, -1});
+    }
+  }
+  return Encoding{n + added, n > budget};
+}
+
+absl::StatusOr<std::string> PipelineTokenizer::Decode(absl::Span<const int64_t> ids,
+                                                      bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] > parts_->max_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ids[", i, "]: id ", ids[i], " is not in [0, ", parts_->max_id, "]"));
+    }
+    const auto normalized = parts_->decoded_as.find(ids[i]);
+    const auto it = parts_->token_of.find(ids[i]);
+    if (it == parts_->token_of.end()) continue;
+    const std::string& token =
+        normalized != parts_->decoded_as.end() ? normalized->second : it->second;
+    if (skip_special_tokens && parts_->special_contents.contains(token)) continue;
+    tokens.push_back(token);
+  }
+  return parts_->decoder->Decode(std::move(tokens));
 }
 
 int64_t PipelineTokenizer::added_tokens(bool pair) const {

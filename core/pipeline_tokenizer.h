@@ -18,7 +18,11 @@
 //   byte_fallback), WordPiece, WordLevel;
 // - post-processors: TemplateProcessing, RobertaProcessing, BertProcessing, ByteLevel
 //   (it changes only offsets), Sequence of those;
-// - added tokens with their normalized, lstrip, rstrip and single_word flags.
+// - added tokens with their normalized, lstrip, rstrip and single_word flags;
+// - decoders (Decode only; see TokenDecoder): WordPiece, BPEDecoder, ByteLevel,
+//   Metaspace, Replace, ByteFallback, Fuse, Strip, Sequence of those, or none.
+// Tokenize's offsets follow tokenizers' alignments through every normalizer and
+// pre-tokenizer above and its post-processors' trim_offsets.
 #ifndef ATTNSERVE_CORE_PIPELINE_TOKENIZER_H_
 #define ATTNSERVE_CORE_PIPELINE_TOKENIZER_H_
 
@@ -29,10 +33,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/tokenizer.h"
 
 namespace attnserve::core {
 
+// Immutable after creation; every call is safe from any number of threads.
 class PipelineTokenizer : public Tokenizer {
  public:
   struct Options {
@@ -51,16 +57,25 @@ class PipelineTokenizer : public Tokenizer {
   absl::StatusOr<Encoding> EncodePair(absl::string_view first, absl::string_view second,
                                       int64_t max_tokens, std::vector<int64_t>* ids,
                                       std::vector<int64_t>* types) const override;
+  absl::StatusOr<Encoding> Tokenize(absl::string_view text, int64_t max_tokens,
+                                    bool add_special_tokens,
+                                    std::vector<Token>* tokens) const override;
+  absl::StatusOr<std::string> Decode(absl::Span<const int64_t> ids,
+                                     bool skip_special_tokens) const override;
   int64_t added_tokens(bool pair) const override;
   int64_t max_id() const override;
   absl::string_view TokenOf(int64_t id) const override;
 
   struct Parts;
+  struct TextToken;
 
  private:
   explicit PipelineTokenizer(std::unique_ptr<const Parts> parts);
   // Appends the ids of one text without the template's tokens.
   absl::Status AppendTextIds(absl::string_view text, std::vector<int64_t>* ids) const;
+  // Appends the tokens of one text without the template's, with their offsets.
+  absl::Status AppendTextTokens(absl::string_view text,
+                                std::vector<TextToken>* tokens) const;
 
   std::unique_ptr<const Parts> parts_;
 };

@@ -230,6 +230,62 @@ void AppendUtf8(char32_t c, std::string* out) {
   }
 }
 
+std::string Utf8Lossy(absl::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  size_t i = 0;
+  while (i < bytes.size()) {
+    const int64_t bad = FirstInvalidUtf8(bytes.substr(i));
+    if (bad < 0) {
+      out.append(bytes.data() + i, bytes.size() - i);
+      break;
+    }
+    out.append(bytes.data() + i, static_cast<size_t>(bad));
+    i += static_cast<size_t>(bad);
+    // The maximal subpart: the lead byte and the continuation bytes that are valid
+    // after it (the second byte's range depends on the lead, as in FirstInvalidUtf8).
+    const auto b = static_cast<unsigned char>(bytes[i]);
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;
+    if (b >= 0xC2 && b <= 0xDF) {
+      length = 2;
+    } else if (b >= 0xE0 && b <= 0xEF) {
+      length = 3;
+      if (b == 0xE0) low = 0xA0;
+      if (b == 0xED) high = 0x9F;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+      length = 4;
+      if (b == 0xF0) low = 0x90;
+      if (b == 0xF4) high = 0x8F;
+    }
+    size_t taken = 1;
+    while (taken < length && i + taken < bytes.size()) {
+      const auto next = static_cast<unsigned char>(bytes[i + taken]);
+      const bool valid =
+          taken == 1 ? (next >= low && next <= high) : (next & 0xC0) == 0x80;
+      if (!valid) break;
+      ++taken;
+    }
+    out += "\xEF\xBF\xBD";  // U+FFFD
+    i += taken;
+  }
+  return out;
+}
+
+const std::array<std::string, 256>& ByteLevelChars() {
+  static const std::array<std::string, 256>* const table = [] {
+    auto* chars = new std::array<std::string, 256>();
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      AppendUtf8(printable ? static_cast<char32_t>(b) : next++, &(*chars)[b]);
+    }
+    return chars;
+  }();
+  return *table;
+}
+
 absl::Status CheckUtf8(absl::string_view text) {
   if (const int64_t bad = FirstInvalidUtf8(text); bad >= 0) {
     return absl::InvalidArgumentError(

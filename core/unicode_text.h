@@ -4,6 +4,7 @@
 #ifndef ATTNSERVE_CORE_UNICODE_TEXT_H_
 #define ATTNSERVE_CORE_UNICODE_TEXT_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 
@@ -23,6 +24,15 @@ char32_t DecodeUtf8(absl::string_view text, size_t* i);
 void AppendUtf8(char32_t c, std::string* out);
 std::u32string ToUtf32(absl::string_view valid_utf8);
 std::string ToUtf8(const std::u32string& text);
+
+// `bytes` as UTF-8 with each ill-formed part replaced by U+FFFD, as Rust's
+// String::from_utf8_lossy replaces it (one U+FFFD per maximal ill-formed subpart).
+std::string Utf8Lossy(absl::string_view bytes);
+
+// GPT-2's bytes-to-characters table (ByteLevel pre-tokenizer and decoder): printable
+// bytes stand for themselves, the rest for U+0100 onwards, in byte order; each entry
+// is the character's UTF-8.
+const std::array<std::string, 256>& ByteLevelChars();
 
 // What a character is to Hugging Face's BERT normalizer and pre-tokenizer.
 enum HfCharFlag : uint8_t {

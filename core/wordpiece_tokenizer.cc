@@ -224,6 +224,7 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
   }
 
   options.special_tokens.clear();
+  std::vector<std::string> not_special;
   if (json.contains("added_tokens")) {
     if (!json["added_tokens"].is_array())
       return Invalid(kFile, "added_tokens must be a list");
@@ -243,11 +244,20 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromToke
                                              "tokens match the raw text as they are)"));
         }
       }
+      ATTN_ASSIGN_OR_RETURN(
+          const bool special,
+          OptionalBool(token, "special", false, absl::StrCat(kFile, " added_tokens")));
+      if (!special) not_special.push_back(content);
       options.special_tokens.push_back(content);
     }
   }
   auto tokenizer = std::unique_ptr<WordPieceTokenizer>(new WordPieceTokenizer(options));
   ATTN_RETURN_IF_ERROR(tokenizer->Build(std::move(vocab)));
+  for (const std::string& content : not_special) {
+    tokenizer->special_ids_.erase(tokenizer->words_.at(content));
+  }
+  tokenizer->decoder_ =
+      TokenDecoder::FromJson(json.contains("decoder") ? json["decoder"].dump() : "null");
   return tokenizer;
 }
 
@@ -266,6 +276,9 @@ absl::StatusOr<std::unique_ptr<WordPieceTokenizer>> WordPieceTokenizer::FromVoca
   }
   auto tokenizer = std::unique_ptr<WordPieceTokenizer>(new WordPieceTokenizer(options));
   ATTN_RETURN_IF_ERROR(tokenizer->Build(std::move(vocab)));
+  // transformers' BertTokenizerFast decodes a vocab.txt's ids this way.
+  tokenizer->decoder_ = TokenDecoder::WordPiece(options.continuing_subword_prefix,
+                                                /*cleanup=*/true);
   return tokenizer;
 }
 
@@ -324,6 +337,7 @@ absl::Status WordPieceTokenizer::Build(
     int64_t id = 0;
     ATTN_RETURN_IF_ERROR(id_of(token, "special token", &id));
     specials_.emplace_back(token, id);
+    special_ids_.insert(id);
     const auto first = static_cast<unsigned char>(token[0]);
     special_first_bytes_[first / 64] |= uint64_t{1} << (first % 64);
   }
@@ -376,16 +390,23 @@ std::vector<std::string> WordPieceTokenizer::PreTokenize(
 absl::Status WordPieceTokenizer::AppendTextPieces(absl::string_view text,
                                                   int64_t max_pieces,
                                                   std::vector<int64_t>* ids,
-                                                  int64_t* pieces) const {
+                                                  int64_t* pieces,
+                                                  std::vector<Token>* tokens) const {
   ATTN_RETURN_IF_ERROR(CheckUtf8(text));
   thread_local std::u32string normalized;
+  std::vector<std::pair<int64_t, int64_t>> origins;
   // The text between special tokens is normalized and split; each special token is
   // its own id.
   size_t start = 0;
   const auto flush = [&](size_t end) {
     if (end > start) {
-      NormalizeInto(text.substr(start, end - start), &normalized);
-      AppendPieces(normalized, max_pieces, ids, pieces);
+      const absl::string_view span = text.substr(start, end - start);
+      NormalizeInto(span, &normalized);
+      if (tokens != nullptr) {
+        NormalizedOrigins(span, static_cast<int64_t>(start), normalized, &origins);
+      }
+      AppendPieces(normalized, max_pieces, ids, pieces,
+                   tokens != nullptr ? &origins : nullptr, tokens);
     }
   };
   for (size_t i = 0; i < text.size();) {
@@ -395,7 +416,13 @@ absl::Status WordPieceTokenizer::AppendTextPieces(absl::string_view text,
       for (const auto& [token, id] : specials_) {
         if (text.substr(i, token.size()) == token) {
           flush(i);
-          if (*pieces < max_pieces) ids->push_back(id);
+          if (*pieces < max_pieces) {
+            ids->push_back(id);
+            if (tokens != nullptr) {
+              tokens->push_back({id, special_ids_.contains(id), static_cast<int64_t>(i),
+                                 static_cast<int64_t>(i + token.size())});
+            }
+          }
           ++*pieces;
           i += token.size();
           start = i;
@@ -430,6 +457,44 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Encode(
   return encoding;
 }
 
+absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::Tokenize(
+    absl::string_view text, int64_t max_tokens, bool add_special_tokens,
+    std::vector<Token>* tokens) const {
+  tokens->clear();
+  const int64_t added = add_special_tokens ? 2 : 0;
+  const int64_t max_pieces = std::max<int64_t>(max_tokens - added, 0);
+  if (add_special_tokens) tokens->push_back({cls_id_, true, -1, -1});
+  std::vector<int64_t> ids;
+  int64_t pieces = 0;
+  if (absl::Status status = AppendTextPieces(text, max_pieces, &ids, &pieces, tokens);
+      !status.ok()) {
+    tokens->clear();
+    return status;
+  }
+  if (add_special_tokens) tokens->push_back({sep_id_, true, -1, -1});
+  Encoding encoding;
+  encoding.tokens = pieces + added;
+  encoding.truncated = pieces > max_pieces;
+  return encoding;
+}
+
+absl::StatusOr<std::string> WordPieceTokenizer::Decode(absl::Span<const int64_t> ids,
+                                                       bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] > max_id_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ids[", i, "]: id ", ids[i], " is not in [0, ", max_id_, "]"));
+    }
+    const auto it = tokens_.find(ids[i]);
+    if (it == tokens_.end()) continue;
+    if (skip_special_tokens && special_ids_.contains(ids[i])) continue;
+    tokens.push_back(it->second);
+  }
+  return decoder_->Decode(std::move(tokens));
+}
+
 absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::EncodePair(
     absl::string_view first, absl::string_view second, int64_t max_tokens,
     std::vector<int64_t>* ids, std::vector<int64_t>* types) const {
@@ -457,48 +522,71 @@ absl::StatusOr<WordPieceTokenizer::Encoding> WordPieceTokenizer::EncodePair(
   return encoding;
 }
 
-void WordPieceTokenizer::AppendPieces(const std::u32string& normalized,
-                                      int64_t max_pieces, std::vector<int64_t>* ids,
-                                      int64_t* tokens) const {
+void WordPieceTokenizer::AppendPieces(
+    const std::u32string& normalized, int64_t max_pieces, std::vector<int64_t>* ids,
+    int64_t* count, const std::vector<std::pair<int64_t, int64_t>>* origins,
+    std::vector<Token>* tokens) const {
   thread_local std::string word;
   word.clear();
+  // One per byte of `word`, on Tokenize's path only.
+  std::vector<std::pair<int64_t, int64_t>> word_origins;
   int64_t characters = 0;
   const auto end_word = [&] {
-    if (characters > 0) AppendWord(word, characters, max_pieces, ids, tokens);
+    if (characters > 0) {
+      AppendWord(word, characters, max_pieces, ids, count, word_origins, tokens);
+    }
     word.clear();
+    word_origins.clear();
     characters = 0;
   };
-  for (const char32_t c : normalized) {
+  const auto add = [&](char32_t c, size_t k) {
+    const size_t before = word.size();
+    AppendUtf8(c, &word);
+    if (origins != nullptr) {
+      word_origins.insert(word_origins.end(), word.size() - before, (*origins)[k]);
+    }
+  };
+  for (size_t k = 0; k < normalized.size(); ++k) {
+    const char32_t c = normalized[k];
     const uint8_t flags = HfCharFlags(c);
     if (flags & (kSpace | kPunct)) {
       end_word();
       if ((flags & kPunct) && !(flags & kSpace)) {
-        AppendUtf8(c, &word);
+        add(c, k);
         characters = 1;
         end_word();
       }
       continue;
     }
-    AppendUtf8(c, &word);
+    add(c, k);
     ++characters;
   }
   end_word();
 }
 
-void WordPieceTokenizer::AppendWord(absl::string_view word, int64_t characters,
-                                    int64_t max_pieces, std::vector<int64_t>* ids,
-                                    int64_t* tokens) const {
-  const auto emit = [&](int64_t id) {
-    if (*tokens < max_pieces) ids->push_back(id);
-    ++*tokens;
+void WordPieceTokenizer::AppendWord(
+    absl::string_view word, int64_t characters, int64_t max_pieces,
+    std::vector<int64_t>* ids, int64_t* count,
+    const std::vector<std::pair<int64_t, int64_t>>& word_origins,
+    std::vector<Token>* tokens) const {
+  // A piece covers the bytes [start, end) of the word.
+  const auto emit = [&](int64_t id, size_t start, size_t end) {
+    if (*count < max_pieces) {
+      ids->push_back(id);
+      if (tokens != nullptr) {
+        tokens->push_back(
+            {id, false, word_origins[start].first, word_origins[end - 1].second});
+      }
+    }
+    ++*count;
   };
   if (characters > options_.max_input_chars_per_word) {
-    emit(unk_id_);
+    emit(unk_id_, 0, word.size());
     return;
   }
   // Greedy longest match first: the longest vocabulary entry that starts the rest of
   // the word, "##"-continued after the first.
-  thread_local std::vector<int64_t> found;
+  thread_local std::vector<std::pair<int64_t, size_t>> found;  // id, end byte
   found.clear();
   size_t start = 0;
   while (start < word.size()) {
@@ -521,13 +609,60 @@ void WordPieceTokenizer::AppendWord(absl::string_view word, int64_t characters,
       } while (end > start && (static_cast<unsigned char>(word[end]) & 0xC0) == 0x80);
     }
     if (id < 0) {
-      emit(unk_id_);
+      emit(unk_id_, 0, word.size());
       return;
     }
-    found.push_back(id);
+    found.emplace_back(id, end);
     start = end;
   }
-  for (const int64_t id : found) emit(id);
+  size_t piece_start = 0;
+  for (const auto& [id, piece_end] : found) {
+    emit(id, piece_start, piece_end);
+    piece_start = piece_end;
+  }
+}
+
+void WordPieceTokenizer::NormalizedOrigins(
+    absl::string_view text, int64_t base, const std::u32string& normalized,
+    std::vector<std::pair<int64_t, int64_t>>* origins) const {
+  // BertNormalizer's steps map each character to characters of its own (tokenizers'
+  // alignments give each the character's bytes): run them one character at a time.
+  origins->clear();
+  std::u32string mine, steps, each;
+  for (size_t i = 0; i < text.size();) {
+    const size_t at = i;
+    char32_t c = DecodeUtf8(text, &i);
+    const uint8_t flags = HfCharFlags(c);
+    steps.clear();
+    if (options_.clean_text && (flags & kRemoved)) continue;
+    if (options_.clean_text && (flags & kSpace)) c = U' ';
+    if (options_.handle_chinese_chars && (flags & kChinese)) {
+      steps = {U' ', c, U' '};
+    } else {
+      steps = {c};
+    }
+    if (strip_accents_ && c >= 0x80) {
+      HfNormalize(NormalForm::kNfd, &steps);
+      steps.erase(
+          std::remove_if(steps.begin(), steps.end(),
+                         [](char32_t d) { return (HfCharFlags(d) & kMark) != 0; }),
+          steps.end());
+    }
+    if (options_.lowercase) {
+      each.clear();
+      for (const char32_t d : steps) AppendLowercase(d, &each);
+      steps.swap(each);
+    }
+    mine += steps;
+    origins->insert(origins->end(), steps.size(),
+                    {base + static_cast<int64_t>(at), base + static_cast<int64_t>(i)});
+  }
+  // Canonical reordering across characters (marks only) can make the whole text differ
+  // from the per-character one: each position keeps its character's bytes then, or
+  // the whole span's when even the count differs.
+  if (mine.size() != normalized.size()) {
+    origins->assign(normalized.size(), {base, base + static_cast<int64_t>(text.size())});
+  }
 }
 
 }  // namespace attnserve::core

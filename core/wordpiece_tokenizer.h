@@ -13,14 +13,16 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/tokenizer.h"
 
 namespace attnserve::core {
 
-// Immutable after creation; Encode is safe to call from any number of threads.
+// Immutable after creation; every call is safe from any number of threads.
 class WordPieceTokenizer : public Tokenizer {
  public:
   struct Options {
@@ -82,6 +84,17 @@ class WordPieceTokenizer : public Tokenizer {
                                       std::vector<int64_t>* types) const override;
   int64_t added_tokens(bool pair) const override { return pair ? 3 : 2; }
 
+  // Encode's tokens with their offsets (see Tokenizer::Tokenize); REQUIRES: max_tokens
+  // >= 2 when add_special_tokens. The special tokens matched in the text are special
+  // unless tokenizer.json's added_tokens say "special": false.
+  absl::StatusOr<Encoding> Tokenize(absl::string_view text, int64_t max_tokens,
+                                    bool add_special_tokens,
+                                    std::vector<Token>* tokens) const override;
+  // With tokenizer.json's decoder (none: the tokens joined by spaces), or for a
+  // vocab.txt the WordPiece decoder with cleanup. Errors as Tokenizer::Decode's.
+  absl::StatusOr<std::string> Decode(absl::Span<const int64_t> ids,
+                                     bool skip_special_tokens) const override;
+
   // The steps, for tests: the normalized text (UTF-8) of a text holding no special
   // token, and the words a normalized text is split into.
   absl::StatusOr<std::string> Normalize(absl::string_view text) const;
@@ -100,15 +113,29 @@ class WordPieceTokenizer : public Tokenizer {
   // Appends the pieces of `text` without [CLS] and [SEP]: at most max_pieces of them,
   // each counted in *pieces. InvalidArgument for text that is not valid UTF-8 (nothing
   // appended).
+  // With `tokens` (Tokenize's path), each id kept is also appended there with its
+  // offsets; null on Encode's path, which then tracks nothing.
   absl::Status AppendTextPieces(absl::string_view text, int64_t max_pieces,
-                                std::vector<int64_t>* ids, int64_t* pieces) const;
+                                std::vector<int64_t>* ids, int64_t* pieces,
+                                std::vector<Token>* tokens = nullptr) const;
   // The code points of `text` (valid UTF-8) after normalization, into `out`.
   void NormalizeInto(absl::string_view text, std::u32string* out) const;
-  // Appends the pieces of one normalized span; counts every piece in *tokens.
+  // For each code point of `normalized` (NormalizeInto's result for `text`), the bytes
+  // of the character of `text` it came from, shifted by `base`, into `origins`.
+  void NormalizedOrigins(absl::string_view text, int64_t base,
+                         const std::u32string& normalized,
+                         std::vector<std::pair<int64_t, int64_t>>* origins) const;
+  // Appends the pieces of one normalized span; counts every piece in *count. With
+  // `origins` (one per code point) and `tokens`, the kept pieces go there too.
   void AppendPieces(const std::u32string& normalized, int64_t max_pieces,
-                    std::vector<int64_t>* ids, int64_t* tokens) const;
+                    std::vector<int64_t>* ids, int64_t* count,
+                    const std::vector<std::pair<int64_t, int64_t>>* origins,
+                    std::vector<Token>* tokens) const;
+  // `word_origins`: one per byte of `word` when `tokens` is set.
   void AppendWord(absl::string_view word, int64_t characters, int64_t max_pieces,
-                  std::vector<int64_t>* ids, int64_t* tokens) const;
+                  std::vector<int64_t>* ids, int64_t* count,
+                  const std::vector<std::pair<int64_t, int64_t>>& word_origins,
+                  std::vector<Token>* tokens) const;
 
   Options options_;
   bool strip_accents_ = true;
@@ -127,6 +154,10 @@ class WordPieceTokenizer : public Tokenizer {
   std::vector<std::pair<std::string, int64_t>> specials_;
   // Bit b of special_first_bytes_[c / 64] says whether a special token starts with c.
   uint64_t special_first_bytes_[4] = {0, 0, 0, 0};
+  // The ids of the special tokens that count as special (Tokenize's `special`,
+  // Decode's skip_special_tokens).
+  absl::flat_hash_set<int64_t> special_ids_;
+  std::unique_ptr<TokenDecoder> decoder_;
 };
 
 }  // namespace attnserve::core

