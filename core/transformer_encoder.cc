@@ -128,6 +128,23 @@ absl::Status EncoderSpec::Validate() const {
     }
     width = dense[i].out_features;
   }
+  if (sparse != Sparse::kNone) {
+    if (num_labels > 0 || !dense.empty() || normalize) {
+      return Invalid(absl::StrCat("a SPLADE head (sparse) takes no ",
+                                  num_labels > 0   ? "classification head"
+                                  : !dense.empty() ? "dense layers"
+                                                   : "normalize"));
+    }
+    if (family != Family::kBert && family != Family::kDistilBert) {
+      return Invalid(
+          "a SPLADE head (sparse) is served for BERT and DistilBERT checkpoints only");
+    }
+    if (norm_placement != NormPlacement::kPost) {
+      return Invalid("a SPLADE head (sparse) is served for post-LN encoders only");
+    }
+  } else if (sparse_log_twice) {
+    return Invalid("sparse_log_twice applies to a SPLADE head (sparse) only");
+  }
   if (d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
@@ -218,6 +235,20 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   ATTN_RETURN_IF_ERROR(CheckSize(pooler_bias, head, "pooler_bias"));
   ATTN_RETURN_IF_ERROR(CheckSize(classifier_weight, labels * d, "classifier_weight"));
   ATTN_RETURN_IF_ERROR(CheckSize(classifier_bias, labels, "classifier_bias"));
+  const bool splade = spec.sparse != EncoderSpec::Sparse::kNone;
+  const int64_t mlm = splade ? d : 0;
+  ATTN_RETURN_IF_ERROR(CheckSize(mlm_transform_weight, mlm * d, "mlm_transform_weight"));
+  ATTN_RETURN_IF_ERROR(CheckSize(mlm_transform_bias, mlm, "mlm_transform_bias"));
+  ATTN_RETURN_IF_ERROR(CheckSize(mlm_norm_scale, mlm, "mlm_norm_scale"));
+  ATTN_RETURN_IF_ERROR(CheckSize(mlm_norm_shift, mlm, "mlm_norm_shift"));
+  ATTN_RETURN_IF_ERROR(
+      CheckSize(mlm_decoder_bias, splade ? spec.vocab_size : 0, "mlm_decoder_bias"));
+  if (splade != (mlm_decoder != nullptr)) {
+    return Invalid("mlm_decoder must be set exactly when the spec has a SPLADE head");
+  }
+  if (splade) {
+    ATTN_RETURN_IF_ERROR(CheckSize(*mlm_decoder, spec.vocab_size * d, "mlm_decoder"));
+  }
   if (dense.size() != spec.dense.size()) {
     return Invalid(absl::StrCat("dense has ", dense.size(), " layers, expected ",
                                 spec.dense.size()));
@@ -370,6 +401,56 @@ int64_t MpnetRelativeBucket(int64_t offset) {
   return base + std::min<int64_t>(kExact + static_cast<int64_t>(scaled), kHalf - 1);
 }
 
+// The SPLADE head of a BERT or DistilBERT masked-LM checkpoint, outside the prefix
+// (LoadBertWeights's comment names the tensors). `read` reads and marks a tensor used.
+template <typename Read>
+absl::Status LoadSpladeHead(const SafetensorsFile& file, const EncoderSpec& spec,
+                            EncoderWeights* weights, const Read& read,
+                            std::vector<std::string>* used) {
+  const int64_t d = spec.d_model;
+  const bool bert = spec.family == EncoderSpec::Family::kBert;
+  const std::string transform =
+      bert ? "cls.predictions.transform.dense." : "vocab_transform.";
+  const std::string norm =
+      bert ? "cls.predictions.transform.LayerNorm." : "vocab_layer_norm.";
+  const std::string decoder = bert ? "cls.predictions.decoder." : "vocab_projector.";
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_transform_weight,
+                        read(transform + "weight", {d, d}, true));
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_transform_bias, read(transform + "bias", {d}, true));
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_norm_scale, read(norm + "weight", {d}, true));
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_norm_shift, read(norm + "bias", {d}, true));
+  // BERT keeps the decoder's bias as cls.predictions.bias; some conversions store it
+  // (the same tensor) as the decoder's too.
+  const std::string bias = bert && file.Find("cls.predictions.bias") != nullptr
+                               ? "cls.predictions.bias"
+                               : decoder + "bias";
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_decoder_bias, read(bias, {spec.vocab_size}, true));
+  if (bert && file.Find(decoder + "bias") != nullptr && bias != decoder + "bias") {
+    ATTN_ASSIGN_OR_RETURN(const std::vector<float> copy,
+                          read(decoder + "bias", {spec.vocab_size}, true));
+    if (copy != weights->mlm_decoder_bias) {
+      return Invalid(absl::StrCat("cls.predictions.bias and ", decoder,
+                                  "bias must be the same tensor (the decoder's bias)"));
+    }
+  }
+  if (file.Find(decoder + "weight") != nullptr) {
+    ATTN_ASSIGN_OR_RETURN(std::vector<float> own,
+                          read(decoder + "weight", {spec.vocab_size, d}, true));
+    weights->mlm_decoder = std::make_shared<const std::vector<float>>(std::move(own));
+  } else if (weights->word_embeddings != nullptr) {
+    weights->mlm_decoder = weights->word_embeddings;  // tied
+  } else {
+    // Tied, but the table is kept in bf16: the decoder reads an f32 copy.
+    const auto table = std::find_if(used->begin(), used->end(), [](const std::string& n) {
+      return absl::EndsWith(n, "embeddings.word_embeddings.weight");
+    });
+    ATTN_ASSIGN_OR_RETURN(std::vector<float> copy,
+                          file.ReadFloat32(*table, {spec.vocab_size, d}));
+    weights->mlm_decoder = std::make_shared<const std::vector<float>>(std::move(copy));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix) {
@@ -386,7 +467,10 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     if (file.Find(full) == nullptr) {
       return Invalid(absl::StrCat("missing tensor ", full, " (a ", names.family,
                                   " checkpoint with ", spec.num_layers, " layers",
-                                  spec.num_labels > 0 ? " and a classification head" : "",
+                                  spec.num_labels > 0 ? " and a classification head"
+                                  : spec.sparse != EncoderSpec::Sparse::kNone
+                                      ? " and a SPLADE head"
+                                      : "",
                                   " names it)"));
     }
     used.push_back(full);
@@ -540,6 +624,9 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     ATTN_ASSIGN_OR_RETURN(weights.classifier_bias,
                           read("classifier.bias", {spec.num_labels}, true));
   }
+  if (spec.sparse != EncoderSpec::Sparse::kNone) {
+    ATTN_RETURN_IF_ERROR(LoadSpladeHead(file, spec, &weights, read, &used));
+  }
   // Every other tensor under the prefix is an error naming it: a checkpoint of another
   // architecture (or with more layers) must not load as if it were this one.
   for (const std::string& name : file.Names()) {
@@ -571,6 +658,8 @@ struct PackedLinear {
   std::vector<std::pair<memory::desc, memory>> layouts;
   std::vector<float> bias;
   QuantizedMatrix quantized;  // int8: the scales and sums (values dropped once packed)
+  // Computes in f32 whatever the model's precision (a head's product).
+  bool f32 = false;
 };
 
 struct TransformerEncoder::State {
@@ -591,6 +680,8 @@ struct TransformerEncoder::State {
   // RelativeBias); empty for the other families.
   std::vector<float> relative_bias;
   std::vector<PackedLinear> ffn_in, ffn_out;  // per layer
+  // A SPLADE head's transform and decoder, in f32.
+  PackedLinear mlm_transform, mlm_decoder;
   // Primitives by shape (the row count changes with every batch), bounded.
   PrimitiveCache cache{256};
   // Scratch, grown to the largest batch seen. `inner` holds the feed-forward's inner
@@ -598,6 +689,8 @@ struct TransformerEncoder::State {
   ScratchBuffer x, attended, normed, inner, narrow;
   // int8: a product's source codes with their per-row parameters, and its int32 sums.
   ScratchBuffer codes, code_parameters, sums;
+  // A SPLADE head's rows (transformed and normed) and logits, for kSpladeRows tokens.
+  ScratchBuffer mlm_rows, mlm_logits;
 
   memory::data_type Compute() const {
     return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -607,11 +700,15 @@ struct TransformerEncoder::State {
   // The matmul for [rows, in] x W^T (+ b, + act, + dst before when accumulate). The
   // source and weights are in the compute type; the destination is f32, or the compute
   // type with `narrow_out` (the first feed-forward product, read only by the second).
+  // With `f32`, every operand is f32 whatever the compute type.
   absl::StatusOr<CachedPrimitive*> LinearPrimitive(int64_t rows, int64_t in, int64_t out,
                                                    const dnnl::algorithm* activation,
-                                                   bool accumulate, bool narrow_out) {
+                                                   bool accumulate, bool narrow_out,
+                                                   bool f32 = false) {
     const int64_t act = activation == nullptr ? -1 : static_cast<int64_t>(*activation);
-    const int64_t flags = (accumulate ? 1 : 0) | (narrow_out ? 2 : 0) | (bf16 ? 4 : 0);
+    const bool wide = f32 || !bf16;
+    const int64_t flags = (accumulate ? 1 : 0) | (narrow_out ? 2 : 0) | (wide ? 0 : 4);
+    const memory::data_type type = wide ? memory::data_type::f32 : Compute();
     return cache.GetOrCreate(
         PrimitiveKey{PrimitiveKind::kLinear, {rows, in, out, act, flags}},
         [&]() -> absl::StatusOr<CachedPrimitive> {
@@ -622,10 +719,9 @@ struct TransformerEncoder::State {
           attr.set_post_ops(ops);
           const dnnl::matmul::primitive_desc pd(
               dnnl::matmul::desc(
-                  Plain(rows, in, Compute()),
-                  memory::desc({in, out}, Compute(), memory::format_tag::any),
-                  Plain(1, out),
-                  Plain(rows, out, narrow_out ? Compute() : memory::data_type::f32)),
+                  Plain(rows, in, type),
+                  memory::desc({in, out}, type, memory::format_tag::any), Plain(1, out),
+                  Plain(rows, out, narrow_out ? type : memory::data_type::f32)),
               attr, engine);
           CachedPrimitive created;
           created.primitive = dnnl::matmul(pd);
@@ -681,24 +777,28 @@ struct TransformerEncoder::State {
   }
 
   // Packs nn.Linear weights [out, in] for the implementation's layout.
+  // With `f32`, for products in f32 whatever the model's precision.
   absl::StatusOr<PackedLinear> Pack(int64_t in, int64_t out,
                                     const std::vector<float>& weight,
-                                    const std::vector<float>& bias) {
+                                    const std::vector<float>& bias, bool f32 = false) {
+    const bool int8_codes = int8 && !f32;
     ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
-                          int8 ? Int8Primitive(1, in, out)
-                               : LinearPrimitive(1, in, out, nullptr, false, false));
+                          int8_codes
+                              ? Int8Primitive(1, in, out)
+                              : LinearPrimitive(1, in, out, nullptr, false, false, f32));
     PackedLinear linear;
     linear.in = in;
     linear.out = out;
     linear.bias = bias;
+    linear.f32 = f32;
     // int8 packs the codes (quantization.h); the others the f32 weights.
     const void* source_data = weight.data();
-    if (int8) {
+    if (int8_codes) {
       linear.quantized = QuantizeWeights(weight.data(), out, in, int8_levels.weight);
       source_data = linear.quantized.values.data();
     }
     const memory::desc plain({in, out},
-                             int8 ? memory::data_type::s8 : memory::data_type::f32,
+                             int8_codes ? memory::data_type::s8 : memory::data_type::f32,
                              memory::dims{1, in});
     memory packed(primitive->weights_desc, engine);
     memory source(plain, engine, const_cast<void*>(source_data));
@@ -715,14 +815,15 @@ struct TransformerEncoder::State {
   absl::Status LinearChunk(int64_t rows, PackedLinear& linear, const void* src,
                            const dnnl::algorithm* activation, bool accumulate,
                            bool narrow_out, void* dst) {
-    ATTN_ASSIGN_OR_RETURN(
-        CachedPrimitive * primitive,
-        LinearPrimitive(rows, linear.in, linear.out, activation, accumulate, narrow_out));
+    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * primitive,
+                          LinearPrimitive(rows, linear.in, linear.out, activation,
+                                          accumulate, narrow_out, linear.f32));
     const memory& weights = Layout(linear, primitive->weights_desc);
     const memory::desc bias_desc = Plain(1, linear.out);
-    const memory::data_type out_type = narrow_out ? Compute() : memory::data_type::f32;
+    const memory::data_type in_type = linear.f32 ? memory::data_type::f32 : Compute();
+    const memory::data_type out_type = narrow_out ? in_type : memory::data_type::f32;
     primitive->primitive.execute(
-        stream, {{DNNL_ARG_SRC, memory(Plain(rows, linear.in, Compute()), engine,
+        stream, {{DNNL_ARG_SRC, memory(Plain(rows, linear.in, in_type), engine,
                                        const_cast<void*>(src))},
                  {DNNL_ARG_WEIGHTS, weights},
                  {DNNL_ARG_BIAS, Wrap(bias_desc, engine, linear.bias.data())},
@@ -827,7 +928,7 @@ struct TransformerEncoder::State {
   absl::Status Linear(int64_t rows, PackedLinear& linear, const void* src,
                       const dnnl::algorithm* activation, bool accumulate, bool narrow_out,
                       void* dst) {
-    if (int8) {
+    if (int8 && !linear.f32) {
       // The source quantized once, row by row; then the products chunk by chunk.
       auto* code_data = static_cast<uint8_t*>(codes.Reserve(rows * linear.in));
       auto* scales =
@@ -841,13 +942,13 @@ struct TransformerEncoder::State {
                                accumulate, static_cast<float*>(dst) + first * linear.out);
       });
     }
-    const size_t out_bytes = narrow_out ? ComputeBytes() : sizeof(float);
+    const size_t in_bytes = linear.f32 ? sizeof(float) : ComputeBytes();
+    const size_t out_bytes = narrow_out ? in_bytes : sizeof(float);
     return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
-      return LinearChunk(
-          chunk, linear,
-          static_cast<const uint8_t*>(src) + first * linear.in * ComputeBytes(),
-          activation, accumulate, narrow_out,
-          static_cast<uint8_t*>(dst) + first * linear.out * out_bytes);
+      return LinearChunk(chunk, linear,
+                         static_cast<const uint8_t*>(src) + first * linear.in * in_bytes,
+                         activation, accumulate, narrow_out,
+                         static_cast<uint8_t*>(dst) + first * linear.out * out_bytes);
     });
   }
 
@@ -966,10 +1067,23 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
       state.ffn_in.push_back(std::move(in));
       state.ffn_out.push_back(std::move(out));
     }
+    if (spec.sparse != EncoderSpec::Sparse::kNone) {
+      ATTN_ASSIGN_OR_RETURN(
+          state.mlm_transform,
+          state.Pack(spec.d_model, spec.d_model, weights.mlm_transform_weight,
+                     weights.mlm_transform_bias, /*f32=*/true));
+      ATTN_ASSIGN_OR_RETURN(state.mlm_decoder,
+                            state.Pack(spec.d_model, spec.vocab_size,
+                                       *weights.mlm_decoder, weights.mlm_decoder_bias,
+                                       /*f32=*/true));
+    }
   } catch (const dnnl::error& e) {
     return absl::InternalError(
         absl::StrCat("oneDNN failed to pack the feed-forward weights: ", e.what()));
   }
+  // Packed above (a tied decoder's table stays, as word_embeddings, for the lookup).
+  weights.mlm_transform_weight = std::vector<float>();
+  weights.mlm_decoder = nullptr;
   state.weights = std::move(weights);
   // Each MultiHeadAttention holds its own (prepacked) copy of its layer's attention
   // weights, and the feed-forward weights are packed above: a second copy here would
@@ -1047,6 +1161,71 @@ void TransformerEncoder::ClassifyHead(const float* last,
     }
     first += lengths[i];
   }
+}
+
+absl::Status TransformerEncoder::SpladeHead(const float* last,
+                                            absl::Span<const int64_t> lengths,
+                                            absl::Span<float> weights) {
+  State& state = *state_;
+  const int64_t d = spec_.d_model;
+  const int64_t vocab = spec_.vocab_size;
+  const bool sum = spec_.sparse == EncoderSpec::Sparse::kSum;
+  const auto activate = [&](float x) {
+    const float once = std::log1p(std::max(x, 0.0f));
+    return spec_.sparse_log_twice ? std::log1p(once) : once;
+  };
+  int64_t total = 0;
+  for (const int64_t length : lengths) total += length;
+  // The logits of a few tokens at a time: [kSpladeRows, vocab] floats at most, however
+  // long the batch.
+  constexpr int64_t kSpladeRows = 128;
+  auto* transformed = static_cast<float*>(
+      state.mlm_rows.Reserve(static_cast<size_t>(2 * kSpladeRows * d) * sizeof(float)));
+  float* normed = transformed + kSpladeRows * d;
+  auto* logits = static_cast<float*>(
+      state.mlm_logits.Reserve(static_cast<size_t>(kSpladeRows * vocab) * sizeof(float)));
+  const dnnl::algorithm activation = ActivationAlgorithm(spec_.activation);
+  // Max: the largest logit per entry, from 0 (relu), made log(1 + x) at the end (the
+  // activation rises monotonically, so it commutes with the maximum). Sum: each
+  // token's activated logits added up.
+  std::fill(weights.begin(), weights.end(), 0.0f);
+  int64_t sequence = 0;
+  int64_t sequence_end = lengths[0];
+  try {
+    for (int64_t first = 0; first < total;) {
+      const int64_t rows = NextRowChunk(std::min(total - first, kSpladeRows));
+      ATTN_RETURN_IF_ERROR(state.Linear(rows, state.mlm_transform, last + first * d,
+                                        &activation, false, false, transformed));
+      ATTN_RETURN_IF_ERROR(state.LayerNorm(rows, d, spec_.layer_norm_eps, transformed,
+                                           state.weights.mlm_norm_scale,
+                                           state.weights.mlm_norm_shift, normed));
+      ATTN_RETURN_IF_ERROR(
+          state.Linear(rows, state.mlm_decoder, normed, nullptr, false, false, logits));
+      state.stream.wait();
+      for (int64_t r = 0; r < rows; ++r) {
+        while (first + r >= sequence_end) sequence_end += lengths[++sequence];
+        float* out = &weights[sequence * vocab];
+        const float* row = &logits[r * vocab];
+        if (sum) {
+          for (int64_t j = 0; j < vocab; ++j) {
+            if (row[j] > 0.0f) out[j] += activate(row[j]);
+          }
+        } else {
+          for (int64_t j = 0; j < vocab; ++j) out[j] = std::max(out[j], row[j]);
+        }
+      }
+      first += rows;
+    }
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN failed in the SPLADE head: ", e.what()));
+  }
+  if (!sum) {
+    for (float& value : weights) {
+      if (value > 0.0f) value = activate(value);
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string TransformerEncoder::ComputePath() const {
@@ -1261,6 +1440,9 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   if (spec_.num_labels > 0) {
     ClassifyHead(last, batch.lengths, pooled);
     return absl::OkStatus();
+  }
+  if (spec_.sparse != EncoderSpec::Sparse::kNone) {
+    return SpladeHead(last, batch.lengths, pooled);
   }
   int64_t first = 0;
   std::vector<float> staged, next;

@@ -107,15 +107,32 @@ struct EncoderSpec {
   };
   std::vector<Dense> dense;
   static constexpr int64_t kMaxDenseWidth = 65536;
-  // The values per sequence Forward's `pooled` receives: num_labels logits, or the
-  // embedding's width (the last Dense's out_features, else d_model).
+  // A SPLADE head (sparse embeddings, sentence-transformers' SparseEncoder): the
+  // checkpoint's masked-LM head gives each token vocab_size logits (a dense layer [d,
+  // d] with the feed-forward's activation, a LayerNorm, then the decoder, tied to the
+  // word embeddings unless the checkpoint has its own, plus a bias), each logit becomes
+  // log(1 + relu(x)) (that, twice, with sparse_log_twice: SpladePooling's
+  // "log1p_relu"), and a sequence's output is their maximum (kMax) or sum (kSum) over
+  // its tokens: vocab_size weights, most of them zero for a trained model, instead of
+  // a pooled embedding. `pooling`, `normalize` and `dense` do not apply; the head
+  // computes in f32 at every precision. BERT's and DistilBERT's heads only
+  // (cls.predictions.*, vocab_transform / vocab_layer_norm / vocab_projector).
+  enum class Sparse { kNone, kMax, kSum };
+  Sparse sparse = Sparse::kNone;
+  bool sparse_log_twice = false;
+  // The values per sequence Forward's `pooled` receives: num_labels logits, a SPLADE
+  // head's vocab_size weights, or the embedding's width (the last Dense's
+  // out_features, else d_model).
   int64_t pooled_width() const {
-    return num_labels > 0  ? num_labels
-           : dense.empty() ? d_model
-                           : dense.back().out_features;
+    return num_labels > 0            ? num_labels
+           : sparse != Sparse::kNone ? vocab_size
+           : dense.empty()           ? d_model
+                                     : dense.back().out_features;
   }
   // Whether Forward can fill `pooled` (a head, or a pooling other than none).
-  bool pools() const { return num_labels > 0 || pooling != Pooling::kNone; }
+  bool pools() const {
+    return num_labels > 0 || sparse != Sparse::kNone || pooling != Pooling::kNone;
+  }
   // fp32: every product in f32. bf16: the attention and feed-forward weights are
   // rounded to bf16, and their products run in bf16 with f32 accumulation where the
   // CPU has native bf16 (else in f32 on the bf16-valued weights: see
@@ -181,6 +198,13 @@ struct EncoderWeights {
     std::vector<float> bias;
   };
   std::vector<DenseWeights> dense;
+  // The SPLADE head (empty without one): the transform [d, d] and [d], its norm [d],
+  // the decoder [vocab_size, d] (the word embeddings' own vector when tied, in f32 at
+  // every precision) and its bias [vocab_size].
+  std::vector<float> mlm_transform_weight, mlm_transform_bias;
+  std::vector<float> mlm_norm_scale, mlm_norm_shift;
+  std::shared_ptr<const std::vector<float>> mlm_decoder;
+  std::vector<float> mlm_decoder_bias;
 
   // InvalidArgument naming the first tensor whose size does not fit `spec`.
   absl::Status CheckShapes(const EncoderSpec& spec) const;
@@ -210,7 +234,12 @@ struct EncoderWeights {
 // `attention.LayerNorm`, BERT's feed-forward names, no token types, positions as
 // RoBERTa's, and `encoder.relative_attention_bias.weight` [relative_attention_buckets,
 // num_heads]; RoBERTa's head names. `weights.dense` (sentence-transformers' Dense
-// modules, in their own files) is left for the caller to fill.
+// modules, in their own files) is left for the caller to fill. A SPLADE head
+// (spec.sparse) is read outside the prefix: BERT's `cls.predictions.transform.dense.*`,
+// `cls.predictions.transform.LayerNorm.*`, `cls.predictions.bias` (or
+// `cls.predictions.decoder.bias`) and, when the checkpoint does not tie it to the word
+// embeddings, `cls.predictions.decoder.weight`; DistilBERT's `vocab_transform.*`,
+// `vocab_layer_norm.*`, `vocab_projector.bias` (and `vocab_projector.weight`).
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");
@@ -310,6 +339,9 @@ class TransformerEncoder {
   // The head's logits [n, num_labels] from the last hidden state (packed by `lengths`).
   void ClassifyHead(const float* last, absl::Span<const int64_t> lengths,
                     absl::Span<float> logits) const;
+  // The SPLADE head's weights [n, vocab_size] from the last hidden state.
+  absl::Status SpladeHead(const float* last, absl::Span<const int64_t> lengths,
+                          absl::Span<float> weights);
 
   const EncoderSpec spec_;
   const Options options_;

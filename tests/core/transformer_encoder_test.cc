@@ -610,5 +610,179 @@ TEST(MpnetTest, EncoderMatchesSentenceTransformers) {
               HasSubstr("relative_attention_buckets must be 32 for this family, got 0"));
 }
 
+// SPLADE (tests/tools/make_splade_golden.py): seeded BertForMaskedLM and
+// DistilBertForMaskedLM checkpoints under sentence-transformers' SpladePooling, max with
+// relu and sum with log1p_relu, against SparseEncoder.encode's weights over the whole
+// vocabulary.
+struct SpladeCase {
+  const char* name;
+  EncoderSpec::Family family;
+  EncoderSpec::Sparse sparse;
+  bool log_twice;
+};
+
+class SpladeTest : public ::testing::TestWithParam<SpladeCase> {
+ protected:
+  void SetUp() override {
+    std::ifstream in(kData + "/" + GetParam().name + ".golden.json");
+    golden_ = nlohmann::json::parse(in);
+    spec_.family = GetParam().family;
+    spec_.num_layers = 2;
+    spec_.d_model = 32;
+    spec_.num_heads = 4;
+    spec_.ffn_dim = 64;
+    spec_.vocab_size = 600;
+    spec_.max_positions = 64;
+    spec_.type_vocab_size = GetParam().family == EncoderSpec::Family::kBert ? 2 : 1;
+    spec_.sparse = GetParam().sparse;
+    spec_.sparse_log_twice = GetParam().log_twice;
+    auto file =
+        SafetensorsFile::Read(kData + "/" + GetParam().name + "/model.safetensors");
+    ASSERT_TRUE(file.ok()) << file.status();
+    file_ = std::make_unique<SafetensorsFile>(std::move(*file));
+    for (const auto& text : golden_["token_ids"]) {
+      const auto row = text.get<std::vector<int64_t>>();
+      ids_.insert(ids_.end(), row.begin(), row.end());
+      lengths_.push_back(static_cast<int64_t>(row.size()));
+    }
+    for (const auto& row : golden_["weights"]) {
+      for (const double value : row) want_.push_back(static_cast<float>(value));
+    }
+    largest_ = *std::max_element(want_.begin(), want_.end());
+    // 1e-5 of the largest weight: a sum over 64 tokens in f32 (the golden's too).
+    tolerance_ = 1e-5f * std::max(2.0f, largest_);
+  }
+  absl::string_view prefix() const {
+    return GetParam().family == EncoderSpec::Family::kBert ? "bert." : "distilbert.";
+  }
+
+  nlohmann::json golden_;
+  EncoderSpec spec_;
+  std::unique_ptr<SafetensorsFile> file_;
+  std::vector<int64_t> ids_, lengths_;
+  std::vector<float> want_;
+  float largest_ = 0.0f;
+  float tolerance_ = 0.0f;
+};
+
+TEST_P(SpladeTest, MatchesSparseEncoderAcrossChunksOfTokens) {
+  auto weights = LoadBertWeights(*file_, spec_, prefix());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  // The decoder is the word-embedding table itself (tied), not a copy.
+  EXPECT_EQ(weights->mlm_decoder, weights->word_embeddings);
+  auto encoder = TransformerEncoder::Create(spec_, *std::move(weights), {});
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  EXPECT_EQ((*encoder)->spec().pooled_width(), 600);
+  std::vector<float> out(want_.size());
+  ASSERT_TRUE((*encoder)->Forward({ids_, {}, lengths_}, absl::MakeSpan(out), {}).ok());
+  EXPECT_LE((MaxAbsDiff<float, float>(out, want_)), tolerance_);
+  // Most weights are zero, as the golden's, and exactly where the golden's are.
+  for (size_t i = 0; i < want_.size(); ++i) {
+    ASSERT_EQ(out[i] == 0.0f, want_[i] == 0.0f) << "weight " << i;
+  }
+  // Three copies of the batch (360 tokens): chunks of tokens that cut sequences in
+  // two, each copy still the golden.
+  std::vector<int64_t> ids, lengths;
+  for (int copy = 0; copy < 3; ++copy) {
+    ids.insert(ids.end(), ids_.begin(), ids_.end());
+    lengths.insert(lengths.end(), lengths_.begin(), lengths_.end());
+  }
+  std::vector<float> tripled(3 * want_.size());
+  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(tripled), {}).ok());
+  for (int copy = 0; copy < 3; ++copy) {
+    EXPECT_LE((MaxAbsDiff<float, float>(
+                  absl::MakeConstSpan(tripled).subspan(copy * want_.size(), want_.size()),
+                  want_)),
+              tolerance_)
+        << "copy " << copy;
+  }
+}
+
+TEST_P(SpladeTest, Bf16AndInt8KeepTheHeadInF32) {
+  // The encoder's products at lower precision, the head's in f32 (the bf16 table is
+  // widened for the decoder): within a bound of the fp32 weights, zeros included.
+  for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
+    EncoderSpec spec = spec_;
+    spec.precision = precision;
+    auto weights = LoadBertWeights(*file_, spec, prefix());
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    EXPECT_EQ(weights->word_embeddings, nullptr);
+    ASSERT_NE(weights->mlm_decoder, nullptr);
+    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> out(want_.size());
+    ASSERT_TRUE((*encoder)->Forward({ids_, {}, lengths_}, absl::MakeSpan(out), {}).ok());
+    EXPECT_LE((MaxAbsDiff<float, float>(out, want_)),
+              (precision == Precision::kBf16 ? 0.05f : 0.2f) * largest_)
+        << PrecisionName(precision);
+  }
+}
+
+TEST_P(SpladeTest, AMissingHeadTensorIsNamed) {
+  // The head's tensors live outside the prefix: without a head the checkpoint loads as
+  // an embedder (the head left alone); with one, each tensor of it is read, and a
+  // checkpoint lacking one is refused naming it.
+  EncoderSpec embedder = spec_;
+  embedder.sparse = EncoderSpec::Sparse::kNone;
+  embedder.sparse_log_twice = false;
+  EXPECT_TRUE(LoadBertWeights(*file_, embedder, prefix()).ok());
+  const bool bert = GetParam().family == EncoderSpec::Family::kBert;
+  std::ifstream in(kData + "/" + GetParam().name + "/model.safetensors",
+                   std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)),
+                          std::istreambuf_iterator<char>());
+  // Renamed in the header (same length, so every offset stays).
+  const auto without = [&](const std::string& name) {
+    std::string renamed = bytes;
+    const size_t at = renamed.find("\"" + name + "\"");
+    EXPECT_NE(at, std::string::npos) << name;
+    renamed[at + name.size()] = '_';
+    auto file = SafetensorsFile::Parse(std::move(renamed));
+    EXPECT_TRUE(file.ok()) << file.status();
+    return LoadBertWeights(*file, spec_, prefix()).status();
+  };
+  const std::string transform =
+      bert ? "cls.predictions.transform.dense.weight" : "vocab_transform.weight";
+  EXPECT_THAT(without(transform).message(),
+              AllOf(HasSubstr("missing tensor " + transform), HasSubstr("SPLADE head")));
+  const std::string norm =
+      bert ? "cls.predictions.transform.LayerNorm.bias" : "vocab_layer_norm.bias";
+  EXPECT_THAT(without(norm).message(), HasSubstr("missing tensor " + norm));
+  // BERT's bias, absent, is looked for where some conversions keep it.
+  EXPECT_THAT(without(bert ? "cls.predictions.bias" : "vocab_projector.bias").message(),
+              HasSubstr(bert ? "missing tensor cls.predictions.decoder.bias"
+                             : "missing tensor vocab_projector.bias"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Heads, SpladeTest,
+                         ::testing::Values(SpladeCase{"splade_tiny",
+                                                      EncoderSpec::Family::kBert,
+                                                      EncoderSpec::Sparse::kMax, false},
+                                           SpladeCase{"splade_distilbert_tiny",
+                                                      EncoderSpec::Family::kDistilBert,
+                                                      EncoderSpec::Sparse::kSum, true}),
+                         [](const ::testing::TestParamInfo<SpladeCase>& info) {
+                           return info.param.family == EncoderSpec::Family::kBert
+                                      ? "BertMax"
+                                      : "DistilBertSumLogTwice";
+                         });
+
+TEST(SpladeSpecTest, RefusesWhatItCannotServe) {
+  EncoderSpec spec = TinySpec();
+  spec.sparse = EncoderSpec::Sparse::kMax;
+  spec.normalize = false;
+  EXPECT_TRUE(spec.Validate().ok()) << spec.Validate();
+  EXPECT_EQ(spec.pooled_width(), spec.vocab_size);
+  spec.normalize = true;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("takes no normalize"));
+  spec.normalize = false;
+  spec.family = EncoderSpec::Family::kRoberta;
+  EXPECT_THAT(spec.Validate().message(),
+              HasSubstr("BERT and DistilBERT checkpoints only"));
+  spec = TinySpec();
+  spec.sparse_log_twice = true;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("sparse_log_twice applies"));
+}
+
 }  // namespace
 }  // namespace attnserve::core
