@@ -206,12 +206,14 @@ absl::StatusOr<EmbeddingsCall> ParseOpenAiEmbeddings(absl::string_view body) {
 
 namespace {
 
-// TEI's /embed body, or (`all`) its /embed_all body, which takes neither normalize nor
-// dimensions nor head_mask.
-absl::StatusOr<EmbeddingsCall> ParseTeiBody(absl::string_view body, bool all) {
+// TEI's /embed body, or (api kTeiEmbedAll, kTeiEmbedSparse) its /embed_all and
+// /embed_sparse bodies, which take neither normalize nor dimensions nor head_mask.
+absl::StatusOr<EmbeddingsCall> ParseTeiBody(absl::string_view body,
+                                            EmbeddingsCall::Api api) {
   ATTN_ASSIGN_OR_RETURN(const Json json, ParseJsonObjectBody(body));
   EmbeddingsCall call;
-  call.api = all ? EmbeddingsCall::Api::kTeiEmbedAll : EmbeddingsCall::Api::kTei;
+  call.api = api;
+  const bool all = api != EmbeddingsCall::Api::kTei;
   bool has_input = false;
   for (const auto& [key, value] : json.items()) {
     if (all && (key == "normalize" || key == "dimensions" || key == "head_mask")) {
@@ -247,9 +249,9 @@ absl::StatusOr<EmbeddingsCall> ParseTeiBody(absl::string_view body, bool all) {
     }
   }
   if (!has_input) return Invalid("inputs is required: a string or a list of strings");
-  if (all) {
+  if (api == EmbeddingsCall::Api::kTeiEmbedAll) {
     call.encode.set_return_hidden(true);
-  } else {
+  } else if (api == EmbeddingsCall::Api::kTei) {
     call.encode.set_normalize(call.normalize);
   }
   // Token ids carry no text to cut.
@@ -262,11 +264,15 @@ absl::StatusOr<EmbeddingsCall> ParseTeiBody(absl::string_view body, bool all) {
 }  // namespace
 
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body) {
-  return ParseTeiBody(body, false);
+  return ParseTeiBody(body, EmbeddingsCall::Api::kTei);
 }
 
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbedAll(absl::string_view body) {
-  return ParseTeiBody(body, true);
+  return ParseTeiBody(body, EmbeddingsCall::Api::kTeiEmbedAll);
+}
+
+absl::StatusOr<EmbeddingsCall> ParseTeiEmbedSparse(absl::string_view body) {
+  return ParseTeiBody(body, EmbeddingsCall::Api::kTeiEmbedSparse);
 }
 
 namespace {
@@ -438,6 +444,19 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
                                 model.max_text_tokens, " tokens"));
   }
   if (call.api == EmbeddingsCall::Api::kTeiEmbedAll) return absl::OkStatus();
+  const bool sparse = model.encoder_spec.sparse != core::EncoderSpec::Sparse::kNone;
+  if (call.api == EmbeddingsCall::Api::kTeiEmbedSparse) {
+    if (sparse) return absl::OkStatus();
+    return Invalid(absl::StrCat(
+        "model \"", model.name,
+        "\" makes dense embeddings: /embed_sparse needs a sparse model (a SPLADE "
+        "SparseEncoder, task TASK_SPARSE_EMBED); call /embed"));
+  }
+  if (sparse) {
+    return Invalid(absl::StrCat("model \"", model.name,
+                                "\" makes sparse embeddings (SPLADE, one weight per "
+                                "vocabulary entry): call /embed_sparse"));
+  }
   if (model.encoder_spec.pooling == core::EncoderSpec::Pooling::kNone) {
     return Invalid(absl::StrCat("model \"", model.name,
                                 "\" pools nothing (pooling NONE): it has no embedding"));
@@ -516,6 +535,23 @@ std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse&
         tokens.push_back(row);
       }
       inputs.push_back(std::move(tokens));
+    }
+    return JsonText(inputs);
+  }
+  if (call.api == EmbeddingsCall::Api::kTeiEmbedSparse) {
+    // Each input's nonzero weights, [n, vocab_size] dense in the answer.
+    const v1::Tensor& weights = response.embedding();
+    const int64_t vocab = weights.shape_size() == 2 ? weights.shape(1) : 0;
+    const auto* values = reinterpret_cast<const float*>(weights.raw().data());
+    Json inputs = Json::array();
+    for (int64_t i = 0; vocab > 0 && i < weights.shape(0); ++i) {
+      Json pairs = Json::array();
+      for (int64_t j = 0; j < vocab; ++j) {
+        float value;
+        std::memcpy(&value, values + i * vocab + j, sizeof(float));
+        if (value != 0.0f) pairs.push_back({{"index", j}, {"value", value}});
+      }
+      inputs.push_back(std::move(pairs));
     }
     return JsonText(inputs);
   }

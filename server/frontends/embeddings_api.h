@@ -26,7 +26,8 @@ namespace attnserve::server {
 struct EmbeddingsCall {
   // kTeiRerank: TEI's POST /rerank; kTeiPredict: TEI's POST /predict; kRerank: the
   // Cohere and Jina shape, POST /v1/rerank and /v2/rerank.
-  // kCohereEmbed: Cohere's POST /v2/embed; kTeiEmbedAll: TEI's POST /embed_all.
+  // kCohereEmbed: Cohere's POST /v2/embed; kTeiEmbedAll: TEI's POST /embed_all;
+  // kTeiEmbedSparse: TEI's POST /embed_sparse.
   enum class Api {
     kOpenAi,
     kTei,
@@ -34,7 +35,8 @@ struct EmbeddingsCall {
     kTeiPredict,
     kRerank,
     kCohereEmbed,
-    kTeiEmbedAll
+    kTeiEmbedAll,
+    kTeiEmbedSparse
   };
   bool reranks() const { return api == Api::kTeiRerank || api == Api::kRerank; }
   bool classifies() const { return reranks() || api == Api::kTeiPredict; }
@@ -87,6 +89,10 @@ absl::StatusOr<EmbeddingsCall> ParseTeiEmbed(absl::string_view body);
 // (sentence-transformers' output_value="token_embeddings"). Errors as ParseTeiEmbed's.
 absl::StatusOr<EmbeddingsCall> ParseTeiEmbedAll(absl::string_view body);
 
+// TEI's POST /embed_sparse: the body /embed_all takes, for a sparse model
+// (TASK_SPARSE_EMBED): each input's nonzero weights. Errors as ParseTeiEmbed's.
+absl::StatusOr<EmbeddingsCall> ParseTeiEmbedSparse(absl::string_view body);
+
 // TEI's POST /rerank: {"query", "texts": [text], "truncate"?, "truncation_direction"?:
 // "Right", "raw_scores"?, "return_text"?}. Errors as ParseOpenAiEmbeddings's, and more
 // than kMaxRerankDocuments texts.
@@ -122,7 +128,9 @@ std::vector<int> QuantizeEmbedding(absl::Span<const float> values,
                                    EmbeddingsCall::EmbeddingType type);
 
 // What needs the model, checked before the call is queued: an embeddings call's model
-// pools (an embedding exists) and does not classify, and TEI's normalize=false is
+// pools (an embedding exists) and does not classify, a sparse model is called through
+// /embed_sparse (and /embed_all) only and /embed_sparse calls a sparse model, TEI's
+// normalize=false is
 // possible (the model does not L2-normalize by its recipe); a rerank or predict call's
 // model classifies (and reranks with one label). InvalidArgument naming the field.
 // (The work checks dimensions, as on every door.)
@@ -134,8 +142,9 @@ absl::Status CheckEmbeddingsCall(const EmbeddingsCall& call, const ServedModel& 
 // TEI /rerank: [{"index", "score", "text"?}]; Cohere/Jina: {"id", "model", "results":
 // [{"index", "relevance_score", "document"?: {"text"}}], "usage": {"total_tokens"},
 // "meta"}; both best first, cut to top_n. TEI /embed_all: [[[...] per token] per
-// input], the hidden states as they are. TEI /predict: [{"label", "score"}] best
-// first (a list of them for a batch), labels from `model`.
+// input], the hidden states as they are. TEI /embed_sparse: [[{"index", "value"}] per
+// input], its nonzero weights in vocabulary order. TEI /predict: [{"label", "score"}]
+// best first (a list of them for a batch), labels from `model`.
 std::string EmbeddingsBody(const EmbeddingsCall& call, const v1::EncodeResponse& response,
                            const ServedModel& model);
 

@@ -188,6 +188,7 @@ constexpr ApiRoute kApiRoutes[] = {
     {"/v1/embeddings", EmbeddingsCall::Api::kOpenAi, ParseOpenAiEmbeddings},
     {"/embed", EmbeddingsCall::Api::kTei, ParseTeiEmbed},
     {"/embed_all", EmbeddingsCall::Api::kTeiEmbedAll, ParseTeiEmbedAll},
+    {"/embed_sparse", EmbeddingsCall::Api::kTeiEmbedSparse, ParseTeiEmbedSparse},
     {"/rerank", EmbeddingsCall::Api::kTeiRerank, ParseTeiRerank},
     {"/predict", EmbeddingsCall::Api::kTeiPredict, ParseTeiPredict},
     {"/v1/rerank", EmbeddingsCall::Api::kRerank, ParseRerank},
@@ -213,6 +214,19 @@ absl::StatusOr<EmbeddingsCall> ParseCall(EmbeddingsCall::Api api,
     if (route.api == api) return route.parse(body);
   }
   return absl::InternalError("no parser for this API");  // every Api has a route
+}
+
+// The `model` query parameter (empty when absent), or InvalidArgument when it is over
+// 255 bytes.
+absl::StatusOr<std::string> QueryModel(const mg_request_info* request) {
+  if (request->query_string == nullptr) return std::string();
+  char name[256] = {};
+  const int found = mg_get_var(request->query_string, std::strlen(request->query_string),
+                               "model", name, sizeof(name));
+  if (found == -2) {
+    return absl::InvalidArgumentError("the model query parameter is over 255 bytes");
+  }
+  return std::string(found > 0 ? name : "");
 }
 
 // The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
@@ -418,17 +432,9 @@ void KServeHttp::Info(mg_connection* connection) {
       !allowed.ok()) {
     return SendStatus(connection, allowed);
   }
-  char name[256] = {};
-  const int found =
-      request->query_string == nullptr
-          ? -1
-          : mg_get_var(request->query_string, std::strlen(request->query_string), "model",
-                       name, sizeof(name));
-  if (found == -2) {
-    return SendError(connection, 400, "the model query parameter is over 255 bytes");
-  }
-  absl::StatusOr<std::shared_ptr<ServedModel>> served =
-      pipeline_->FindModel(found > 0 ? absl::string_view(name) : absl::string_view());
+  absl::StatusOr<std::string> name = QueryModel(request);
+  if (!name.ok()) return SendError(connection, 400, std::string(name.status().message()));
+  absl::StatusOr<std::shared_ptr<ServedModel>> served = pipeline_->FindModel(*name);
   if (!served.ok()) return SendStatus(connection, served.status());
   const ServedModel& model = **served;
   const v1::ModelInfo& info = model.info;
@@ -443,6 +449,8 @@ void KServeHttp::Info(mg_connection* connection) {
       label2id[info.encoder().labels(i)] = i;
     }
     type = {{"classifier", {{"id2label", id2label}, {"label2id", label2id}}}};
+  } else if (model.encoder_spec.sparse != core::EncoderSpec::Sparse::kNone) {
+    type = {{"embedding", {{"pooling", "splade"}}}};  // TEI's name
   } else {
     std::string pooling = v1::EncoderConfig::Pooling_Name(info.encoder().pooling());
     pooling = absl::AsciiStrToLower(absl::StripPrefix(pooling, "POOLING_"));
@@ -767,6 +775,15 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
   if (!call.ok()) {
     counted->Finish(call.status());
     return refuse(call.status());
+  }
+  // TEI's bodies name no model: the `model` query parameter may (else the default).
+  if (call->encode.model().empty()) {
+    absl::StatusOr<std::string> name = QueryModel(request);
+    if (!name.ok()) {
+      counted->Finish(name.status());
+      return refuse(name.status());
+    }
+    call->encode.set_model(*std::move(name));
   }
   // The body names the model: it is looked up once, and that model validates, computes
   // and describes the answer.

@@ -387,13 +387,32 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
 
 // The served modules of modules.json: sentence-transformers' Transformer, Pooling, Dense
 // and Normalize, by the last part of their type (sentence_transformers.models.Normalize,
-// or sentence-transformers 6's sentence_transformers.base.modules.normalize.Normalize).
+// or sentence-transformers 6's sentence_transformers.base.modules.normalize.Normalize),
+// and a SparseEncoder's MLMTransformer (or Transformer) with SpladePooling.
 // A module of another type is refused by name (computing without it would answer other
-// vectors), and so is a Dense before the Pooling or a module after Normalize.
+// vectors), and so is a Dense before the Pooling, a module after Normalize, or a
+// SpladePooling beside any module but the transformer.
 struct Modules {
   bool normalize = false;
   std::vector<std::string> dense_folders;
+  std::string splade_folder;  // SpladePooling's, or empty
 };
+
+// A module's path: one plain folder name inside the model's folder.
+absl::StatusOr<std::string> ModulePath(const Json& module, size_t i,
+                                       absl::string_view type) {
+  ATTN_ASSIGN_OR_RETURN(const std::string path, Text(module, "path", "", "modules.json"));
+  const bool plain = !path.empty() && path != "." && path != ".." && path.size() <= 128 &&
+                     path.find_first_not_of(
+                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
+                         "OPQRSTUVWXYZ0123456789_.-") == std::string::npos;
+  if (!plain) {
+    return Invalid(
+        absl::StrCat("modules.json: [", i, "] ", type, " path \"", path.substr(0, 64),
+                     "\" must be one folder's name inside the model's folder"));
+  }
+  return path;
+}
 
 absl::StatusOr<Modules> ReadModules(const std::string& modules_json) {
   constexpr absl::string_view kFile = "modules.json";
@@ -401,6 +420,7 @@ absl::StatusOr<Modules> ReadModules(const std::string& modules_json) {
   if (!modules.is_array()) return Invalid("modules.json: must be a JSON array");
   Modules out;
   bool pooled = false;
+  bool mlm = false;
   for (size_t i = 0; i < modules.size(); ++i) {
     if (!modules[i].is_object()) {
       return Invalid(absl::StrCat("modules.json: [", i, "] must be an object"));
@@ -409,11 +429,23 @@ absl::StatusOr<Modules> ReadModules(const std::string& modules_json) {
     const absl::string_view last = absl::string_view(type).substr(type.rfind('.') + 1);
     if (!absl::StartsWith(type, "sentence_transformers.") ||
         (last != "Transformer" && last != "Pooling" && last != "Normalize" &&
-         last != "Dense")) {
-      return Invalid(absl::StrCat("modules.json: [", i, "] type \"", type,
-                                  "\" is not served (served: sentence-transformers' "
-                                  "Transformer, Pooling, Dense and Normalize)"));
+         last != "Dense" && last != "MLMTransformer" && last != "SpladePooling")) {
+      return Invalid(absl::StrCat(
+          "modules.json: [", i, "] type \"", type,
+          "\" is not served (served: sentence-transformers' Transformer, Pooling, Dense "
+          "and Normalize, and a SparseEncoder's MLMTransformer and SpladePooling)"));
     }
+    if (!out.splade_folder.empty() || (last == "SpladePooling" && (pooled || i != 1))) {
+      return Invalid(absl::StrCat(
+          "modules.json: [", i, "] ", last,
+          ": SpladePooling is served only as the second and last module, after the "
+          "transformer"));
+    }
+    if (last == "SpladePooling") {
+      ATTN_ASSIGN_OR_RETURN(out.splade_folder, ModulePath(modules[i], i, last));
+      continue;
+    }
+    mlm |= last == "MLMTransformer";
     if (out.normalize) {
       return Invalid(
           absl::StrCat("modules.json: [", i, "] ", last,
@@ -422,17 +454,7 @@ absl::StatusOr<Modules> ReadModules(const std::string& modules_json) {
     pooled |= last == "Pooling";
     out.normalize |= last == "Normalize";
     if (last == "Dense") {
-      ATTN_ASSIGN_OR_RETURN(const std::string path, Text(modules[i], "path", "", kFile));
-      const bool plain = !path.empty() && path != "." && path != ".." &&
-                         path.size() <= 128 &&
-                         path.find_first_not_of(
-                             "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
-                             "OPQRSTUVWXYZ0123456789_.-") == std::string::npos;
-      if (!plain) {
-        return Invalid(
-            absl::StrCat("modules.json: [", i, "] Dense path \"", path.substr(0, 64),
-                         "\" must be one folder's name inside the model's folder"));
-      }
+      ATTN_ASSIGN_OR_RETURN(const std::string path, ModulePath(modules[i], i, last));
       if (!pooled) {
         return Invalid(absl::StrCat("modules.json: [", i,
                                     "] Dense before the Pooling is not served"));
@@ -440,7 +462,50 @@ absl::StatusOr<Modules> ReadModules(const std::string& modules_json) {
       out.dense_folders.push_back(path);
     }
   }
+  if (mlm && out.splade_folder.empty()) {
+    return Invalid(
+        "modules.json: an MLMTransformer (masked-LM logits per token) is served only "
+        "with a SpladePooling after it");
+  }
   return out;
+}
+
+// A SpladePooling module's config.json: pooling_strategy "max" | "sum",
+// activation_function "relu" | "log1p_relu", and the width (embedding_dimension, or
+// word_embedding_dimension before sentence-transformers 6) null or the vocabulary's.
+absl::StatusOr<v1::EncoderConfig::SparsePooling> SparsePoolingOf(
+    const std::string& folder, const std::string& json_text, int64_t vocab_size) {
+  const std::string file = absl::StrCat(folder, "/config.json");
+  ATTN_ASSIGN_OR_RETURN(const Json json, Parse(json_text, file));
+  if (!json.is_object()) return Invalid(absl::StrCat(file, ": must be an object"));
+  ATTN_ASSIGN_OR_RETURN(const std::string strategy,
+                        Text(json, "pooling_strategy", "max", file));
+  ATTN_ASSIGN_OR_RETURN(const std::string activation,
+                        Text(json, "activation_function", "relu", file));
+  if (strategy != "max" && strategy != "sum") {
+    return Invalid(absl::StrCat(file, ": pooling_strategy \"", strategy.substr(0, 64),
+                                "\" is not served (served: max, sum)"));
+  }
+  if (activation != "relu" && activation != "log1p_relu") {
+    return Invalid(absl::StrCat(file, ": activation_function \"",
+                                activation.substr(0, 64),
+                                "\" is not served (served: relu, log1p_relu)"));
+  }
+  for (const char* key : {"embedding_dimension", "word_embedding_dimension"}) {
+    if (const auto it = json.find(key); it == json.end() || it->is_null()) continue;
+    ATTN_ASSIGN_OR_RETURN(const int64_t width, Count(json, key, 0, file));
+    if (width != 0 && width != vocab_size) {
+      return Invalid(absl::StrCat(file, ": ", key, " must be the vocabulary's size ",
+                                  vocab_size, " (or null), got ", width));
+    }
+  }
+  const bool twice = activation == "log1p_relu";
+  if (strategy == "max") {
+    return twice ? v1::EncoderConfig::SPARSE_POOLING_MAX_LOG_TWICE
+                 : v1::EncoderConfig::SPARSE_POOLING_MAX;
+  }
+  return twice ? v1::EncoderConfig::SPARSE_POOLING_SUM_LOG_TWICE
+               : v1::EncoderConfig::SPARSE_POOLING_SUM;
 }
 
 // A Dense module's config.json: in_features, out_features, bias, activation_function.
@@ -497,9 +562,9 @@ absl::StatusOr<v1::EncoderConfig::Dense> DenseLayer(const std::string& folder,
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> DenseFolders(const std::string& modules_json) {
+absl::StatusOr<ModuleFolders> ModuleFoldersOf(const std::string& modules_json) {
   ATTN_ASSIGN_OR_RETURN(const Modules modules, ReadModules(modules_json));
-  return modules.dense_folders;
+  return ModuleFolders{modules.dense_folders, modules.splade_folder};
 }
 
 namespace {
@@ -604,6 +669,11 @@ absl::Status ApplyTask(const Json& json, const EncoderFiles& files,
                        v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   v1::EncoderConfig* encoder = config->mutable_encoder();
+  Modules modules;
+  if (!files.modules_json.empty()) {
+    ATTN_ASSIGN_OR_RETURN(modules, ReadModules(files.modules_json));
+  }
+  const bool splade = !modules.splade_folder.empty();
   if (encoder->task() == v1::EncoderConfig::TASK_UNSPECIFIED) {
     bool classify = false;
     if (const auto it = json.find("architectures"); it != json.end() && !it->is_null()) {
@@ -620,8 +690,30 @@ absl::Status ApplyTask(const Json& json, const EncoderFiles& files,
         classify |= absl::EndsWith(*text, "ForSequenceClassification");
       }
     }
-    encoder->set_task(classify ? v1::EncoderConfig::TASK_CLASSIFY
-                               : v1::EncoderConfig::TASK_EMBED);
+    encoder->set_task(splade     ? v1::EncoderConfig::TASK_SPARSE_EMBED
+                      : classify ? v1::EncoderConfig::TASK_CLASSIFY
+                                 : v1::EncoderConfig::TASK_EMBED);
+  }
+  const bool sparse = encoder->task() == v1::EncoderConfig::TASK_SPARSE_EMBED;
+  if (splade && !sparse) {
+    return Invalid(absl::StrCat(
+        "encoder.task ", v1::EncoderConfig::Task_Name(encoder->task()),
+        ": modules.json lists a SpladePooling, whose answer is a sparse embedding "
+        "(TASK_SPARSE_EMBED)"));
+  }
+  if (!sparse &&
+      encoder->sparse_pooling() != v1::EncoderConfig::SPARSE_POOLING_UNSPECIFIED) {
+    return Invalid("encoder.sparse_pooling applies to task TASK_SPARSE_EMBED only");
+  }
+  if (sparse &&
+      encoder->sparse_pooling() == v1::EncoderConfig::SPARSE_POOLING_UNSPECIFIED) {
+    encoder->set_sparse_pooling(v1::EncoderConfig::SPARSE_POOLING_MAX);
+    if (!files.splade_json.empty()) {
+      ATTN_ASSIGN_OR_RETURN(const v1::EncoderConfig::SparsePooling pooling,
+                            SparsePoolingOf(modules.splade_folder, files.splade_json,
+                                            encoder->vocab_size()));
+      encoder->set_sparse_pooling(pooling);
+    }
   }
   if (encoder->task() != v1::EncoderConfig::TASK_CLASSIFY) {
     if (encoder->labels_size() > 0 ||
@@ -964,6 +1056,16 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
   spec.normalize = encoder.normalization() == v1::EncoderConfig::NORMALIZATION_L2;
   if (encoder.task() == v1::EncoderConfig::TASK_CLASSIFY) {
     spec.num_labels = encoder.labels_size();
+  }
+  if (encoder.task() == v1::EncoderConfig::TASK_SPARSE_EMBED) {
+    using Pooling = v1::EncoderConfig;
+    const v1::EncoderConfig::SparsePooling pooling = encoder.sparse_pooling();
+    spec.sparse = pooling == Pooling::SPARSE_POOLING_SUM ||
+                          pooling == Pooling::SPARSE_POOLING_SUM_LOG_TWICE
+                      ? core::EncoderSpec::Sparse::kSum
+                      : core::EncoderSpec::Sparse::kMax;
+    spec.sparse_log_twice = pooling == Pooling::SPARSE_POOLING_MAX_LOG_TWICE ||
+                            pooling == Pooling::SPARSE_POOLING_SUM_LOG_TWICE;
   }
   ATTN_RETURN_IF_ERROR(ApplyHeads(encoder, &spec));
   if (absl::Status status = spec.Validate(); !status.ok()) {

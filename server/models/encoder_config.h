@@ -27,17 +27,26 @@ struct EncoderFiles {
   // tokenizer_config.json (model_max_length: sentence-transformers 6 keeps
   // max_seq_length there)
   std::string tokenizer_config_json;
-  // Each Dense module's folder (DenseFolders) with the text of its config.json.
+  // Each Dense module's folder (ModuleFoldersOf) with the text of its config.json.
   std::vector<std::pair<std::string, std::string>> dense_configs;
+  // The SpladePooling module's config.json (a SparseEncoder's), when it has one.
+  std::string splade_json;
 };
 
-// The folders of modules.json's Dense modules, in order (each one folder name inside
-// the model's folder). InvalidArgument for a modules.json that is not a list or a Dense
-// path that is not a plain folder name.
-absl::StatusOr<std::vector<std::string>> DenseFolders(const std::string& modules_json);
+// The folders of modules.json's modules that have a config of their own, each one
+// folder name inside the model's folder: the Dense modules, in order, and the
+// SpladePooling module's (empty when there is none). InvalidArgument for a modules.json
+// that is not a list, a module that is not served, or a path that is not a plain
+// folder name.
+struct ModuleFolders {
+  std::vector<std::string> dense;
+  std::string splade;
+};
+absl::StatusOr<ModuleFolders> ModuleFoldersOf(const std::string& modules_json);
 
 // Fills the unset fields of `config` (d_model, num_heads and `config->encoder()`) from
-// `files`: the task (a *ForSequenceClassification architecture classifies), its labels
+// `files`: the task (SpladePooling in modules.json makes sparse embeddings, a
+// *ForSequenceClassification architecture classifies), its labels
 // (id2label) and score activation too. InvalidArgument naming the file, the field and the
 // value: text that is not JSON, a field of the wrong type, an architecture that is not
 // served (a model_type outside the served families, relative position embeddings, a

@@ -231,12 +231,16 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
   ATTN_ASSIGN_OR_RETURN(files.tokenizer_config_json,
                         ReadOptionalFile(folder / "tokenizer_config.json"));
   if (!files.modules_json.empty()) {
-    ATTN_ASSIGN_OR_RETURN(const std::vector<std::string> dense,
-                          DenseFolders(files.modules_json));
-    for (const std::string& name : dense) {
+    ATTN_ASSIGN_OR_RETURN(const ModuleFolders modules,
+                          ModuleFoldersOf(files.modules_json));
+    for (const std::string& name : modules.dense) {
       ATTN_ASSIGN_OR_RETURN(std::string text,
                             ReadOptionalFile(folder / name / "config.json"));
       files.dense_configs.emplace_back(name, std::move(text));
+    }
+    if (!modules.splade.empty()) {
+      ATTN_ASSIGN_OR_RETURN(files.splade_json,
+                            ReadOptionalFile(folder / modules.splade / "config.json"));
     }
   }
   ATTN_RETURN_IF_ERROR(ResolveEncoderConfig(files, &config));

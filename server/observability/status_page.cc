@@ -17,6 +17,9 @@ namespace {
 // embeds, or one that scores (a reranker has one label, a classifier more).
 std::string KindName(const v1::ModelInfo& model) {
   if (model.kind() != v1::MODEL_KIND_ENCODER) return "attention";
+  if (model.encoder().task() == v1::EncoderConfig::TASK_SPARSE_EMBED) {
+    return "sparse encoder (SPLADE)";
+  }
   if (model.encoder().task() != v1::EncoderConfig::TASK_CLASSIFY) return "encoder";
   if (model.encoder().labels_size() == 1) return "reranker";
   return absl::StrCat("classifier (", model.encoder().labels_size(), " labels)");

@@ -494,6 +494,14 @@ absl::Status CheckEmbeddingOptions(const v1::EncodeRequest& request,
     return absl::InvalidArgumentError(absl::StrCat(
         "dimensions must be 0 (all of them) or positive, got ", request.dimensions()));
   }
+  if (spec.sparse != core::EncoderSpec::Sparse::kNone &&
+      (request.dimensions() > 0 || request.normalize())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.dimensions() > 0 ? "dimensions" : "normalize",
+        " applies to a dense embedding, and this model's is sparse (SPLADE: one weight "
+        "per vocabulary entry, ",
+        spec.vocab_size, " of them)"));
+  }
   if (spec.num_labels == 0 && request.dimensions() > spec.pooled_width()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dimensions must be at most ", spec.pooled_width(),

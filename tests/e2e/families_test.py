@@ -58,6 +58,13 @@ through the openai client, tritonclient and v1, with prompt_name "query" and wit
 the reranker through Cohere's client and v1 (1e-5); other bucket counts and a missing
 bias tensor refused by name.
 
+SPLADE (tests/data/splade_tiny, splade_distilbert_tiny, tests/tools/make_splade_golden.py:
+seeded BertForMaskedLM / DistilBertForMaskedLM under SpladePooling max/relu and
+sum/log1p_relu, the folders SparseEncoder saves): TEI's /embed_sparse, v1 Encode and
+tritonclient against SparseEncoder.encode (1e-5 of the largest weight, zeros exactly
+where its are); dense doors, normalize and dimensions on a sparse model, /embed_sparse
+on a dense one, and SpladePooling configs that cannot be served, each refused by name.
+
 Precision: each family's seeded embedder and reranker at bf16 and int8 against the
 fp32 goldens, within the bounds docs/models.md states.
 
@@ -444,6 +451,146 @@ class MpnetTest(FamilyServer):
         self.assertIn("missing tensor encoder.relative_attention_bias.weight",
                       reply["error"])
         self.assert_golden(self.encode("mpnet"))
+
+
+class SpladeTest(FamilyServer):
+    """SPLADE sparse embedders (make_splade_golden.py): a BertForMaskedLM under
+    SpladePooling max/relu and a DistilBertForMaskedLM under sum/log1p_relu, the folders
+    sentence-transformers' SparseEncoder saves, served as written."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("splade_tiny")
+        cls.add_model("splade", "encoder {}\n")
+        cls.sum_golden = cls.add_reranker("splade-sum", "splade_distilbert_tiny",
+                                          "encoder {}\n")
+        cls.add_reranker("dense", "distilbert_tiny", "encoder {}\n")
+        cls.start()
+
+    def assert_weights(self, got, golden):
+        want = np.asarray(golden["weights"], np.float32)
+        got = np.asarray(got, np.float32)
+        self.assertEqual(got.shape, want.shape)
+        # 1e-5 of the largest weight (sums over 64 tokens in f32), zeros where the
+        # golden's are.
+        np.testing.assert_allclose(got, want, rtol=0,
+                                   atol=1e-5 * max(2.0, float(want.max())))
+        np.testing.assert_array_equal(got == 0, want == 0)
+
+    def test_embed_sparse_kserve_and_v1_match_sparse_encoder(self):
+        for model, golden in (("splade", self.golden), ("splade-sum", self.sum_golden)):
+            with self.subTest(model=model):
+                # TEI's /embed_sparse (the model named by the header the router reads).
+                status, reply = stubs.post_json(
+                    f"{self.http}/embed_sparse?model={model}",
+                    {"inputs": golden["texts"], "truncate": True})
+                self.assertEqual(status, 200, reply)
+                dense = np.zeros((len(reply), 600), np.float32)
+                for row, pairs in enumerate(reply):
+                    indices = [pair["index"] for pair in pairs]
+                    self.assertEqual(indices, sorted(set(indices)))
+                    self.assertTrue(all(pair["value"] != 0 for pair in pairs))
+                    dense[row, indices] = [pair["value"] for pair in pairs]
+                self.assert_weights(dense, golden)
+                # v1: the weights over the whole vocabulary, the ids the tokenizer's.
+                encoded = self.v1.Encode(attention_pb2.EncodeRequest(
+                    model=model, text=golden["texts"], truncate=True,
+                    return_token_ids=True), timeout=60)
+                ids, start = [], 0
+                for length in encoded.lengths:
+                    ids.append(list(encoded.token_ids[start:start + length]))
+                    start += length
+                self.assertEqual(ids, golden["token_ids"])
+                self.assert_weights(np.frombuffer(encoded.embedding.raw, "<f4").reshape(
+                    tuple(encoded.embedding.shape)), golden)
+                # KServe through tritonclient: the same [n, vocab_size] tensor.
+                triton = triton_grpc.InferenceServerClient(self.server.target)
+                texts = np.array([t.encode() for t in golden["texts"]], dtype=np.object_)
+                entry = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+                entry.set_data_from_numpy(texts)
+                result = triton.infer(model, [entry], parameters={"truncate": True},
+                                      outputs=[triton_grpc.InferRequestedOutput("embedding")])
+                self.assert_weights(result.as_numpy("embedding"), golden)
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="splade-sum"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.task, attention_pb2.EncoderConfig.TASK_SPARSE_EMBED)
+        self.assertEqual(model.encoder.sparse_pooling,
+                         attention_pb2.EncoderConfig.SPARSE_POOLING_SUM_LOG_TWICE)
+        status, info = stubs.get_json(f"{self.http}/info?model=splade")
+        self.assertEqual(status, 200, info)
+        self.assertEqual(info["model_type"], {"embedding": {"pooling": "splade"}})
+
+    def test_bad_input_is_refused_naming_the_field_and_the_limit(self):
+        texts = self.golden["texts"][:1]
+        cases = [
+            ("embed_sparse?model=dense", {"inputs": texts}, "/embed_sparse needs a sparse"),
+            ("embed?model=splade", {"inputs": texts}, "call /embed_sparse"),
+            ("embed_sparse?model=splade", {"inputs": texts, "normalize": True},
+             "unknown field \"normalize\""),
+            ("embed_sparse?model=splade", {"inputs": texts, "dimensions": 4},
+             "unknown field \"dimensions\""),
+            ("embed_sparse?model=splade", {"inputs": []}, "inputs"),
+            ("v1/embeddings", {"model": "splade", "input": texts}, "call /embed_sparse"),
+        ]
+        for path, body, words in cases:
+            with self.subTest(path=path, body=body):
+                status, reply = stubs.post_json(f"{self.http}/{path}", body)
+                self.assertIn(status, (400, 422), reply)
+                error = reply["error"]  # TEI's text, OpenAI's {"message", ...}
+                self.assertIn(words, error if isinstance(error, str) else error["message"])
+        for field, value in (("normalize", True), ("dimensions", 4)):
+            with self.subTest(field=field), self.assertRaises(grpc.RpcError) as refused:
+                self.v1.Encode(attention_pb2.EncodeRequest(
+                    model="splade", text=texts, **{field: value}), timeout=60)
+            self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(f"{field} applies to a dense embedding", refused.exception.details())
+            self.assertIn("600", refused.exception.details())
+        modules = self.read_json("modules.json")
+        splade = self.read_json("1_SpladePooling/config.json")
+        refused = {
+            "strategy": ({"1_SpladePooling/config.json": dict(
+                splade, pooling_strategy="mean")}, "encoder {}\n",
+                ["pooling_strategy \"mean\" is not served (served: max, sum)"]),
+            "activation": ({"1_SpladePooling/config.json": dict(
+                splade, activation_function="softplus")}, "encoder {}\n",
+                ["activation_function \"softplus\" is not served"]),
+            "width": ({"1_SpladePooling/config.json": dict(
+                splade, embedding_dimension=599)}, "encoder {}\n",
+                ["embedding_dimension must be the vocabulary's size 600", "599"]),
+            "task": ({}, "encoder { task: TASK_EMBED }\n",
+                     ["encoder.task TASK_EMBED", "SpladePooling"]),
+            "mlm-alone": ({"modules.json": modules[:1]}, "encoder {}\n",
+                          ["MLMTransformer", "SpladePooling after it"]),
+            "pooling-beside": ({"modules.json": modules + [dict(
+                modules[1], idx=2, name="2", path="2_Pooling",
+                type="sentence_transformers.models.Pooling")]}, "encoder {}\n",
+                ["SpladePooling is served only as the second and last module"]),
+            "normalize": ({}, "encoder { normalization: NORMALIZATION_L2 }\n",
+                          ["SPLADE head (sparse) takes no normalize"]),
+        }
+        for model, (replaced, pbtxt, words) in refused.items():
+            with self.subTest(model=model):
+                if "1_SpladePooling/config.json" in replaced:
+                    # A folder of its own with the module's config replaced.
+                    folder = self.add_model(model, pbtxt, {
+                        k: v for k, v in replaced.items() if "/" not in k})
+                    os.unlink(os.path.join(folder, "1_SpladePooling"))
+                    os.mkdir(os.path.join(folder, "1_SpladePooling"))
+                    with open(os.path.join(folder, "1_SpladePooling", "config.json"),
+                              "w", encoding="utf-8") as f:
+                        json.dump(replaced["1_SpladePooling/config.json"], f)
+                    status, reply = stubs.post_json(
+                        f"{self.http}/v2/repository/models/{model}/load", {})
+                    self.assertEqual(status, 400, reply)
+                    for word in words:
+                        self.assertIn(word, reply["error"])
+                    shutil.rmtree(folder)
+                else:
+                    self.load_refused(model, pbtxt, replaced, words)
+        # The server still serves.
+        status, reply = stubs.post_json(f"{self.http}/embed_sparse?model=splade",
+                                        {"inputs": texts})
+        self.assertEqual(status, 200, reply)
 
 
 class PrecisionTest(FamilyServer):

@@ -24,6 +24,19 @@ def post_json(url, body, timeout=60):
         return error.code, json.loads(error.read())
 
 
+def get_json(url, timeout=60):
+    """(HTTP status, parsed JSON answer) of a GET of `url`; an HTTP error status is
+    returned, not raised."""
+    import json
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 def read_safetensors(path):
     """A safetensors file as (tensors, metadata): name -> (dtype, shape, raw bytes), in
     the file's order of names; metadata the header's __metadata__ (or None)."""

@@ -1,9 +1,11 @@
-// libFuzzer target: the JSON APIs' bodies as the HTTP door takes them, input byte 0 % 5
+// libFuzzer target: the JSON APIs' bodies as the HTTP door takes them, input byte 0 % 8
 // choosing the API: OpenAI's /v1/embeddings, TEI's /embed, TEI's /rerank, TEI's
-// /predict, the Cohere/Jina /v1/rerank. Parsed, checked against a small encoder that
-// takes text (its tokenizer a small vocabulary: an embedder, a one-label reranker or a
-// three-label classifier, as the API needs), validated as an EncodeRequest, and
-// answered with an embedding or scores of the admitted shape in the API's own JSON;
+// /predict, the Cohere/Jina /v1/rerank, Cohere's /v2/embed, TEI's /embed_all and TEI's
+// /embed_sparse. Parsed, checked against a small encoder that takes text (its
+// tokenizer a small vocabulary: an embedder, a one-label reranker, a three-label
+// classifier or a sparse (SPLADE) embedder, as the API needs), validated as an
+// EncodeRequest, and answered with an embedding or scores of the admitted shape in the
+// API's own JSON;
 // refusals go through EmbeddingsError. Any input must give a Status or an answer:
 // never a crash, an exception, a read out of bounds or undefined behaviour.
 #include <cstddef>
@@ -28,15 +30,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace attnserve::server;  // NOLINT(build/namespaces): a fuzzer's one function
   if (size == 0) return 0;
   using Api = EmbeddingsCall::Api;
-  constexpr Api kApis[] = {Api::kOpenAi,     Api::kTei,    Api::kTeiRerank,
-                           Api::kTeiPredict, Api::kRerank, Api::kCohereEmbed};
-  const Api api = kApis[data[0] % 6];
+  constexpr Api kApis[] = {Api::kOpenAi,      Api::kTei,           Api::kTeiRerank,
+                           Api::kTeiPredict,  Api::kRerank,        Api::kCohereEmbed,
+                           Api::kTeiEmbedAll, Api::kTeiEmbedSparse};
+  const Api api = kApis[data[0] % 8];
   const absl::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   static const auto* const tokenizer =
       attnserve::core::WordPieceTokenizer::FromVocab(
           "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n##s\n!\n\xc3\xa9\n", {})
           ->release();
-  const auto make_model = [](int64_t labels) {
+  const auto make_model = [](int64_t labels, bool sparse) {
     auto* served = new ServedModel();
     served->name = "tiny";
     served->encoder_spec.num_layers = 1;
@@ -47,31 +50,37 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     served->encoder_spec.max_positions = 32;
     served->max_text_tokens = 16;
     served->encoder_spec.num_labels = labels;
+    if (sparse) served->encoder_spec.sparse = attnserve::core::EncoderSpec::Sparse::kMax;
     for (int64_t i = 0; i < labels; ++i)
       served->info.mutable_encoder()->add_labels("L" + std::to_string(i));
     served->info.set_kind(attnserve::v1::MODEL_KIND_ENCODER);
     served->info.mutable_encoder()->set_normalization(
-        attnserve::v1::EncoderConfig::NORMALIZATION_L2);
+        sparse ? attnserve::v1::EncoderConfig::NORMALIZATION_NONE
+               : attnserve::v1::EncoderConfig::NORMALIZATION_L2);
     return served;
   };
-  static ServedModel* const embedder = make_model(0);
-  static ServedModel* const reranker = make_model(1);
-  static ServedModel* const classifier = make_model(3);
+  static ServedModel* const embedder = make_model(0, false);
+  static ServedModel* const reranker = make_model(1, false);
+  static ServedModel* const classifier = make_model(3, false);
+  static ServedModel* const sparse = make_model(0, true);
   const auto refuse = [api](const absl::Status& status) {
     const auto answer = EmbeddingsError(api, status, 400);
     if (answer.second.empty()) __builtin_trap();
   };
-  absl::StatusOr<EmbeddingsCall> call = api == Api::kOpenAi ? ParseOpenAiEmbeddings(body)
-                                        : api == Api::kTei  ? ParseTeiEmbed(body)
-                                        : api == Api::kTeiRerank ? ParseTeiRerank(body)
-                                        : api == Api::kRerank    ? ParseRerank(body)
-                                        : api == Api::kCohereEmbed
-                                            ? ParseCohereEmbed(body)
-                                            : ParseTeiPredict(body);
+  absl::StatusOr<EmbeddingsCall> call =
+      api == Api::kOpenAi           ? ParseOpenAiEmbeddings(body)
+      : api == Api::kTei            ? ParseTeiEmbed(body)
+      : api == Api::kTeiRerank      ? ParseTeiRerank(body)
+      : api == Api::kRerank         ? ParseRerank(body)
+      : api == Api::kCohereEmbed    ? ParseCohereEmbed(body)
+      : api == Api::kTeiEmbedAll    ? ParseTeiEmbedAll(body)
+      : api == Api::kTeiEmbedSparse ? ParseTeiEmbedSparse(body)
+                                    : ParseTeiPredict(body);
   if (!call.ok()) return refuse(call.status()), 0;
-  const ServedModel* model = !call->classifies()       ? embedder
-                             : api == Api::kTeiPredict ? classifier
-                                                       : reranker;
+  const ServedModel* model = api == Api::kTeiEmbedSparse ? sparse
+                             : !call->classifies()       ? embedder
+                             : api == Api::kTeiPredict   ? classifier
+                                                         : reranker;
   // The fuzzed models are encoders (their batchers unused) of the kind each API needs.
   if (absl::Status fits = CheckEmbeddingsCall(*call, *model); !fits.ok()) {
     // Only TEI's normalize=false and a max_tokens_per_doc below the model's limit may be

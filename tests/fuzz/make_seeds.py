@@ -320,6 +320,8 @@ def embeddings_bodies():
     ]
     for i, body in enumerate(embed_all):
         write("embeddings", f"tei_embed_all_{i}", b"\x06" + json.dumps(body).encode())
+        # The same bodies at /embed_sparse, which takes what /embed_all takes.
+        write("embeddings", f"tei_embed_sparse_{i}", b"\x07" + json.dumps(body).encode())
 
 
 def heads_page():
