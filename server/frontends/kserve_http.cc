@@ -25,6 +25,7 @@
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_convert.h"
 #include "server/frontends/kserve_http_request.h"
+#include "server/frontends/tokenize_api.h"
 #include "server/observability/event_log.h"
 #include "transport/listen_error.h"
 
@@ -300,6 +301,8 @@ absl::StatusOr<std::unique_ptr<KServeHttp>> KServeHttp::Start(
   // The GET routes beside the APIs (Route sends them on).
   mg_set_request_handler(http->context_, "/v1/models", Dispatch, http.get());
   mg_set_request_handler(http->context_, "/info$", Dispatch, http.get());
+  mg_set_request_handler(http->context_, "/tokenize$", Dispatch, http.get());
+  mg_set_request_handler(http->context_, "/decode$", Dispatch, http.get());
   for (const ApiRoute& route : kApiRoutes) {
     // "$": the path itself, nothing below it.
     mg_set_request_handler(http->context_, absl::StrCat(route.path, "$").c_str(),
@@ -420,6 +423,53 @@ void KServeHttp::Models(mg_connection* connection) {
   Send(connection, 200, JsonText(OpenAiModel(**model)));
 }
 
+void KServeHttp::Tokenizer(mg_connection* connection, bool decode) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  // TEI's error shape, as /embed's.
+  const auto fail = [&](const absl::Status& status, int http_status) {
+    const auto [code, body] =
+        EmbeddingsError(EmbeddingsCall::Api::kTei, status, http_status);
+    Send(connection, code, body);
+  };
+  if (std::string(request->request_method) != "POST") {
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+                    request->request_method, " ", request->local_uri, ": use POST")),
+                405);
+  }
+  const OpenCall open_call(pipeline_);
+  const char* authorization = mg_get_header(connection, "Authorization");
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      pipeline_->Begin(authorization != nullptr ? authorization : "");
+  if (!begun.ok()) return fail(begun.status(), HttpStatusFor(begun.status().code()));
+  const std::shared_ptr<Request>& counted = *begun;
+  const auto refuse = [&](const absl::Status& status) {
+    counted->Finish(status);
+    fail(status, HttpStatusFor(status.code()));
+  };
+  std::string body;
+  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
+    counted->Finish(read);
+    return fail(read, 413);
+  }
+  absl::StatusOr<std::string> name = QueryModel(request);
+  if (!name.ok()) return refuse(name.status());
+  if (absl::Status found = counted->Find(*name); !found.ok()) {
+    return fail(found, HttpStatusFor(found.code()));
+  }
+  const ServedModel& model = *counted->model();
+  absl::StatusOr<std::string> answer;
+  if (decode) {
+    absl::StatusOr<DecodeCall> call = ParseTeiDecode(body);
+    answer = call.ok() ? DecodeBody(*call, model) : call.status();
+  } else {
+    absl::StatusOr<TokenizeCall> call = ParseTeiTokenize(body);
+    answer = call.ok() ? TokenizeBody(*call, model) : call.status();
+  }
+  if (!answer.ok()) return refuse(answer.status());
+  counted->Finish(absl::OkStatus());
+  Send(connection, 200, *answer);
+}
+
 void KServeHttp::Info(mg_connection* connection) {
   const mg_request_info* request = mg_get_request_info(connection);
   if (std::string(request->request_method) != "GET") {
@@ -487,6 +537,8 @@ void KServeHttp::Route(mg_connection* connection) {
   }
   if (options_.on_request) options_.on_request(uri);
   if (uri == "/info") return Info(connection);
+  if (uri == "/tokenize" || uri == "/decode")
+    return Tokenizer(connection, uri == "/decode");
   if (absl::StartsWith(uri, "/v1/models")) return Models(connection);
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"

@@ -121,6 +121,9 @@ class KServeHttp {
   void Models(mg_connection* connection);
   // TEI's GET /info: the default model's (or ?model=NAME's) description and limits.
   void Info(mg_connection* connection);
+  // TEI's POST /tokenize and POST /decode (`decode`), on the default model's (or
+  // ?model=NAME's) tokenizer, answered on this thread.
+  void Tokenizer(mg_connection* connection, bool decode);
   // The whole body into `body`; OutOfRange (answered 413) past max_body_bytes, checked
   // against Content-Length before a byte is read.
   absl::Status ReadBody(mg_connection* connection, std::string* body) const;

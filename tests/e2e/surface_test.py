@@ -19,6 +19,10 @@ cross-encoder of tests/data/reranker_tiny:
   sentences (tests/tools/make_quantization_golden.py; int8/uint8 with the range [-1,
   1]): floats by cosine, quantized levels within one level (at least 99.9% equal),
   binary signs equal but for values within 1e-6 of zero;
+- TEI's POST /tokenize and /decode on MiniLM's tokenizer.json and reranker_tiny's
+  BERT recipe, against tokenizers' ids, offsets (as TEI's characters) and decode
+  (tests/data/tokenize.golden.json); a malformed-input matrix answered 422 naming the
+  field and the limit;
 - --max_concurrent_requests=1 on a second server: while one call holds the only slot
   (a POST whose body is still being sent: the slot is taken before the body is read),
   HTTP calls get 429 with Retry-After and the API's own error shape, gRPC calls
@@ -284,6 +288,99 @@ class SurfaceTest(ServerCase):
             status, _, answer = post(self.http + "/embed_all", body)
             self.assertEqual(status, 422, (body, answer))
             self.assertIn(words, answer["error"])
+
+
+class TokenizerRoutesTest(ServerCase):
+    """TEI's /tokenize and /decode against tokenizers' own answers
+    (tests/data/tokenize.golden.json, tests/tools/make_tokenize_golden.py): MiniLM's
+    tokenizer.json (a WordPiece decoder) and the BERT recipe reranker_tiny shares with
+    distilbert_tiny; TEI's offsets are characters, the golden's bytes."""
+    MODELS = (("minilm", MODEL_DIR), ("reranker", RERANKER_DIR))
+    FLAGS = ("--default_model=minilm",)
+
+    @classmethod
+    def golden(cls, match):
+        with open(os.path.join(ROOT, "tests", "data", "tokenize.golden.json"),
+                  encoding="utf-8") as f:
+            for tokenizer in json.load(f)["tokenizers"]:
+                if match(tokenizer):
+                    return tokenizer
+        raise AssertionError("no golden tokenizer matches")
+
+    def expected_tokens(self, case):
+        raw = case["text"].encode()
+        tokens = []
+        for token_id, (start, end) in zip(case["ids"], case["offsets"]):
+            if start < 0:
+                tokens.append((token_id, True, None, None, None))
+                continue
+            # Byte offsets to TEI's character offsets.
+            first, last = len(raw[:start].decode()), len(raw[:end].decode())
+            tokens.append((token_id, False, first, last, case["text"][first:last]))
+        return tokens
+
+    def check_model(self, model, tokenizer):
+        cases = [c for c in tokenizer["cases"] if len(c["ids"]) == c["tokens"]]
+        self.assertGreater(len(cases), 20)
+        for special in (True, False):
+            batch = [c for c in cases if c["add_special_tokens"] == special]
+            status, _, reply = post(f"{self.http}/tokenize?model={model}",
+                                    {"inputs": [c["text"] for c in batch],
+                                     "add_special_tokens": special})
+            self.assertEqual(status, 200, reply)
+            self.assertEqual(len(reply), len(batch))
+            for case, tokens in zip(batch, reply):
+                got = [(t["id"], t["special"], t["start"], t["stop"],
+                        None if t["special"] else t["text"]) for t in tokens]
+                self.assertEqual(got, self.expected_tokens(case), case["text"])
+        for skip in (True, False):
+            batch = [d for d in tokenizer["decodes"] if d["skip_special_tokens"] == skip]
+            status, _, reply = post(f"{self.http}/decode?model={model}",
+                                    {"ids": [d["ids"] for d in batch],
+                                     "skip_special_tokens": skip})
+            self.assertEqual(status, 200, reply)
+            self.assertEqual(reply, [d["text"] for d in batch])
+
+    def test_tokenize_and_decode_equal_tokenizers(self):
+        self.check_model("minilm", self.golden(
+            lambda t: t["folder"].endswith("minilm_l6_v2/model") and
+            t["source"] == "tokenizer.json"))
+        self.check_model("reranker", self.golden(lambda t: "reranker_tiny" in t["also"]))
+        # A template token: its vocabulary entry as text, no offsets.
+        status, _, reply = post(f"{self.http}/tokenize", {"inputs": "Hi"})
+        self.assertEqual(status, 200, reply)
+        self.assertEqual(reply[0][0], {"id": 101, "text": "[CLS]", "special": True,
+                                       "start": None, "stop": None})
+        status, _, reply = post(f"{self.http}/decode", {"ids": [101, 7592, 102]})
+        self.assertEqual((status, reply), (200, ["hello"]))
+
+    def test_bad_input_is_refused_naming_the_field_and_the_limit(self):
+        cases = [
+            ("/tokenize", {"inputs": 5}, "inputs must be a string or a non-empty list"),
+            ("/tokenize", {"inputs": []}, "inputs must be a string or a non-empty list"),
+            ("/tokenize", {"inputs": ["a", 7]}, "inputs[1] must be a string"),
+            ("/tokenize", {"texts": ["a"]}, "unknown field \"texts\""),
+            ("/tokenize", {"inputs": "a", "prompt_name": "query"},
+             "prompt_name \"query\" is not one of the model's prompts"),
+            ("/tokenize", {"inputs": "x" * (256 * 1024 + 1)}, "over the 262144"),
+            ("/tokenize", {}, "inputs is required"),
+            ("/decode", {"ids": [101, 30522]}, "id 30522 is not in [0, 30521]"),
+            ("/decode", {"ids": [101, -1]}, "ids[1]"),
+            ("/decode", {"ids": [[101], [102, "x"]]}, "ids[1][1] must be a token id"),
+            ("/decode", {"ids": []}, "ids must be a non-empty list"),
+            ("/decode", {"ids": [1], "skip_special_tokens": "yes"},
+             "skip_special_tokens must be true or false"),
+        ]
+        for path, body, words in cases:
+            with self.subTest(path=path, body=str(body)[:80]):
+                status, _, reply = post(self.http + path, body)
+                self.assertEqual(status, 422, reply)
+                self.assertIn(words, reply["error"])
+        # As TEI's routes answer every refusal of the request (/embed's GET too).
+        status, _, reply = get(self.http + "/tokenize")
+        self.assertEqual((status, reply["error"]), (422, "GET /tokenize: use POST"))
+        status, _, reply = post(self.http + "/decode?model=nope", {"ids": [1]})
+        self.assertEqual(status, 404, reply)
 
 
 class ConcurrencyLimitTest(ServerCase):

@@ -1,13 +1,13 @@
-// libFuzzer target: the JSON APIs' bodies as the HTTP door takes them, input byte 0 % 8
+// libFuzzer target: the JSON APIs' bodies as the HTTP door takes them, input byte 0 % 10
 // choosing the API: OpenAI's /v1/embeddings, TEI's /embed, TEI's /rerank, TEI's
-// /predict, the Cohere/Jina /v1/rerank, Cohere's /v2/embed, TEI's /embed_all and TEI's
-// /embed_sparse. Parsed, checked against a small encoder that takes text (its
-// tokenizer a small vocabulary: an embedder, a one-label reranker, a three-label
-// classifier or a sparse (SPLADE) embedder, as the API needs), validated as an
-// EncodeRequest, and answered with an embedding or scores of the admitted shape in the
-// API's own JSON;
-// refusals go through EmbeddingsError. Any input must give a Status or an answer:
-// never a crash, an exception, a read out of bounds or undefined behaviour.
+// /predict, the Cohere/Jina /v1/rerank, Cohere's /v2/embed, TEI's /embed_all, TEI's
+// /embed_sparse, and TEI's /tokenize and /decode (answered on the small tokenizer).
+// Parsed, checked against a small encoder that takes text (its tokenizer a small
+// vocabulary: an embedder, a one-label reranker, a three-label classifier or a sparse
+// (SPLADE) embedder, as the API needs), validated as an EncodeRequest, and answered with
+// an embedding or scores of the admitted shape in the API's own JSON; refusals go through
+// EmbeddingsError. Any input must give a Status or an answer: never a crash, an
+// exception, a read out of bounds or undefined behaviour.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +18,7 @@
 #include "core/wordpiece_tokenizer.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/frontends/embeddings_api.h"
+#include "server/frontends/tokenize_api.h"
 #include "server/pipeline/proto_convert.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -33,12 +34,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   constexpr Api kApis[] = {Api::kOpenAi,      Api::kTei,           Api::kTeiRerank,
                            Api::kTeiPredict,  Api::kRerank,        Api::kCohereEmbed,
                            Api::kTeiEmbedAll, Api::kTeiEmbedSparse};
-  const Api api = kApis[data[0] % 8];
   const absl::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   static const auto* const tokenizer =
       attnserve::core::WordPieceTokenizer::FromVocab(
           "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\nworld\n##s\n!\n\xc3\xa9\n", {})
           ->release();
+  if (data[0] % 10 >= 8) {
+    // /tokenize and /decode: parsed, then answered by the tokenizer, or refused.
+    static ServedModel* const texts = [] {
+      auto* served = new ServedModel();
+      served->name = "tiny";
+      served->tokenizer = std::shared_ptr<const attnserve::core::Tokenizer>(
+          tokenizer, [](const attnserve::core::Tokenizer*) {});
+      (*served->info.mutable_encoder()->mutable_prompts())["query"] = "query: ";
+      return served;
+    }();
+    absl::StatusOr<std::string> answer;
+    if (data[0] % 10 == 8) {
+      absl::StatusOr<TokenizeCall> call = ParseTeiTokenize(body);
+      answer = call.ok() ? TokenizeBody(*call, *texts) : call.status();
+    } else {
+      absl::StatusOr<DecodeCall> call = ParseTeiDecode(body);
+      answer = call.ok() ? DecodeBody(*call, *texts) : call.status();
+    }
+    if (answer.ok() ? answer->empty() : answer.status().message().empty()) {
+      __builtin_trap();
+    }
+    return 0;
+  }
+  const Api api = kApis[data[0] % 10];
   const auto make_model = [](int64_t labels, bool sparse) {
     auto* served = new ServedModel();
     served->name = "tiny";

@@ -322,6 +322,20 @@ def embeddings_bodies():
         write("embeddings", f"tei_embed_all_{i}", b"\x06" + json.dumps(body).encode())
         # The same bodies at /embed_sparse, which takes what /embed_all takes.
         write("embeddings", f"tei_embed_sparse_{i}", b"\x07" + json.dumps(body).encode())
+    tokenize = [
+        {"inputs": ["hello worlds!", "\u00e9 hello"], "add_special_tokens": False},
+        {"inputs": "hello", "prompt_name": "query"},
+        {"inputs": ["x"], "add_special_tokens": "no"},
+    ]
+    for i, body in enumerate(tokenize):
+        write("embeddings", f"tei_tokenize_{i}", b"\x08" + json.dumps(body).encode())
+    decode = [
+        {"ids": [2, 5, 7, 6, 3], "skip_special_tokens": False},
+        {"ids": [[2, 5], [9, 8]]},
+        {"ids": [2, 10, -1]},
+    ]
+    for i, body in enumerate(decode):
+        write("embeddings", f"tei_decode_{i}", b"\x09" + json.dumps(body).encode())
 
 
 def heads_page():
