@@ -423,6 +423,35 @@ void KServeHttp::Models(mg_connection* connection) {
   Send(connection, 200, JsonText(OpenAiModel(**model)));
 }
 
+std::shared_ptr<Request> KServeHttp::BeginPost(mg_connection* connection,
+                                               EmbeddingsCall::Api api,
+                                               std::string* body) {
+  const mg_request_info* request = mg_get_request_info(connection);
+  const auto fail = [&](const absl::Status& status, int http_status) {
+    const auto [code, text] = EmbeddingsError(api, status, http_status);
+    Send(connection, code, text);
+  };
+  if (std::string(request->request_method) != "POST") {
+    fail(absl::InvalidArgumentError(absl::StrCat(request->request_method, " ",
+                                                 request->local_uri, ": use POST")),
+         405);
+    return nullptr;
+  }
+  const char* authorization = mg_get_header(connection, "Authorization");
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      pipeline_->Begin(authorization != nullptr ? authorization : "");
+  if (!begun.ok()) {
+    fail(begun.status(), HttpStatusFor(begun.status().code()));
+    return nullptr;
+  }
+  if (absl::Status read = ReadBody(connection, body); !read.ok()) {
+    (*begun)->Finish(read);
+    fail(read, 413);
+    return nullptr;
+  }
+  return *std::move(begun);
+}
+
 void KServeHttp::Tokenizer(mg_connection* connection, bool decode) {
   const mg_request_info* request = mg_get_request_info(connection);
   // TEI's error shape, as /embed's.
@@ -431,26 +460,15 @@ void KServeHttp::Tokenizer(mg_connection* connection, bool decode) {
         EmbeddingsError(EmbeddingsCall::Api::kTei, status, http_status);
     Send(connection, code, body);
   };
-  if (std::string(request->request_method) != "POST") {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-                    request->request_method, " ", request->local_uri, ": use POST")),
-                405);
-  }
   const OpenCall open_call(pipeline_);
-  const char* authorization = mg_get_header(connection, "Authorization");
-  absl::StatusOr<std::shared_ptr<Request>> begun =
-      pipeline_->Begin(authorization != nullptr ? authorization : "");
-  if (!begun.ok()) return fail(begun.status(), HttpStatusFor(begun.status().code()));
-  const std::shared_ptr<Request>& counted = *begun;
+  std::string body;
+  const std::shared_ptr<Request> counted =
+      BeginPost(connection, EmbeddingsCall::Api::kTei, &body);
+  if (counted == nullptr) return;
   const auto refuse = [&](const absl::Status& status) {
     counted->Finish(status);
     fail(status, HttpStatusFor(status.code()));
   };
-  std::string body;
-  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
-    counted->Finish(read);
-    return fail(read, 413);
-  }
   absl::StatusOr<std::string> name = QueryModel(request);
   if (!name.ok()) return refuse(name.status());
   if (absl::Status found = counted->Find(*name); !found.ok()) {
@@ -806,22 +824,10 @@ void KServeHttp::Embeddings(mg_connection* connection, EmbeddingsCall::Api api) 
   const auto refuse = [&](const absl::Status& status) {
     fail(status, HttpStatusFor(status.code()));
   };
-  if (std::string(request->request_method) != "POST") {
-    return fail(absl::InvalidArgumentError(absl::StrCat(
-                    request->request_method, " ", request->local_uri, ": use POST")),
-                405);
-  }
   const OpenCall open_call(pipeline_);
-  const char* authorization = mg_get_header(connection, "Authorization");
-  absl::StatusOr<std::shared_ptr<Request>> begun =
-      pipeline_->Begin(authorization != nullptr ? authorization : "");
-  if (!begun.ok()) return refuse(begun.status());
-  const std::shared_ptr<Request>& counted = *begun;
   std::string body;
-  if (absl::Status read = ReadBody(connection, &body); !read.ok()) {
-    counted->Finish(read);
-    return fail(read, 413);
-  }
+  const std::shared_ptr<Request> counted = BeginPost(connection, api, &body);
+  if (counted == nullptr) return;
   absl::StatusOr<EmbeddingsCall> call = ParseCall(api, body);
   body = std::string();
   if (!call.ok()) {

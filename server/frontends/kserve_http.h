@@ -124,6 +124,11 @@ class KServeHttp {
   // TEI's POST /tokenize and POST /decode (`decode`), on the default model's (or
   // ?model=NAME's) tokenizer, answered on this thread.
   void Tokenizer(mg_connection* connection, bool decode);
+  // What every JSON API call starts with: POST only, the pipeline's Begin (auth,
+  // drain) and the whole body into `body`. On a refusal it answers in `api`'s error
+  // shape and returns null. REQUIRES: the caller holds an OpenCall.
+  std::shared_ptr<Request> BeginPost(mg_connection* connection, EmbeddingsCall::Api api,
+                                     std::string* body);
   // The whole body into `body`; OutOfRange (answered 413) past max_body_bytes, checked
   // against Content-Length before a byte is read.
   absl::Status ReadBody(mg_connection* connection, std::string* body) const;
