@@ -20,6 +20,7 @@
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "server/observability/event_log.h"
+#include "server/observability/request_tracing.h"
 #include "transport/listen_error.h"
 #include "transport/transport.h"
 
@@ -168,8 +169,23 @@ absl::StatusOr<std::unique_ptr<AttentionServer>> AttentionServer::Create(
   pipeline_options.max_response_bytes = options.max_message_bytes;
   pipeline_options.reject_non_finite = options.reject_non_finite;
   pipeline_options.max_concurrent_requests = options.max_concurrent_requests;
-  server->pipeline_ = std::make_unique<RequestPipeline>(
-      server->registry_.get(), pipeline_options, server->metrics_->service_observer());
+  ServiceObserver observer = server->metrics_->service_observer();
+  if (!options.tracing.otlp_endpoint.empty()) {
+    Tracer::Options tracing = options.tracing;
+    tracing.service_version = kServerVersion;
+    absl::StatusOr<std::unique_ptr<Tracer>> tracer =
+        Tracer::Create(tracing, server->metrics_->registry().get());
+    if (!tracer.ok()) {
+      return absl::Status(tracer.status().code(),
+                          absl::StrCat("tracing (--otlp_endpoint, --otlp_sample_ratio, "
+                                       "--otlp_service_name): ",
+                                       tracer.status().message()));
+    }
+    server->tracer_ = *std::move(tracer);
+    observer.on_request_traced = TraceRequests(server->tracer_.get());
+  }
+  server->pipeline_ = std::make_unique<RequestPipeline>(server->registry_.get(),
+                                                        pipeline_options, observer);
   server->service_ = std::make_unique<AttentionService>(server->pipeline_.get());
   server->kserve_ =
       std::make_unique<KServeService>(server->pipeline_.get(), server->metrics_.get());
@@ -427,6 +443,9 @@ void AttentionServer::Shutdown() {
   if (http_ != nullptr) http_->Stop();
   registry_->Shutdown();
   server_->Wait();
+  // Every request has submitted its spans: what is queued goes out (bounded by the
+  // export timeout).
+  if (tracer_ != nullptr) tracer_->Shutdown();
   LogEvent("shutdown_finished", {{"elapsed", absl::FormatDuration(absl::Now() - start)}});
 }
 

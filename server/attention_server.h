@@ -18,6 +18,7 @@
 #include "server/models/model_registry.h"
 #include "server/observability/metrics_http.h"
 #include "server/observability/server_metrics.h"
+#include "server/observability/tracing.h"
 
 namespace attnserve::server {
 
@@ -78,6 +79,11 @@ class AttentionServer {
     absl::Duration http_timeout = absl::Seconds(60);
     // How long an idle kept-alive HTTP connection stays open (KServeHttp::Options).
     absl::Duration http_keep_alive_timeout = absl::Seconds(75);
+    // OpenTelemetry tracing (server/observability/request_tracing.h): every request's
+    // spans to the OTLP/gRPC collector at tracing.otlp_endpoint, sampled by
+    // tracing.sampler_ratio (a caller's sampled traceparent is always followed); an
+    // empty endpoint traces nothing. service_version is the server's.
+    Tracer::Options tracing;
     // Let another process bind the same gRPC port beside this one (SO_REUSEPORT), and
     // share its connections. Off: a second server on a taken port fails at start.
     bool reuse_grpc_port = false;
@@ -141,6 +147,8 @@ class AttentionServer {
   absl::Mutex health_mu_;
   grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) = nullptr;
   std::unique_ptr<ModelRegistry> registry_;
+  // Outlives the doors and the pipeline, whose requests submit spans to it.
+  std::unique_ptr<Tracer> tracer_;
   std::unique_ptr<TokenAuthenticator> auth_;
   std::unique_ptr<MetricsHttp> metrics_http_;
   std::unique_ptr<RequestPipeline> pipeline_;

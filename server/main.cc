@@ -143,6 +143,16 @@ ABSL_FLAG(absl::Duration, http_keep_alive_timeout, absl::Seconds(75),
           "How long an idle kept-alive HTTP connection stays open (said in each "
           "answer's Keep-Alive header); each open connection holds an HTTP thread. "
           "Range [1s, 1h].");
+ABSL_FLAG(
+    std::string, otlp_endpoint, "",
+    "OpenTelemetry collector (host:port) to send each request's trace spans to over "
+    "OTLP/gRPC (plaintext); empty: no tracing. Callers' W3C traceparent headers "
+    "and metadata are followed.");
+ABSL_FLAG(double, otlp_sample_ratio, 1.0,
+          "Share of new traces sampled, in [0, 1]; a caller's traceparent decides for "
+          "its own trace (parent-based).");
+ABSL_FLAG(std::string, otlp_service_name, "attnserve",
+          "The service.name resource attribute of the exported spans.");
 ABSL_FLAG(bool, reuse_grpc_port, false,
           "Let other processes bind the same gRPC port (SO_REUSEPORT) and share its "
           "connections; off, a second server on a taken port fails at start.");
@@ -207,6 +217,9 @@ absl::StatusOr<attnserve::server::AttentionServer::Options> OptionsFromFlags() {
   options.http_port = absl::GetFlag(FLAGS_http_port);
   options.http_timeout = absl::GetFlag(FLAGS_http_timeout);
   options.http_keep_alive_timeout = absl::GetFlag(FLAGS_http_keep_alive_timeout);
+  options.tracing.otlp_endpoint = absl::GetFlag(FLAGS_otlp_endpoint);
+  options.tracing.sampler_ratio = absl::GetFlag(FLAGS_otlp_sample_ratio);
+  options.tracing.service_name = absl::GetFlag(FLAGS_otlp_service_name);
   options.reuse_grpc_port = absl::GetFlag(FLAGS_reuse_grpc_port);
   options.reflection = absl::GetFlag(FLAGS_reflection);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);

@@ -20,8 +20,9 @@ namespace {
 // refusal, already counted, to finish the call with.
 absl::StatusOr<std::shared_ptr<Request>> BeginCall(
     const RequestPipeline& pipeline, const grpc::CallbackServerContext* context,
-    const std::string& model) {
-  absl::StatusOr<std::shared_ptr<Request>> request = pipeline.Begin(context);
+    absl::string_view method, const std::string& model) {
+  absl::StatusOr<std::shared_ptr<Request>> request =
+      pipeline.Begin(context, absl::StrCat("attnserve.v1.AttentionService/", method));
   if (!request.ok()) return request.status();
   if (absl::Status found = (*request)->Find(model); !found.ok()) return found;
   return request;
@@ -61,7 +62,7 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
                                                    v1::AttendResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "Attend");
   absl::StatusOr<std::shared_ptr<Request>> begun =
-      BeginCall(*pipeline_, context, request->model());
+      BeginCall(*pipeline_, context, "Attend", request->model());
   if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
@@ -80,7 +81,7 @@ grpc::ServerUnaryReactor* AttentionService::Encode(grpc::CallbackServerContext* 
                                                    v1::EncodeResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "Encode");
   absl::StatusOr<std::shared_ptr<Request>> begun =
-      BeginCall(*pipeline_, context, request->model());
+      BeginCall(*pipeline_, context, "Encode", request->model());
   if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
   grpc::ServerUnaryReactor* reactor = pipeline_->NewUnaryReactor(cancellation);
@@ -99,7 +100,7 @@ grpc::ServerUnaryReactor* AttentionService::Rerank(grpc::CallbackServerContext* 
                                                    v1::RerankResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "Rerank");
   absl::StatusOr<std::shared_ptr<Request>> begun =
-      BeginCall(*pipeline_, context, request->model());
+      BeginCall(*pipeline_, context, "Rerank", request->model());
   if (!begun.ok()) return rpc.FinishNow(begun.status());
   const auto refuse = [&](const absl::Status& status) {
     (*begun)->Finish(status);
@@ -154,7 +155,7 @@ grpc::ServerUnaryReactor* AttentionService::HeadStatistics(
     v1::HeadStatisticsResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "HeadStatistics");
   absl::StatusOr<std::shared_ptr<Request>> begun =
-      BeginCall(*pipeline_, context, request->model());
+      BeginCall(*pipeline_, context, "HeadStatistics", request->model());
   if (!begun.ok()) return rpc.FinishNow(begun.status());
   auto cancellation = std::make_shared<Cancellation>();
   // An encoder measures its heads over Encode's inputs, admitted as Encode's are.

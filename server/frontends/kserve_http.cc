@@ -230,6 +230,17 @@ absl::StatusOr<std::string> QueryModel(const mg_request_info* request) {
   return std::string(found > 0 ? name : "");
 }
 
+// The request's trace name ("POST /v1/embeddings") and the caller's trace context
+// headers.
+void SetTraceOf(mg_connection* connection, Request* request) {
+  const mg_request_info* info = mg_get_request_info(connection);
+  const char* traceparent = mg_get_header(connection, "traceparent");
+  const char* tracestate = mg_get_header(connection, "tracestate");
+  request->SetTrace(absl::StrCat(info->request_method, " ", info->local_uri),
+                    traceparent != nullptr ? traceparent : "",
+                    tracestate != nullptr ? tracestate : "");
+}
+
 // The parts of a /v2 URI: /v2/models/{model}[/versions/{version}][/{action}].
 struct ModelRoute {
   std::string model;
@@ -444,6 +455,7 @@ std::shared_ptr<Request> KServeHttp::BeginPost(mg_connection* connection,
     fail(begun.status(), HttpStatusFor(begun.status().code()));
     return nullptr;
   }
+  SetTraceOf(connection, begun->get());
   if (absl::Status read = ReadBody(connection, body); !read.ok()) {
     (*begun)->Finish(read);
     fail(read, 413);
@@ -723,6 +735,7 @@ void KServeHttp::Infer(mg_connection* connection, const std::string& model,
       pipeline_->Begin(authorization != nullptr ? authorization : "");
   if (!begun.ok()) return SendStatus(connection, begun.status());
   const std::shared_ptr<Request>& counted = *begun;
+  SetTraceOf(connection, counted.get());
   const auto refuse = [&](const absl::Status& status, int http_status) {
     counted->Finish(status);
     SendError(connection, http_status, status.message());

@@ -186,7 +186,8 @@ grpc::ServerUnaryReactor* KServeService::ModelInfer(
     grpc::CallbackServerContext* context, const inference::ModelInferRequest* request,
     inference::ModelInferResponse* response) {
   const RequestPipeline::Rpc rpc(pipeline_, "ModelInfer");
-  absl::StatusOr<std::shared_ptr<Request>> begun = pipeline_->Begin(context);
+  absl::StatusOr<std::shared_ptr<Request>> begun =
+      pipeline_->Begin(context, "inference.GRPCInferenceService/ModelInfer");
   if (!begun.ok()) return rpc.FinishNow(begun.status());
   if (absl::Status found =
           (*begun)->Find(request->model_name(), request->model_version());

@@ -135,6 +135,15 @@ class StreamReactor final
     // A stream's message is never refused by Begin.
     const std::shared_ptr<Request> request =
         *service_->Begin("", RequestPipeline::Origin::kStreamMessage);
+    // Each message is a request of its own in the stream's trace.
+    const auto& metadata = context_->client_metadata();
+    const auto header = [&](const char* key) {
+      const auto it = metadata.find(key);
+      return it == metadata.end()
+                 ? absl::string_view()
+                 : absl::string_view(it->second.data(), it->second.size());
+    };
+    request->SetTrace(Protocol::kMethod, header("traceparent"), header("tracestate"));
     Protocol::Submit(
         *service_, request, read, CallDeadline(context_), cancellation_,
         [this, sequence, request](const absl::Status& status, Write message) {

@@ -225,7 +225,17 @@ grpc::ServerUnaryReactor* RequestPipeline::FinishNow(absl::string_view method,
 }
 
 Request::Request(const RequestPipeline* pipeline)
-    : pipeline_(pipeline), start_(absl::Now()) {}
+    : pipeline_(pipeline), start_(absl::Now()) {
+  trace_.start = start_;
+}
+
+void Request::SetTrace(absl::string_view name, absl::string_view traceparent,
+                       absl::string_view tracestate) {
+  trace_.name = std::string(name);
+  // Bounded: W3C's traceparent is 55 characters, tracestate at most 512.
+  trace_.traceparent = std::string(traceparent.substr(0, 256));
+  trace_.tracestate = std::string(tracestate.substr(0, 1024));
+}
 
 Request::~Request() {
   // A door that dropped its request without an answer is a bug; the counts stay whole.
@@ -252,9 +262,19 @@ void Request::Finish(const absl::Status& status, int64_t tokens) {
   if (admitted_) pipeline_->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   const ServiceObserver& observer = pipeline_->observer();
   if (!started_ && observer.on_request_started) observer.on_request_started(label_);
+  const absl::Time end = absl::Now();
   if (observer.on_request_finished) {
-    observer.on_request_finished(label_, status, absl::Now() - start_,
-                                 status.ok() ? tokens : 0);
+    observer.on_request_finished(label_, status, end - start_, status.ok() ? tokens : 0);
+  }
+  if (observer.on_request_traced) {
+    trace_.end = end;
+    trace_.status = status;
+    trace_.tokens = status.ok() ? tokens : 0;
+    if (model_ != nullptr) {
+      trace_.model = model_->name;
+      trace_.version = model_->version;
+    }
+    observer.on_request_traced(trace_);
   }
 }
 
@@ -287,13 +307,17 @@ absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
 }
 
 absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
-    const grpc::CallbackServerContext* context) const {
+    const grpc::CallbackServerContext* context, absl::string_view name) const {
   const auto& metadata = context->client_metadata();
-  const auto it = metadata.find("authorization");
-  return Begin(it == metadata.end()
-                   ? absl::string_view()
-                   : absl::string_view(it->second.data(), it->second.size()),
-               Origin::kCall, CallDeadline(context));
+  const auto value = [&](const char* key) {
+    const auto it = metadata.find(key);
+    return it == metadata.end() ? absl::string_view()
+                                : absl::string_view(it->second.data(), it->second.size());
+  };
+  absl::StatusOr<std::shared_ptr<Request>> request =
+      Begin(value("authorization"), Origin::kCall, CallDeadline(context));
+  if (request.ok()) (*request)->SetTrace(name, value("traceparent"), value("tracestate"));
+  return request;
 }
 
 AdmissionLimits RequestPipeline::LimitsFor(const ServedModel& model) const {
@@ -371,8 +395,10 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
   if (absl::Status timely = CheckDeadline(deadline); !timely.ok()) return refuse(timely);
   AdmissionLimits limits = LimitsFor(*model);
   limits.weights_for_statistics = statistics != nullptr;
+  request->trace_.validate_start = absl::Now();
   absl::StatusOr<std::unique_ptr<AttentionWork>> work =
       WorkFromRequest(attend, model->spec, limits);
+  request->trace_.validate = absl::Now() - request->trace_.validate_start;
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (absl::Status queueable = CheckQueueable(
           deadline, cancellation,
@@ -389,6 +415,7 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
     (*work)->return_attention = false;
   }
   const int64_t tokens = (*work)->tokens();
+  request->trace_.enqueued = absl::Now();
   auto format = std::make_shared<ReplyFormat>(ReplyFormatOf(attend));
   auto answer = std::make_shared<std::function<void(absl::Status, v1::AttendResponse)>>(
       std::move(done));
@@ -415,6 +442,11 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
           response.set_model_version(model->version);
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
+        }
+        if (result != nullptr) {
+          request->trace_.queue = result->queue_time;
+          request->trace_.compute = result->compute_time;
+          request->trace_.batch_size = result->batch_size;
         }
         request->Finish(status, tokens);
         (*answer)(std::move(status), std::move(response));
@@ -446,7 +478,10 @@ void RequestPipeline::SubmitEncode(
   absl::StatusOr<std::unique_ptr<EncoderWork>> work =
       EncoderWorkFromRequest(encode, model->encoder_spec, LimitsFor(*model),
                              model->tokenizer.get(), model->score_activation);
-  const int64_t tokenize_us = absl::ToInt64Microseconds(absl::Now() - decode_start);
+  const absl::Duration tokenize = absl::Now() - decode_start;
+  const int64_t tokenize_us = absl::ToInt64Microseconds(tokenize);
+  request->trace_.validate_start = decode_start;
+  request->trace_.validate = tokenize;
   if (!work.ok()) return refuse(ForModel(work.status(), *model));
   if (statistics != nullptr) {
     if (absl::Status admitted = AdmitEncoderStatistics(
@@ -467,6 +502,7 @@ void RequestPipeline::SubmitEncode(
     observer_.on_texts_truncated(model->name, (*work)->truncated);
   }
   const int64_t tokens = (*work)->tokens();
+  request->trace_.enqueued = absl::Now();
   auto answer = std::make_shared<std::function<void(absl::Status, v1::EncodeResponse)>>(
       std::move(done));
   const absl::Status enqueued = model->encoder_batcher->Enqueue(
@@ -489,6 +525,11 @@ void RequestPipeline::SubmitEncode(
           response.set_tokenize_time_us(tokenize_us);
           status = CheckResponseSize(response);
           if (!status.ok()) response.Clear();
+        }
+        if (result != nullptr) {
+          request->trace_.queue = result->queue_time;
+          request->trace_.compute = result->compute_time;
+          request->trace_.batch_size = result->batch_size;
         }
         request->Finish(status, tokens);
         (*answer)(std::move(status), std::move(response));

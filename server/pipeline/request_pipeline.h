@@ -26,6 +26,29 @@
 
 namespace attnserve::server {
 
+// What a finished request's trace is made of (ServiceObserver::on_request_traced):
+// the caller's W3C trace context as the door received it, the request's name, its
+// model, and the times of the phases it reached (wall clock).
+struct RequestTrace {
+  // The traceparent and tracestate headers (or gRPC metadata); empty when absent.
+  std::string traceparent, tracestate;
+  // The door's name for the call: "POST /v1/embeddings", "attnserve.v1.AttentionService/
+  // Encode", "inference.GRPCInferenceService/ModelInfer", ...
+  std::string name;
+  std::string model, version;  // empty when no model was found
+  absl::Time start, end;       // from Begin to the answer handed to the door
+  // Reached only by a request that was queued: its validation (tokenizing, for text),
+  // its wait in the batcher's queue, and its batch's compute (shared with the
+  // batch_size - 1 other requests of that batch). Zero otherwise.
+  absl::Time validate_start;
+  absl::Duration validate;
+  absl::Time enqueued;
+  absl::Duration queue, compute;
+  int batch_size = 0;
+  int64_t tokens = 0;  // computed tokens (0 unless OK)
+  absl::Status status;
+};
+
 // Hooks for metrics; every member optional. Called on gRPC, HTTP or batcher threads,
 // never under the pipeline's locks; they must be thread-safe and quick.
 struct ServiceObserver {
@@ -51,6 +74,8 @@ struct ServiceObserver {
   std::function<void(absl::string_view door)> on_internal_error;
   // A call was refused RESOURCE_EXHAUSTED because max_concurrent_requests were open.
   std::function<void()> on_overloaded;
+  // A request was answered (once, right after on_request_finished), with its trace.
+  std::function<void(const RequestTrace&)> on_request_traced;
 };
 
 // The cancellation of one call, shared by its door (which cancels) and its queued
@@ -113,6 +138,12 @@ class Request {
   // calls it for a refusal of its own (a body it cannot decode); Submit and
   // SubmitEncode call it for theirs. Later calls are ignored.
   void Finish(const absl::Status& status, int64_t tokens = 0);
+  // The request's name for its trace and the caller's trace context (the traceparent
+  // and tracestate headers; empty when absent), kept for on_request_traced. The gRPC
+  // Begin reads the metadata itself. REQUIRES: called before Submit or SubmitEncode,
+  // on the door's thread.
+  void SetTrace(absl::string_view name, absl::string_view traceparent,
+                absl::string_view tracestate);
 
  private:
   friend class RequestPipeline;
@@ -125,6 +156,9 @@ class Request {
   bool admitted_ = false;  // counted in the pipeline's in-flight calls until Finish
   std::atomic<bool> finished_{false};
   std::shared_ptr<ServedModel> model_;
+  // Filled by the door (SetTrace) and the pipeline's phases, each before Finish, which
+  // completes it; read only there (Finish runs once).
+  RequestTrace trace_;
 };
 
 // The call's deadline (InfiniteFuture when it has none).
@@ -253,9 +287,10 @@ class RequestPipeline {
   absl::StatusOr<std::shared_ptr<Request>> Begin(
       absl::string_view authorization, Origin origin = Origin::kCall,
       absl::Time deadline = absl::InfiniteFuture()) const;
-  // The same with a gRPC call's "authorization" metadata and deadline.
+  // The same with a gRPC call's "authorization" metadata and deadline; the request is
+  // named `name` for its trace, with the call's traceparent and tracestate metadata.
   absl::StatusOr<std::shared_ptr<Request>> Begin(
-      const grpc::CallbackServerContext* context) const;
+      const grpc::CallbackServerContext* context, absl::string_view name = "") const;
 
   // Validates and admits `attend` for `request`'s model, and enqueues it; `done` gets
   // the status and, when OK, the filled response. It runs on a batcher thread, or

@@ -9,14 +9,14 @@ import sys
 import tempfile
 
 
-def post_json(url, body, timeout=60):
+def post_json(url, body, timeout=60, headers=None):
     """(HTTP status, parsed JSON answer) of a POST of `body` (bytes as they are, or a
-    JSON value) to `url`; an HTTP error status is returned, not raised."""
+    JSON value) to `url` with `headers`; an HTTP error status is returned, not raised."""
     import json
     import urllib.error
     import urllib.request
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method="POST")
+    request = urllib.request.Request(url, data=data, method="POST", headers=headers or {})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as reply:
             return reply.status, json.loads(reply.read())
