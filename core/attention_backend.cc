@@ -44,6 +44,24 @@ absl::Status CheckLengths(absl::Span<const int64_t> lengths, absl::string_view f
   return absl::OkStatus();
 }
 
+// Rotary pairs must fit in a head, and every frequency must give a finite angle at
+// every position.
+absl::Status CheckRotary(const AttentionOptions::Rotary& rotary, int64_t head_dim) {
+  if (2 * static_cast<int64_t>(rotary.inv_freq.size()) > head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rotary.inv_freq must hold at most head_dim / 2 = ", head_dim / 2,
+                     " values (one per rotated pair), got ", rotary.inv_freq.size()));
+  }
+  for (size_t i = 0; i < rotary.inv_freq.size(); ++i) {
+    const float value = rotary.inv_freq[i];
+    if (!(std::isfinite(value) && value >= 0.0f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rotary.inv_freq[", i, "] must be finite and >= 0, got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t AttentionWeightsSize(int64_t num_heads, absl::Span<const int64_t> query_lengths,
@@ -92,8 +110,23 @@ absl::Status CheckForwardArguments(const ModelSpec& spec, const AttentionBatch& 
           "relative_bias must be empty for cross-attention (memory given): offsets "
           "between a query and its keys are defined for self-attention only");
     }
+    if (!options.rotary.empty()) {
+      return absl::InvalidArgumentError(
+          "rotary.inv_freq must be empty for cross-attention (memory given): rotary "
+          "positions are defined for self-attention only");
+    }
+    if (options.window != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "window must be 0 for cross-attention (memory given), got ", options.window,
+          ": a sliding window is defined for self-attention only"));
+    }
   }
   ATTN_RETURN_IF_ERROR(options.relative_bias.Validate(spec.num_heads));
+  ATTN_RETURN_IF_ERROR(CheckRotary(options.rotary, spec.head_dim()));
+  if (options.window < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("window must be >= 0 (0: every key), got ", options.window));
+  }
   if (!options.head_mask.empty()) {
     if (static_cast<int64_t>(options.head_mask.size()) != spec.num_heads) {
       return absl::InvalidArgumentError(
@@ -125,8 +158,9 @@ absl::Status CheckForwardArguments(const ModelSpec& spec, const AttentionBatch& 
 }
 
 std::string ComputePath(const ModelSpec& spec, const Device& device) {
-  if (device.kind == DeviceKind::kCpu)
+  if (device.kind == DeviceKind::kCpu) {
     return MultiHeadAttention::DefaultComputePath(spec);
+  }
   return absl::StrCat(PrecisionName(spec.precision), " (", DeviceName(device), ")");
 }
 

@@ -52,6 +52,29 @@ struct AttentionOptions {
   // softmax), by the key's offset from the query: see relative_bias.h. Empty for none.
   // Self-attention only; indexed by the model's heads (a pruned head's rows unused).
   RelativeBias relative_bias;
+  // Rotary position embedding (RoPE) applied to every head's query and key after their
+  // projection (and its bias), before the scores; self-attention only. Token t of a
+  // sequence (position t, from 0 in each sequence) rotates each pair of a head's first
+  // 2 * inv_freq.size() values by the angle t * inv_freq[i], computed in f32 as
+  // transformers computes it (float(t) * inv_freq[i], then cos and sin in f32). The
+  // pairs are (x[i], x[i + rotary_dims / 2]) (`interleaved` false: GPT-NeoX's and
+  // transformers' rotate_half) or (x[2i], x[2i + 1]) (true: GPT-J's), each turned as
+  // (a, b) -> (a cos - b sin, b cos + a sin); the values past the rotary dims are left
+  // as they are. Empty inv_freq: none. The caller turns a config's rope_theta and
+  // rope_scaling into inv_freq (linear scaling divides it). CheckForwardArguments
+  // refuses more than head_dim / 2 values, a value not finite or < 0, and rotary with
+  // cross-attention.
+  struct Rotary {
+    absl::Span<const float> inv_freq;  // [rotary_dims / 2], each finite and >= 0
+    bool interleaved = false;
+    bool empty() const { return inv_freq.empty(); }
+  };
+  Rotary rotary;
+  // Local (sliding-window) attention: query i attends only to keys j with |i - j| <=
+  // window (and j <= i when causal), its softmax over those keys alone (the others'
+  // attention weights read 0); 0: every key. Self-attention only: CheckForwardArguments
+  // refuses a window < 0 and a window with cross-attention.
+  int64_t window = 0;
 };
 
 // What one head does over some inputs, to choose heads to prune. Zero for a head the

@@ -121,7 +121,7 @@ struct Item {
 // Returns oneDNN's status.
 // `bias_table` is the item's head's relative bias (null for none).
 dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
-                         int64_t head_dim, int64_t width, bool causal,
+                         int64_t head_dim, int64_t width, bool causal, int64_t window,
                          const float* bias_table, int64_t bias_radius,
                          const FlashTiles& tiles, const float* packed, float* buffer) {
   const VectorUnit& unit = Unit();
@@ -140,12 +140,21 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
   std::fill(row_max, row_max + rows, -std::numeric_limits<float>::infinity());
   std::fill(row_sum, row_sum + rows, 0.0f);
   const int64_t last_row = item.first_row + rows - 1;
-  const int64_t key_end =
+  // Keys [key_begin, key_end) hold every key some row of the block sees; the key blocks
+  // outside are skipped. They stay on the grid of key_tile from key 0 (where the packed
+  // panels start), so the first one may begin before the first row's window.
+  int64_t key_end =
       causal ? std::min(sequence.key_length, last_row + 1) : sequence.key_length;
+  int64_t key_begin = 0;
+  if (window > 0) {
+    key_end = std::min(key_end, last_row + window + 1);
+    key_begin = std::max<int64_t>(0, item.first_row - window) / key_tile * key_tile;
+  }
+  const bool masked = causal || window > 0;
   const float* packed_values =
       kernels ? packed + RoundUp(sequence.key_length, unit.panel_keys) * head_dim
               : nullptr;
-  for (int64_t first_key = 0; first_key < key_end; first_key += key_tile) {
+  for (int64_t first_key = key_begin; first_key < key_end; first_key += key_tile) {
     const int64_t keys = std::min(key_tile, key_end - first_key);
     // scores[rows, keys] (row stride `stride`) = q k^T for this key block.
     int64_t stride = keys;
@@ -161,7 +170,7 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
                      sequence.k + first_key * width + column, width, 0.0f, scores, keys);
       if (status != dnnl_success) return status;
     }
-    const bool first = first_key == 0;
+    const bool first = first_key == key_begin;
     for (int64_t r = 0; r < rows; ++r) {
       float* row = scores + r * stride;
       // A pass over the row for its maximum without the kernels, when a bias moves the
@@ -173,18 +182,37 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
         AddRelativeBias(row, keys, first_key - (item.first_row + r), bias_table,
                         bias_radius);
       }
-      if (causal) {
-        // Keys after this query row are left out; the row's own key is always in the
-        // first block, so its maximum is finite from the first block on.
-        const int64_t visible = item.first_row + r + 1 - first_key;
-        if (visible < keys) {
-          std::fill(row + std::max<int64_t>(visible, 0), row + keys,
-                    -std::numeric_limits<float>::infinity());
+      if (masked) {
+        // The row sees keys [low, high): none after it when causal, none more than
+        // `window` away. Without a window its own key is in the first block, so its
+        // maximum is finite from the first block on.
+        const int64_t i = item.first_row + r;
+        int64_t low = 0;
+        int64_t high = causal ? i + 1 : sequence.key_length;
+        if (window > 0) {
+          low = i - window;
+          high = std::min(high, i + window + 1);
+        }
+        const int64_t visible_begin = std::clamp<int64_t>(low - first_key, 0, keys);
+        const int64_t visible_end =
+            std::clamp<int64_t>(high - first_key, visible_begin, keys);
+        if (visible_begin > 0 || visible_end < keys) {
+          const float hidden = -std::numeric_limits<float>::infinity();
+          std::fill(row, row + visible_begin, hidden);
+          std::fill(row + visible_end, row + keys, hidden);
           scan_for_max = true;
         }
       }
       const float block_max = scan_for_max ? unit.max(row, keys) : block_maxima[r];
       const float new_max = std::max(row_max[r], block_max);
+      if (window > 0 && new_max == -std::numeric_limits<float>::infinity()) {
+        // A window's first blocks may hold no key of this row yet: it adds nothing
+        // (exp(-inf - -inf) would be NaN), and its sum and context stay 0.
+        std::fill(row, row + keys, 0.0f);
+        rescale[r] = 0.0f;
+        row_sum[r] = 0.0f;
+        continue;
+      }
       const float sum = unit.exp_shift(row, keys, new_max);
       // The earlier blocks' sum and context were relative to the old maximum.
       rescale[r] = first ? 0.0f : ExpScalar(row_max[r] - new_max);
@@ -225,7 +253,7 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
                             int64_t head_dim, int64_t width, bool causal,
                             const FlashTiles& tiles, int threads, FlashScratch& scratch,
                             const RelativeBias& bias,
-                            absl::Span<const int64_t> bias_heads) {
+                            absl::Span<const int64_t> bias_heads, int64_t window) {
   if (tiles.query_rows < 1 || tiles.keys < 1) {
     return absl::InvalidArgumentError(absl::StrCat("flash tiles must be >= 1, got ",
                                                    tiles.query_rows, " query rows and ",
@@ -242,6 +270,10 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
         absl::StrCat("flash attention: a relative bias needs one model head per head (",
                      heads, "), got ", bias_heads.size()));
   }
+  if (window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flash attention: window must be >= 0 (0: every key), got ", window));
+  }
   std::vector<Item> items;
   for (size_t s = 0; s < sequences.size(); ++s) {
     const FlashSequence& sequence = sequences[s];
@@ -250,10 +282,11 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
           "flash attention: sequence ", s, " has query_length ", sequence.query_length,
           " and key_length ", sequence.key_length, "; both must be >= 1"));
     }
-    if (causal && sequence.query_length != sequence.key_length) {
+    if ((causal || window > 0) && sequence.query_length != sequence.key_length) {
       return absl::InvalidArgumentError(
-          absl::StrCat("flash attention: causal sequence ", s, " has query_length ",
-                       sequence.query_length, " != key_length ", sequence.key_length));
+          absl::StrCat("flash attention: ", causal ? "causal" : "windowed", " sequence ",
+                       s, " has query_length ", sequence.query_length, " != key_length ",
+                       sequence.key_length));
     }
     for (int64_t head = 0; head < heads; ++head) {
       for (int64_t first = 0; first < sequence.query_length; first += tiles.query_rows) {
@@ -324,8 +357,8 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
                   item.head * PackedHeadFloats(sequence.key_length, head_dim);
     const float* bias_table =
         bias.empty() ? nullptr : bias.Head(bias_heads[static_cast<size_t>(item.head)]);
-    failures[thread] = AttendItem(sequence, item, head_dim, width, causal, bias_table,
-                                  bias.radius, tiles, head, buffers[thread]);
+    failures[thread] = AttendItem(sequence, item, head_dim, width, causal, window,
+                                  bias_table, bias.radius, tiles, head, buffers[thread]);
   }
   for (const dnnl_status_t failure : failures) {
     if (failure != dnnl_success) {

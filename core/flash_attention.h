@@ -7,7 +7,9 @@
 // The work is split into (sequence, head, query block) items spread over OpenMP's
 // threads, so two threads share the work at every length and every batch size. With a
 // causal mask a query block reads only the key blocks up to its last row: the masked
-// upper triangle costs nothing but the one diagonal block per query block.
+// upper triangle costs nothing but the one diagonal block per query block. With a
+// sliding window a query block reads only the key blocks that meet some row's window:
+// a sequence of L tokens costs O(L (window + tile)) instead of O(L^2).
 //
 // The matrix products run through oneDNN's sgemm (one thread each; no primitive to
 // create per shape), the exponentials through the widest vector unit the CPU has.
@@ -56,7 +58,8 @@ class FlashScratch {
  private:
   friend absl::Status FlashAttention(absl::Span<const FlashSequence>, int64_t, int64_t,
                                      int64_t, bool, const FlashTiles&, int, FlashScratch&,
-                                     const RelativeBias&, absl::Span<const int64_t>);
+                                     const RelativeBias&, absl::Span<const int64_t>,
+                                     int64_t);
   std::vector<std::unique_ptr<ScratchBuffer>> per_thread_;
   ScratchBuffer packed_;  // every head's keys and values, packed for the kernels
 };
@@ -66,14 +69,17 @@ class FlashScratch {
 // requires query_length == key_length). `threads` >= 1 OpenMP threads. `bias` (empty,
 // or validated for the model's heads) is added to the scores, head p reading the table
 // of model head bias_heads[p] (bias_heads: one per head; REQUIRES: each a head of the
-// table). InvalidArgument for tiles or
-// dimensions < 1, heads * head_dim > width, a causal sequence whose lengths differ, or
-// a bias without a model head per head; Internal when oneDNN's sgemm fails.
+// table). `window` > 0 leaves key j out of query i's softmax where |j - i| > window
+// (with causal too: keys i - window..i), and skips the key blocks no row of a query
+// block sees; 0: every key. InvalidArgument for tiles or dimensions < 1, heads *
+// head_dim > width, a causal or windowed sequence whose lengths differ, a bias without a
+// model head per head, or a window < 0; Internal when oneDNN's sgemm fails.
 absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,
                             int64_t head_dim, int64_t width, bool causal,
                             const FlashTiles& tiles, int threads, FlashScratch& scratch,
                             const RelativeBias& bias = {},
-                            absl::Span<const int64_t> bias_heads = {});
+                            absl::Span<const int64_t> bias_heads = {},
+                            int64_t window = 0);
 
 // The vector unit the exponentials run on: "avx512f", "avx2" or "scalar".
 std::string FlashVectorUnit();

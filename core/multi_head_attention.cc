@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -117,16 +118,100 @@ memory::desc ScoresDesc(int64_t count, int64_t heads, int64_t rows, int64_t key_
   return memory::desc({heads, rows, key_length}, type, memory::format_tag::abc);
 }
 
-// scores [planes, rows, keys] of query rows first_row.. against keys 0..keys-1, plane p
-// of the model head heads[p % heads.size()]: + the relative bias.
+// scores [planes, rows, keys] of query rows first_row.. against keys first_key..,
+// plane p of the model head heads[p % heads.size()]: + the relative bias.
 void AddBiasToScores(const RelativeBias& bias, absl::Span<const int64_t> heads,
-                     int64_t planes, int64_t first_row, int64_t rows, int64_t keys,
-                     float* scores) {
+                     int64_t planes, int64_t first_row, int64_t rows, int64_t first_key,
+                     int64_t keys, float* scores) {
   for (int64_t plane = 0; plane < planes; ++plane) {
     const float* table = bias.Head(heads[static_cast<size_t>(plane) % heads.size()]);
     for (int64_t r = 0; r < rows; ++r) {
-      AddRelativeBias(scores + (plane * rows + r) * keys, keys, -(first_row + r), table,
-                      bias.radius);
+      AddRelativeBias(scores + (plane * rows + r) * keys, keys,
+                      first_key - (first_row + r), table, bias.radius);
+    }
+  }
+}
+
+// The keys [begin, end) that query rows [first_row, first_row + rows) of a sequence
+// may see: up to the last row when the masked triangle is skipped (`skip_masked`), and
+// within `window` (> 0) of the first and last rows. The keys outside cost nothing.
+struct KeyRange {
+  int64_t begin = 0, end = 0;
+};
+KeyRange BlockKeys(int64_t first_row, int64_t rows, int64_t key_length, bool skip_masked,
+                   int64_t window) {
+  KeyRange range{0, skip_masked ? std::min(key_length, first_row + rows) : key_length};
+  if (window > 0) {
+    range.begin = std::max<int64_t>(0, first_row - window);
+    range.end = std::min(range.end, first_row + rows + window);
+  }
+  return range;
+}
+
+// -inf over the scores [planes, rows, keys] of query rows first_row.. against keys
+// first_key.. that a row does not see: those after it (causal) and those more than
+// `window` (> 0) away. Writing -inf in place is cheaper than a mask post-op on oneDNN
+// 2.6; the softmax turns them into weights of exactly 0, and each row keeps its own
+// key.
+void MaskScores(int64_t planes, int64_t first_row, int64_t rows, int64_t first_key,
+                int64_t keys, bool causal, int64_t window, float* scores) {
+  const float hidden = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = first_row + r;
+    int64_t low = 0;
+    int64_t high = causal ? i + 1 : first_key + keys;
+    if (window > 0) {
+      low = i - window;
+      high = std::min(high, i + window + 1);
+    }
+    const int64_t visible_begin = std::clamp<int64_t>(low - first_key, 0, keys);
+    const int64_t visible_end =
+        std::clamp<int64_t>(high - first_key, visible_begin, keys);
+    if (visible_begin == 0 && visible_end == keys) {
+      continue;
+    }
+    for (int64_t plane = 0; plane < planes; ++plane) {
+      float* row = scores + (plane * rows + r) * keys;
+      std::fill(row, row + visible_begin, hidden);
+      std::fill(row + visible_end, row + keys, hidden);
+    }
+  }
+}
+
+// Rotary position embedding of the rows [sum(lengths), width] of packed sequences, in
+// place: in each of `heads` head slices (head_dim apart), pair (a, b) of frequency c
+// turns by the angle of the row's position t in its sequence (from 0):
+//   x_a' = x_a cos - x_b sin,  x_b' = x_b cos + x_a sin
+// (transformers' q * cos + rotate_half(q) * sin, in its order of f32 operations), with
+// (a, b) = (c, c + pairs), or (2c, 2c + 1) when `interleaved`. `table` row t holds the
+// pairs' cosines, then their sines (MultiHeadAttention::RotaryTable).
+void RotateHeads(absl::Span<const int64_t> lengths, int64_t width, int64_t heads,
+                 int64_t head_dim, const float* table, int64_t pairs, bool interleaved,
+                 float* rows) {
+  float* row = rows;
+  for (const int64_t length : lengths) {
+    for (int64_t t = 0; t < length; ++t, row += width) {
+      const float* cosine = table + t * 2 * pairs;
+      const float* sine = cosine + pairs;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* x = row + h * head_dim;
+        if (interleaved) {
+          for (int64_t c = 0; c < pairs; ++c) {
+            const float a = x[2 * c];
+            const float b = x[2 * c + 1];
+            x[2 * c] = a * cosine[c] - b * sine[c];
+            x[2 * c + 1] = b * cosine[c] + a * sine[c];
+          }
+        } else {
+          float* y = x + pairs;
+          for (int64_t c = 0; c < pairs; ++c) {
+            const float a = x[c];
+            const float b = y[c];
+            x[c] = a * cosine[c] - b * sine[c];
+            y[c] = b * cosine[c] + a * sine[c];
+          }
+        }
+      }
     }
   }
 }
@@ -509,6 +594,19 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
       static_cast<uint8_t*>(scratch_->v.Reserve(key_tokens * width * compute_bytes_));
   auto* context = static_cast<uint8_t*>(
       scratch_->context.Reserve(query_tokens * width * compute_bytes_));
+  // Rotary positions (self-attention only): Q and K turn in f32 after their bias.
+  const AttentionOptions::Rotary& rotary = options.rotary;
+  const int64_t rotary_pairs = static_cast<int64_t>(rotary.inv_freq.size());
+  const float* rotary_table = nullptr;
+  if (!rotary.empty()) {
+    rotary_table = RotaryTable(
+        rotary.inv_freq,
+        *std::max_element(batch.query_lengths.begin(), batch.query_lengths.end()));
+  }
+  const auto rotate = [&](float* plane) {
+    RotateHeads(batch.query_lengths, width, static_cast<int64_t>(set.heads.size()),
+                spec_.head_dim(), rotary_table, rotary_pairs, rotary.interleaved, plane);
+  };
   if (int8_) {
     // Each input quantized once for the projections that read it.
     const QuantizedRows query_codes =
@@ -527,6 +625,22 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     ATTN_RETURN_IF_ERROR(ProjectInt8(key_codes, key_tokens, d, set.value_weight,
                                      set.value_bias.data(), width,
                                      reinterpret_cast<float*>(v)));
+  } else if (!rotary.empty() && compute_ != memory::data_type::f32) {
+    // Native bf16: Q and K come out of their products in f32 (the accumulators, not
+    // bf16 outputs), turn there, and are narrowed to bf16 once, so that they carry one
+    // rounding as without rotary rather than two.
+    auto* projected = static_cast<float*>(
+        scratch_->rotary_projection.Reserve(query_tokens * width * sizeof(float)));
+    for (const auto& [weight, bias, plane] :
+         {std::tuple(&set.query_weight, set.query_bias.data(), q),
+          std::tuple(&set.key_weight, set.key_bias.data(), k)}) {
+      ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kOutProjection, query, query_tokens, d,
+                                   *weight, bias, width, projected));
+      rotate(projected);
+      ATTN_RETURN_IF_ERROR(Convert(projected, false, query_tokens * width, plane));
+    }
+    ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
+                                 set.value_weight, set.value_bias.data(), width, v));
   } else {
     ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
                                  set.query_weight, set.query_bias.data(), width, q));
@@ -534,6 +648,10 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
                                  set.key_weight, set.key_bias.data(), width, k));
     ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
                                  set.value_weight, set.value_bias.data(), width, v));
+  }
+  if (!rotary.empty() && compute_ == memory::data_type::f32) {
+    rotate(reinterpret_cast<float*>(q));
+    rotate(reinterpret_cast<float*>(k));
   }
 
   int64_t query_offset = 0;
@@ -566,8 +684,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
         attention_weights.empty() ? nullptr : attention_weights.data() + weights_offset;
     ATTN_RETURN_IF_ERROR(AttendSequences(
         set, count, q + query_offset * row_bytes, k + key_offset * row_bytes,
-        v + key_offset * row_bytes, query_length, key_length, options.causal,
-        options.relative_bias, probabilities, context + query_offset * row_bytes));
+        v + key_offset * row_bytes, query_length, key_length, options, probabilities,
+        context + query_offset * row_bytes));
     query_offset += count * query_length;
     key_offset += count * key_length;
     weights_offset += count * heads * query_length * key_length;
@@ -578,7 +696,7 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
         FlashAttention(flash, static_cast<int64_t>(set.heads.size()), spec_.head_dim(),
                        width, options.causal, attention_choice_.tiles,
                        kParallelBlocks ? omp_get_max_threads() : 1, scratch_->flash,
-                       options.relative_bias, set.heads));
+                       options.relative_bias, set.heads, options.window));
   }
   // The heads' factors are folded into the set's W_out columns.
   if (int8_) {
@@ -709,6 +827,8 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
         case PrimitiveKind::kLayerNorm:
         case PrimitiveKind::kAdd:
         case PrimitiveKind::kActivation:
+        case PrimitiveKind::kGate:
+        case PrimitiveKind::kGateProduct:
           return absl::InternalError("the encoder's primitive kinds are not attention's");
         case PrimitiveKind::kConvert: {
           const memory::desc source(
@@ -934,7 +1054,7 @@ MultiHeadAttention::TimeAttentionKernels() {
       status =
           candidate == 0
               ? AttendSequences(set, 1, q_bytes, k_bytes, v_bytes, choice.timed_length,
-                                choice.timed_length, false, RelativeBias{}, nullptr,
+                                choice.timed_length, AttentionOptions{}, nullptr,
                                 reinterpret_cast<uint8_t*>(context.data()))
               : FlashAttention({&sequence, 1}, choice.timed_heads, head_dim, set.width,
                                false, kTimedTiles[candidate - 1], threads,
@@ -1128,8 +1248,11 @@ absl::StatusOr<const void*> MultiHeadAttention::InComputePrecision(
 
 absl::Status MultiHeadAttention::AttendSequences(
     const HeadSet& set, int64_t count, const uint8_t* q, const uint8_t* k,
-    const uint8_t* v, int64_t query_length, int64_t key_length, bool causal,
-    const RelativeBias& bias, float* attention_weights, uint8_t* context) {
+    const uint8_t* v, int64_t query_length, int64_t key_length,
+    const AttentionOptions& options, float* attention_weights, uint8_t* context) {
+  const bool causal = options.causal;
+  const RelativeBias& bias = options.relative_bias;
+  const int64_t window = options.window;
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
@@ -1163,12 +1286,13 @@ absl::Status MultiHeadAttention::AttendSequences(
   if (kParallelBlocks && !all_heads && count == 1 && attention_weights == nullptr &&
       omp_get_max_threads() > 1 && 3 * blocks <= options_.primitive_cache_capacity) {
     return AttendBlocksInParallel(set, q, k, v, query_length, key_length, block_rows,
-                                  skip_masked, causal, bias, context);
+                                  skip_masked, options, context);
   }
   // Scores go straight into the caller's [count, num_heads, L_q, L_k] weights when they
-  // have the same layout there: all heads present, full key rows.
-  const bool in_place =
-      attention_weights != nullptr && heads == spec_.num_heads && !skip_masked;
+  // have the same layout there: all heads present, full key rows (a window narrows the
+  // rows of a block of some query rows only).
+  const bool in_place = attention_weights != nullptr && heads == spec_.num_heads &&
+                        !skip_masked && !(window > 0 && block_rows < query_length);
   const int64_t scores_count = count * group * block_rows * key_length;
   float* scratch = in_place ? nullptr
                             : static_cast<float*>(scratch_->probabilities.Reserve(
@@ -1187,8 +1311,10 @@ absl::Status MultiHeadAttention::AttendSequences(
     const int64_t column = first_head * head_dim;
     for (int64_t first_row = 0; first_row < query_length; first_row += block_rows) {
       const int64_t rows = std::min(block_rows, query_length - first_row);
-      const int64_t keys =
-          skip_masked ? std::min(key_length, first_row + rows) : key_length;
+      // count > 1 only for sequences in one block (RunLength), whose keys are all seen.
+      const KeyRange range = BlockKeys(first_row, rows, key_length, skip_masked, window);
+      const int64_t first_key = range.begin;
+      const int64_t keys = range.end - range.begin;
       float* scores_data =
           in_place
               ? attention_weights + (first_head * query_length + first_row) * key_length
@@ -1204,26 +1330,17 @@ absl::Status MultiHeadAttention::AttendSequences(
                   {{DNNL_ARG_SRC, HeadRowsView(count, group, rows, width),
                     at(q, first_row, column)},
                    {DNNL_ARG_WEIGHTS, HeadColumnsView(count, group, keys, width),
-                    at(k, 0, column)},
+                    at(k, first_key, column)},
                    {DNNL_ARG_DST, scores, scores_data}}));
       if (!bias.empty()) {
         AddBiasToScores(bias,
                         absl::MakeConstSpan(set.heads).subspan(
                             static_cast<size_t>(first_head), static_cast<size_t>(group)),
-                        count * group, first_row, rows, keys, scores_data);
+                        count * group, first_row, rows, first_key, keys, scores_data);
       }
-
-      if (causal) {
-        // Key j > query i is masked out. Writing -inf in place is cheaper than a mask
-        // post-op on oneDNN 2.6, and the diagonal keeps every row non-empty.
-        const float masked = -std::numeric_limits<float>::infinity();
-        for (int64_t plane = 0; plane < count * group; ++plane) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t i = first_row + r;
-            float* row = scores_data + (plane * rows + r) * keys;
-            if (i + 1 < keys) std::fill(row + i + 1, row + keys, masked);
-          }
-        }
+      if (causal || window > 0) {
+        MaskScores(count * group, first_row, rows, first_key, keys, causal, window,
+                   scores_data);
       }
 
       // probabilities = softmax(scores) over keys: in place in f32 (fp32 models, or
@@ -1251,15 +1368,15 @@ absl::Status MultiHeadAttention::AttendSequences(
           CachedPrimitive * context_primitive,
           GetPrimitive(PrimitiveKind::kContext, {group, rows, keys, width, count}));
       ATTN_RETURN_IF_ERROR(Execute(
-          *context_primitive,
-          {{DNNL_ARG_SRC, compute_scores, probabilities},
-           {DNNL_ARG_WEIGHTS, HeadRowsView(count, group, keys, width), at(v, 0, column)},
-           {DNNL_ARG_DST, HeadRowsView(count, group, rows, width),
-            at(context, first_row, column)}}));
+          *context_primitive, {{DNNL_ARG_SRC, compute_scores, probabilities},
+                               {DNNL_ARG_WEIGHTS, HeadRowsView(count, group, keys, width),
+                                at(v, first_key, column)},
+                               {DNNL_ARG_DST, HeadRowsView(count, group, rows, width),
+                                at(context, first_row, column)}}));
 
       if (attention_weights != nullptr && !in_place) {
-        // Copy each head's rows to its model index; keys past `keys` are causal-masked
-        // and read as zero.
+        // Copy each head's rows to its model index; keys outside the block's range are
+        // causal-masked or outside the window, and read as zero.
         for (int64_t sequence = 0; sequence < count; ++sequence) {
           float* weights =
               attention_weights + sequence * spec_.num_heads * query_length * key_length;
@@ -1270,8 +1387,9 @@ absl::Status MultiHeadAttention::AttendSequences(
                   scores_data + ((sequence * group + g) * rows + r) * keys;
               float* target =
                   weights + (head * query_length + first_row + r) * key_length;
-              std::copy(source, source + keys, target);
-              std::fill(target + keys, target + key_length, 0.0f);
+              std::fill(target, target + first_key, 0.0f);
+              std::copy(source, source + keys, target + first_key);
+              std::fill(target + first_key + keys, target + key_length, 0.0f);
             }
           }
         }
@@ -1284,7 +1402,10 @@ absl::Status MultiHeadAttention::AttendSequences(
 absl::Status MultiHeadAttention::AttendBlocksInParallel(
     const HeadSet& set, const uint8_t* q, const uint8_t* k, const uint8_t* v,
     int64_t query_length, int64_t key_length, int64_t block_rows, bool skip_masked,
-    bool causal, const RelativeBias& bias, uint8_t* context) {
+    const AttentionOptions& options, uint8_t* context) {
+  const bool causal = options.causal;
+  const RelativeBias& bias = options.relative_bias;
+  const int64_t window = options.window;
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
@@ -1292,9 +1413,9 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
   const int64_t blocks = (query_length + block_rows - 1) / block_rows;
   // The primitives of every block, made here, on this thread (the cache is not
   // thread-safe); the items below only run them. Blocks differ in rows (the last one)
-  // and, when the masked triangle is skipped, in keys.
+  // and, when the masked triangle is skipped or a window narrows them, in keys.
   struct BlockPrimitives {
-    int64_t first_row, rows, keys;
+    int64_t first_row, rows, first_key, keys;
     const CachedPrimitive *scores, *softmax, *context;
   };
   std::vector<BlockPrimitives> plan;
@@ -1304,7 +1425,10 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
     BlockPrimitives block;
     block.first_row = first_row;
     block.rows = std::min(block_rows, query_length - first_row);
-    block.keys = skip_masked ? std::min(key_length, first_row + block.rows) : key_length;
+    const KeyRange range =
+        BlockKeys(first_row, block.rows, key_length, skip_masked, window);
+    block.first_key = range.begin;
+    block.keys = range.end - range.begin;
     ATTN_ASSIGN_OR_RETURN(
         CachedPrimitive * scores,
         GetPrimitive(PrimitiveKind::kScores, {1, block.rows, block.keys, width, 1}));
@@ -1369,33 +1493,29 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
         }
         primitive.primitive.execute(*mine.stream, bound);
       };
-      run(*block.scores,
-          {{DNNL_ARG_SRC, HeadRowsView(1, 1, block.rows, width),
-            at(q, block.first_row, column)},
-           {DNNL_ARG_WEIGHTS, HeadColumnsView(1, 1, block.keys, width), at(k, 0, column)},
-           {DNNL_ARG_DST, scores_desc, scores}});
+      run(*block.scores, {{DNNL_ARG_SRC, HeadRowsView(1, 1, block.rows, width),
+                           at(q, block.first_row, column)},
+                          {DNNL_ARG_WEIGHTS, HeadColumnsView(1, 1, block.keys, width),
+                           at(k, block.first_key, column)},
+                          {DNNL_ARG_DST, scores_desc, scores}});
       mine.stream->wait();
       if (!bias.empty()) {
         const int64_t head = set.heads[static_cast<size_t>(item / blocks)];
         AddBiasToScores(bias, absl::MakeConstSpan(&head, 1), 1, block.first_row,
-                        block.rows, block.keys, scores);
+                        block.rows, block.first_key, block.keys, scores);
       }
-      if (causal) {
-        const float masked = -std::numeric_limits<float>::infinity();
-        for (int64_t r = 0; r < block.rows; ++r) {
-          const int64_t i = block.first_row + r;
-          float* row = scores + r * block.keys;
-          if (i + 1 < block.keys) std::fill(row + i + 1, row + block.keys, masked);
-        }
+      if (causal || window > 0) {
+        MaskScores(1, block.first_row, block.rows, block.first_key, block.keys, causal,
+                   window, scores);
       }
       run(*block.softmax,
           {{DNNL_ARG_SRC, scores_desc, scores},
            {DNNL_ARG_DST, f32 ? scores_desc : compute_scores, probabilities}});
-      run(*block.context,
-          {{DNNL_ARG_SRC, compute_scores, probabilities},
-           {DNNL_ARG_WEIGHTS, HeadRowsView(1, 1, block.keys, width), at(v, 0, column)},
-           {DNNL_ARG_DST, HeadRowsView(1, 1, block.rows, width),
-            at(context, block.first_row, column)}});
+      run(*block.context, {{DNNL_ARG_SRC, compute_scores, probabilities},
+                           {DNNL_ARG_WEIGHTS, HeadRowsView(1, 1, block.keys, width),
+                            at(v, block.first_key, column)},
+                           {DNNL_ARG_DST, HeadRowsView(1, 1, block.rows, width),
+                            at(context, block.first_row, column)}});
       mine.stream->wait();
     } catch (const dnnl::error& e) {
       failures[thread] = FromDnnlError(e, "run attention on a worker thread");
@@ -1403,6 +1523,36 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
   }
   for (absl::Status& failure : failures) ATTN_RETURN_IF_ERROR(failure);
   return absl::OkStatus();
+}
+
+const float* MultiHeadAttention::RotaryTable(absl::Span<const float> inv_freq,
+                                             int64_t positions) {
+  Scratch& scratch = *scratch_;
+  const auto pairs = static_cast<int64_t>(inv_freq.size());
+  // Kept from earlier calls for the same frequencies (an encoder's layers share them
+  // and their scratch): a row does not depend on how many there are.
+  const bool same =
+      std::equal(inv_freq.begin(), inv_freq.end(), scratch.rotary_inv_freq.begin(),
+                 scratch.rotary_inv_freq.end());
+  int64_t first = same ? scratch.rotary_positions : 0;
+  if (first < positions) {
+    if (!same) {
+      scratch.rotary_inv_freq.assign(inv_freq.begin(), inv_freq.end());
+    }
+    scratch.rotary_table.resize(static_cast<size_t>(positions * 2 * pairs));
+    for (int64_t t = first; t < positions; ++t) {
+      float* cosine = scratch.rotary_table.data() + t * 2 * pairs;
+      for (int64_t c = 0; c < pairs; ++c) {
+        // As transformers computes them: the f32 product of the f32 position and the
+        // frequency, then cos and sin in f32.
+        const float angle = static_cast<float>(t) * inv_freq[c];
+        cosine[c] = std::cos(angle);
+        cosine[pairs + c] = std::sin(angle);
+      }
+    }
+    scratch.rotary_positions = positions;
+  }
+  return scratch.rotary_table.data();
 }
 
 }  // namespace attnserve::core

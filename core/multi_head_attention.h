@@ -130,11 +130,17 @@ class MultiHeadAttention : public AttentionBackend {
   // exactly that size. `attention_weights` is empty, or receives per sequence, one
   // after another, the softmax weights [num_heads, L_q, L_k] (rows sum to 1) and then
   // must have exactly AttentionWeightsSize(...) floats; a pruned head's are zeros.
-  // Errors: InvalidArgument naming the field (a length < 1, both or neither of query
-  // and query_bf16 set, sizes that do not match the lengths, memory_lengths count !=
-  // query_lengths count, causal with cross-attention, head_mask size != num_heads or a
-  // value outside [0, 1], a wrong output size); Internal when oneDNN fails. Blocks the
-  // calling thread while computing.
+  // Rotary positions and the sliding window (AttentionOptions) apply on every path:
+  // Q and K turn in f32 after their bias (native bf16: before they are narrowed); a
+  // window masks the keys a row does not see, and skips the key blocks no row of a
+  // block sees (the flash kernel's key tiles, the row blocks' key ranges).
+  // Errors: InvalidArgument naming the field (those of CheckForwardArguments: a length
+  // < 1, both or neither of query and query_bf16 set, sizes that do not match the
+  // lengths, memory_lengths count != query_lengths count, causal, relative_bias, rotary
+  // or a window with cross-attention, head_mask size != num_heads or a value outside
+  // [0, 1], a bad relative bias, rotary.inv_freq longer than head_dim / 2 or with a
+  // value not finite or < 0, window < 0, a wrong output size); Internal when oneDNN
+  // fails. Blocks the calling thread while computing.
   absl::Status Forward(const AttentionBatch& batch, const AttentionOptions& options,
                        absl::Span<float> output,
                        absl::Span<float> attention_weights) override;
@@ -278,13 +284,16 @@ class MultiHeadAttention : public AttentionBackend {
   // `count` consecutive sequences of equal lengths (count > 1 only when all heads of
   // one sequence fit the block budget and no causal blocks are needed: see
   // RunLength), the heads of `set`: context[count L_q, width] from q[count L_q, width],
-  // k/v[count L_k, width], all in the compute precision; `bias` (by model head) added
-  // to the scores. When `attention_weights` is
-  // not null the softmax weights [count, num_heads, L_q, L_k] of the set's heads are
-  // written there (others untouched).
+  // k/v[count L_k, width], all in the compute precision (Q and K already rotated);
+  // of `options`, the causal mask, the relative bias (by model head) and the window
+  // apply to the scores. A block of query rows multiplies only the keys its rows may
+  // see (up to its last row when causal blocks are skipped, within the window of its
+  // rows) and masks the rest to -inf. When `attention_weights` is not null the softmax
+  // weights [count, num_heads, L_q, L_k] of the set's heads are written there (others
+  // untouched; keys a row does not see read 0).
   absl::Status AttendSequences(const HeadSet& set, int64_t count, const uint8_t* q,
                                const uint8_t* k, const uint8_t* v, int64_t query_length,
-                               int64_t key_length, bool causal, const RelativeBias& bias,
+                               int64_t key_length, const AttentionOptions& options,
                                float* attention_weights, uint8_t* context);
   // One sequence's heads one at a time in blocks of `block_rows` query rows (the long
   // path of AttendSequences, without returned weights), the (head, block) items spread
@@ -292,8 +301,14 @@ class MultiHeadAttention : public AttentionBackend {
   absl::Status AttendBlocksInParallel(const HeadSet& set, const uint8_t* q,
                                       const uint8_t* k, const uint8_t* v,
                                       int64_t query_length, int64_t key_length,
-                                      int64_t block_rows, bool skip_masked, bool causal,
-                                      const RelativeBias& bias, uint8_t* context);
+                                      int64_t block_rows, bool skip_masked,
+                                      const AttentionOptions& options, uint8_t* context);
+  // cos and sin of the rotary angles float(t) * inv_freq[c] (f32, as transformers
+  // computes them) for positions t < `positions`: row t holds inv_freq.size() cosines,
+  // then as many sines. Kept in the scratch and extended while the frequencies stay
+  // the same, so it holds 2 inv_freq.size() floats per position of the longest
+  // sequence seen. Valid until the next call.
+  const float* RotaryTable(absl::Span<const float> inv_freq, int64_t positions);
   // Bytes of the f32 scores of all the set's heads for one sequence.
   static int64_t ScoresBytes(const HeadSet& set, int64_t query_length,
                              int64_t key_length);
@@ -381,6 +396,11 @@ class MultiHeadAttention : public AttentionBackend {
     ScratchBuffer accumulators;
     ScratchBuffer scratchpad;  // oneDNN's (user mode)
     FlashScratch flash;
+    // Rotary: native bf16's f32 Q or K before they turn; the angles' table
+    // (RotaryTable) and the frequencies and positions it holds.
+    ScratchBuffer rotary_projection;
+    std::vector<float> rotary_table, rotary_inv_freq;
+    int64_t rotary_positions = 0;
   };
   std::shared_ptr<Scratch> scratch_ = std::make_shared<Scratch>();
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace attnserve::core {
@@ -28,6 +29,32 @@ std::vector<double> Linear(absl::Span<const float> x, int64_t rows, int64_t n_in
   return y;
 }
 
+// Rotates each head's first 2 inv_freq.size() values of every row of x [rows, d] by
+// the angles of the row's position: pairs (c, c + n) for rotate_half, (2c, 2c + 1)
+// when interleaved, with n = inv_freq.size() and c < n.
+void Rotate(const AttentionOptions::Rotary& rotary, int64_t rows, int64_t d,
+            int64_t heads, std::vector<double>& x) {
+  const int64_t head_dim = d / heads;
+  const auto pairs = static_cast<int64_t>(rotary.inv_freq.size());
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      double* head = &x[t * d + h * head_dim];
+      for (int64_t c = 0; c < pairs; ++c) {
+        // The angle as transformers forms it: an f32 product of an f32 position.
+        const float angle = static_cast<float>(t) * rotary.inv_freq[c];
+        const double cosine = std::cos(static_cast<double>(angle));
+        const double sine = std::sin(static_cast<double>(angle));
+        double& first = rotary.interleaved ? head[2 * c] : head[c];
+        double& second = rotary.interleaved ? head[2 * c + 1] : head[c + pairs];
+        const double a = first;
+        const double b = second;
+        first = a * cosine - b * sine;
+        second = b * cosine + a * sine;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
@@ -35,6 +62,21 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
                                    absl::Span<const float> memory, bool causal,
                                    absl::Span<const float> head_mask,
                                    const RelativeBias& relative_bias) {
+  AttentionOptions options;
+  options.causal = causal;
+  options.head_mask = head_mask;
+  options.relative_bias = relative_bias;
+  return ReferenceAttention(spec, weights, query, memory, options);
+}
+
+ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
+                                   absl::Span<const float> query,
+                                   absl::Span<const float> memory,
+                                   const AttentionOptions& options) {
+  const bool causal = options.causal;
+  const absl::Span<const float> head_mask = options.head_mask;
+  const RelativeBias& relative_bias = options.relative_bias;
+  const int64_t window = options.window;
   const int64_t d = spec.d_model;
   const int64_t heads = spec.num_heads;
   const int64_t head_dim = d / heads;
@@ -42,10 +84,14 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
   const int64_t lq = static_cast<int64_t>(query.size()) / d;
   const int64_t lk = static_cast<int64_t>(source.size()) / d;
 
-  const std::vector<double> q =
+  std::vector<double> q =
       Linear(query, lq, d, weights.in_proj_weight, weights.in_proj_bias, 0, d);
-  const std::vector<double> k =
+  std::vector<double> k =
       Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d, d);
+  if (!options.rotary.empty()) {
+    Rotate(options.rotary, lq, d, heads, q);
+    Rotate(options.rotary, lk, d, heads, k);
+  }
   const std::vector<double> v =
       Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, 2 * d, d);
 
@@ -60,9 +106,15 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
     if (factor == 0.0) continue;
     for (int64_t i = 0; i < lq; ++i) {
       double* row = &result.attention[(h * lq + i) * lk];
+      // Whether query i sees key j: the causal mask and the window.
+      const auto visible = [&](int64_t j) {
+        return !(causal && j > i) && !(window > 0 && std::abs(j - i) > window);
+      };
       double max_score = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < lk; ++j) {
-        if (causal && j > i) continue;
+        if (!visible(j)) {
+          continue;
+        }
         double dot = 0.0;
         for (int64_t c = 0; c < head_dim; ++c) {
           dot += q[i * d + h * head_dim + c] * k[j * d + h * head_dim + c];
@@ -79,7 +131,7 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
       }
       double sum = 0.0;
       for (int64_t j = 0; j < lk; ++j) {
-        row[j] = (causal && j > i) ? 0.0 : std::exp(row[j] - max_score);
+        row[j] = visible(j) ? std::exp(row[j] - max_score) : 0.0;
         sum += row[j];
       }
       for (int64_t j = 0; j < lk; ++j) row[j] /= sum;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "core/attention_backend.h"
 #include "core/attention_weights.h"
 #include "core/model_spec.h"
 #include "core/relative_bias.h"
@@ -31,6 +32,17 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
                                    absl::Span<const float> memory, bool causal,
                                    absl::Span<const float> head_mask,
                                    const RelativeBias& relative_bias = {});
+
+// The same with every option of AttentionOptions, as its comments define them: the
+// causal mask, head mask and relative bias as above; `options.rotary` rotates each
+// head's projected query and key (after their bias) by angles float(t) * inv_freq[i]
+// taken in f32 (as transformers takes them), whose cos and sin and the rotation are in
+// fp64; `options.window` > 0 leaves keys with |j - i| > window out of query i's softmax
+// (their weights read 0).
+ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
+                                   absl::Span<const float> query,
+                                   absl::Span<const float> memory,
+                                   const AttentionOptions& options);
 
 }  // namespace attnserve::core
 

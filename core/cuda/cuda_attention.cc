@@ -419,6 +419,14 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
     return absl::UnimplementedError(
         "relative_bias is not implemented on CUDA devices yet (the CPU backend has it)");
   }
+  if (!options.rotary.empty()) {
+    return absl::UnimplementedError(
+        "rotary is not implemented on CUDA devices yet (the CPU backend has it)");
+  }
+  if (options.window != 0) {
+    return absl::UnimplementedError(
+        "window is not implemented on CUDA devices yet (the CPU backend has it)");
+  }
   ATTN_CUDA(cudaSetDevice(device_), absl::StrCat("select device cuda:", device_));
   const int64_t d = spec_.d_model;
   const int64_t head_dim = spec_.head_dim();

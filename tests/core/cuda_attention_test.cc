@@ -342,6 +342,27 @@ TEST_P(CudaAttentionTest, BadRequestIsInvalidArgumentBeforeAnyWork) {
               HasSubstr("query must hold sum(query_lengths) * d_model"));
 }
 
+TEST_P(CudaAttentionTest, RotaryAndWindowAreUnimplemented) {
+  // The CPU backend has them; this one refuses them by name instead of ignoring them.
+  auto attention = Make(64, 4);
+  ASSERT_NE(attention, nullptr);
+  const std::vector<int64_t> lengths = {3};
+  const std::vector<float> query(3 * 64, 0.5f);
+  std::vector<float> output(3 * 64);
+  const std::vector<float> inv_freq = {1.0f, 0.5f};
+  AttentionOptions rotary;
+  rotary.rotary.inv_freq = inv_freq;
+  absl::Status status =
+      attention->Forward({query, lengths}, rotary, absl::MakeSpan(output));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(status.message(), HasSubstr("rotary is not implemented on CUDA"));
+  AttentionOptions window;
+  window.window = 2;
+  status = attention->Forward({query, lengths}, window, absl::MakeSpan(output));
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(status.message(), HasSubstr("window is not implemented on CUDA"));
+}
+
 std::string ParamName(const ::testing::TestParamInfo<std::tuple<Path, Precision>>& info) {
   const Path path = std::get<0>(info.param);
   return std::string(path == Path::kAuto         ? "Auto"

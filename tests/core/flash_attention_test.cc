@@ -1,9 +1,9 @@
 // FlashAttention against a naive fp64 softmax(Q K^T) V, on every tiling edge: tiles of
 // one row and one key, tiles that do not divide the lengths, tiles longer than the
-// sequence, causal masks that cut a key block, several sequences of different lengths in
-// one call, one and two threads. The vector unit is the host's, or the one
-// ONEDNN_MAX_CPU_ISA caps it to (tests/core/CMakeLists.txt runs this file again at AVX2
-// and at SSE4.1).
+// sequence, causal masks that cut a key block, sliding windows whose edges fall inside
+// key blocks, several sequences of different lengths in one call, one and two threads.
+// The vector unit is the host's, or the one ONEDNN_MAX_CPU_ISA caps it to
+// (tests/core/CMakeLists.txt runs this file again at AVX2 and at SSE4.1).
 #include "core/flash_attention.h"
 
 #include <algorithm>
@@ -41,18 +41,24 @@ Planes MakePlanes(int64_t query_length, int64_t key_length, int64_t width, uint3
 }
 
 // softmax(q_p k_p^T + bias) v_p per head in fp64, keys after the query left out when
-// causal; head p's bias the table of model head bias_heads[p] at clamp(j - i).
+// causal, and keys more than `window` (> 0) from it; head p's bias the table of model
+// head bias_heads[p] at clamp(j - i).
 std::vector<double> Naive(const Planes& planes, int64_t heads, int64_t head_dim,
                           int64_t width, bool causal, const RelativeBias& bias = {},
-                          const std::vector<int64_t>& bias_heads = {}) {
+                          const std::vector<int64_t>& bias_heads = {},
+                          int64_t window = 0) {
   std::vector<double> context(planes.context.size(), 0.0);
   std::vector<double> weights(static_cast<size_t>(planes.key_length));
   for (int64_t h = 0; h < heads; ++h) {
     const int64_t column = h * head_dim;
     for (int64_t i = 0; i < planes.query_length; ++i) {
-      const int64_t keys = causal ? i + 1 : planes.key_length;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, i - window) : 0;
+      int64_t keys = causal ? i + 1 : planes.key_length;
+      if (window > 0) {
+        keys = std::min(keys, i + window + 1);
+      }
       double most = -INFINITY;
-      for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t j = first; j < keys; ++j) {
         double dot = 0.0;
         for (int64_t c = 0; c < head_dim; ++c) {
           dot += static_cast<double>(planes.q[i * width + column + c]) *
@@ -66,8 +72,10 @@ std::vector<double> Naive(const Planes& planes, int64_t heads, int64_t head_dim,
         most = std::max(most, dot);
       }
       double sum = 0.0;
-      for (int64_t j = 0; j < keys; ++j) sum += weights[j] = std::exp(weights[j] - most);
-      for (int64_t j = 0; j < keys; ++j) {
+      for (int64_t j = first; j < keys; ++j) {
+        sum += weights[j] = std::exp(weights[j] - most);
+      }
+      for (int64_t j = first; j < keys; ++j) {
         for (int64_t c = 0; c < head_dim; ++c) {
           context[i * width + column + c] +=
               weights[j] / sum * planes.v[j * width + column + c];
@@ -103,18 +111,30 @@ TEST_P(FlashAttentionTest, MatchesNaiveFp64) {
                          p.query_length, p.key_length});
   }
   // Without a bias, and with one of 4 model heads read in another order (radius 20:
-  // the 300-token sequence's offsets pass it on both sides).
+  // the 300-token sequence's offsets pass it on both sides); without a window and with
+  // windows of 1, 5 and 64 keys each side, whose edges fall inside the key blocks (and
+  // leave whole blocks out, and rows of a query block with no key in its first blocks).
   const std::vector<float> table = RandomTokens(4 * 41, 77, 2.0f);
   const std::vector<int64_t> bias_heads = {3, 0, 2};
-  for (const bool with_bias : {false, true}) {
+  for (const auto& [with_bias, window] : std::vector<std::pair<bool, int64_t>>{
+           {false, 0}, {true, 0}, {false, 1}, {true, 5}, {false, 64}}) {
     const RelativeBias bias = with_bias ? RelativeBias{table, 20} : RelativeBias{};
-    FlashScratch scratch;
-    ASSERT_TRUE(FlashAttention(sequences, heads, head_dim, width, causal, tiles, threads,
-                               scratch, bias, bias_heads)
-                    .ok());
+    // A window is defined for self-attention: its sequences are those of equal lengths.
+    std::vector<FlashSequence> run;
+    std::vector<size_t> run_planes;
     for (size_t s = 0; s < planes.size(); ++s) {
+      if (window == 0 || planes[s].query_length == planes[s].key_length) {
+        run.push_back(sequences[s]);
+        run_planes.push_back(s);
+      }
+    }
+    FlashScratch scratch;
+    ASSERT_TRUE(FlashAttention(run, heads, head_dim, width, causal, tiles, threads,
+                               scratch, bias, bias_heads, window)
+                    .ok());
+    for (const size_t s : run_planes) {
       const std::vector<double> expected =
-          Naive(planes[s], heads, head_dim, width, causal, bias, bias_heads);
+          Naive(planes[s], heads, head_dim, width, causal, bias, bias_heads, window);
       // Only the heads' columns are written; the last 4 of each row keep their NaN.
       std::vector<float> got;
       std::vector<double> want;
@@ -135,7 +155,7 @@ TEST_P(FlashAttentionTest, MatchesNaiveFp64) {
           << "sequence " << s << " (" << planes[s].query_length << " x "
           << planes[s].key_length << "), tiles " << tiles.query_rows << " x "
           << tiles.keys << ", " << threads << " threads, unit " << FlashVectorUnit()
-          << (with_bias ? ", with a relative bias" : "");
+          << (with_bias ? ", with a relative bias" : "") << ", window " << window;
     }
   }
 }
@@ -213,6 +233,57 @@ TEST(FlashAttentionErrorsTest, RefusesBadTilesAndShapes) {
       {&sequence, 1}, 2, 4, 8, false, FlashTiles{}, 1, scratch, {table, 1}, one_head);
   EXPECT_EQ(bias_heads.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bias_heads.message(), HasSubstr("one model head per head (2), got 1"));
+  const absl::Status window = FlashAttention({&sequence, 1}, 2, 4, 8, false, FlashTiles{},
+                                             1, scratch, {}, {}, -1);
+  EXPECT_EQ(window.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(window.message(), HasSubstr("window must be >= 0 (0: every key), got -1"));
+  const absl::Status cross_window =
+      FlashAttention({&sequence, 1}, 2, 4, 8, false, FlashTiles{}, 1, scratch, {}, {}, 2);
+  EXPECT_EQ(cross_window.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(cross_window.message(),
+              HasSubstr("windowed sequence 0 has query_length 4 != key_length 6"));
+}
+
+// A key block that no row of a query block sees is never read: NaN values of keys
+// 300..309 reach only the query blocks whose window meets a key block holding them
+// (with a product over masked keys instead, 0 * NaN would reach every row).
+TEST(FlashAttentionWindowTest, SkipsKeyBlocksOutsideEveryWindow) {
+  const int64_t heads = 2, width = heads * 16;
+  // head_dim 16: the register kernels; 10: oneDNN's sgemm.
+  for (const int64_t head_dim : {int64_t{16}, int64_t{10}}) {
+    const int64_t used = heads * head_dim;
+    Planes planes = MakePlanes(600, 600, width, 31, 1.0f);
+    for (int64_t j = 300; j < 310; ++j) {
+      for (int64_t c = 0; c < width; ++c) {
+        planes.v[j * width + c] = NAN;
+      }
+    }
+    for (const bool causal : {false, true}) {
+      std::fill(planes.context.begin(), planes.context.end(), NAN);
+      const FlashSequence sequence{planes.q.data(),     planes.k.data(),
+                                   planes.v.data(),     planes.context.data(),
+                                   planes.query_length, planes.key_length};
+      FlashScratch scratch;
+      ASSERT_TRUE(FlashAttention({&sequence, 1}, heads, head_dim, width, causal,
+                                 FlashTiles{16, 32}, 1, scratch, {}, {}, /*window=*/3)
+                      .ok());
+      const std::vector<double> expected =
+          Naive(planes, heads, head_dim, width, causal, {}, {}, 3);
+      // Key blocks are at most 64 keys (32 rounded up to a panel): rows more than
+      // 64 + 16 + 3 from the poisoned keys read none of their blocks, whatever the
+      // unit.
+      for (int64_t i = 0; i < planes.query_length; ++i) {
+        if (i > 300 - 90 && i < 310 + 90) {
+          continue;
+        }
+        for (int64_t c = 0; c < used; ++c) {
+          ASSERT_NEAR(planes.context[i * width + c], expected[i * width + c], 1e-5)
+              << "row " << i << ", column " << c << (causal ? ", causal" : "")
+              << ", head_dim " << head_dim << ", unit " << FlashVectorUnit();
+        }
+      }
+    }
+  }
 }
 
 // Runs where CMake caps oneDNN's ISA: the exponentials follow the cap.

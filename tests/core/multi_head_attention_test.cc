@@ -66,12 +66,12 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
 }
 
 // Runs a packed batch and compares every sequence (output, and attention weights when
-// `with_weights`) with the fp64 reference run on that sequence alone.
+// `with_weights`) with the fp64 reference run on that sequence alone (so rotary
+// positions restart at 0 in each).
 void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_lengths,
-                            const std::vector<int64_t>& memory_lengths, bool causal,
-                            const std::vector<float>& head_mask, uint32_t seed,
-                            double tolerance = kTolerance, bool with_weights = true,
-                            const RelativeBias& bias = {}) {
+                            const std::vector<int64_t>& memory_lengths,
+                            const AttentionOptions& options, uint32_t seed,
+                            double tolerance = kTolerance, bool with_weights = true) {
   const int64_t d = fixture.spec.d_model;
   const int64_t h = fixture.spec.num_heads;
   const int64_t query_tokens =
@@ -85,7 +85,6 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
       with_weights ? AttentionWeightsSize(h, query_lengths, memory_lengths) : 0);
 
   AttentionBatch batch{query, query_lengths, memory, memory_lengths};
-  AttentionOptions options{causal, head_mask, bias};
   const absl::Status status = fixture.attention->Forward(
       batch, options, absl::MakeSpan(output), absl::MakeSpan(weights));
   ASSERT_TRUE(status.ok()) << status;
@@ -100,8 +99,8 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
         memory_lengths.empty()
             ? absl::Span<const float>()
             : absl::MakeConstSpan(memory).subspan(memory_offset * d, lk * d);
-    const ReferenceResult expected = ReferenceAttention(
-        fixture.spec, fixture.weights, query_i, memory_i, causal, head_mask, bias);
+    const ReferenceResult expected =
+        ReferenceAttention(fixture.spec, fixture.weights, query_i, memory_i, options);
     EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(output).subspan(query_offset * d, lq * d),
                          absl::MakeConstSpan(expected.output)),
               tolerance)
@@ -117,6 +116,19 @@ void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_
     memory_offset += memory_lengths.empty() ? 0 : lk;
     weights_offset += h * lq * lk;
   }
+}
+
+void ExpectMatchesReference(Fixture& fixture, const std::vector<int64_t>& query_lengths,
+                            const std::vector<int64_t>& memory_lengths, bool causal,
+                            const std::vector<float>& head_mask, uint32_t seed,
+                            double tolerance = kTolerance, bool with_weights = true,
+                            const RelativeBias& bias = {}) {
+  AttentionOptions options;
+  options.causal = causal;
+  options.head_mask = head_mask;
+  options.relative_bias = bias;
+  ExpectMatchesReference(fixture, query_lengths, memory_lengths, options, seed, tolerance,
+                         with_weights);
 }
 
 // A relative bias table for `heads` heads of radius `radius`, values in [-2, 2].
@@ -166,6 +178,141 @@ TEST(MultiHeadAttentionTest, RelativeBiasMatchesReferenceInRowBlocks) {
   ExpectMatchesReference(fixture, {300, 17}, {}, false, {}, 16, kTolerance, true, bias);
   ExpectMatchesReference(fixture, {300, 17}, {}, false, {}, 17, kTolerance, false, bias);
   ExpectMatchesReference(fixture, {300}, {}, true, {}, 18, kTolerance, false, bias);
+}
+
+// transformers' default rotary frequencies for `rotary_dims` rotated values of a head:
+// theta^(-2c / rotary_dims) for c < rotary_dims / 2, in f32.
+std::vector<float> RopeInvFreq(int64_t rotary_dims, float theta = 10000.0f) {
+  std::vector<float> inv_freq(static_cast<size_t>(rotary_dims / 2));
+  for (size_t c = 0; c < inv_freq.size(); ++c) {
+    inv_freq[c] = 1.0f / std::pow(theta, static_cast<float>(2 * c) /
+                                             static_cast<float>(rotary_dims));
+  }
+  return inv_freq;
+}
+
+// Options with rotary positions from `inv_freq` (empty: none) and a window.
+AttentionOptions RotaryOptions(absl::Span<const float> inv_freq, bool interleaved,
+                               bool causal = false, int64_t window = 0) {
+  AttentionOptions options;
+  options.causal = causal;
+  options.rotary.inv_freq = inv_freq;
+  options.rotary.interleaved = interleaved;
+  options.window = window;
+  return options;
+}
+
+// (head_dim, interleaved)
+class RotaryTest : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+TEST_P(RotaryTest, MatchesReferenceOnEveryPath) {
+  const auto [head_dim, interleaved] = GetParam();
+  const int64_t d = 4 * head_dim;
+  const std::vector<float> full = RopeInvFreq(head_dim);
+  // Partial rotary (GPT-NeoX's rotary_pct 0.5): the second half of each head is left as
+  // it is.
+  const std::vector<float> partial = RopeInvFreq(head_dim / 2);
+  const std::vector<int64_t> lengths = {1, 7, 129, 300};
+  // Default budget, with weights: 1..129 all heads at once, 300 one head at a time in
+  // row blocks (serial); without weights 300 takes the kernel the host's timing chose.
+  Fixture fixture = MakeFixture(d, 4);
+  ExpectMatchesReference(fixture, lengths, {}, RotaryOptions(full, interleaved), 200);
+  ExpectMatchesReference(fixture, lengths, {}, RotaryOptions(full, interleaved, true),
+                         201, kTolerance, false);
+  ExpectMatchesReference(fixture, lengths, {}, RotaryOptions(partial, interleaved), 202);
+  // A 4 KiB budget on 2 threads without weights: the parallel row blocks and the flash
+  // kernel, each whatever the timing chose.
+  for (const auto kernel : {MultiHeadAttention::Options::AttentionKernel::kBlocks,
+                            MultiHeadAttention::Options::AttentionKernel::kFlash}) {
+    Fixture long_path = MakeFixture(d, 4, 7, 2, 4096, {}, Precision::kFp32, kAutoBf16,
+                                    kAutoProjection, kernel);
+    ExpectMatchesReference(long_path, lengths, {}, RotaryOptions(full, interleaved), 203,
+                           kTolerance, false);
+    ExpectMatchesReference(long_path, lengths, {},
+                           RotaryOptions(partial, interleaved, true), 204, kTolerance,
+                           false);
+  }
+  // A model-pruned head and a head mask: the rotation follows each computed head.
+  Fixture pruned = MakeFixture(d, 4, 7, 0, 1 << 20, {1});
+  AttentionOptions masked = RotaryOptions(full, interleaved);
+  const std::vector<float> head_mask = {0.5f, 1, 1, 0};
+  masked.head_mask = head_mask;
+  ExpectMatchesReference(pruned, {9, 9, 40}, {}, masked, 205);
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadSizes, RotaryTest,
+                         ::testing::Combine(::testing::Values(int64_t{16}, int64_t{32},
+                                                              int64_t{64}),
+                                            ::testing::Bool()));
+
+TEST(MultiHeadAttentionTest, RotaryMatchesReferenceAtLargePositions) {
+  // 2000 tokens: angles up to 1999 rad for the first frequency, where the f32 product
+  // and f32 cos and sin are what the reference follows. The flash kernel (with a window
+  // of 64 that skips most key blocks, and causal), and the serial row blocks with
+  // weights.
+  const std::vector<float> inv_freq = RopeInvFreq(64);
+  Fixture flash =
+      MakeFixture(128, 2, 7, 2, 1 << 20, {}, Precision::kFp32, kAutoBf16, kAutoProjection,
+                  MultiHeadAttention::Options::AttentionKernel::kFlash);
+  ExpectMatchesReference(flash, {2000}, {}, RotaryOptions(inv_freq, false), 210,
+                         kTolerance, false);
+  ExpectMatchesReference(flash, {2000}, {}, RotaryOptions(inv_freq, true, true, 64), 211,
+                         kTolerance, false);
+  Fixture blocks =
+      MakeFixture(128, 2, 7, 0, 1 << 20, {}, Precision::kFp32, kAutoBf16, kAutoProjection,
+                  MultiHeadAttention::Options::AttentionKernel::kBlocks);
+  ExpectMatchesReference(blocks, {2000}, {}, RotaryOptions(inv_freq, true), 212);
+}
+
+TEST(MultiHeadAttentionTest, WindowMatchesReferenceOnTheShortPaths) {
+  // All heads in one product, runs of equal lengths, the weights written in place, and
+  // (with a model-pruned head and a mask) copied per head; windows of 0 (every key), 1,
+  // 5 and 64 (wider than the sequences), with and without causal.
+  Fixture fixture = MakeFixture(64, 4);
+  Fixture pruned = MakeFixture(64, 4, 7, 0, 1 << 20, {1});
+  const std::vector<float> head_mask = {1, 1, 0.5f, 0};
+  uint32_t seed = 220;
+  for (const int64_t window : {0, 1, 5, 64}) {
+    for (const bool causal : {false, true}) {
+      AttentionOptions options = RotaryOptions({}, false, causal, window);
+      ExpectMatchesReference(fixture, {1, 9, 9, 9, 30}, {}, options, ++seed);
+      options.head_mask = head_mask;
+      ExpectMatchesReference(pruned, {16, 16, 5}, {}, options, ++seed);
+    }
+  }
+}
+
+TEST(MultiHeadAttentionTest, WindowedWeightsAreZeroOutsideTheWindow) {
+  // All heads at once and (a 4 KiB budget) one head at a time in row blocks whose keys
+  // the window narrows: each row's weights outside |i - j| <= 3 (and j <= i when
+  // causal) are exactly 0, and the rest sum to 1.
+  for (const int64_t block_bytes : {int64_t{1} << 20, int64_t{4096}}) {
+    Fixture fixture = MakeFixture(64, 4, 7, 0, block_bytes);
+    const std::vector<int64_t> lengths = {40};
+    const std::vector<float> query = RandomTokens(int64_t{40} * 64, 230);
+    for (const bool causal : {false, true}) {
+      std::vector<float> output(size_t{40} * 64);
+      std::vector<float> weights(size_t{4} * 40 * 40);
+      ASSERT_TRUE(fixture.attention
+                      ->Forward({query, lengths}, RotaryOptions({}, false, causal, 3),
+                                absl::MakeSpan(output), absl::MakeSpan(weights))
+                      .ok());
+      for (int64_t h = 0; h < 4; ++h) {
+        for (int64_t i = 0; i < 40; ++i) {
+          double sum = 0.0;
+          for (int64_t j = 0; j < 40; ++j) {
+            const float weight = weights[(h * 40 + i) * 40 + j];
+            if (std::abs(i - j) > 3 || (causal && j > i)) {
+              ASSERT_EQ(weight, 0.0f) << "head " << h << ", query " << i << ", key " << j
+                                      << ", budget " << block_bytes;
+            }
+            sum += weight;
+          }
+          EXPECT_NEAR(sum, 1.0, 1e-5) << "head " << h << ", query " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(MultiHeadAttentionTest, MatchesReferenceForOneToken) {
@@ -228,6 +375,43 @@ TEST_P(AttentionKernelTest, MatchesReference) {
   ExpectMatchesReference(odd, {260, 90}, {}, true, {1, 1, 0, 0.5f, 0, 1}, 104, kTolerance,
                          false, bias);
   ExpectMatchesReference(odd, {70, 3}, {}, false, {}, 105, kTolerance, true, bias);
+}
+
+TEST_P(AttentionKernelTest, RotaryAndWindowMatchReference) {
+  // The long path's cases (a 4 KiB budget; head_dim 20, a model-pruned head) with
+  // rotary positions and windows of 0, 1, 5 and 64 keys each side, with and without
+  // causal: each window's edges fall inside the flash key tiles and the row blocks.
+  const auto [kernel, threads] = GetParam();
+  Fixture odd = MakeFixture(120, 6, 7, threads, 4096, {2}, Precision::kFp32, kAutoBf16,
+                            kAutoProjection, kernel);
+  const std::vector<float> full = RopeInvFreq(20);
+  const std::vector<float> partial = RopeInvFreq(8);
+  uint32_t seed = 110;
+  for (const int64_t window : {0, 1, 5, 64}) {
+    for (const bool causal : {false, true}) {
+      // Full and partial rotary, both pairings, and a window alone.
+      const bool interleaved = causal;
+      const std::vector<float>& inv_freq = window == 1 || window == 64 ? full : partial;
+      ExpectMatchesReference(odd, {1, 7, 260, 33}, {},
+                             RotaryOptions(inv_freq, interleaved, causal, window), ++seed,
+                             kTolerance, false);
+      ExpectMatchesReference(odd, {300}, {},
+                             RotaryOptions(window == 5 ? absl::Span<const float>()
+                                                       : absl::MakeConstSpan(full),
+                                           !interleaved, causal, window),
+                             ++seed, kTolerance, false);
+    }
+  }
+  // With weights asked (the blocks), and with everything at once: a relative bias, a
+  // head mask, causal, a window and partial interleaved rotary.
+  ExpectMatchesReference(odd, {70, 3}, {}, RotaryOptions(full, false, false, 5), 120);
+  const std::vector<float> table = RandomBias(6, 40, 121);
+  AttentionOptions all = RotaryOptions(partial, true, true, 17);
+  all.relative_bias = {table, 40};
+  const std::vector<float> head_mask = {1, 1, 0, 0.5f, 0, 1};
+  all.head_mask = head_mask;
+  ExpectMatchesReference(odd, {260, 90}, {}, all, 122, kTolerance, false);
+  ExpectMatchesReference(odd, {70, 3}, {}, all, 123);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -594,6 +778,30 @@ TEST_F(Bf16Test, MatchesReferenceInBlocksAndWithPrunedHeads) {
   ExpectMatchesReference(blocked, {260}, {}, false, {}, 69, kBf16Tolerance, false, bias);
 }
 
+// Rotary positions and windows in bf16: all heads at once and row blocks, with and
+// without weights, a model-pruned head.
+void ExpectBf16RotaryAndWindowMatchReference(
+    MultiHeadAttention::Options::Bf16Compute bf16_compute) {
+  Fixture fixture =
+      MakeFixture(512, 8, 7, 0, 1 << 20, {}, Precision::kBf16, bf16_compute);
+  const std::vector<float> full = RopeInvFreq(64);
+  const std::vector<float> partial = RopeInvFreq(16);
+  ExpectMatchesReference(fixture, {1, 7, 129, 300}, {}, RotaryOptions(full, false), 130,
+                         kBf16Tolerance);
+  ExpectMatchesReference(fixture, {1, 7, 129, 300}, {},
+                         RotaryOptions(full, true, true, 64), 131, kBf16Tolerance, false);
+  Fixture blocked = MakeFixture(120, 6, 7, 0, 4096, {2}, Precision::kBf16, bf16_compute);
+  ExpectMatchesReference(blocked, {200, 3}, {},
+                         RotaryOptions(RopeInvFreq(20), true, false, 5), 132,
+                         kBf16Tolerance);
+  ExpectMatchesReference(blocked, {260}, {}, RotaryOptions(partial, false, true, 1), 133,
+                         kBf16Tolerance, false);
+}
+
+TEST_F(Bf16Test, RotaryAndWindowMatchReference) {
+  ExpectBf16RotaryAndWindowMatchReference(kAutoBf16);
+}
+
 TEST_F(Bf16Test, OutputWithoutWeightsEqualsOutputWithWeights) {
   // Without returned weights the softmax writes bf16 directly; with them it writes f32
   // and a reorder converts. Both round f32 probabilities to bf16 once, but not always
@@ -625,6 +833,10 @@ TEST(Bf16Float32ComputeTest, MatchesReferenceWithinBf16Tolerance) {
   Fixture pruned =
       MakeFixture(120, 6, 7, 0, 4096, {2}, Precision::kBf16, kFloat32Compute);
   ExpectMatchesReference(pruned, {200, 3}, {}, false, {}, 65, kBf16Tolerance);
+}
+
+TEST(Bf16Float32ComputeTest, RotaryAndWindowMatchReference) {
+  ExpectBf16RotaryAndWindowMatchReference(kFloat32Compute);
 }
 
 TEST(Bf16Float32ComputeTest, IsTheFp32ModelOfTheBf16RoundedWeights) {
@@ -1014,6 +1226,57 @@ TEST_F(ForwardErrorTest, RejectsMalformedRelativeBias) {
   EXPECT_TRUE(Run({query_, lengths_}, options).ok());
 }
 
+TEST_F(ForwardErrorTest, RejectsRotaryFrequencyNotFiniteOrNegative) {
+  // head_dim 8: up to 4 frequencies.
+  for (const float bad : {NAN, INFINITY, -INFINITY, -0.5f}) {
+    const std::vector<float> inv_freq = {1.0f, bad, 0.1f};
+    const absl::Status status = Run({query_, lengths_}, RotaryOptions(inv_freq, false));
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("rotary.inv_freq[1] must be finite and >= 0"))
+        << bad;
+  }
+}
+
+TEST_F(ForwardErrorTest, RejectsRotaryWiderThanAHead) {
+  const std::vector<float> inv_freq(5, 0.5f);
+  const absl::Status status = Run({query_, lengths_}, RotaryOptions(inv_freq, true));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("rotary.inv_freq must hold at most head_dim / 2 = 4 values (one "
+                        "per rotated pair), got 5"));
+}
+
+TEST_F(ForwardErrorTest, RejectsRotaryWithCrossAttention) {
+  const std::vector<int64_t> memory_lengths = {4};
+  const std::vector<float> inv_freq = {1.0f};
+  const absl::Status status =
+      Run({query_, lengths_, query_, memory_lengths}, RotaryOptions(inv_freq, false));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("rotary.inv_freq must be empty for cross"));
+}
+
+TEST_F(ForwardErrorTest, RejectsWindowWithCrossAttention) {
+  const std::vector<int64_t> memory_lengths = {4};
+  const absl::Status status =
+      Run({query_, lengths_, query_, memory_lengths}, RotaryOptions({}, false, false, 2));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(),
+              HasSubstr("window must be 0 for cross-attention (memory given), got 2"));
+}
+
+TEST_F(ForwardErrorTest, RejectsNegativeWindow) {
+  const absl::Status status = Run({query_, lengths_}, RotaryOptions({}, false, true, -1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("window must be >= 0 (0: every key), got -1"));
+}
+
+TEST_F(ForwardErrorTest, AcceptsRotaryAndWindowAtTheirLimits) {
+  // head_dim / 2 frequencies, 0 among them (a pair that never turns); a window longer
+  // than the sequence.
+  const std::vector<float> inv_freq = {1.0f, 0.0f, 1e-4f, 3.0f};
+  EXPECT_TRUE(Run({query_, lengths_}, RotaryOptions(inv_freq, true, true, 1000)).ok());
+}
+
 TEST_F(ForwardErrorTest, RejectsMemoryLengthsCountMismatch) {
   const std::vector<int64_t> memory_lengths = {2, 2};
   const absl::Status status = Run({query_, lengths_, query_, memory_lengths});
@@ -1180,6 +1443,22 @@ TEST(Int8Test, BlocksThreadsAndPrunedHeadsMatchTheReference) {
   const RelativeBias bias{table, 64};
   ExpectMatchesReference(blocked, {200, 3}, {}, false, {}, 70, kInt8Tolerance, true,
                          bias);
+}
+
+TEST(Int8Test, RotaryAndWindowMatchReference) {
+  Fixture fixture = MakeInt8Fixture(512, 8);
+  const std::vector<float> full = RopeInvFreq(64);
+  ExpectMatchesReference(fixture, {1, 7, 129, 300}, {}, RotaryOptions(full, false), 140,
+                         kInt8Tolerance);
+  ExpectMatchesReference(fixture, {300, 20}, {}, RotaryOptions(full, true, true, 64), 141,
+                         kInt8Tolerance, false);
+  Fixture blocked = MakeInt8Fixture(120, 6, 2, 4096, {2});
+  ExpectMatchesReference(blocked, {200, 3}, {},
+                         RotaryOptions(RopeInvFreq(8), true, false, 5), 142,
+                         kInt8Tolerance);
+  ExpectMatchesReference(blocked, {260}, {},
+                         RotaryOptions(RopeInvFreq(20), false, true, 1), 143,
+                         kInt8Tolerance, false);
 }
 
 TEST(Int8Test, Bf16InputsEqualTheirWidenedValues) {
