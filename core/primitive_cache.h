@@ -28,10 +28,12 @@ enum class PrimitiveKind : int32_t {
   kConvert,         // f32 to the compute precision
   kInt8Projection,  // [rows, in] u8 x packed [in, out] s8 -> [rows, out] s32
   // The encoder's (TransformerEncoder):
-  kLinear,      // [rows, in] x packed [in, out] + bias (+ activation, + sum)
-  kLayerNorm,   // [rows, width] layer normalization with scale and shift
-  kAdd,         // [rows, width] + [rows, width]
-  kActivation,  // an activation in place over [rows, width] (int8 feed-forward)
+  kLinear,       // [rows, in] x packed [in, out] + bias (+ activation, + sum)
+  kLayerNorm,    // [rows, width] layer normalization with scale and shift
+  kAdd,          // [rows, width] + [rows, width]
+  kActivation,   // an activation in place over [rows, width] (int8 feed-forward)
+  kGate,         // a gated feed-forward's act(input) in place, over half of each row
+  kGateProduct,  // act(input) * gate of each row's halves, into [rows, width]
 };
 
 struct PrimitiveKey {

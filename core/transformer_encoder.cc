@@ -145,6 +145,37 @@ absl::Status EncoderSpec::Validate() const {
   } else if (sparse_log_twice) {
     return Invalid("sparse_log_twice applies to a SPLADE head (sparse) only");
   }
+  if (!layer_attention.empty() &&
+      static_cast<int64_t>(layer_attention.size()) != num_layers) {
+    return Invalid(absl::StrCat("layer_attention must list every one of the ", num_layers,
+                                " layers or none, got ", layer_attention.size()));
+  }
+  for (size_t layer = 0; layer < layer_attention.size(); ++layer) {
+    const LayerAttention& attention = layer_attention[layer];
+    if (attention.window < 0 || attention.window > max_positions) {
+      return Invalid(absl::StrCat("layer_attention[", layer, "].window must be in [0, ",
+                                  max_positions, "], got ", attention.window));
+    }
+    const int64_t head_dim = num_heads > 0 ? d_model / num_heads : 0;
+    if (static_cast<int64_t>(attention.rotary_inv_freq.size()) * 2 > head_dim) {
+      return Invalid(absl::StrCat("layer_attention[", layer, "].rotary_inv_freq has ",
+                                  attention.rotary_inv_freq.size(),
+                                  " frequencies, more than half the head size ",
+                                  head_dim));
+    }
+    for (const float value : attention.rotary_inv_freq) {
+      if (!std::isfinite(value) || value < 0.0f) {
+        return Invalid(
+            absl::StrCat("layer_attention[", layer,
+                         "].rotary_inv_freq must hold finite values >= 0, got ", value));
+      }
+    }
+  }
+  if (family == Family::kModernBert &&
+      (norm_placement != NormPlacement::kPre || absolute_positions || !gated_ffn)) {
+    return Invalid(
+        "a ModernBERT encoder is pre-LN with a gated feed-forward and no position table");
+  }
   if (d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
@@ -209,15 +240,17 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
     return Invalid(absl::StrCat("word_embeddings_bf16 has ", word_embeddings_bf16->size(),
                                 " values, expected ", spec.vocab_size * d));
   }
-  ATTN_RETURN_IF_ERROR(
-      CheckSize(position_embeddings, spec.max_positions * d, "position_embeddings"));
+  ATTN_RETURN_IF_ERROR(CheckSize(position_embeddings,
+                                 spec.absolute_positions ? spec.max_positions * d : 0,
+                                 "position_embeddings"));
   ATTN_RETURN_IF_ERROR(CheckSize(token_type_embeddings, spec.type_vocab_size * d,
                                  "token_type_embeddings"));
   const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
+  const int64_t embedding_norm = spec.embedding_norm() ? d : 0;
   ATTN_RETURN_IF_ERROR(
-      CheckSize(embedding_norm_scale, pre ? 0 : d, "embedding_norm_scale"));
+      CheckSize(embedding_norm_scale, embedding_norm, "embedding_norm_scale"));
   ATTN_RETURN_IF_ERROR(
-      CheckSize(embedding_norm_shift, pre ? 0 : d, "embedding_norm_shift"));
+      CheckSize(embedding_norm_shift, embedding_norm, "embedding_norm_shift"));
   ATTN_RETURN_IF_ERROR(CheckSize(final_norm_scale, pre ? d : 0, "final_norm_scale"));
   ATTN_RETURN_IF_ERROR(CheckSize(final_norm_shift, pre ? d : 0, "final_norm_shift"));
   ATTN_RETURN_IF_ERROR(CheckSize(relative_attention_bias,
@@ -274,13 +307,17 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
     if (absl::Status status = layer.attention.CheckShapes(attention); !status.ok()) {
       return Invalid(absl::StrCat(at, "attention: ", status.message()));
     }
+    // ModernBERT's first block reads its input without a norm.
+    const int64_t attention_norm =
+        spec.family == EncoderSpec::Family::kModernBert && i == 0 ? 0 : d;
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.attention_norm_scale, attention_norm,
+                                   at + "attention_norm_scale"));
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.attention_norm_shift, attention_norm,
+                                   at + "attention_norm_shift"));
+    const int64_t ffn_in = (spec.gated_ffn ? 2 : 1) * spec.ffn_dim;
     ATTN_RETURN_IF_ERROR(
-        CheckSize(layer.attention_norm_scale, d, at + "attention_norm_scale"));
-    ATTN_RETURN_IF_ERROR(
-        CheckSize(layer.attention_norm_shift, d, at + "attention_norm_shift"));
-    ATTN_RETURN_IF_ERROR(
-        CheckSize(layer.ffn_in_weight, spec.ffn_dim * d, at + "ffn_in_weight"));
-    ATTN_RETURN_IF_ERROR(CheckSize(layer.ffn_in_bias, spec.ffn_dim, at + "ffn_in_bias"));
+        CheckSize(layer.ffn_in_weight, ffn_in * d, at + "ffn_in_weight"));
+    ATTN_RETURN_IF_ERROR(CheckSize(layer.ffn_in_bias, ffn_in, at + "ffn_in_bias"));
     ATTN_RETURN_IF_ERROR(
         CheckSize(layer.ffn_out_weight, d * spec.ffn_dim, at + "ffn_out_weight"));
     ATTN_RETURN_IF_ERROR(CheckSize(layer.ffn_out_bias, d, at + "ffn_out_bias"));
@@ -364,6 +401,11 @@ constexpr TensorNames kMpnetNames = {"MPNet",
                                      "output.dense.",
                                      "output.LayerNorm."};
 
+// ModernBERT's (LoadModernBertBlocks reads its blocks; Q, K and V are one tensor).
+constexpr TensorNames kModernBertNames = {
+    "ModernBERT", "",           "embeddings.norm.", "final_norm.", "layers.",  "", "", "",
+    "attn.Wo.",   "attn_norm.", "mlp.Wi.",          "mlp.Wo.",     "mlp_norm."};
+
 // `names` under another family's name (RoBERTa's and ELECTRA's tensors are BERT's).
 constexpr TensorNames Renamed(TensorNames names, const char* family) {
   names.family = family;
@@ -377,6 +419,7 @@ const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kRoberta) return kRobertaNames;
   if (spec.family == EncoderSpec::Family::kElectra) return kElectraNames;
   if (spec.family == EncoderSpec::Family::kMpnet) return kMpnetNames;
+  if (spec.family == EncoderSpec::Family::kModernBert) return kModernBertNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
 }
@@ -399,6 +442,63 @@ int64_t MpnetRelativeBucket(int64_t offset) {
                                   static_cast<double>(kExact))) *
       static_cast<float>(kHalf - kExact);
   return base + std::min<int64_t>(kExact + static_cast<int64_t>(scaled), kHalf - 1);
+}
+
+// ModernBERT's norms and blocks, by `names` (kModernBertNames): each weight with its
+// bias when the checkpoint has one (`has`), else zeros, as its config's attention_bias,
+// mlp_bias and norm_bias (off in every released checkpoint) leave them. `read` reads
+// and marks a tensor used.
+template <typename Has, typename Read>
+absl::Status LoadModernBertBlocks(const EncoderSpec& spec, const TensorNames& names,
+                                  const Has& has, const Read& read,
+                                  EncoderWeights* weights) {
+  const int64_t d = spec.d_model;
+  // `name` + "weight" of `shape`, and its bias ([shape[0]]) or zeros.
+  const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
+                                  std::vector<float>* weight,
+                                  std::vector<float>* bias) -> absl::Status {
+    const int64_t out = shape[0];
+    ATTN_ASSIGN_OR_RETURN(*weight, read(name + "weight", std::move(shape)));
+    if (has(name + "bias")) {
+      ATTN_ASSIGN_OR_RETURN(*bias, read(name + "bias", {out}));
+    } else {
+      bias->assign(static_cast<size_t>(out), 0.0f);
+    }
+    return absl::OkStatus();
+  };
+  if (!spec.checkpoint_pruned_heads.empty()) {
+    return Invalid(
+        "checkpoint_pruned_heads: a ModernBERT checkpoint with heads removed "
+        "is not served");
+  }
+  ATTN_RETURN_IF_ERROR(read_with_bias(names.embedding_norm, {d},
+                                      &weights->embedding_norm_scale,
+                                      &weights->embedding_norm_shift));
+  for (int64_t n = 0; n < spec.num_layers; ++n) {
+    const std::string at = absl::StrCat(names.layer, n, ".");
+    EncoderLayerWeights layer;
+    if (n > 0) {  // the first block reads the normed embeddings as they are
+      ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_norm, {d},
+                                          &layer.attention_norm_scale,
+                                          &layer.attention_norm_shift));
+    }
+    // Wqkv's rows: Q's heads, then K's, then V's (transformers views it [3, h, d/h]).
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + "attn.Wqkv.", {3 * d, d},
+                                        &layer.attention.in_proj_weight,
+                                        &layer.attention.in_proj_bias));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out, {d, d},
+                                        &layer.attention.out_proj_weight,
+                                        &layer.attention.out_proj_bias));
+    ATTN_RETURN_IF_ERROR(read_with_bias(
+        at + names.output_norm, {d}, &layer.output_norm_scale, &layer.output_norm_shift));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_in, {2 * spec.ffn_dim, d},
+                                        &layer.ffn_in_weight, &layer.ffn_in_bias));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
+                                        &layer.ffn_out_weight, &layer.ffn_out_bias));
+    weights->layers.push_back(std::move(layer));
+  }
+  return read_with_bias(names.final_norm, {d}, &weights->final_norm_scale,
+                        &weights->final_norm_shift);
 }
 
 // The SPLADE head of a BERT or DistilBERT masked-LM checkpoint, outside the prefix
@@ -482,7 +582,12 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     return file.ReadFloat32(full, shape);
   };
   EncoderWeights weights;
-  const std::string table = "embeddings.word_embeddings.weight";
+  const bool modern = spec.family == EncoderSpec::Family::kModernBert;
+  if (modern && spec.num_labels > 0) {
+    return Invalid("a ModernBERT classification head is not served");
+  }
+  const std::string table =
+      modern ? "embeddings.tok_embeddings.weight" : "embeddings.word_embeddings.weight";
   if (spec.precision == Precision::kFp32) {
     ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
                           read(table, {spec.vocab_size, d}));
@@ -497,12 +602,14 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
         std::make_shared<const std::vector<uint16_t>>(std::move(word_embeddings));
   }
   // RoBERTa's first rows (the padding index and those before it) are never read.
-  ATTN_ASSIGN_OR_RETURN(weights.position_embeddings,
-                        read("embeddings.position_embeddings.weight",
-                             {spec.position_offset + spec.max_positions, d}));
-  weights.position_embeddings.erase(
-      weights.position_embeddings.begin(),
-      weights.position_embeddings.begin() + spec.position_offset * d);
+  if (spec.absolute_positions) {
+    ATTN_ASSIGN_OR_RETURN(weights.position_embeddings,
+                          read("embeddings.position_embeddings.weight",
+                               {spec.position_offset + spec.max_positions, d}));
+    weights.position_embeddings.erase(
+        weights.position_embeddings.begin(),
+        weights.position_embeddings.begin() + spec.position_offset * d);
+  }
   if (*names.token_types != '\0') {
     ATTN_ASSIGN_OR_RETURN(weights.token_type_embeddings,
                           read(names.token_types, {spec.type_vocab_size, d}));
@@ -513,83 +620,90 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   } else {
     weights.token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
   }
-  // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
-  // (pre-LN) before each sublayer and after the last block.
-  const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
-  const std::string norm = pre ? names.final_norm : names.embedding_norm;
-  std::vector<float>& norm_scale =
-      pre ? weights.final_norm_scale : weights.embedding_norm_scale;
-  std::vector<float>& norm_shift =
-      pre ? weights.final_norm_shift : weights.embedding_norm_shift;
-  if (norm.empty()) {
-    return Invalid(absl::StrCat("a ", names.family, " checkpoint has no ",
-                                pre ? "pre-LN" : "post-LN", " blocks"));
-  }
-  ATTN_ASSIGN_OR_RETURN(norm_scale, read(norm + "weight", {d}));
-  ATTN_ASSIGN_OR_RETURN(norm_shift, read(norm + "bias", {d}));
-  for (int64_t n = 0; n < spec.num_layers; ++n) {
-    const std::string at = absl::StrCat(names.layer, n, ".");
-    EncoderLayerWeights layer;
-    // The heads this checkpoint holds, in order: a pruned one's rows (Q, K, V) and
-    // columns (output) are absent, and stay zero here.
-    std::vector<int64_t> stored;
-    const absl::Span<const int64_t> absent =
-        spec.checkpoint_pruned_heads.empty()
-            ? absl::Span<const int64_t>()
-            : absl::Span<const int64_t>(spec.checkpoint_pruned_heads[n]);
-    for (int64_t head = 0; head < spec.num_heads; ++head) {
-      if (std::find(absent.begin(), absent.end(), head) == absent.end()) {
-        stored.push_back(head);
-      }
+  const auto has = [&](const std::string& name) {
+    return file.Find(absl::StrCat(prefix, name)) != nullptr;
+  };
+  if (modern) {
+    ATTN_RETURN_IF_ERROR(LoadModernBertBlocks(spec, names, has, read, &weights));
+  } else {
+    // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
+    // (pre-LN) before each sublayer and after the last block.
+    const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
+    const std::string norm = pre ? names.final_norm : names.embedding_norm;
+    std::vector<float>& norm_scale =
+        pre ? weights.final_norm_scale : weights.embedding_norm_scale;
+    std::vector<float>& norm_shift =
+        pre ? weights.final_norm_shift : weights.embedding_norm_shift;
+    if (norm.empty()) {
+      return Invalid(absl::StrCat("a ", names.family, " checkpoint has no ",
+                                  pre ? "pre-LN" : "post-LN", " blocks"));
     }
-    const int64_t head_dim = d / spec.num_heads;
-    const auto width = static_cast<int64_t>(stored.size()) * head_dim;
-    layer.attention.in_proj_weight.assign(static_cast<size_t>(3 * d * d), 0.0f);
-    layer.attention.in_proj_bias.assign(static_cast<size_t>(3 * d), 0.0f);
-    for (int64_t part = 0; part < 3; ++part) {
-      const char* name = part == 0 ? names.query : part == 1 ? names.key : names.value;
-      ATTN_ASSIGN_OR_RETURN(std::vector<float> weight,
-                            read(absl::StrCat(at, name, "weight"), {width, d}));
-      ATTN_ASSIGN_OR_RETURN(std::vector<float> bias,
-                            read(absl::StrCat(at, name, "bias"), {width}));
-      for (size_t i = 0; i < stored.size(); ++i) {
-        const int64_t row = part * d + stored[i] * head_dim;  // in [3d, d]
-        std::copy_n(&weight[i * head_dim * d], head_dim * d,
-                    &layer.attention.in_proj_weight[row * d]);
-        std::copy_n(&bias[i * head_dim], head_dim, &layer.attention.in_proj_bias[row]);
+    ATTN_ASSIGN_OR_RETURN(norm_scale, read(norm + "weight", {d}));
+    ATTN_ASSIGN_OR_RETURN(norm_shift, read(norm + "bias", {d}));
+    for (int64_t n = 0; n < spec.num_layers; ++n) {
+      const std::string at = absl::StrCat(names.layer, n, ".");
+      EncoderLayerWeights layer;
+      // The heads this checkpoint holds, in order: a pruned one's rows (Q, K, V) and
+      // columns (output) are absent, and stay zero here.
+      std::vector<int64_t> stored;
+      const absl::Span<const int64_t> absent =
+          spec.checkpoint_pruned_heads.empty()
+              ? absl::Span<const int64_t>()
+              : absl::Span<const int64_t>(spec.checkpoint_pruned_heads[n]);
+      for (int64_t head = 0; head < spec.num_heads; ++head) {
+        if (std::find(absent.begin(), absent.end(), head) == absent.end()) {
+          stored.push_back(head);
+        }
       }
-    }
-    ATTN_ASSIGN_OR_RETURN(
-        std::vector<float> out_weight,
-        read(absl::StrCat(at, names.attention_out, "weight"), {d, width}));
-    layer.attention.out_proj_weight.assign(static_cast<size_t>(d * d), 0.0f);
-    for (int64_t row = 0; row < d; ++row) {
-      for (size_t i = 0; i < stored.size(); ++i) {
-        std::copy_n(&out_weight[row * width + i * head_dim], head_dim,
-                    &layer.attention.out_proj_weight[row * d + stored[i] * head_dim]);
+      const int64_t head_dim = d / spec.num_heads;
+      const auto width = static_cast<int64_t>(stored.size()) * head_dim;
+      layer.attention.in_proj_weight.assign(static_cast<size_t>(3 * d * d), 0.0f);
+      layer.attention.in_proj_bias.assign(static_cast<size_t>(3 * d), 0.0f);
+      for (int64_t part = 0; part < 3; ++part) {
+        const char* name = part == 0 ? names.query : part == 1 ? names.key : names.value;
+        ATTN_ASSIGN_OR_RETURN(std::vector<float> weight,
+                              read(absl::StrCat(at, name, "weight"), {width, d}));
+        ATTN_ASSIGN_OR_RETURN(std::vector<float> bias,
+                              read(absl::StrCat(at, name, "bias"), {width}));
+        for (size_t i = 0; i < stored.size(); ++i) {
+          const int64_t row = part * d + stored[i] * head_dim;  // in [3d, d]
+          std::copy_n(&weight[i * head_dim * d], head_dim * d,
+                      &layer.attention.in_proj_weight[row * d]);
+          std::copy_n(&bias[i * head_dim], head_dim, &layer.attention.in_proj_bias[row]);
+        }
       }
+      ATTN_ASSIGN_OR_RETURN(
+          std::vector<float> out_weight,
+          read(absl::StrCat(at, names.attention_out, "weight"), {d, width}));
+      layer.attention.out_proj_weight.assign(static_cast<size_t>(d * d), 0.0f);
+      for (int64_t row = 0; row < d; ++row) {
+        for (size_t i = 0; i < stored.size(); ++i) {
+          std::copy_n(&out_weight[row * width + i * head_dim], head_dim,
+                      &layer.attention.out_proj_weight[row * d + stored[i] * head_dim]);
+        }
+      }
+      ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
+                            read(absl::StrCat(at, names.attention_out, "bias"), {d}));
+      ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
+                            read(absl::StrCat(at, names.attention_norm, "weight"), {d}));
+      ATTN_ASSIGN_OR_RETURN(layer.attention_norm_shift,
+                            read(absl::StrCat(at, names.attention_norm, "bias"), {d}));
+      ATTN_ASSIGN_OR_RETURN(
+          layer.ffn_in_weight,
+          read(absl::StrCat(at, names.ffn_in, "weight"), {spec.ffn_dim, d}));
+      ATTN_ASSIGN_OR_RETURN(layer.ffn_in_bias,
+                            read(absl::StrCat(at, names.ffn_in, "bias"), {spec.ffn_dim}));
+      ATTN_ASSIGN_OR_RETURN(
+          layer.ffn_out_weight,
+          read(absl::StrCat(at, names.ffn_out, "weight"), {d, spec.ffn_dim}));
+      ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias,
+                            read(absl::StrCat(at, names.ffn_out, "bias"), {d}));
+      ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
+                            read(absl::StrCat(at, names.output_norm, "weight"), {d}));
+      ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift,
+                            read(absl::StrCat(at, names.output_norm, "bias"), {d}));
+      weights.layers.push_back(std::move(layer));
     }
-    ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
-                          read(absl::StrCat(at, names.attention_out, "bias"), {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
-                          read(absl::StrCat(at, names.attention_norm, "weight"), {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.attention_norm_shift,
-                          read(absl::StrCat(at, names.attention_norm, "bias"), {d}));
-    ATTN_ASSIGN_OR_RETURN(
-        layer.ffn_in_weight,
-        read(absl::StrCat(at, names.ffn_in, "weight"), {spec.ffn_dim, d}));
-    ATTN_ASSIGN_OR_RETURN(layer.ffn_in_bias,
-                          read(absl::StrCat(at, names.ffn_in, "bias"), {spec.ffn_dim}));
-    ATTN_ASSIGN_OR_RETURN(
-        layer.ffn_out_weight,
-        read(absl::StrCat(at, names.ffn_out, "weight"), {d, spec.ffn_dim}));
-    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias,
-                          read(absl::StrCat(at, names.ffn_out, "bias"), {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
-                          read(absl::StrCat(at, names.output_norm, "weight"), {d}));
-    ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift,
-                          read(absl::StrCat(at, names.output_norm, "bias"), {d}));
-    weights.layers.push_back(std::move(layer));
   }
   if (spec.relative_attention_buckets > 0) {
     ATTN_ASSIGN_OR_RETURN(weights.relative_attention_bias,
@@ -691,6 +805,8 @@ struct TransformerEncoder::State {
   ScratchBuffer codes, code_parameters, sums;
   // A SPLADE head's rows (transformed and normed) and logits, for kSpladeRows tokens.
   ScratchBuffer mlm_rows, mlm_logits;
+  // A gated feed-forward's first product, [tokens, 2 ffn_dim] f32.
+  ScratchBuffer gate_wide;
 
   memory::data_type Compute() const {
     return bf16 ? memory::data_type::bf16 : memory::data_type::f32;
@@ -922,6 +1038,49 @@ struct TransformerEncoder::State {
     return absl::OkStatus();
   }
 
+  // A gated feed-forward's middle over [rows, 2 width] f32 `wide` (each row its input,
+  // then its gate): act(input) in place, then dst [rows, width] (the compute type) =
+  // act(input) * gate.
+  absl::Status GateChunk(int64_t rows, int64_t width, dnnl::algorithm activation,
+                         float* wide, void* dst) {
+    // Each half of every row, as a [rows, width] view with the row stride of `wide`.
+    const memory::desc half({rows, width}, memory::data_type::f32,
+                            memory::dims{2 * width, 1});
+    const memory::desc out = Plain(rows, width, Compute());
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * act,
+        cache.GetOrCreate(
+            PrimitiveKey{PrimitiveKind::kGate,
+                         {rows, width, static_cast<int64_t>(activation), 0, 0}},
+            [&]() -> absl::StatusOr<CachedPrimitive> {
+              CachedPrimitive created;
+              created.primitive =
+                  dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(
+                      dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference,
+                                                  activation, half, 0.0f, 0.0f),
+                      engine));
+              return created;
+            }));
+    ATTN_ASSIGN_OR_RETURN(
+        CachedPrimitive * product,
+        cache.GetOrCreate(
+            PrimitiveKey{PrimitiveKind::kGateProduct, {rows, width, bf16 ? 1 : 0, 0, 0}},
+            [&]() -> absl::StatusOr<CachedPrimitive> {
+              CachedPrimitive created;
+              created.primitive = dnnl::binary(dnnl::binary::primitive_desc(
+                  dnnl::binary::desc(dnnl::algorithm::binary_mul, half, half, out),
+                  engine));
+              return created;
+            }));
+    memory input(half, engine, wide);
+    act->primitive.execute(stream, {{DNNL_ARG_SRC, input}, {DNNL_ARG_DST, input}});
+    product->primitive.execute(stream,
+                               {{DNNL_ARG_SRC_0, input},
+                                {DNNL_ARG_SRC_1, memory(half, engine, wide + width)},
+                                {DNNL_ARG_DST, memory(out, engine, dst)}});
+    return absl::OkStatus();
+  }
+
   // The operations over all rows, in chunks of a few row counts (row_chunks.h): the
   // same results, and a bounded number of primitives however the batches vary.
 
@@ -965,6 +1124,14 @@ struct TransformerEncoder::State {
     return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
       return LayerNormChunk(chunk, width, epsilon, src + first * width, scale, shift,
                             dst + first * width);
+    });
+  }
+
+  absl::Status Gate(int64_t rows, int64_t width, dnnl::algorithm activation, float* wide,
+                    void* dst) {
+    return ForEachRowChunk(rows, [&](int64_t first, int64_t chunk) {
+      return GateChunk(chunk, width, activation, wide + first * 2 * width,
+                       static_cast<uint8_t*>(dst) + first * width * ComputeBytes());
     });
   }
 
@@ -1060,7 +1227,8 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
     for (const EncoderLayerWeights& layer : weights.layers) {
       ATTN_ASSIGN_OR_RETURN(
           PackedLinear in,
-          state.Pack(spec.d_model, spec.ffn_dim, layer.ffn_in_weight, layer.ffn_in_bias));
+          state.Pack(spec.d_model, (spec.gated_ffn ? 2 : 1) * spec.ffn_dim,
+                     layer.ffn_in_weight, layer.ffn_in_bias));
       ATTN_ASSIGN_OR_RETURN(PackedLinear out,
                             state.Pack(spec.ffn_dim, spec.d_model, layer.ffn_out_weight,
                                        layer.ffn_out_bias));
@@ -1328,15 +1496,21 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       state.bf16
           ? state.narrow.Reserve(static_cast<size_t>(tokens * d) * state.ComputeBytes())
           : nullptr;
-  // Embeddings: word + position (within its sequence) + token type; post-LN normalizes
-  // them on the way into x, pre-LN takes them as they are.
+  // Embeddings: word + position (within its sequence; none for rotary positions) +
+  // token type; post-LN (and ModernBERT) normalizes them on the way into x, pre-LN takes
+  // them as they are.
+  const bool embedding_norm = spec_.embedding_norm();
   if (!from_hidden) {
-    float* sum = pre ? x : attended;
+    float* sum = embedding_norm ? attended : x;
+    const std::vector<float> no_position(
+        spec_.absolute_positions ? 0 : static_cast<size_t>(d), 0.0f);
     int64_t t = 0;
     for (const int64_t length : batch.lengths) {
       for (int64_t position = 0; position < length; ++position, ++t) {
         const int64_t type = batch.token_types.empty() ? 0 : batch.token_types[t];
-        const float* where = &weights.position_embeddings[position * d];
+        const float* where = spec_.absolute_positions
+                                 ? &weights.position_embeddings[position * d]
+                                 : no_position.data();
         const float* kind = &weights.token_type_embeddings[type * d];
         if (weights.word_embeddings != nullptr) {
           const float* word = &(*weights.word_embeddings)[batch.token_ids[t] * d];
@@ -1360,8 +1534,17 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       ATTN_RETURN_IF_ERROR(state.Narrow(tokens, d, from, narrow));
       source = narrow;
     }
-    ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_in[n], source, &activation, false,
-                                      state.bf16, inner));
+    if (spec_.gated_ffn) {
+      // [input; gate] in f32, then act(input) * gate in the compute type.
+      auto* wide = static_cast<float*>(state.gate_wide.Reserve(
+          static_cast<size_t>(tokens * 2 * spec_.ffn_dim) * sizeof(float)));
+      ATTN_RETURN_IF_ERROR(
+          state.Linear(tokens, state.ffn_in[n], source, nullptr, false, false, wide));
+      ATTN_RETURN_IF_ERROR(state.Gate(tokens, spec_.ffn_dim, activation, wide, inner));
+    } else {
+      ATTN_RETURN_IF_ERROR(state.Linear(tokens, state.ffn_in[n], source, &activation,
+                                        false, state.bf16, inner));
+    }
     return state.Linear(tokens, state.ffn_out[n], inner, nullptr, true, false, into);
   };
   // With statistics or attention: each layer's attention weights, [h, L, L] per
@@ -1376,6 +1559,11 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     }
     if (!state.relative_bias.empty()) {
       options.relative_bias = {state.relative_bias, kMpnetBucketRadius};
+    }
+    if (!spec_.layer_attention.empty()) {
+      const EncoderSpec::LayerAttention& layer = spec_.layer_attention[n];
+      options.rotary.inv_freq = layer.rotary_inv_freq;
+      options.window = layer.window;
     }
     ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(
         AttentionBatch{absl::MakeConstSpan(from, tokens * d), batch.lengths}, options,
@@ -1395,7 +1583,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   try {
     if (from_hidden) {
       std::memcpy(x, batch.hidden_states.data(), plane);
-    } else if (!pre) {
+    } else if (embedding_norm) {
       ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, attended,
                                            weights.embedding_norm_scale,
                                            weights.embedding_norm_shift, x));
@@ -1403,11 +1591,15 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     for (int64_t n = 0; n < spec_.num_layers; ++n) {
       const EncoderLayerWeights& layer = weights.layers[n];
       if (pre) {
-        // x = x + Attention(LayerNorm(x)); x = x + FFN(LayerNorm(x)).
-        ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x,
-                                             layer.attention_norm_scale,
-                                             layer.attention_norm_shift, normed));
-        ATTN_RETURN_IF_ERROR(attend(n, normed, attended));
+        // x = x + Attention(LayerNorm(x)); x = x + FFN(LayerNorm(x)). A block without
+        // an attention norm (ModernBERT's first) attends to x itself.
+        const bool attention_norm = !layer.attention_norm_scale.empty();
+        if (attention_norm) {
+          ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x,
+                                               layer.attention_norm_scale,
+                                               layer.attention_norm_shift, normed));
+        }
+        ATTN_RETURN_IF_ERROR(attend(n, attention_norm ? normed : x, attended));
         ATTN_RETURN_IF_ERROR(state.Add(tokens, d, x, attended, x));
         ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x, layer.output_norm_scale,
                                              layer.output_norm_shift, normed));

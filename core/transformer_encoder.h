@@ -57,7 +57,11 @@ struct EncoderSpec {
   // MPNet's: its own names (attention.attn.q, ...), positions after the padding index,
   // no token types, RoBERTa's classification head, and a relative position bias
   // (relative_attention_buckets) added to every layer's attention scores.
-  enum class Family { kBert, kDistilBert, kRoberta, kElectra, kMpnet };
+  // ModernBERT's: its own names (embeddings.tok_embeddings, layers.N.attn.Wqkv, ...),
+  // no position table (rotary positions: layer_attention) and no token types, a norm
+  // after the embeddings, pre-LN blocks of which the first has no attention norm, a
+  // gated feed-forward, a final norm, and biases only where the checkpoint has them.
+  enum class Family { kBert, kDistilBert, kRoberta, kElectra, kMpnet, kModernBert };
   Family family = Family::kBert;
   // The rows of the checkpoint's position table before position 0 (RoBERTa's
   // padding_idx + 1): LoadBertWeights drops them. >= 0.
@@ -68,9 +72,25 @@ struct EncoderSpec {
   int64_t relative_attention_buckets = 0;
   static constexpr int64_t kMpnetBuckets = 32;
   float layer_norm_eps = 1e-12f;  // > 0
-  int64_t max_positions = 512;    // learned absolute positions, >= 1
-  int64_t vocab_size = 0;         // >= 1
-  int64_t type_vocab_size = 2;    // >= 1
+  // The longest sequence, >= 1: the rows of the learned position table, or (without
+  // absolute_positions) the most positions rotary attention is given.
+  int64_t max_positions = 512;
+  // Positions from a learned table added to the embeddings (BERT's), or none (rotary
+  // positions in attention, ModernBERT's).
+  bool absolute_positions = true;
+  // A gated feed-forward (GeGLU): W_1 gives 2 ffn_dim values per token, the first
+  // ffn_dim the input and the rest the gate, and W_2 takes act(input) * gate.
+  bool gated_ffn = false;
+  // Per layer: the attention's rotary position embedding (AttentionOptions::Rotary's
+  // inverse frequencies; empty: none) and local window (AttentionOptions::window; 0:
+  // global). Empty (every layer global without rotary), or num_layers entries.
+  struct LayerAttention {
+    std::vector<float> rotary_inv_freq;
+    int64_t window = 0;
+  };
+  std::vector<LayerAttention> layer_attention;
+  int64_t vocab_size = 0;       // >= 1
+  int64_t type_vocab_size = 2;  // >= 1
   // How the pooled embedding is made from a sequence's last hidden state, as
   // sentence-transformers' Pooling does: the mean over its tokens, its first token
   // ([CLS]), none (only hidden states come out), the element-wise maximum, the sum over
@@ -150,6 +170,11 @@ struct EncoderSpec {
 
   // The heads removed from `layer` (empty when none are).
   absl::Span<const int64_t> PrunedHeads(int64_t layer) const;
+  // Whether the embeddings are normalized before the first block: post-LN, and
+  // ModernBERT's pre-LN.
+  bool embedding_norm() const {
+    return norm_placement == NormPlacement::kPost || family == Family::kModernBert;
+  }
   // InvalidArgument naming the first field out of its range.
   absl::Status Validate() const;
 };
@@ -161,13 +186,13 @@ struct EncoderLayerWeights {
   AttentionWeights attention;
   // Post-LN: the norm after the attention's residual add, and `output_norm_*` the one
   // after the feed-forward's. Pre-LN: the norms before the attention and before the
-  // feed-forward network.
+  // feed-forward network (ModernBERT's first layer has no attention norm: both empty).
   std::vector<float> attention_norm_scale, attention_norm_shift;  // [d]
-  std::vector<float> ffn_in_weight;                               // [ffn_dim, d]
-  std::vector<float> ffn_in_bias;                                 // [ffn_dim]
-  std::vector<float> ffn_out_weight;                              // [d, ffn_dim]
-  std::vector<float> ffn_out_bias;                                // [d]
-  std::vector<float> output_norm_scale, output_norm_shift;        // [d]
+  std::vector<float> ffn_in_weight;   // [ffn_dim, d]; gated: [2 ffn_dim, d]
+  std::vector<float> ffn_in_bias;     // [ffn_dim]; gated: [2 ffn_dim]
+  std::vector<float> ffn_out_weight;  // [d, ffn_dim]
+  std::vector<float> ffn_out_bias;    // [d]
+  std::vector<float> output_norm_scale, output_norm_shift;  // [d]
 };
 
 struct EncoderWeights {
@@ -177,9 +202,9 @@ struct EncoderWeights {
   // ones (half the memory; LoadBertWeights reads it so).
   std::shared_ptr<const std::vector<float>> word_embeddings;
   std::shared_ptr<const std::vector<uint16_t>> word_embeddings_bf16;
-  std::vector<float> position_embeddings;    // [max_positions, d]
+  std::vector<float> position_embeddings;    // [max_positions, d]; empty without them
   std::vector<float> token_type_embeddings;  // [type_vocab_size, d]
-  // Post-LN only ([d]; empty for pre-LN).
+  // Post-LN and ModernBERT ([d]; empty for the other pre-LN encoders).
   std::vector<float> embedding_norm_scale, embedding_norm_shift;
   std::vector<EncoderLayerWeights> layers;  // num_layers
   // MPNet: [relative_attention_buckets, num_heads], shared by every layer (empty for
@@ -234,7 +259,12 @@ struct EncoderWeights {
 // `attention.LayerNorm`, BERT's feed-forward names, no token types, positions as
 // RoBERTa's, and `encoder.relative_attention_bias.weight` [relative_attention_buckets,
 // num_heads]; RoBERTa's head names. `weights.dense` (sentence-transformers' Dense
-// modules, in their own files) is left for the caller to fill. A SPLADE head
+// modules, in their own files) is left for the caller to fill. ModernBERT:
+// `embeddings.tok_embeddings`, `embeddings.norm`, `layers.N.attn_norm` (N > 0),
+// `layers.N.attn.Wqkv` (Q, K and V fused, [3d, d]), `layers.N.attn.Wo`,
+// `layers.N.mlp_norm`, `layers.N.mlp.Wi` ([2 ffn_dim, d]: input, then gate),
+// `layers.N.mlp.Wo`, `final_norm`, each `.weight` with its `.bias` when the checkpoint
+// has one (else zeros); the encoder behind "model." in a task model. A SPLADE head
 // (spec.sparse) is read outside the prefix: BERT's `cls.predictions.transform.dense.*`,
 // `cls.predictions.transform.LayerNorm.*`, `cls.predictions.bias` (or
 // `cls.predictions.decoder.bias`) and, when the checkpoint does not tie it to the word

@@ -1,6 +1,7 @@
 #include "server/models/encoder_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -186,6 +187,99 @@ constexpr ConfigKeys kMpnetKeys = {"hidden_size",
                                    12,
                                    30527};
 
+constexpr ConfigKeys kModernBertKeys = {"hidden_size",
+                                        "num_attention_heads",
+                                        "num_hidden_layers",
+                                        "intermediate_size",
+                                        "hidden_activation",
+                                        false,
+                                        22,
+                                        50368};
+
+// A finite rope_theta > 0 from `value` (`field` names it).
+absl::StatusOr<double> RopeTheta(const Json& value, absl::string_view field) {
+  const std::optional<double> theta = core::JsonNumber(value);
+  if (!theta || !(*theta > 0.0) || !std::isfinite(*theta)) {
+    return Invalid(absl::StrCat("config.json: ", field, " must be a number > 0, got ",
+                                Shown(value)));
+  }
+  return *theta;
+}
+
+// ModernBERT's layers: global or local (sliding-window) attention, each with its rotary
+// base. transformers 5 writes layer_types and rope_parameters; earlier configs (the
+// Hub's) global_attn_every_n_layers (layer n is global when n is a multiple of it),
+// local_attention (the window's full width) and global_rope_theta / local_rope_theta.
+absl::Status ApplyModernBertLayers(const Json& json, int64_t layers,
+                                   v1::EncoderConfig* encoder) {
+  constexpr absl::string_view kFile = "config.json";
+  if (encoder->layer_attention_size() > 0) {
+    return Invalid(
+        "encoder.layer_attention is read from config.json; leave it unset in "
+        "config.pbtxt");
+  }
+  ATTN_ASSIGN_OR_RETURN(const int64_t local_attention,
+                        Count(json, "local_attention", 128, kFile));
+  const int64_t window = local_attention / 2;
+  double global_theta = 160000.0, local_theta = 10000.0;
+  if (const auto it = json.find("global_rope_theta"); it != json.end()) {
+    ATTN_ASSIGN_OR_RETURN(global_theta, RopeTheta(*it, "global_rope_theta"));
+  }
+  if (const auto it = json.find("local_rope_theta"); it != json.end() && !it->is_null()) {
+    ATTN_ASSIGN_OR_RETURN(local_theta, RopeTheta(*it, "local_rope_theta"));
+  }
+  if (const auto it = json.find("rope_parameters"); it != json.end() && !it->is_null()) {
+    for (const auto& [type, field] :
+         {std::pair<const char*, double*>{"full_attention", &global_theta},
+          std::pair<const char*, double*>{"sliding_attention", &local_theta}}) {
+      const auto entry = it->find(type);
+      if (entry == it->end()) continue;
+      ATTN_ASSIGN_OR_RETURN(const std::string rope_type,
+                            Text(*entry, "rope_type", "default", kFile));
+      if (rope_type != "default") {
+        return Invalid(absl::StrCat("config.json: rope_parameters.", type,
+                                    ".rope_type \"", rope_type.substr(0, 64),
+                                    "\" is not served (served: default)"));
+      }
+      const auto theta = entry->find("rope_theta");
+      if (theta == entry->end()) {
+        return Invalid(absl::StrCat("config.json: rope_parameters.", type,
+                                    ".rope_theta is required"));
+      }
+      ATTN_ASSIGN_OR_RETURN(*field, RopeTheta(*theta, absl::StrCat("rope_parameters.",
+                                                                   type, ".rope_theta")));
+    }
+  }
+  std::vector<bool> global(static_cast<size_t>(layers));
+  if (const auto it = json.find("layer_types"); it != json.end() && !it->is_null()) {
+    if (!it->is_array() || static_cast<int64_t>(it->size()) != layers) {
+      return Invalid(absl::StrCat("config.json: layer_types must list the ", layers,
+                                  " layers' attention types, got ", Shown(*it)));
+    }
+    for (size_t n = 0; n < global.size(); ++n) {
+      const auto* type = (*it)[n].get_ptr<const Json::string_t*>();
+      if (type == nullptr ||
+          (*type != "full_attention" && *type != "sliding_attention")) {
+        return Invalid(absl::StrCat("config.json: layer_types[", n,
+                                    "] must be \"full_attention\" or "
+                                    "\"sliding_attention\", got ",
+                                    Shown((*it)[n])));
+      }
+      global[n] = *type == "full_attention";
+    }
+  } else {
+    ATTN_ASSIGN_OR_RETURN(const int64_t every,
+                          Count(json, "global_attn_every_n_layers", 3, kFile));
+    for (size_t n = 0; n < global.size(); ++n) global[n] = n % every == 0;
+  }
+  for (const bool is_global : global) {
+    v1::EncoderConfig::LayerAttention* layer = encoder->add_layer_attention();
+    layer->set_rope_theta(is_global ? global_theta : local_theta);
+    layer->set_window(is_global ? 0 : window);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
@@ -206,14 +300,18 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     family = v1::EncoderConfig::FAMILY_ELECTRA;
   } else if (model_type == "mpnet") {
     family = v1::EncoderConfig::FAMILY_MPNET;
+  } else if (model_type == "modernbert") {
+    family = v1::EncoderConfig::FAMILY_MODERNBERT;
+    placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
   } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
         "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
-        "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\" and \"mpnet\": "
-        "learned absolute positions (MPNet's with its relative position bias), post-LN "
-        "or pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, "
-        "DistilBertModel, RobertaModel, ElectraModel and MPNetModel tensor names)"));
+        "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\", \"mpnet\" and "
+        "\"modernbert\": learned absolute positions (MPNet's with its relative position "
+        "bias) or ModernBERT's rotary ones, post-LN or pre-LN blocks, Hugging Face's "
+        "BertModel, MegatronBertModel, DistilBertModel, RobertaModel, ElectraModel, "
+        "MPNetModel and ModernBertModel tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -238,9 +336,10 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
         " in config.pbtxt but config.json's model_type is \"", model_type, "\""));
   }
   encoder->set_family(family);
-  // Only BERT's family comes pre-LN (Megatron-BERT); the others' names have no final
-  // norm to read.
-  if (family != v1::EncoderConfig::FAMILY_BERT &&
+  // Only BERT's family comes pre-LN (Megatron-BERT), and ModernBERT only pre-LN; the
+  // others' names have no final norm to read.
+  const bool modern = family == v1::EncoderConfig::FAMILY_MODERNBERT;
+  if (family != v1::EncoderConfig::FAMILY_BERT && !modern &&
       placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
     return Invalid(
         absl::StrCat("encoder.norm_placement: ", v1::EncoderConfig::Family_Name(family),
@@ -249,6 +348,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   const ConfigKeys& keys = family == v1::EncoderConfig::FAMILY_DISTILBERT
                                ? kDistilBertKeys
                            : family == v1::EncoderConfig::FAMILY_MPNET ? kMpnetKeys
+                           : modern                                    ? kModernBertKeys
                                                                        : kBertKeys;
   ATTN_ASSIGN_OR_RETURN(const std::string positions,
                         Text(json, "position_embedding_type", "absolute", kFile));
@@ -268,8 +368,9 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(const int64_t layers,
                         Count(json, keys.layers, keys.default_layers, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, keys.ffn, 3072, kFile));
-  ATTN_ASSIGN_OR_RETURN(int64_t positions_count,
-                        Count(json, "max_position_embeddings", 512, kFile));
+  ATTN_ASSIGN_OR_RETURN(int64_t positions_count, Count(json, "max_position_embeddings",
+                                                       modern ? 8192 : 512, kFile));
+  if (modern) ATTN_RETURN_IF_ERROR(ApplyModernBertLayers(json, layers, encoder));
   // RoBERTa's positions start after the padding index: the rows up to it are never
   // used (514 rows serve 512 tokens).
   int64_t position_offset = 0;
@@ -370,13 +471,15 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   }
   ATTN_RETURN_IF_ERROR(ApplyPrunedHeads(json, encoder));
   if (encoder->layer_norm_eps() == 0.0f) {
-    const auto it = json.find("layer_norm_eps");
-    double eps = 1e-12;
+    // ModernBERT names it norm_eps (default 1e-5).
+    const char* key = modern ? "norm_eps" : "layer_norm_eps";
+    const auto it = json.find(key);
+    double eps = modern ? 1e-5 : 1e-12;
     if (it != json.end()) {
       const std::optional<double> number = core::JsonNumber(*it);
       if (!number || !(*number > 0.0) || *number > 1.0) {
-        return Invalid(absl::StrCat(
-            "config.json: layer_norm_eps must be a number in (0, 1], got ", Shown(*it)));
+        return Invalid(absl::StrCat("config.json: ", key,
+                                    " must be a number in (0, 1], got ", Shown(*it)));
       }
       eps = *number;
     }
@@ -1000,10 +1103,31 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       spec.family = core::EncoderSpec::Family::kMpnet;
       spec.relative_attention_buckets = core::EncoderSpec::kMpnetBuckets;
       break;
+    case v1::EncoderConfig::FAMILY_MODERNBERT:
+      spec.family = core::EncoderSpec::Family::kModernBert;
+      spec.absolute_positions = false;
+      spec.gated_ffn = true;
+      break;
     default:
       spec.family = core::EncoderSpec::Family::kBert;
   }
   spec.position_offset = encoder.position_offset();
+  // Rotary inverse frequencies as transformers computes them, in f32:
+  // 1 / theta^(2i / head_dim).
+  const int64_t head_dim =
+      config.num_heads() > 0 ? config.d_model() / config.num_heads() : 0;
+  for (const v1::EncoderConfig::LayerAttention& layer : encoder.layer_attention()) {
+    core::EncoderSpec::LayerAttention attention;
+    attention.window = layer.window();
+    if (layer.rope_theta() > 0.0) {
+      for (int64_t i = 0; 2 * i < head_dim; ++i) {
+        const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+        attention.rotary_inv_freq.push_back(
+            1.0f / std::pow(static_cast<float>(layer.rope_theta()), exponent));
+      }
+    }
+    spec.layer_attention.push_back(std::move(attention));
+  }
   for (const v1::EncoderConfig::Dense& layer : encoder.dense()) {
     core::EncoderSpec::Dense dense;
     dense.in_features = layer.in_features();

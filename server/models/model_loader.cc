@@ -280,11 +280,17 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
       case core::EncoderSpec::Family::kMpnet:
         base = "mpnet.";
         break;
+      case core::EncoderSpec::Family::kModernBert:
+        base = "model.";
+        break;
       case core::EncoderSpec::Family::kBert:
         break;
     }
-    if (prefix.empty() && file.Find("embeddings.word_embeddings.weight") == nullptr &&
-        file.Find(absl::StrCat(base, "embeddings.word_embeddings.weight")) != nullptr) {
+    const char* table = spec.family == core::EncoderSpec::Family::kModernBert
+                            ? "embeddings.tok_embeddings.weight"
+                            : "embeddings.word_embeddings.weight";
+    if (prefix.empty() && file.Find(table) == nullptr &&
+        file.Find(absl::StrCat(base, table)) != nullptr) {
       prefix = base;
     }
     ATTN_ASSIGN_OR_RETURN(weights, core::LoadBertWeights(file, spec, prefix));

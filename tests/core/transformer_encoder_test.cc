@@ -784,5 +784,152 @@ TEST(SpladeSpecTest, RefusesWhatItCannotServe) {
   EXPECT_THAT(spec.Validate().message(), HasSubstr("sparse_log_twice applies"));
 }
 
+// ModernBERT (tests/tools/make_modernbert_golden.py): a seeded 3-layer ModernBertModel
+// (global, local with a window of 8, global; rotary bases 160000 and 10000; a gated
+// GELU feed-forward; no biases), its last hidden state mean-pooled by transformers,
+// texts of up to 1024 tokens.
+EncoderSpec ModernBertSpec() {
+  EncoderSpec spec;
+  spec.family = EncoderSpec::Family::kModernBert;
+  spec.num_layers = 3;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.ffn_dim = 96;
+  spec.vocab_size = 1000;
+  spec.type_vocab_size = 1;
+  spec.max_positions = 1024;
+  spec.layer_norm_eps = 1e-5f;
+  spec.norm_placement = EncoderSpec::NormPlacement::kPre;
+  spec.absolute_positions = false;
+  spec.gated_ffn = true;
+  spec.pooling = EncoderSpec::Pooling::kMean;
+  for (int64_t layer = 0; layer < 3; ++layer) {
+    const bool global = layer != 1;
+    EncoderSpec::LayerAttention attention;
+    attention.window = global ? 0 : 8;
+    for (int64_t i = 0; i < 8; ++i) {
+      attention.rotary_inv_freq.push_back(
+          1.0f / std::pow(global ? 160000.0f : 10000.0f, static_cast<float>(2 * i) / 16));
+    }
+    spec.layer_attention.push_back(std::move(attention));
+  }
+  return spec;
+}
+
+TEST(ModernBertTest, EncoderMatchesTransformers) {
+  std::ifstream in(kData + "/modernbert_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/modernbert_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const EncoderSpec spec = ModernBertSpec();
+  auto weights = LoadBertWeights(*file, spec);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_TRUE(weights->position_embeddings.empty());
+  EXPECT_TRUE(weights->layers[0].attention_norm_scale.empty());
+  EXPECT_EQ(weights->layers[1].ffn_in_weight.size(), 2u * 96u * 64u);
+  auto encoder = TransformerEncoder::Create(spec, *weights, {});
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  std::vector<float> want;
+  for (const auto& row : golden["unnormalized"]) {
+    for (const double value : row) want.push_back(static_cast<float>(value));
+  }
+  // Each text alone, then all of them packed in one batch.
+  std::vector<int64_t> ids, lengths;
+  size_t text = 0;
+  for (const auto& row_json : golden["token_ids"]) {
+    const auto row = row_json.get<std::vector<int64_t>>();
+    const int64_t length = static_cast<int64_t>(row.size());
+    std::vector<float> alone(64);
+    ASSERT_TRUE((*encoder)
+                    ->Forward({row, {}, absl::MakeConstSpan(&length, 1)},
+                              absl::MakeSpan(alone), {})
+                    .ok());
+    EXPECT_LE((MaxAbsDiff<float, float>(
+                  alone, absl::MakeConstSpan(want).subspan(text * 64, 64))),
+              2e-5)
+        << "text " << text << " of " << length << " tokens";
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(length);
+    ++text;
+  }
+  std::vector<float> pooled(lengths.size() * 64);
+  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+  EXPECT_LE((MaxAbsDiff<float, float>(pooled, want)), 2e-5);
+  // Without rotary positions or without the window the answer moves: both are used.
+  for (const bool drop_rotary : {true, false}) {
+    EncoderSpec broken = spec;
+    for (EncoderSpec::LayerAttention& layer : broken.layer_attention) {
+      if (drop_rotary) {
+        layer.rotary_inv_freq.clear();
+      } else {
+        layer.window = 0;
+      }
+    }
+    auto other = TransformerEncoder::Create(broken, *weights, {});
+    ASSERT_TRUE(other.ok()) << other.status();
+    std::vector<float> moved(pooled.size());
+    ASSERT_TRUE((*other)->Forward({ids, {}, lengths}, absl::MakeSpan(moved), {}).ok());
+    EXPECT_GT((MaxAbsDiff<float, float>(moved, want)), 1e-3) << drop_rotary;
+  }
+}
+
+TEST(ModernBertTest, Bf16AndInt8StayNearFp32) {
+  std::ifstream in(kData + "/modernbert_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/modernbert_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<int64_t> ids, lengths;
+  std::vector<float> want;
+  for (size_t i = 0; i < 6; ++i) {  // the short texts
+    const auto row = golden["token_ids"][i].get<std::vector<int64_t>>();
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(static_cast<int64_t>(row.size()));
+    for (const double value : golden["embeddings"][i]) {
+      want.push_back(static_cast<float>(value));
+    }
+  }
+  for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
+    EncoderSpec spec = ModernBertSpec();
+    spec.precision = precision;
+    spec.normalize = true;
+    auto weights = LoadBertWeights(*file, spec);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> pooled(want.size());
+    ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      double dot = 0.0;
+      for (size_t c = 0; c < 64; ++c)
+        dot += double{pooled[i * 64 + c]} * want[i * 64 + c];
+      EXPECT_GE(dot, precision == Precision::kBf16 ? 0.999 : 0.99)
+          << PrecisionName(precision) << " text " << i;
+    }
+  }
+}
+
+TEST(ModernBertTest, AMissingTensorIsNamed) {
+  auto file = SafetensorsFile::Read(kData + "/modernbert_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EncoderSpec spec = ModernBertSpec();
+  spec.num_layers = 4;
+  spec.layer_attention.push_back({});
+  EXPECT_THAT(
+      LoadBertWeights(*file, spec).status().message(),
+      HasSubstr("missing tensor layers.3.attn_norm.weight (a ModernBERT checkpoint"));
+  spec = ModernBertSpec();
+  spec.num_layers = 2;
+  spec.layer_attention.pop_back();
+  EXPECT_THAT(LoadBertWeights(*file, spec).status().message(),
+              HasSubstr("unexpected tensor layers.2."));
+  spec = ModernBertSpec();
+  spec.gated_ffn = false;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("gated feed-forward"));
+  spec = ModernBertSpec();
+  spec.layer_attention[0].rotary_inv_freq.resize(9);
+  EXPECT_THAT(spec.Validate().message(),
+              HasSubstr("layer_attention[0].rotary_inv_freq has 9 frequencies"));
+}
+
 }  // namespace
 }  // namespace attnserve::core

@@ -65,6 +65,13 @@ tritonclient against SparseEncoder.encode (1e-5 of the largest weight, zeros exa
 where its are); dense doors, normalize and dimensions on a sparse model, /embed_sparse
 on a dense one, and SpladePooling configs that cannot be served, each refused by name.
 
+ModernBERT (tests/data/modernbert_tiny, tests/tools/make_modernbert_golden.py: a seeded
+ModernBertModel with rotary positions, global and local layers and a gated feed-forward,
+texts of up to 1024 tokens): the folder as written through the openai client,
+tritonclient and v1, the same with the Hub's older config keys and as a task model
+saves it (behind "model."); a rope_type, layer_types, rope base or classification head
+that cannot be served, and a missing tensor, refused by name.
+
 Precision: each family's seeded embedder and reranker at bf16 and int8 against the
 fp32 goldens, within the bounds docs/models.md states.
 
@@ -593,11 +600,88 @@ class SpladeTest(FamilyServer):
         self.assertEqual(status, 200, reply)
 
 
+class ModernBertTest(FamilyServer):
+    """ModernBERT (make_modernbert_golden.py): rotary positions with a base per layer
+    type, global and local attention layers, a gated GELU feed-forward, no biases;
+    texts up to 1024 tokens (the longest cut there)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("modernbert_tiny")
+        config = cls.read_json("config.json")
+        # The keys the Hub's checkpoints carry (transformers 4), without layer_types
+        # and rope_parameters.
+        older = {k: v for k, v in config.items()
+                 if k not in ("layer_types", "rope_parameters")}
+        older.update(global_rope_theta=160000.0, local_rope_theta=10000.0)
+        cls.add_model("modernbert", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.add_model("modernbert-older", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                      {"config.json": older})
+        hub = cls.add_model("modernbert-hub", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                            link_weights=False)
+        rng = np.random.default_rng(0)
+        write_prefixed_checkpoint(
+            os.path.join(cls.source, "model.safetensors"),
+            os.path.join(hub, "model.safetensors"), "model.",
+            {"head.dense.weight": rng.standard_normal((64, 64)),
+             "head.norm.weight": rng.standard_normal(64)})
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("modernbert")
+        self.assert_golden(self.encode("modernbert-older"))
+        self.assert_golden(self.encode("modernbert-hub"))
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="modernbert"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family,
+                         attention_pb2.EncoderConfig.FAMILY_MODERNBERT)
+        self.assertEqual(model.encoder.max_positions, 1024)
+        self.assertEqual(model.encoder.type_vocab_size, 1)
+        self.assertEqual([(a.rope_theta, a.window) for a in model.encoder.layer_attention],
+                         [(160000.0, 0), (10000.0, 8), (160000.0, 0)])
+        hub = self.v1.GetModel(attention_pb2.GetModelRequest(name="modernbert-hub"),
+                               timeout=60).model
+        self.assertEqual(hub.encoder.weights_prefix, "model.")
+
+    def test_what_cannot_be_served_is_refused_by_name(self):
+        config = self.read_json("config.json")
+        rope = json.loads(json.dumps(config["rope_parameters"]))
+        rope["sliding_attention"]["rope_type"] = "yarn"
+        cases = {
+            "rope-type": ({"config.json": dict(config, rope_parameters=rope)},
+                          ["rope_parameters.sliding_attention.rope_type \"yarn\" is not "
+                           "served"]),
+            "layer-types": ({"config.json": dict(config, layer_types=["full_attention"])},
+                            ["layer_types must list the 3 layers"]),
+            "classifier": ({"config.json": dict(
+                config, architectures=["ModernBertForSequenceClassification"])},
+                ["ModernBERT classification head is not served"]),
+            "theta": ({"config.json": dict(
+                {k: v for k, v in config.items() if k != "rope_parameters"},
+                global_rope_theta=-1)}, ["global_rope_theta must be a number > 0"]),
+        }
+        for model, (replaced, words) in cases.items():
+            with self.subTest(model=model):
+                self.load_refused(model, "encoder {}\n", replaced, words)
+        folder = self.add_model("no-wqkv", "encoder {}\n", link_weights=False)
+        tensors, metadata = stubs.read_safetensors(
+            os.path.join(self.source, "model.safetensors"))
+        del tensors["layers.1.attn.Wqkv.weight"]
+        stubs.write_safetensors(os.path.join(folder, "model.safetensors"), tensors,
+                                metadata)
+        status, reply = stubs.post_json(
+            f"{self.http}/v2/repository/models/no-wqkv/load", {})
+        self.assertEqual(status, 400, reply)
+        self.assertIn("missing tensor layers.1.attn.Wqkv.weight", reply["error"])
+        self.assert_golden(self.encode("modernbert"))
+
+
 class PrecisionTest(FamilyServer):
     """Every family's seeded model at bf16 and int8, against sentence-transformers'
     fp32 output: embedders by cosine, rerankers by their logits' error relative to the
     largest logit (their heads are drawn from N(0, 1), which magnifies every error)."""
-    EMBEDDERS = ("distilbert_tiny", "roberta_tiny", "xlmr_tiny", "mpnet_tiny")
+    EMBEDDERS = ("distilbert_tiny", "roberta_tiny", "xlmr_tiny", "mpnet_tiny",
+                 "modernbert_tiny")
     RERANKERS = ("xlmr_reranker_tiny", "electra_reranker_tiny", "mpnet_reranker_tiny")
     # Minimum cosine, and the rerankers' largest logit error over the largest logit.
     # Measured on AVX-512 with VNNI and bf16 (and capped to AVX2): bf16 0.99997

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Writes a small seeded ModernBERT embedder (a sentence-transformers folder over
+transformers' ModernBertModel) and what sentence-transformers computes with it, for the
+tests of attnserve's ModernBERT family: rotary positions (a theta per layer type),
+alternating global and local (sliding-window) attention, a gated GELU feed-forward
+(Wi = [input; gate]), pre-LN blocks whose first has no attention norm, a norm after the
+embeddings and one after the last block, no biases.
+
+Run with the peers venv (`deploy/install-deps.sh --peers build/peers-venv` makes it):
+  build/peers-venv/bin/python tests/tools/make_modernbert_golden.py tests/data
+
+The tokenizer is roberta_tiny's byte-level BPE (its files copied, model_max_length
+raised to 1024), so a rerun writes the same folder. The model: 3 layers (global, local,
+global: global_attn_every_n_layers 2), hidden 64, 4 heads of 16, intermediate 96,
+local_attention 16 (each token of a local layer sees 8 on either side), rope_theta
+160000 (global) and 10000 (local), 1024 positions, fp32, every LayerNorm scale drawn in
+[0.5, 1.5] (the initializer leaves them 1, which would let a loader that skips one
+pass). Texts: short sentences, and two long ones (about 300 and 1000 tokens) that reach
+far past the window and into large rotary angles.
+
+Writes modernbert_tiny/ (config.json as save_pretrained writes it, with layer_types and
+rope_parameters; model.safetensors; the tokenizer; modules.json with Transformer
+(max_seq_length 1024), mean Pooling and Normalize) and modernbert_tiny.golden.json: the
+texts (the longest cut at 1024 tokens), their token ids, SentenceTransformer.encode's
+embeddings (normalized, batched with padding) and ModernBertModel's last hidden state
+mean-pooled, each text alone ("unnormalized"), checked here to agree.
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer, models
+
+LAYERS, D, HEADS, FFN, POSITIONS = 3, 64, 4, 96, 1024
+
+
+def main(directory):
+    with open(os.path.join(directory, "sentences.en.txt"), encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    folder = os.path.join(directory, "modernbert_tiny")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    source = os.path.join(directory, "roberta_tiny")
+    shutil.copy(os.path.join(source, "tokenizer.json"), folder)
+    with open(os.path.join(source, "tokenizer_config.json"), encoding="utf-8") as f:
+        tokenizer_config = json.load(f)
+    tokenizer_config["model_max_length"] = POSITIONS
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_config, f, indent=2)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+
+    torch.manual_seed(49)
+    config = transformers.ModernBertConfig(
+        vocab_size=len(tokenizer), hidden_size=D, intermediate_size=FFN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        max_position_embeddings=POSITIONS, local_attention=16,
+        global_attn_every_n_layers=2, global_rope_theta=160000.0,
+        local_rope_theta=10000.0, initializer_range=0.2,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, cls_token_id=tokenizer.bos_token_id,
+        sep_token_id=tokenizer.eos_token_id)
+    config._attn_implementation = "eager"
+    model = transformers.ModernBertModel(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+
+    transformer = models.Transformer(folder, max_seq_length=POSITIONS)
+    pooling = models.Pooling(D, pooling_mode="mean")
+    encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
+                                  device="cpu")
+    encoder.save(folder)
+    for extra in ("README.md",):
+        path = os.path.join(folder, extra)
+        if os.path.exists(path):
+            os.remove(path)
+    encoder = SentenceTransformer(folder, device="cpu")
+
+    texts = [" ".join(s.split()[:14]) for s in sentences[80:86]] + \
+        [" ".join(sentences[100:112]), " ".join(sentences[120:160])]
+    ids = [tokenizer(t, truncation=True, max_length=POSITIONS)["input_ids"]
+           for t in texts]
+    lengths = [len(i) for i in ids]
+    assert max(lengths) > 900 and sorted(lengths)[-2] > 200, lengths
+    embeddings = encoder.encode(texts, batch_size=3, convert_to_tensor=True)
+    # The same by hand: each text alone through ModernBertModel, mean over its tokens.
+    with torch.inference_mode():
+        by_hand = torch.stack([
+            model(input_ids=torch.tensor([i])).last_hidden_state[0].mean(dim=0)
+            for i in ids])
+    normalized = torch.nn.functional.normalize(by_hand, dim=-1)
+    assert torch.allclose(normalized, embeddings, atol=2e-5), \
+        (normalized - embeddings).abs().max()
+    golden = {
+        "texts": texts,
+        "token_ids": ids,
+        "embeddings": [[float(f"{v:.8g}") for v in row] for row in embeddings.tolist()],
+        "unnormalized": [[float(f"{v:.8g}") for v in row] for row in by_hand.tolist()],
+        "config": {"hidden_size": D, "num_attention_heads": HEADS,
+                   "num_hidden_layers": LAYERS, "intermediate_size": FFN,
+                   "local_attention": 16, "vocab_size": len(tokenizer)},
+    }
+    with open(os.path.join(directory, "modernbert_tiny.golden.json"), "w",
+              encoding="utf-8") as f:
+        json.dump(golden, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
