@@ -323,21 +323,18 @@ absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
       }
       for (size_t i = 0; i < value.size(); ++i) {
         const auto* name = value[i].get_ptr<const Json::string_t*>();
-        const auto* found =
-            name == nullptr
-                ? std::end(kEmbeddingTypes)
-                : std::find_if(std::begin(kEmbeddingTypes), std::end(kEmbeddingTypes),
-                               [&](const auto& entry) { return *name == entry.first; });
-        if (found == std::end(kEmbeddingTypes)) {
+        const std::optional<Type> found =
+            name == nullptr ? std::nullopt : EmbeddingTypeNamed(*name);
+        if (!found.has_value()) {
           return Invalid(absl::StrCat(
               "embedding_types[", i,
               "] must be \"float\", \"int8\", \"uint8\", \"binary\", \"ubinary\" or "
               "\"base64\", got ",
               JsonExcerpt(value[i])));
         }
-        if (std::find(call.embedding_types.begin(), call.embedding_types.end(),
-                      found->second) == call.embedding_types.end()) {
-          call.embedding_types.push_back(found->second);
+        if (std::find(call.embedding_types.begin(), call.embedding_types.end(), *found) ==
+            call.embedding_types.end()) {
+          call.embedding_types.push_back(*found);
         }
       }
     } else if (key == "truncate") {
@@ -378,6 +375,13 @@ absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body) {
   if (!has_model) return Invalid("model is required: the name of a served encoder");
   if (call.embedding_types.empty()) call.embedding_types.push_back(Type::kFloat);
   return call;
+}
+
+std::optional<EmbeddingsCall::EmbeddingType> EmbeddingTypeNamed(absl::string_view name) {
+  for (const auto& [known, type] : kEmbeddingTypes) {
+    if (name == known) return type;
+  }
+  return std::nullopt;
 }
 
 std::vector<int> QuantizeEmbedding(absl::Span<const float> values,

@@ -8,6 +8,7 @@
 #define ATTNSERVE_SERVER_FRONTENDS_EMBEDDINGS_API_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -126,6 +127,10 @@ absl::StatusOr<EmbeddingsCall> ParseCohereEmbed(absl::string_view body);
 // binary is ubinary - 128 as int8.
 std::vector<int> QuantizeEmbedding(absl::Span<const float> values,
                                    EmbeddingsCall::EmbeddingType type);
+
+// The embedding type Cohere names `name` ("float", "int8", "uint8", "binary",
+// "ubinary", "base64"), or nullopt.
+std::optional<EmbeddingsCall::EmbeddingType> EmbeddingTypeNamed(absl::string_view name);
 
 // What needs the model, checked before the call is queued: an embeddings call's model
 // pools (an embedding exists) and does not classify, a sparse model is called through

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -242,6 +243,51 @@ const char* DatatypeName(const v1::Tensor& tensor) {
   }
 }
 
+// The "embedding_type" parameter: Cohere's float, int8, uint8, binary or ubinary
+// (float when absent). InvalidArgument for another value or type.
+constexpr char kEmbeddingType[] = "embedding_type";
+absl::StatusOr<EmbeddingsCall::EmbeddingType> RequestedEmbeddingType(
+    const inference::ModelInferRequest& infer) {
+  const auto it = infer.parameters().find(kEmbeddingType);
+  if (it == infer.parameters().end()) return EmbeddingsCall::EmbeddingType::kFloat;
+  const std::optional<EmbeddingsCall::EmbeddingType> type =
+      it->second.parameter_choice_case() == inference::InferParameter::kStringParam
+          ? EmbeddingTypeNamed(it->second.string_param())
+          : std::nullopt;
+  if (!type.has_value() || *type == EmbeddingsCall::EmbeddingType::kBase64) {
+    return Invalid(
+        "parameters[\"embedding_type\"] must be a string_param: \"float\", \"int8\", "
+        "\"uint8\", \"binary\" or \"ubinary\"");
+  }
+  return *type;
+}
+
+// The output "embedding" of `response` from the FP32 [n, d] `embedding` as `type`
+// (QuantizeEmbedding): INT8 or UINT8 [n, d], or bit-packed INT8 (binary) or UINT8
+// (ubinary) [n, ceil(d / 8)].
+void AddQuantizedEmbedding(EmbeddingsCall::EmbeddingType type,
+                           const v1::Tensor& embedding,
+                           inference::ModelInferResponse* response) {
+  using Type = EmbeddingsCall::EmbeddingType;
+  const int64_t rows = embedding.shape_size() == 2 ? embedding.shape(0) : 0;
+  const int64_t width = embedding.shape_size() == 2 ? embedding.shape(1) : 0;
+  std::vector<float> row(static_cast<size_t>(width));
+  std::string raw;
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(row.data(), embedding.raw().data() + i * width * sizeof(float),
+                row.size() * sizeof(float));
+    for (const int level : QuantizeEmbedding(row, type)) {
+      raw.push_back(static_cast<char>(static_cast<uint8_t>(level)));
+    }
+  }
+  inference::ModelInferResponse::InferOutputTensor* output = response->add_outputs();
+  output->set_name(kEmbedding);
+  output->set_datatype(type == Type::kInt8 || type == Type::kBinary ? "INT8" : "UINT8");
+  output->add_shape(rows);
+  output->add_shape(rows > 0 ? static_cast<int64_t>(raw.size()) / rows : 0);
+  *response->add_raw_output_contents() = std::move(raw);
+}
+
 // The output `name` of `response`, from `tensor`, whose bytes move: no copy of a
 // result.
 void AddOutput(const char* name, v1::Tensor* tensor,
@@ -397,6 +443,10 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
       ATTN_RETURN_IF_ERROR(ReadHeadMask(value, encode.mutable_head_mask()));
       continue;
     }
+    if (name == kEmbeddingType) {
+      ATTN_RETURN_IF_ERROR(RequestedEmbeddingType(*infer).status());
+      continue;
+    }
     if (name == "prompt_name") {
       if (value.parameter_choice_case() != inference::InferParameter::kStringParam ||
           value.string_param().empty() || value.string_param().size() > 256) {
@@ -410,7 +460,7 @@ absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* 
     return Invalid(absl::StrCat("parameters[\"", name,
                                 "\"] is not a parameter of an encoder model (timeout, "
                                 "truncate, dimensions, normalize, raw_scores, head_mask, "
-                                "prompt_name)"));
+                                "prompt_name, embedding_type)"));
   }
   for (int i = 0; i < infer->outputs_size(); ++i) {
     const std::string& name = infer->outputs(i).name();
@@ -464,7 +514,14 @@ void InferResponseFromEncode(const inference::ModelInferRequest& infer,
     want_scores |= requested.name() == kScores;
   }
   if (want_embedding && encode.has_embedding()) {
-    AddOutput(kEmbedding, encode.mutable_embedding(), response);
+    // The parameter was checked when the request was read.
+    const EmbeddingsCall::EmbeddingType type =
+        RequestedEmbeddingType(infer).value_or(EmbeddingsCall::EmbeddingType::kFloat);
+    if (type == EmbeddingsCall::EmbeddingType::kFloat) {
+      AddOutput(kEmbedding, encode.mutable_embedding(), response);
+    } else {
+      AddQuantizedEmbedding(type, encode.embedding(), response);
+    }
   }
   if (want_scores && encode.has_scores()) {
     v1::Tensor* scores = encode.mutable_scores();
@@ -506,6 +563,16 @@ void SubmitInfer(
           !ranks.ok()) {
         return refuse(ranks);
       }
+    }
+    // Levels of an embedding in [-1, 1]: not scores, nor SPLADE's weights.
+    const core::EncoderSpec& spec = request->model()->encoder_spec;
+    if (RequestedEmbeddingType(*infer).value_or(EmbeddingsCall::EmbeddingType::kFloat) !=
+            EmbeddingsCall::EmbeddingType::kFloat &&
+        (spec.num_labels > 0 || spec.sparse != core::EncoderSpec::Sparse::kNone)) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "parameters[\"embedding_type\"] quantizes a dense embedding, and model \"",
+          request->model()->name, "\" answers ",
+          spec.num_labels > 0 ? "scores" : "sparse weights")));
     }
     // The work copies the ids: the converted request may go when SubmitEncode returns.
     pipeline.SubmitEncode(request, *encode, *deadline, cancellation,

@@ -46,11 +46,15 @@ absl::StatusOr<v1::AttendRequest> AttendFromInfer(inference::ModelInferRequest* 
 // a classification model's pairs), or a rerank's "query" [1] and "documents" [n] (n
 // pairs, at most kMaxRerankDocuments); requesting output "hidden" asks for the last
 // hidden state. Parameters: "timeout", "truncate", "normalize", "raw_scores" (bool),
-// "dimensions" (int64). InvalidArgument naming the field for anything else. Raw input
-// bytes move out of `*infer`.
+// "dimensions" (int64), "head_mask", "prompt_name", "embedding_type" (string: the
+// embedding's levels, see InferResponseFromEncode). InvalidArgument naming the field
+// for anything else. Raw input bytes move out of `*infer`.
 absl::StatusOr<v1::EncodeRequest> EncodeFromInfer(inference::ModelInferRequest* infer);
 
-// The answer of an encoder as a ModelInferResponse: "embedding" FP32 [n, d], or a
+// The answer of an encoder as a ModelInferResponse: "embedding" FP32 [n, d] (with the
+// "embedding_type" parameter Cohere's levels, as /v2/embed quantizes them: "int8" INT8
+// and "uint8" UINT8 [n, d], "binary" INT8 and "ubinary" UINT8 bit-packed [n,
+// ceil(d / 8)]), or a
 // classification model's "scores" FP32 [n, num_labels] ([n] for ranked "documents")
 // (when no outputs are listed, or it is), "hidden" FP32 [tokens, d] when asked,
 // "lengths" INT64 [n] when listed. Moves the tensors' bytes out of `encode`.

@@ -361,6 +361,14 @@ std::string InferResponseBody(const inference::ModelInferResponse& response, boo
       std::vector<int64_t> values(raw.size() / 8);
       if (!values.empty()) std::memcpy(values.data(), raw.data(), values.size() * 8);
       entry["data"] = std::move(values);
+    } else if (output.datatype() == "INT8" || output.datatype() == "UINT8") {
+      std::vector<int> values(raw.size());
+      const bool is_signed = output.datatype() == "INT8";
+      for (size_t j = 0; j < raw.size(); ++j) {
+        values[j] = is_signed ? static_cast<int>(static_cast<int8_t>(raw[j]))
+                              : static_cast<int>(static_cast<uint8_t>(raw[j]));
+      }
+      entry["data"] = std::move(values);
     } else if (output.datatype() == "BF16") {
       std::vector<float> values(raw.size() / 2);
       for (size_t j = 0; j < values.size(); ++j) {

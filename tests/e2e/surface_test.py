@@ -14,6 +14,8 @@ cross-encoder of tests/data/reranker_tiny:
 - TEI's POST /embed_all: every token's vector, equal to sentence-transformers'
   output_value="token_embeddings" (tests/tools/make_token_embeddings_golden.py; cosine
   >= 0.99999 per token, 1e-4) and to Encode's hidden states, bit for bit;
+- KServe's "embedding_type" parameter through tritonclient (gRPC and HTTP): INT8 and
+  UINT8 levels, bit-packed binary and ubinary, against the same golden;
 - Cohere's POST /v2/embed through the `cohere` client (ClientV2.embed) with every
   embedding type, against sentence-transformers' quantize_embeddings of the same
   sentences (tests/tools/make_quantization_golden.py; int8/uint8 with the range [-1,
@@ -213,6 +215,60 @@ class SurfaceTest(ServerCase):
         self.assertGreater(response.parameters["compute_time_us"].int64_param, 0)
 
 
+    def assert_quantized(self, name, got, golden):
+        """`got`, the embeddings of golden["texts"] as Cohere's type `name`, against
+        sentence-transformers' quantize_embeddings of its own embeddings."""
+        import numpy as np
+        got = np.asarray(got).astype(np.int64)
+        expected = np.asarray(golden["embeddings_quantized"][name])
+        if name in ("int8", "uint8"):
+            # Our floats are within 1e-6 of sentence-transformers': a value at a level's
+            # edge may land on the next level, never further.
+            self.assertEqual(got.shape, expected.shape, name)
+            self.assertLessEqual(int(np.abs(got - expected).max()), 1, name)
+            self.assertGreaterEqual(float(np.mean(got == expected)), 0.999, name)
+            return
+        want = np.asarray(golden["embeddings"], np.float32)
+        self.assertEqual(got.shape, (len(golden["texts"]), 384 // 8), name)
+        for row, byte in zip(*np.nonzero(got != expected)):
+            # Only a sign within 1e-6 of zero may differ.
+            near = np.abs(want[row, byte * 8:(byte + 1) * 8]).min()
+            self.assertLess(near, 1e-6, (name, row, byte))
+
+    def test_kserve_embedding_type_quantizes_as_cohere_types(self):
+        import numpy as np
+        import tritonclient.grpc as triton_grpc
+        import tritonclient.http as triton_http
+        with open(os.path.join(ROOT, "tests", "data", "quantization.golden.json"),
+                  encoding="utf-8") as f:
+            golden = json.load(f)
+        texts = np.array([t.encode() for t in golden["texts"]], dtype=np.object_)
+        grpc_client = triton_grpc.InferenceServerClient(self.server.target)
+        http_client = triton_http.InferenceServerClient(self.http[len("http://"):])
+        dtypes = {"int8": np.int8, "uint8": np.uint8, "binary": np.int8,
+                  "ubinary": np.uint8}
+        for name, dtype in dtypes.items():
+            for module, client in ((triton_grpc, grpc_client), (triton_http, http_client)):
+                with self.subTest(type=name, door=module.__name__):
+                    entry = module.InferInput("text", [len(texts)], "BYTES")
+                    entry.set_data_from_numpy(texts)
+                    result = client.infer("minilm", [entry],
+                                          parameters={"embedding_type": name})
+                    got = result.as_numpy("embedding")
+                    self.assertEqual(got.dtype, dtype)
+                    self.assert_quantized(name, got, golden)
+        # Another value, a reranker, and the wrong parameter type are refused by name.
+        for model, value, words in (
+                ("minilm", "int4", 'parameters["embedding_type"] must be a string_param'),
+                ("minilm", 8, 'parameters["embedding_type"] must be a string_param'),
+                ("reranker", "int8", "answers scores")):
+            entry = triton_grpc.InferInput("text", [1], "BYTES")
+            entry.set_data_from_numpy(np.array([b"a"], dtype=np.object_))
+            with self.subTest(model=model, value=value), \
+                    self.assertRaises(Exception) as refused:
+                grpc_client.infer(model, [entry], parameters={"embedding_type": value})
+            self.assertIn(words, str(refused.exception))
+
     def test_cohere_client_embeds_by_type_as_sentence_transformers_quantizes(self):
         import base64
         import cohere
@@ -233,21 +289,8 @@ class SurfaceTest(ServerCase):
         decoded = np.stack([np.frombuffer(base64.b64decode(row), "<f4")
                             for row in reply.embeddings.base64])
         np.testing.assert_array_equal(decoded, floats)
-        for name in ("int8", "uint8"):
-            got = np.asarray(getattr(reply.embeddings, name))
-            expected = np.asarray(golden["embeddings_quantized"][name])
-            # Our floats are within 1e-6 of sentence-transformers': a value at a level's
-            # edge may land on the next level, never further.
-            self.assertLessEqual(int(np.abs(got - expected).max()), 1, name)
-            self.assertGreaterEqual(float(np.mean(got == expected)), 0.999, name)
-        for name in ("binary", "ubinary"):
-            got = np.asarray(getattr(reply.embeddings, name))
-            expected = np.asarray(golden["embeddings_quantized"][name])
-            self.assertEqual(got.shape, (len(golden["texts"]), 384 // 8), name)
-            for row, byte in zip(*np.nonzero(got != expected)):
-                # Only a sign within 1e-6 of zero may differ.
-                near = np.abs(want[row, byte * 8:(byte + 1) * 8]).min()
-                self.assertLess(near, 1e-6, (name, row, byte))
+        for name in ("int8", "uint8", "binary", "ubinary"):
+            self.assert_quantized(name, getattr(reply.embeddings, name), golden)
         # Unknown types and images are refused in Cohere's error shape.
         status, _, answer = post(self.http + "/v2/embed",
                                  {"model": "minilm", "texts": ["a"],
