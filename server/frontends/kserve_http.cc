@@ -567,8 +567,9 @@ void KServeHttp::Route(mg_connection* connection) {
   }
   if (options_.on_request) options_.on_request(uri);
   if (uri == "/info") return Info(connection);
-  if (uri == "/tokenize" || uri == "/decode")
+  if (uri == "/tokenize" || uri == "/decode") {
     return Tokenizer(connection, uri == "/decode");
+  }
   if (absl::StartsWith(uri, "/v1/models")) return Models(connection);
   const std::vector<absl::string_view> parts =
       absl::StrSplit(uri, '/', absl::SkipEmpty());  // parts[0] == "v2"

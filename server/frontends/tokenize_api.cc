@@ -18,8 +18,8 @@ using Json = nlohmann::json;
 
 // The most text one /tokenize call may hold, and the most ids one /decode call may: an
 // answer is a few dozen bytes per token, so this bounds it to tens of MiB.
-constexpr int64_t kMaxTokenizeBytes = 256 * 1024;
-constexpr int64_t kMaxDecodeIds = 256 * 1024;
+constexpr int64_t kMaxTokenizeBytes = int64_t{256} << 10;
+constexpr int64_t kMaxDecodeIds = int64_t{256} << 10;
 
 absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
