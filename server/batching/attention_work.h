@@ -86,6 +86,7 @@ struct AttentionWork {
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;
+  int64_t batch_id = 0;  // the batch it ran in (Batcher numbers them)
 
   int64_t tokens() const;
   // Requests share a batch only when the core can run them in one call: the same

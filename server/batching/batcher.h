@@ -5,6 +5,7 @@
 #ifndef ATTNSERVE_SERVER_BATCHING_BATCHER_H_
 #define ATTNSERVE_SERVER_BATCHING_BATCHER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -42,6 +43,7 @@ class BatchExecutor {
 
 // A model's batcher. Work is a BatchScheduler task (see there) that also has
 //   int batch_size;                // set to the size of the batch it ran in
+//   int64_t batch_id;              // set to that batch's number (unique in the process)
 //   absl::Duration compute_time;   // set to that batch's Run time
 // Thread-safe. Owns its executors and its worker threads.
 template <typename Work>
@@ -105,9 +107,13 @@ class Batcher final : public BatchQueue {
   // The scheduler's executor, on worker `instance`'s thread: pack, run (timed), scatter.
   absl::Status RunBatch(int instance, absl::Span<Work* const> batch) {
     BatchExecutor<Work>& executor = *executors_[instance];
+    // Numbers batches across every model, so that a trace's batch mates share one.
+    static std::atomic<int64_t> batches{0};
+    const int64_t batch_id = batches.fetch_add(1, std::memory_order_relaxed) + 1;
     int64_t tokens = 0;
     for (Work* work : batch) {
       work->batch_size = static_cast<int>(batch.size());
+      work->batch_id = batch_id;
       tokens += work->tokens();
     }
     absl::Status status = executor.Pack(batch);

@@ -60,6 +60,7 @@ struct EncoderWork {
   absl::Duration queue_time;
   absl::Duration compute_time;
   int batch_size = 0;
+  int64_t batch_id = 0;  // the batch it ran in (Batcher numbers them)
 
   int64_t tokens() const;
   // Token-id requests batch together, and hidden-state requests together, each with

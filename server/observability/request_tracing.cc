@@ -68,6 +68,7 @@ std::vector<SpanRecord> RequestSpans(const RequestTrace& trace, const Tracer& tr
     SpanRecord* compute = phase("compute", batch_start, batch_end);
     compute->attributes.push_back(
         {"attnserve.batch.size", static_cast<int64_t>(trace.batch_size)});
+    compute->attributes.push_back({"attnserve.batch.id", trace.batch_id});
     phase("respond", batch_end, std::max(batch_end, trace.end));
   }
   return spans;

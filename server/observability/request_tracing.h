@@ -3,10 +3,10 @@
 // child of the caller's traceparent (a new trace without one), with a child per phase
 // the request reached, in order: "validate" (decoding and, for text, tokenizing),
 // "queue" (waiting for its batch), "compute" (its batch's forward pass, shared with the
-// other requests of the batch) and "respond" (from the batch's end to the answer handed
-// to the door). Attributes follow OpenTelemetry's conventions where they fit
-// (gen_ai.request.model, gen_ai.usage.input_tokens, rpc.* / http.*), attnserve.* for
-// the rest.
+// other requests of the batch, which carry the same attnserve.batch.id) and "respond"
+// (from the batch's end to the answer handed to the door). Attributes follow
+// OpenTelemetry's conventions where they fit (gen_ai.request.model,
+// gen_ai.usage.input_tokens, rpc.* / http.*), attnserve.* for the rest.
 #ifndef ATTNSERVE_SERVER_OBSERVABILITY_REQUEST_TRACING_H_
 #define ATTNSERVE_SERVER_OBSERVABILITY_REQUEST_TRACING_H_
 

@@ -447,6 +447,7 @@ void RequestPipeline::Submit(const std::shared_ptr<Request>& request,
           request->trace_.queue = result->queue_time;
           request->trace_.compute = result->compute_time;
           request->trace_.batch_size = result->batch_size;
+          request->trace_.batch_id = result->batch_id;
         }
         request->Finish(status, tokens);
         (*answer)(std::move(status), std::move(response));
@@ -530,6 +531,7 @@ void RequestPipeline::SubmitEncode(
           request->trace_.queue = result->queue_time;
           request->trace_.compute = result->compute_time;
           request->trace_.batch_size = result->batch_size;
+          request->trace_.batch_id = result->batch_id;
         }
         request->Finish(status, tokens);
         (*answer)(std::move(status), std::move(response));

@@ -45,7 +45,8 @@ struct RequestTrace {
   absl::Time enqueued;
   absl::Duration queue, compute;
   int batch_size = 0;
-  int64_t tokens = 0;  // computed tokens (0 unless OK)
+  int64_t batch_id = 0;  // shared by the requests computed in one batch
+  int64_t tokens = 0;    // computed tokens (0 unless OK)
   absl::Status status;
 };
 

@@ -160,7 +160,9 @@ class TracingTest(unittest.TestCase):
             self.assertEqual(child.trace_id, root.trace_id)
             self.assertNotEqual(child.span_id, root.span_id)
             self.assertLessEqual(child.start_time_unix_nano, child.end_time_unix_nano)
-        self.assertGreaterEqual(attributes(children["compute"])["attnserve.batch.size"], 1)
+        compute = attributes(children["compute"])
+        self.assertGreaterEqual(compute["attnserve.batch.size"], 1)
+        self.assertGreaterEqual(compute["attnserve.batch.id"], 1)
 
     def test_http_request_is_traced_inside_the_callers_span(self):
         client = openai.OpenAI(base_url=self.http + "/v1", api_key="not-checked",

@@ -28,6 +28,7 @@ struct FakeWork {
   absl::Duration queue_time;
   absl::Duration compute_time = absl::Seconds(-1);
   int batch_size = 0;
+  int64_t batch_id = 0;
 
   int64_t tokens() const { return value; }
   bool SharesBatchWith(const FakeWork& /*other*/) const { return true; }
@@ -138,6 +139,9 @@ TEST_F(BatcherTest, PacksRunsAndScattersEachBatchOnce) {
     EXPECT_TRUE(status.ok()) << status;
     EXPECT_EQ(work->result, work->value * 2);
     EXPECT_EQ(work->batch_size, 3);
+    // One batch: one number, shared.
+    EXPECT_GT(work->batch_id, 0);
+    EXPECT_EQ(work->batch_id, log_.answers.front().second->batch_id);
     EXPECT_GE(work->compute_time, absl::ZeroDuration());
   }
 }
