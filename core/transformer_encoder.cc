@@ -46,10 +46,18 @@ dnnl::algorithm ActivationAlgorithm(EncoderSpec::Activation activation) {
       return dnnl::algorithm::eltwise_gelu_tanh;
     case EncoderSpec::Activation::kRelu:
       return dnnl::algorithm::eltwise_relu;
+    case EncoderSpec::Activation::kSilu:
+      return dnnl::algorithm::eltwise_swish;
     case EncoderSpec::Activation::kGeluErf:
       break;
   }
   return dnnl::algorithm::eltwise_gelu_erf;
+}
+
+// oneDNN's alpha of an eltwise algorithm: swish is x sigmoid(alpha x), SiLU's alpha 1;
+// the others here take none.
+float EltwiseAlpha(dnnl::algorithm algorithm) {
+  return algorithm == dnnl::algorithm::eltwise_swish ? 1.0f : 0.0f;
 }
 
 memory::desc Plain(int64_t rows, int64_t columns,
@@ -175,6 +183,11 @@ absl::Status EncoderSpec::Validate() const {
       (norm_placement != NormPlacement::kPre || absolute_positions || !gated_ffn)) {
     return Invalid(
         "a ModernBERT encoder is pre-LN with a gated feed-forward and no position table");
+  }
+  if (family == Family::kNomicBert &&
+      (norm_placement != NormPlacement::kPost || absolute_positions || !gated_ffn)) {
+    return Invalid(
+        "a NomicBERT encoder is post-LN with a gated feed-forward and no position table");
   }
   if (d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
@@ -406,6 +419,22 @@ constexpr TensorNames kModernBertNames = {
     "ModernBERT", "",           "embeddings.norm.", "final_norm.", "layers.",  "", "", "",
     "attn.Wo.",   "attn_norm.", "mlp.Wi.",          "mlp.Wo.",     "mlp_norm."};
 
+// NomicBERT's as transformers saves them (the Hub's layout; LoadNomicBertBlocks reads
+// the blocks): BERT's embeddings and token types, emb_ln after them.
+constexpr TensorNames kNomicBertNames = {"NomicBERT",
+                                         "embeddings.token_type_embeddings.weight",
+                                         "emb_ln.",
+                                         "",
+                                         "encoder.layers.",
+                                         "",
+                                         "",
+                                         "",
+                                         "attn.out_proj.",
+                                         "norm1.",
+                                         "",
+                                         "mlp.fc2.",
+                                         "norm2."};
+
 // `names` under another family's name (RoBERTa's and ELECTRA's tensors are BERT's).
 constexpr TensorNames Renamed(TensorNames names, const char* family) {
   names.family = family;
@@ -420,6 +449,7 @@ const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kElectra) return kElectraNames;
   if (spec.family == EncoderSpec::Family::kMpnet) return kMpnetNames;
   if (spec.family == EncoderSpec::Family::kModernBert) return kModernBertNames;
+  if (spec.family == EncoderSpec::Family::kNomicBert) return kNomicBertNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
 }
@@ -499,6 +529,69 @@ absl::Status LoadModernBertBlocks(const EncoderSpec& spec, const TensorNames& na
   }
   return read_with_bias(names.final_norm, {d}, &weights->final_norm_scale,
                         &weights->final_norm_shift);
+}
+
+// NomicBERT's norms and blocks, by `names` (kNomicBertNames), biases as ModernBERT's
+// (LoadModernBertBlocks). The gated feed-forward's first product is fused as [fc12
+// (the gate, activated); fc11 (up)], the order the encoder's gate reads.
+template <typename Has, typename Read>
+absl::Status LoadNomicBertBlocks(const EncoderSpec& spec, const TensorNames& names,
+                                 const Has& has, const Read& read,
+                                 EncoderWeights* weights) {
+  const int64_t d = spec.d_model;
+  const int64_t ffn = spec.ffn_dim;
+  const auto bias_or_zeros = [&](const std::string& name, int64_t size,
+                                 std::vector<float>* bias) -> absl::Status {
+    if (has(name)) {
+      ATTN_ASSIGN_OR_RETURN(*bias, read(name, {size}));
+    } else {
+      bias->assign(static_cast<size_t>(size), 0.0f);
+    }
+    return absl::OkStatus();
+  };
+  if (!spec.checkpoint_pruned_heads.empty()) {
+    return Invalid(
+        "checkpoint_pruned_heads: a NomicBERT checkpoint with heads removed "
+        "is not served");
+  }
+  ATTN_ASSIGN_OR_RETURN(weights->embedding_norm_scale,
+                        read(absl::StrCat(names.embedding_norm, "weight"), {d}));
+  ATTN_RETURN_IF_ERROR(bias_or_zeros(absl::StrCat(names.embedding_norm, "bias"), d,
+                                     &weights->embedding_norm_shift));
+  for (int64_t n = 0; n < spec.num_layers; ++n) {
+    const std::string at = absl::StrCat(names.layer, n, ".");
+    EncoderLayerWeights layer;
+    ATTN_ASSIGN_OR_RETURN(layer.attention.in_proj_weight,
+                          read(at + "attn.Wqkv.weight", {3 * d, d}));
+    ATTN_RETURN_IF_ERROR(
+        bias_or_zeros(at + "attn.Wqkv.bias", 3 * d, &layer.attention.in_proj_bias));
+    ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_weight,
+                          read(at + names.attention_out + "weight", {d, d}));
+    ATTN_RETURN_IF_ERROR(bias_or_zeros(at + names.attention_out + "bias", d,
+                                       &layer.attention.out_proj_bias));
+    ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
+                          read(at + names.attention_norm + "weight", {d}));
+    ATTN_RETURN_IF_ERROR(bias_or_zeros(at + names.attention_norm + "bias", d,
+                                       &layer.attention_norm_shift));
+    for (const char* part : {"mlp.fc12.", "mlp.fc11."}) {  // gate, then up
+      ATTN_ASSIGN_OR_RETURN(const std::vector<float> weight,
+                            read(at + part + "weight", {ffn, d}));
+      std::vector<float> bias;
+      ATTN_RETURN_IF_ERROR(bias_or_zeros(at + part + "bias", ffn, &bias));
+      layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(), weight.end());
+      layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
+    }
+    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_weight,
+                          read(at + names.ffn_out + "weight", {d, ffn}));
+    ATTN_RETURN_IF_ERROR(
+        bias_or_zeros(at + names.ffn_out + "bias", d, &layer.ffn_out_bias));
+    ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
+                          read(at + names.output_norm + "weight", {d}));
+    ATTN_RETURN_IF_ERROR(
+        bias_or_zeros(at + names.output_norm + "bias", d, &layer.output_norm_shift));
+    weights->layers.push_back(std::move(layer));
+  }
+  return absl::OkStatus();
 }
 
 // The SPLADE head of a BERT or DistilBERT masked-LM checkpoint, outside the prefix
@@ -583,8 +676,9 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   };
   EncoderWeights weights;
   const bool modern = spec.family == EncoderSpec::Family::kModernBert;
-  if (modern && spec.num_labels > 0) {
-    return Invalid("a ModernBERT classification head is not served");
+  if ((modern || spec.family == EncoderSpec::Family::kNomicBert) && spec.num_labels > 0) {
+    return Invalid(
+        absl::StrCat("a ", names.family, " classification head is not served"));
   }
   const std::string table =
       modern ? "embeddings.tok_embeddings.weight" : "embeddings.word_embeddings.weight";
@@ -625,6 +719,8 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   };
   if (modern) {
     ATTN_RETURN_IF_ERROR(LoadModernBertBlocks(spec, names, has, read, &weights));
+  } else if (spec.family == EncoderSpec::Family::kNomicBert) {
+    ATTN_RETURN_IF_ERROR(LoadNomicBertBlocks(spec, names, has, read, &weights));
   } else {
     // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
     // (pre-LN) before each sublayer and after the last block.
@@ -830,7 +926,9 @@ struct TransformerEncoder::State {
         [&]() -> absl::StatusOr<CachedPrimitive> {
           dnnl::post_ops ops;
           if (accumulate) ops.append_sum(1.0f);
-          if (activation != nullptr) ops.append_eltwise(1.0f, *activation, 0.0f, 0.0f);
+          if (activation != nullptr) {
+            ops.append_eltwise(1.0f, *activation, EltwiseAlpha(*activation), 0.0f);
+          }
           dnnl::primitive_attr attr;
           attr.set_post_ops(ops);
           const dnnl::matmul::primitive_desc pd(
@@ -874,7 +972,8 @@ struct TransformerEncoder::State {
           CachedPrimitive created;
           created.primitive = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(
               dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, activation,
-                                          Plain(rows, width), 0.0f, 0.0f),
+                                          Plain(rows, width), EltwiseAlpha(activation),
+                                          0.0f),
               engine));
           return created;
         });
@@ -1057,7 +1156,8 @@ struct TransformerEncoder::State {
               created.primitive =
                   dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(
                       dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference,
-                                                  activation, half, 0.0f, 0.0f),
+                                                  activation, half,
+                                                  EltwiseAlpha(activation), 0.0f),
                       engine));
               return created;
             }));
@@ -1563,6 +1663,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     if (!spec_.layer_attention.empty()) {
       const EncoderSpec::LayerAttention& layer = spec_.layer_attention[n];
       options.rotary.inv_freq = layer.rotary_inv_freq;
+      options.rotary.interleaved = layer.rotary_interleaved;
       options.window = layer.window;
     }
     ATTN_RETURN_IF_ERROR(state.attention[n]->Forward(

@@ -38,8 +38,8 @@ struct EncoderSpec {
   int64_t num_heads = 0;   // >= 1
   int64_t ffn_dim = 0;     // the feed-forward network's inner width, >= 1
   // The feed-forward activation: GELU with erf (BERT's "gelu"), GELU's tanh
-  // approximation ("gelu_new"), or ReLU.
-  enum class Activation { kGeluErf, kGeluTanh, kRelu };
+  // approximation ("gelu_new"), ReLU, or SiLU (x sigmoid(x), SwiGLU's).
+  enum class Activation { kGeluErf, kGeluTanh, kRelu, kSilu };
   Activation activation = Activation::kGeluErf;
   // Where the layer norms sit: after each residual add and after the embeddings (BERT),
   // or before each sublayer, inside its residual, and once after the last block
@@ -61,7 +61,19 @@ struct EncoderSpec {
   // no position table (rotary positions: layer_attention) and no token types, a norm
   // after the embeddings, pre-LN blocks of which the first has no attention norm, a
   // gated feed-forward, a final norm, and biases only where the checkpoint has them.
-  enum class Family { kBert, kDistilBert, kRoberta, kElectra, kMpnet, kModernBert };
+  // NomicBERT's (nomic-embed-text): BERT's embeddings without a position table (rotary
+  // positions), post-LN blocks of attn.Wqkv and attn.out_proj, a gated feed-forward
+  // (SwiGLU: act(mlp.fc12 x) * mlp.fc11 x, then mlp.fc2), norm1 and norm2, emb_ln after
+  // the embeddings, biases only where the checkpoint has them.
+  enum class Family {
+    kBert,
+    kDistilBert,
+    kRoberta,
+    kElectra,
+    kMpnet,
+    kModernBert,
+    kNomicBert
+  };
   Family family = Family::kBert;
   // The rows of the checkpoint's position table before position 0 (RoBERTa's
   // padding_idx + 1): LoadBertWeights drops them. >= 0.
@@ -86,6 +98,7 @@ struct EncoderSpec {
   // global). Empty (every layer global without rotary), or num_layers entries.
   struct LayerAttention {
     std::vector<float> rotary_inv_freq;
+    bool rotary_interleaved = false;  // GPT-J's pairs (AttentionOptions::Rotary)
     int64_t window = 0;
   };
   std::vector<LayerAttention> layer_attention;
@@ -264,7 +277,11 @@ struct EncoderWeights {
 // `layers.N.attn.Wqkv` (Q, K and V fused, [3d, d]), `layers.N.attn.Wo`,
 // `layers.N.mlp_norm`, `layers.N.mlp.Wi` ([2 ffn_dim, d]: input, then gate),
 // `layers.N.mlp.Wo`, `final_norm`, each `.weight` with its `.bias` when the checkpoint
-// has one (else zeros); the encoder behind "model." in a task model. A SPLADE head
+// has one (else zeros); the encoder behind "model." in a task model. NomicBERT (as
+// transformers saves it, and as the Hub's checkpoints carry it): BERT's
+// `embeddings.word_embeddings` and `embeddings.token_type_embeddings`, `emb_ln`,
+// `encoder.layers.N.attn.Wqkv` ([3d, d]), `attn.out_proj`, `norm1`, `mlp.fc11` (up),
+// `mlp.fc12` (gate), `mlp.fc2`, `norm2`, biases where present. A SPLADE head
 // (spec.sparse) is read outside the prefix: BERT's `cls.predictions.transform.dense.*`,
 // `cls.predictions.transform.LayerNorm.*`, `cls.predictions.bias` (or
 // `cls.predictions.decoder.bias`) and, when the checkpoint does not tie it to the word

@@ -280,6 +280,98 @@ absl::Status ApplyModernBertLayers(const Json& json, int64_t layers,
   return absl::OkStatus();
 }
 
+// The Hub's nomic-embed-text config.json (its own code's GPT-2-style keys) in
+// transformers' NomicBertConfig keys, which the rest reads: n_embd, n_head, n_layer,
+// n_inner, n_positions, layer_norm_epsilon, rotary_emb_base, activation_function
+// "swiglu" (SiLU). What that code offers and transformers' NomicBertModel does not
+// compute (prenorm, parallel blocks, RMSNorm, partial or scaled rotary, a causal mask)
+// is refused by name. A config with transformers' keys is left as it is.
+absl::Status NomicBertKeys(Json* json) {
+  constexpr absl::string_view kFile = "config.json";
+  if (!json->is_object() || json->value("model_type", "") != "nomic_bert" ||
+      !json->contains("n_embd")) {
+    return absl::OkStatus();
+  }
+  for (const auto& [hub, native] :
+       {std::pair<const char*, const char*>{"n_embd", "hidden_size"},
+        {"n_head", "num_attention_heads"},
+        {"n_layer", "num_hidden_layers"},
+        {"n_inner", "intermediate_size"},
+        {"n_positions", "max_position_embeddings"},
+        {"layer_norm_epsilon", "layer_norm_eps"}}) {
+    if (const auto it = json->find(hub); it != json->end() && !it->is_null()) {
+      (*json)[native] = *it;
+    }
+  }
+  for (const char* flag : {"prenorm", "parallel_block", "use_rms_norm", "causal"}) {
+    ATTN_ASSIGN_OR_RETURN(const bool set, Flag(*json, flag, kFile));
+    if (set) {
+      return Invalid(absl::StrCat("config.json: ", flag, " true is not served (served: ",
+                                  "NomicBertModel's post-LN blocks)"));
+    }
+  }
+  if (const auto it = json->find("rotary_emb_fraction"); it != json->end()) {
+    const std::optional<double> fraction = core::JsonNumber(*it);
+    if (!fraction || *fraction != 1.0) {
+      return Invalid(absl::StrCat("config.json: rotary_emb_fraction ", Shown(*it),
+                                  " is not served (served: 1.0)"));
+    }
+  }
+  for (const char* scaling : {"rotary_scaling_factor", "rotary_emb_scale_base"}) {
+    if (const auto it = json->find(scaling); it != json->end() && !it->is_null()) {
+      return Invalid(absl::StrCat("config.json: ", scaling, " ", Shown(*it),
+                                  " is not served (served: null)"));
+    }
+  }
+  Json rope = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  if (const auto it = json->find("rotary_emb_base"); it != json->end()) {
+    rope["rope_theta"] = *it;
+  }
+  (*json)["rope_parameters"] = std::move(rope);
+  ATTN_ASSIGN_OR_RETURN(const std::string activation,
+                        Text(*json, "activation_function", "swiglu", kFile));
+  if (activation != "swiglu") {
+    return Invalid(absl::StrCat("config.json: activation_function \"",
+                                activation.substr(0, 64),
+                                "\" is not served (served: swiglu)"));
+  }
+  (*json)["hidden_act"] = "silu";
+  return absl::OkStatus();
+}
+
+// NomicBERT's layers: every one global, with rope_parameters' rope_theta (default
+// rope_type only) and the Hub's rotary_emb_interleaved.
+absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
+                                  v1::EncoderConfig* encoder) {
+  constexpr absl::string_view kFile = "config.json";
+  if (encoder->layer_attention_size() > 0) {
+    return Invalid(
+        "encoder.layer_attention is read from config.json; leave it unset in "
+        "config.pbtxt");
+  }
+  double theta = 1000.0;  // NomicBertConfig's default
+  if (const auto it = json.find("rope_parameters"); it != json.end() && !it->is_null()) {
+    ATTN_ASSIGN_OR_RETURN(const std::string rope_type,
+                          Text(*it, "rope_type", "default", kFile));
+    if (rope_type != "default") {
+      return Invalid(absl::StrCat("config.json: rope_parameters.rope_type \"",
+                                  rope_type.substr(0, 64),
+                                  "\" is not served (served: default)"));
+    }
+    if (const auto value = it->find("rope_theta"); value != it->end()) {
+      ATTN_ASSIGN_OR_RETURN(theta, RopeTheta(*value, "rope_parameters.rope_theta"));
+    }
+  }
+  ATTN_ASSIGN_OR_RETURN(const bool interleaved,
+                        Flag(json, "rotary_emb_interleaved", kFile));
+  for (int64_t n = 0; n < layers; ++n) {
+    v1::EncoderConfig::LayerAttention* layer = encoder->add_layer_attention();
+    layer->set_rope_theta(theta);
+    layer->set_rotary_interleaved(interleaved);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
@@ -303,15 +395,17 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   } else if (model_type == "modernbert") {
     family = v1::EncoderConfig::FAMILY_MODERNBERT;
     placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
+  } else if (model_type == "nomic_bert") {
+    family = v1::EncoderConfig::FAMILY_NOMIC_BERT;
   } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
         "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
-        "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\", \"mpnet\" and "
-        "\"modernbert\": learned absolute positions (MPNet's with its relative position "
-        "bias) or ModernBERT's rotary ones, post-LN or pre-LN blocks, Hugging Face's "
-        "BertModel, MegatronBertModel, DistilBertModel, RobertaModel, ElectraModel, "
-        "MPNetModel and ModernBertModel tensor names)"));
+        "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\", \"mpnet\", "
+        "\"modernbert\" and \"nomic_bert\": learned absolute positions (MPNet's with its "
+        "relative position bias) or rotary ones, post-LN or pre-LN blocks, Hugging "
+        "Face's BertModel, MegatronBertModel, DistilBertModel, RobertaModel, "
+        "ElectraModel, MPNetModel, ModernBertModel and NomicBertModel tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -368,9 +462,14 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(const int64_t layers,
                         Count(json, keys.layers, keys.default_layers, kFile));
   ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, keys.ffn, 3072, kFile));
+  const bool nomic = family == v1::EncoderConfig::FAMILY_NOMIC_BERT;
   ATTN_ASSIGN_OR_RETURN(int64_t positions_count, Count(json, "max_position_embeddings",
-                                                       modern ? 8192 : 512, kFile));
+                                                       modern  ? 8192
+                                                       : nomic ? 2048
+                                                               : 512,
+                                                       kFile));
   if (modern) ATTN_RETURN_IF_ERROR(ApplyModernBertLayers(json, layers, encoder));
+  if (nomic) ATTN_RETURN_IF_ERROR(ApplyNomicBertLayers(json, layers, encoder));
   // RoBERTa's positions start after the padding index: the rows up to it are never
   // used (514 rows serve 512 tokens).
   int64_t position_offset = 0;
@@ -463,10 +562,12 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU_TANH);
     } else if (act == "relu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_RELU);
+    } else if (act == "silu" || act == "swish") {
+      encoder->set_activation(v1::EncoderConfig::ACTIVATION_SILU);
     } else {
       return Invalid(absl::StrCat("config.json: ", keys.activation, " \"", act,
                                   "\" is not served (served: gelu, gelu_new, "
-                                  "gelu_pytorch_tanh, relu)"));
+                                  "gelu_pytorch_tanh, relu, silu)"));
     }
   }
   ATTN_RETURN_IF_ERROR(ApplyPrunedHeads(json, encoder));
@@ -1057,6 +1158,7 @@ absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* co
     ATTN_ASSIGN_OR_RETURN(architecture, Parse(files.config_json, "config.json"));
   }
   try {
+    ATTN_RETURN_IF_ERROR(NomicBertKeys(&architecture));
     ATTN_RETURN_IF_ERROR(ApplyArchitecture(architecture, config));
     ATTN_RETURN_IF_ERROR(ApplyTask(architecture, files, config));
     ATTN_RETURN_IF_ERROR(ApplySentenceTransformers(files, config));
@@ -1083,6 +1185,9 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
     case v1::EncoderConfig::ACTIVATION_RELU:
       spec.activation = core::EncoderSpec::Activation::kRelu;
       break;
+    case v1::EncoderConfig::ACTIVATION_SILU:
+      spec.activation = core::EncoderSpec::Activation::kSilu;
+      break;
     default:
       spec.activation = core::EncoderSpec::Activation::kGeluErf;
   }
@@ -1108,6 +1213,11 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       spec.absolute_positions = false;
       spec.gated_ffn = true;
       break;
+    case v1::EncoderConfig::FAMILY_NOMIC_BERT:
+      spec.family = core::EncoderSpec::Family::kNomicBert;
+      spec.absolute_positions = false;
+      spec.gated_ffn = true;
+      break;
     default:
       spec.family = core::EncoderSpec::Family::kBert;
   }
@@ -1119,6 +1229,7 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
   for (const v1::EncoderConfig::LayerAttention& layer : encoder.layer_attention()) {
     core::EncoderSpec::LayerAttention attention;
     attention.window = layer.window();
+    attention.rotary_interleaved = layer.rotary_interleaved();
     if (layer.rope_theta() > 0.0) {
       for (int64_t i = 0; 2 * i < head_dim; ++i) {
         const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);

@@ -283,6 +283,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
       case core::EncoderSpec::Family::kModernBert:
         base = "model.";
         break;
+      case core::EncoderSpec::Family::kNomicBert:  // as NomicBertModel saves it
+        break;
       case core::EncoderSpec::Family::kBert:
         break;
     }

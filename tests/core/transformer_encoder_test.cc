@@ -931,5 +931,74 @@ TEST(ModernBertTest, AMissingTensorIsNamed) {
               HasSubstr("layer_attention[0].rotary_inv_freq has 9 frequencies"));
 }
 
+// NomicBERT (tests/tools/make_nomic_golden.py): a seeded 2-layer NomicBertModel (rotary
+// base 1000, post-LN, SwiGLU, no projection biases, LayerNorm biases drawn), saved in
+// the Hub's tensor names, its last hidden state mean-pooled by transformers.
+TEST(NomicBertTest, EncoderMatchesTransformers) {
+  std::ifstream in(kData + "/nomic_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/nomic_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EncoderSpec spec;
+  spec.family = EncoderSpec::Family::kNomicBert;
+  spec.num_layers = 2;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.ffn_dim = 96;
+  spec.vocab_size = golden["config"]["vocab_size"];
+  spec.max_positions = 512;
+  spec.activation = EncoderSpec::Activation::kSilu;
+  spec.absolute_positions = false;
+  spec.gated_ffn = true;
+  spec.pooling = EncoderSpec::Pooling::kMean;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    EncoderSpec::LayerAttention attention;
+    for (int64_t i = 0; i < 8; ++i) {
+      attention.rotary_inv_freq.push_back(
+          1.0f / std::pow(1000.0f, static_cast<float>(2 * i) / 16));
+    }
+    spec.layer_attention.push_back(std::move(attention));
+  }
+  auto weights = LoadBertWeights(*file, spec);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto encoder = TransformerEncoder::Create(spec, *weights, {});
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  std::vector<int64_t> ids, lengths;
+  for (const auto& row_json : golden["token_ids"]) {
+    const auto row = row_json.get<std::vector<int64_t>>();
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(static_cast<int64_t>(row.size()));
+  }
+  std::vector<float> want;
+  for (const auto& row : golden["unnormalized"]) {
+    for (const double value : row) want.push_back(static_cast<float>(value));
+  }
+  std::vector<float> pooled(want.size());
+  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+  EXPECT_LE((MaxAbsDiff<float, float>(pooled, want)), 2e-5);
+  // GELU for SiLU, or the gate's halves swapped, moves the answer.
+  for (const bool swap : {false, true}) {
+    EncoderSpec other_spec = spec;
+    EncoderWeights other = *weights;
+    if (swap) {
+      for (EncoderLayerWeights& layer : other.layers) {
+        std::rotate(layer.ffn_in_weight.begin(),
+                    layer.ffn_in_weight.begin() + layer.ffn_in_weight.size() / 2,
+                    layer.ffn_in_weight.end());
+      }
+    } else {
+      other_spec.activation = EncoderSpec::Activation::kGeluErf;
+    }
+    auto moved_encoder = TransformerEncoder::Create(other_spec, other, {});
+    ASSERT_TRUE(moved_encoder.ok()) << moved_encoder.status();
+    std::vector<float> moved(pooled.size());
+    ASSERT_TRUE(
+        (*moved_encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(moved), {}).ok());
+    EXPECT_GT((MaxAbsDiff<float, float>(moved, want)), 1e-3) << swap;
+  }
+  spec.norm_placement = EncoderSpec::NormPlacement::kPre;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("NomicBERT encoder is post-LN"));
+}
+
 }  // namespace
 }  // namespace attnserve::core

@@ -72,6 +72,12 @@ tritonclient and v1, the same with the Hub's older config keys and as a task mod
 saves it (behind "model."); a rope_type, layer_types, rope base or classification head
 that cannot be served, and a missing tensor, refused by name.
 
+NomicBERT (tests/data/nomic_tiny, tests/tools/make_nomic_golden.py: a seeded
+NomicBertModel, rotary positions, post-LN, SwiGLU, the Hub's tensor names): the folder
+as written through every door, and with the Hub's own config.json keys (n_embd,
+rotary_emb_base, activation_function "swiglu", ...); prenorm, partial or scaled rotary,
+another activation, a dynamic rope_type or a classification head, refused by name.
+
 Precision: each family's seeded embedder and reranker at bf16 and int8 against the
 fp32 goldens, within the bounds docs/models.md states.
 
@@ -676,12 +682,74 @@ class ModernBertTest(FamilyServer):
         self.assert_golden(self.encode("modernbert"))
 
 
+class NomicBertTest(FamilyServer):
+    """NomicBERT (make_nomic_golden.py): rotary positions, post-LN blocks, a SwiGLU
+    feed-forward, the Hub's tensor names (as transformers saves them)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("nomic_tiny")
+        config = cls.read_json("config.json")
+        # The Hub's nomic-embed-text config.json keys (its own code's).
+        cls.hub_config = {
+            "model_type": "nomic_bert", "architectures": ["NomicBertModel"],
+            "n_embd": config["hidden_size"], "n_head": config["num_attention_heads"],
+            "n_layer": config["num_hidden_layers"], "n_inner": config["intermediate_size"],
+            "n_positions": config["max_position_embeddings"],
+            "layer_norm_epsilon": config["layer_norm_eps"], "rotary_emb_base": 1000,
+            "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False,
+            "rotary_scaling_factor": None, "activation_function": "swiglu",
+            "prenorm": False, "qkv_proj_bias": False, "mlp_fc1_bias": False,
+            "mlp_fc2_bias": False, "parallel_block": False, "use_rms_norm": False,
+            "causal": False, "type_vocab_size": 2, "vocab_size": config["vocab_size"]}
+        cls.add_model("nomic", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.add_model("nomic-hub", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                      {"config.json": cls.hub_config})
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("nomic")
+        self.assert_golden(self.encode("nomic-hub"))
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="nomic-hub"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family,
+                         attention_pb2.EncoderConfig.FAMILY_NOMIC_BERT)
+        self.assertEqual(model.encoder.activation,
+                         attention_pb2.EncoderConfig.ACTIVATION_SILU)
+        self.assertEqual([(a.rope_theta, a.window) for a in model.encoder.layer_attention],
+                         [(1000.0, 0), (1000.0, 0)])
+
+    def test_what_cannot_be_served_is_refused_by_name(self):
+        config = self.read_json("config.json")
+        hub = self.hub_config
+        cases = {
+            "prenorm": ({"config.json": dict(hub, prenorm=True)},
+                        ["prenorm true is not served"]),
+            "fraction": ({"config.json": dict(hub, rotary_emb_fraction=0.5)},
+                         ["rotary_emb_fraction 0.5 is not served"]),
+            "scaled": ({"config.json": dict(hub, rotary_scaling_factor=2.0)},
+                       ["rotary_scaling_factor 2.0 is not served"]),
+            "geglu": ({"config.json": dict(hub, activation_function="gelu")},
+                      ["activation_function \"gelu\" is not served (served: swiglu)"]),
+            "dynamic": ({"config.json": dict(config, rope_parameters={
+                "rope_type": "dynamic", "rope_theta": 1000.0, "factor": 2.0})},
+                ["rope_parameters.rope_type \"dynamic\" is not served"]),
+            "classifier": ({"config.json": dict(
+                config, architectures=["NomicBertForSequenceClassification"])},
+                ["NomicBERT classification head is not served"]),
+        }
+        for model, (replaced, words) in cases.items():
+            with self.subTest(model=model):
+                self.load_refused(model, "encoder {}\n", replaced, words)
+        self.assert_golden(self.encode("nomic"))
+
+
 class PrecisionTest(FamilyServer):
     """Every family's seeded model at bf16 and int8, against sentence-transformers'
     fp32 output: embedders by cosine, rerankers by their logits' error relative to the
     largest logit (their heads are drawn from N(0, 1), which magnifies every error)."""
     EMBEDDERS = ("distilbert_tiny", "roberta_tiny", "xlmr_tiny", "mpnet_tiny",
-                 "modernbert_tiny")
+                 "modernbert_tiny", "nomic_tiny")
     RERANKERS = ("xlmr_reranker_tiny", "electra_reranker_tiny", "mpnet_reranker_tiny")
     # Minimum cosine, and the rerankers' largest logit error over the largest logit.
     # Measured on AVX-512 with VNNI and bf16 (and capped to AVX2): bf16 0.99997
