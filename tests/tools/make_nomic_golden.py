@@ -23,33 +23,21 @@ state mean-pooled, each text alone ("unnormalized"), checked here to agree.
 """
 import json
 import os
-import shutil
 import sys
 
 import torch
 import transformers
-from sentence_transformers import SentenceTransformer, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seeded_bert import draw_norms_and_biases  # noqa: E402
+from seeded_folder import save_mean_pooled, start_folder  # noqa: E402
 
 LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 512
 
 
 def main(directory):
-    with open(os.path.join(directory, "sentences.en.txt"), encoding="utf-8") as f:
-        sentences = [line.strip() for line in f if line.strip()]
-    folder = os.path.join(directory, "nomic_tiny")
-    shutil.rmtree(folder, ignore_errors=True)
-    os.makedirs(folder)
-    source = os.path.join(directory, "reranker_tiny")
-    shutil.copy(os.path.join(source, "tokenizer.json"), folder)
-    with open(os.path.join(source, "tokenizer_config.json"), encoding="utf-8") as f:
-        tokenizer_config = json.load(f)
-    tokenizer_config["model_max_length"] = POSITIONS
-    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump(tokenizer_config, f, indent=2)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    folder, tokenizer, sentences = start_folder(directory, "nomic_tiny", "reranker_tiny",
+                                                POSITIONS)
 
     torch.manual_seed(50)
     config = transformers.NomicBertConfig(
@@ -61,15 +49,7 @@ def main(directory):
     model = draw_norms_and_biases(transformers.NomicBertModel(config).eval())
     model.save_pretrained(folder)
 
-    transformer = models.Transformer(folder, max_seq_length=POSITIONS)
-    pooling = models.Pooling(D, pooling_mode="mean")
-    encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
-                                  device="cpu")
-    encoder.save(folder)
-    readme = os.path.join(folder, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
-    encoder = SentenceTransformer(folder, device="cpu")
+    encoder = save_mean_pooled(folder, D, POSITIONS)
 
     texts = [" ".join(s.split()[:14]) for s in sentences[90:95]] + \
         [" ".join(sentences[130:150])]

@@ -1,0 +1,43 @@
+"""Shared by the golden scripts that wrap a seeded checkpoint as a sentence-transformers
+folder over another test model's tokenizer (make_modernbert_golden.py,
+make_nomic_golden.py)."""
+import json
+import os
+import shutil
+
+import transformers
+from sentence_transformers import SentenceTransformer, models
+
+
+def start_folder(directory, name, tokenizer_source, max_length):
+    """tests/data/NAME emptied, with TOKENIZER_SOURCE's tokenizer.json and
+    tokenizer_config.json copied in (model_max_length set to MAX_LENGTH); returns the
+    folder, the tokenizer transformers loads from it, and sentences.en.txt's lines."""
+    with open(os.path.join(directory, "sentences.en.txt"), encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    folder = os.path.join(directory, name)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    source = os.path.join(directory, tokenizer_source)
+    shutil.copy(os.path.join(source, "tokenizer.json"), folder)
+    with open(os.path.join(source, "tokenizer_config.json"), encoding="utf-8") as f:
+        tokenizer_config = json.load(f)
+    tokenizer_config["model_max_length"] = max_length
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer_config, f, indent=2)
+    return folder, transformers.AutoTokenizer.from_pretrained(folder), sentences
+
+
+def save_mean_pooled(folder, width, max_length):
+    """The checkpoint saved in FOLDER wrapped as Transformer (MAX_LENGTH tokens), mean
+    Pooling and Normalize, saved there without a model card; returns the
+    SentenceTransformer reloaded from the folder."""
+    transformer = models.Transformer(folder, max_seq_length=max_length)
+    pooling = models.Pooling(width, pooling_mode="mean")
+    encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
+                                  device="cpu")
+    encoder.save(folder)
+    readme = os.path.join(folder, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    return SentenceTransformer(folder, device="cpu")
