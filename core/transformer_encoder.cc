@@ -184,6 +184,9 @@ absl::Status EncoderSpec::Validate() const {
     return Invalid(
         "a ModernBERT encoder is pre-LN with a gated feed-forward and no position table");
   }
+  if (activation == Activation::kSilu && !gated_ffn) {
+    return Invalid("activation SiLU is served in a gated feed-forward (SwiGLU) only");
+  }
   if (family == Family::kNomicBert &&
       (norm_placement != NormPlacement::kPost || absolute_positions || !gated_ffn)) {
     return Invalid(

@@ -38,7 +38,8 @@ struct EncoderSpec {
   int64_t num_heads = 0;   // >= 1
   int64_t ffn_dim = 0;     // the feed-forward network's inner width, >= 1
   // The feed-forward activation: GELU with erf (BERT's "gelu"), GELU's tanh
-  // approximation ("gelu_new"), ReLU, or SiLU (x sigmoid(x), SwiGLU's).
+  // approximation ("gelu_new"), ReLU, or SiLU (x sigmoid(x); SwiGLU's, with gated_ffn
+  // only).
   enum class Activation { kGeluErf, kGeluTanh, kRelu, kSilu };
   Activation activation = Activation::kGeluErf;
   // Where the layer norms sit: after each residual add and after the embeddings (BERT),

@@ -562,12 +562,14 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU_TANH);
     } else if (act == "relu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_RELU);
-    } else if (act == "silu" || act == "swish") {
+    } else if ((act == "silu" || act == "swish") && nomic) {
+      // SiLU in a gated feed-forward (SwiGLU) only: the one place a golden checks it.
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_SILU);
     } else {
-      return Invalid(absl::StrCat("config.json: ", keys.activation, " \"", act,
-                                  "\" is not served (served: gelu, gelu_new, "
-                                  "gelu_pytorch_tanh, relu, silu)"));
+      return Invalid(
+          absl::StrCat("config.json: ", keys.activation, " \"", act,
+                       "\" is not served (served: gelu, gelu_new, "
+                       "gelu_pytorch_tanh, relu; silu in NomicBERT's SwiGLU)"));
     }
   }
   ATTN_RETURN_IF_ERROR(ApplyPrunedHeads(json, encoder));
