@@ -11,7 +11,8 @@
 //   fixed texts within the same rules, or refuse them with a status;
 // - 2: a SentencePiece precompiled charsmap (its length in the next 4 bytes, little
 //   endian) and a text it normalizes (the bytes after it), in a Unigram tokenizer.
-// Never a crash, a hang, an exception or undefined behaviour.
+// A single text is also Tokenized (Encode's ids, offsets inside the text) and its ids
+// Decoded. Never a crash, a hang, an exception or undefined behaviour.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +48,25 @@ void Check(const Tokenizer& tokenizer, absl::string_view text, absl::string_view
   if (pair && types.size() != ids.size()) __builtin_trap();
   for (const int64_t id : ids) {
     if (id < 0 || id > tokenizer.max_id()) __builtin_trap();
+  }
+  if (pair) return;
+  // Tokenize gives Encode's ids, each token's bytes inside the text (the template's
+  // none); Decode of them answers, or says its decoder is not served.
+  std::vector<Tokenizer::Token> tokens;
+  const auto tokenized = tokenizer.Tokenize(text, max_tokens, true, &tokens);
+  if (!tokenized.ok() || tokens.size() != ids.size()) __builtin_trap();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const Tokenizer::Token& token = tokens[i];
+    if (token.id != ids[i]) __builtin_trap();
+    if (token.start == -1 ? token.end != -1
+                          : token.start < 0 || token.start > token.end ||
+                                token.end > static_cast<int64_t>(text.size())) {
+      __builtin_trap();
+    }
+  }
+  const auto decoded = tokenizer.Decode(ids, (max_tokens & 1) != 0);
+  if (!decoded.ok() && decoded.status().code() != absl::StatusCode::kUnimplemented) {
+    __builtin_trap();
   }
 }
 

@@ -3,7 +3,7 @@
 //   scripts; byte 0's bits also pick the normalizer settings and max_tokens. Encode must
 //   succeed exactly when the text is valid UTF-8, and then give [CLS] ... [SEP], at
 //   most max_tokens ids, each in the vocabulary, and a count no smaller than what it
-//   kept.
+//   kept; Tokenize the same ids with offsets inside the text, and Decode an answer.
 // - odd: the rest is a tokenizer.json for FromTokenizerJson, whose tokenizer (if the
 //   file is accepted) must then encode a fixed text within the same rules.
 // Never a crash, an exception or undefined behaviour.
@@ -40,6 +40,21 @@ void Check(const WordPieceTokenizer& tokenizer, absl::string_view text,
   for (const int64_t id : ids) {
     if (id < 0 || id > tokenizer.max_id()) __builtin_trap();
   }
+  // Tokenize gives Encode's ids, each token's bytes inside the text ([CLS] and [SEP]
+  // none); Decode of them answers.
+  std::vector<attnserve::core::Tokenizer::Token> tokens;
+  const auto tokenized = tokenizer.Tokenize(text, max_tokens, true, &tokens);
+  if (!tokenized.ok() || tokens.size() != ids.size()) __builtin_trap();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const auto& token = tokens[i];
+    if (token.id != ids[i]) __builtin_trap();
+    if (token.start == -1 ? token.end != -1
+                          : token.start < 0 || token.start > token.end ||
+                                token.end > static_cast<int64_t>(text.size())) {
+      __builtin_trap();
+    }
+  }
+  if (!tokenizer.Decode(ids, (max_tokens & 1) != 0).ok()) __builtin_trap();
 }
 
 }  // namespace
