@@ -80,6 +80,15 @@ class StreamReactor final
         cancellation_(std::make_shared<Cancellation>()),
         start_(absl::Now()) {
     service_->CallOpened();
+    // The stream's trace context, read here once: gRPC fills the metadata map lazily,
+    // and message handlers run on other threads.
+    const auto& metadata = context_->client_metadata();
+    for (const auto& [key, value] :
+         {std::pair<const char*, std::string*>{"traceparent", &traceparent_},
+          {"tracestate", &tracestate_}}) {
+      const auto it = metadata.find(key);
+      if (it != metadata.end()) value->assign(it->second.data(), it->second.size());
+    }
     if (service_->observer().on_rpc_started) {
       service_->observer().on_rpc_started(Protocol::kMethod);
     }
@@ -136,14 +145,7 @@ class StreamReactor final
     const std::shared_ptr<Request> request =
         *service_->Begin("", RequestPipeline::Origin::kStreamMessage);
     // Each message is a request of its own in the stream's trace.
-    const auto& metadata = context_->client_metadata();
-    const auto header = [&](const char* key) {
-      const auto it = metadata.find(key);
-      return it == metadata.end()
-                 ? absl::string_view()
-                 : absl::string_view(it->second.data(), it->second.size());
-    };
-    request->SetTrace(Protocol::kMethod, header("traceparent"), header("tracestate"));
+    request->SetTrace(Protocol::kMethod, traceparent_, tracestate_);
     Protocol::Submit(
         *service_, request, read, CallDeadline(context_), cancellation_,
         [this, sequence, request](const absl::Status& status, Write message) {
@@ -325,6 +327,9 @@ class StreamReactor final
 
   RequestPipeline* const service_;
   grpc::CallbackServerContext* const context_;
+  // The caller's traceparent and tracestate metadata (empty when absent), set once by
+  // the constructor.
+  std::string traceparent_, tracestate_;
   const std::shared_ptr<Cancellation> cancellation_;
   const absl::Time start_;
   // gRPC fills it between StartRead and OnReadDone; OnReadDone takes the message out
