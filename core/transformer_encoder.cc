@@ -477,33 +477,34 @@ int64_t MpnetRelativeBucket(int64_t offset) {
   return base + std::min<int64_t>(kExact + static_cast<int64_t>(scaled), kHalf - 1);
 }
 
-// ModernBERT's norms and blocks, by `names` (kModernBertNames): each weight with its
-// bias when the checkpoint has one (`has`), else zeros, as its config's attention_bias,
-// mlp_bias and norm_bias (off in every released checkpoint) leave them. `read` reads
-// and marks a tensor used.
+// `name` + "weight" of `shape`, and its bias ([shape[0]]) when the checkpoint has one
+// (`has`), else zeros: ModernBERT's and NomicBERT's configs leave biases out
+// (ModernBERT's attention_bias, mlp_bias, norm_bias; NomicBERT's qkv_proj_bias,
+// mlp_fc1_bias, ...). `read` reads and marks a tensor used.
+template <typename Has, typename Read>
+absl::Status ReadWithBias(const Has& has, const Read& read, const std::string& name,
+                          std::vector<int64_t> shape, std::vector<float>* weight,
+                          std::vector<float>* bias) {
+  const int64_t out = shape[0];
+  ATTN_ASSIGN_OR_RETURN(*weight, read(name + "weight", std::move(shape)));
+  if (has(name + "bias")) {
+    ATTN_ASSIGN_OR_RETURN(*bias, read(name + "bias", {out}));
+  } else {
+    bias->assign(static_cast<size_t>(out), 0.0f);
+  }
+  return absl::OkStatus();
+}
+
+// ModernBERT's norms and blocks, by `names` (kModernBertNames), biases by ReadWithBias.
 template <typename Has, typename Read>
 absl::Status LoadModernBertBlocks(const EncoderSpec& spec, const TensorNames& names,
                                   const Has& has, const Read& read,
                                   EncoderWeights* weights) {
   const int64_t d = spec.d_model;
-  // `name` + "weight" of `shape`, and its bias ([shape[0]]) or zeros.
   const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
-                                  std::vector<float>* weight,
-                                  std::vector<float>* bias) -> absl::Status {
-    const int64_t out = shape[0];
-    ATTN_ASSIGN_OR_RETURN(*weight, read(name + "weight", std::move(shape)));
-    if (has(name + "bias")) {
-      ATTN_ASSIGN_OR_RETURN(*bias, read(name + "bias", {out}));
-    } else {
-      bias->assign(static_cast<size_t>(out), 0.0f);
-    }
-    return absl::OkStatus();
+                                  std::vector<float>* weight, std::vector<float>* bias) {
+    return ReadWithBias(has, read, name, std::move(shape), weight, bias);
   };
-  if (!spec.checkpoint_pruned_heads.empty()) {
-    return Invalid(
-        "checkpoint_pruned_heads: a ModernBERT checkpoint with heads removed "
-        "is not served");
-  }
   ATTN_RETURN_IF_ERROR(read_with_bias(names.embedding_norm, {d},
                                       &weights->embedding_norm_scale,
                                       &weights->embedding_norm_shift));
@@ -534,64 +535,43 @@ absl::Status LoadModernBertBlocks(const EncoderSpec& spec, const TensorNames& na
                         &weights->final_norm_shift);
 }
 
-// NomicBERT's norms and blocks, by `names` (kNomicBertNames), biases as ModernBERT's
-// (LoadModernBertBlocks). The gated feed-forward's first product is fused as [fc12
-// (the gate, activated); fc11 (up)], the order the encoder's gate reads.
+// NomicBERT's norms and blocks, by `names` (kNomicBertNames), biases by ReadWithBias.
+// The gated feed-forward's first product is fused as [fc12 (the gate, activated); fc11
+// (up)], the order the encoder's gate reads.
 template <typename Has, typename Read>
 absl::Status LoadNomicBertBlocks(const EncoderSpec& spec, const TensorNames& names,
                                  const Has& has, const Read& read,
                                  EncoderWeights* weights) {
   const int64_t d = spec.d_model;
-  const int64_t ffn = spec.ffn_dim;
-  const auto bias_or_zeros = [&](const std::string& name, int64_t size,
-                                 std::vector<float>* bias) -> absl::Status {
-    if (has(name)) {
-      ATTN_ASSIGN_OR_RETURN(*bias, read(name, {size}));
-    } else {
-      bias->assign(static_cast<size_t>(size), 0.0f);
-    }
-    return absl::OkStatus();
+  const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
+                                  std::vector<float>* weight, std::vector<float>* bias) {
+    return ReadWithBias(has, read, name, std::move(shape), weight, bias);
   };
-  if (!spec.checkpoint_pruned_heads.empty()) {
-    return Invalid(
-        "checkpoint_pruned_heads: a NomicBERT checkpoint with heads removed "
-        "is not served");
-  }
-  ATTN_ASSIGN_OR_RETURN(weights->embedding_norm_scale,
-                        read(absl::StrCat(names.embedding_norm, "weight"), {d}));
-  ATTN_RETURN_IF_ERROR(bias_or_zeros(absl::StrCat(names.embedding_norm, "bias"), d,
-                                     &weights->embedding_norm_shift));
+  ATTN_RETURN_IF_ERROR(read_with_bias(names.embedding_norm, {d},
+                                      &weights->embedding_norm_scale,
+                                      &weights->embedding_norm_shift));
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const std::string at = absl::StrCat(names.layer, n, ".");
     EncoderLayerWeights layer;
-    ATTN_ASSIGN_OR_RETURN(layer.attention.in_proj_weight,
-                          read(at + "attn.Wqkv.weight", {3 * d, d}));
-    ATTN_RETURN_IF_ERROR(
-        bias_or_zeros(at + "attn.Wqkv.bias", 3 * d, &layer.attention.in_proj_bias));
-    ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_weight,
-                          read(at + names.attention_out + "weight", {d, d}));
-    ATTN_RETURN_IF_ERROR(bias_or_zeros(at + names.attention_out + "bias", d,
-                                       &layer.attention.out_proj_bias));
-    ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
-                          read(at + names.attention_norm + "weight", {d}));
-    ATTN_RETURN_IF_ERROR(bias_or_zeros(at + names.attention_norm + "bias", d,
-                                       &layer.attention_norm_shift));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + "attn.Wqkv.", {3 * d, d},
+                                        &layer.attention.in_proj_weight,
+                                        &layer.attention.in_proj_bias));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out, {d, d},
+                                        &layer.attention.out_proj_weight,
+                                        &layer.attention.out_proj_bias));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_norm, {d},
+                                        &layer.attention_norm_scale,
+                                        &layer.attention_norm_shift));
     for (const char* part : {"mlp.fc12.", "mlp.fc11."}) {  // gate, then up
-      ATTN_ASSIGN_OR_RETURN(const std::vector<float> weight,
-                            read(at + part + "weight", {ffn, d}));
-      std::vector<float> bias;
-      ATTN_RETURN_IF_ERROR(bias_or_zeros(at + part + "bias", ffn, &bias));
+      std::vector<float> weight, bias;
+      ATTN_RETURN_IF_ERROR(read_with_bias(at + part, {spec.ffn_dim, d}, &weight, &bias));
       layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(), weight.end());
       layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
     }
-    ATTN_ASSIGN_OR_RETURN(layer.ffn_out_weight,
-                          read(at + names.ffn_out + "weight", {d, ffn}));
-    ATTN_RETURN_IF_ERROR(
-        bias_or_zeros(at + names.ffn_out + "bias", d, &layer.ffn_out_bias));
-    ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
-                          read(at + names.output_norm + "weight", {d}));
-    ATTN_RETURN_IF_ERROR(
-        bias_or_zeros(at + names.output_norm + "bias", d, &layer.output_norm_shift));
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
+                                        &layer.ffn_out_weight, &layer.ffn_out_bias));
+    ATTN_RETURN_IF_ERROR(read_with_bias(
+        at + names.output_norm, {d}, &layer.output_norm_scale, &layer.output_norm_shift));
     weights->layers.push_back(std::move(layer));
   }
   return absl::OkStatus();
@@ -679,9 +659,15 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   };
   EncoderWeights weights;
   const bool modern = spec.family == EncoderSpec::Family::kModernBert;
-  if ((modern || spec.family == EncoderSpec::Family::kNomicBert) && spec.num_labels > 0) {
+  const bool nomic = spec.family == EncoderSpec::Family::kNomicBert;
+  // The rotary families' loaders read no classification head and no pruned blocks.
+  if ((modern || nomic) && spec.num_labels > 0) {
     return Invalid(
         absl::StrCat("a ", names.family, " classification head is not served"));
+  }
+  if ((modern || nomic) && !spec.checkpoint_pruned_heads.empty()) {
+    return Invalid(absl::StrCat("checkpoint_pruned_heads: a ", names.family,
+                                " checkpoint with heads removed is not served"));
   }
   const std::string table =
       modern ? "embeddings.tok_embeddings.weight" : "embeddings.word_embeddings.weight";
@@ -722,7 +708,7 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   };
   if (modern) {
     ATTN_RETURN_IF_ERROR(LoadModernBertBlocks(spec, names, has, read, &weights));
-  } else if (spec.family == EncoderSpec::Family::kNomicBert) {
+  } else if (nomic) {
     ATTN_RETURN_IF_ERROR(LoadNomicBertBlocks(spec, names, has, read, &weights));
   } else {
     // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's

@@ -80,15 +80,10 @@ class StreamReactor final
         cancellation_(std::make_shared<Cancellation>()),
         start_(absl::Now()) {
     service_->CallOpened();
-    // The stream's trace context, read here once: gRPC fills the metadata map lazily,
-    // and message handlers run on other threads.
-    const auto& metadata = context_->client_metadata();
-    for (const auto& [key, value] :
-         {std::pair<const char*, std::string*>{"traceparent", &traceparent_},
-          {"tracestate", &tracestate_}}) {
-      const auto it = metadata.find(key);
-      if (it != metadata.end()) value->assign(it->second.data(), it->second.size());
-    }
+    // The stream's trace context, read here once: message handlers run on other
+    // threads (MetadataValue).
+    traceparent_ = std::string(MetadataValue(context_, "traceparent"));
+    tracestate_ = std::string(MetadataValue(context_, "tracestate"));
     if (service_->observer().on_rpc_started) {
       service_->observer().on_rpc_started(Protocol::kMethod);
     }

@@ -1,15 +1,13 @@
 #include "server/frontends/tokenize_api.h"
 
-#include <algorithm>
 #include <limits>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_http_request.h"
+#include "server/pipeline/proto_convert.h"
 
 namespace attnserve::server {
 namespace {
@@ -47,22 +45,6 @@ absl::StatusOr<std::vector<int64_t>> Ids(const Json& value, absl::string_view fi
     }
   }
   return ids;
-}
-
-// The prompt put before each text: the call's prompt_name's, else the model's default.
-absl::StatusOr<std::string> Prompt(const std::string& requested,
-                                   const v1::EncoderConfig& config) {
-  const std::string& name = requested.empty() ? config.default_prompt_name() : requested;
-  if (name.empty()) return std::string();
-  if (const auto it = config.prompts().find(name); it != config.prompts().end()) {
-    return it->second;
-  }
-  std::vector<std::string> names;
-  for (const auto& [known, unused] : config.prompts()) names.push_back(known);
-  std::sort(names.begin(), names.end());
-  return Invalid(absl::StrCat(
-      "prompt_name \"", name.substr(0, 64), "\" is not one of the model's prompts (",
-      names.empty() ? "it has none" : absl::StrJoin(names, ", "), ")"));
 }
 
 // The character (code point) index of each byte offset of UTF-8 `text`, [0, size]: a
@@ -181,7 +163,7 @@ absl::StatusOr<std::string> TokenizeBody(const TokenizeCall& call,
                                 "tokenizer.json nor vocab.txt)"));
   }
   ATTN_ASSIGN_OR_RETURN(const std::string prompt,
-                        Prompt(call.prompt_name, model.info.encoder()));
+                        PromptNamed(call.prompt_name, &model.info.encoder()));
   Json inputs = Json::array();
   std::vector<core::Tokenizer::Token> tokens;
   for (size_t i = 0; i < call.inputs.size(); ++i) {

@@ -206,6 +206,26 @@ absl::StatusOr<double> RopeTheta(const Json& value, absl::string_view field) {
   return *theta;
 }
 
+// One rope_parameters entry at `path`: rope_type "default" (the only one served) and
+// its rope_theta into `theta` (left as it is when absent and not `theta_required`).
+absl::Status ReadRopeParameters(const Json& entry, absl::string_view path,
+                                bool theta_required, double* theta) {
+  ATTN_ASSIGN_OR_RETURN(const std::string rope_type,
+                        Text(entry, "rope_type", "default", "config.json"));
+  if (rope_type != "default") {
+    return Invalid(absl::StrCat("config.json: ", path, ".rope_type \"",
+                                rope_type.substr(0, 64),
+                                "\" is not served (served: default)"));
+  }
+  const auto value = entry.find("rope_theta");
+  if (value == entry.end()) {
+    if (!theta_required) return absl::OkStatus();
+    return Invalid(absl::StrCat("config.json: ", path, ".rope_theta is required"));
+  }
+  ATTN_ASSIGN_OR_RETURN(*theta, RopeTheta(*value, absl::StrCat(path, ".rope_theta")));
+  return absl::OkStatus();
+}
+
 // ModernBERT's layers: global or local (sliding-window) attention, each with its rotary
 // base. transformers 5 writes layer_types and rope_parameters; earlier configs (the
 // Hub's) global_attn_every_n_layers (layer n is global when n is a multiple of it),
@@ -213,11 +233,6 @@ absl::StatusOr<double> RopeTheta(const Json& value, absl::string_view field) {
 absl::Status ApplyModernBertLayers(const Json& json, int64_t layers,
                                    v1::EncoderConfig* encoder) {
   constexpr absl::string_view kFile = "config.json";
-  if (encoder->layer_attention_size() > 0) {
-    return Invalid(
-        "encoder.layer_attention is read from config.json; leave it unset in "
-        "config.pbtxt");
-  }
   ATTN_ASSIGN_OR_RETURN(const int64_t local_attention,
                         Count(json, "local_attention", 128, kFile));
   const int64_t window = local_attention / 2;
@@ -234,20 +249,9 @@ absl::Status ApplyModernBertLayers(const Json& json, int64_t layers,
           std::pair<const char*, double*>{"sliding_attention", &local_theta}}) {
       const auto entry = it->find(type);
       if (entry == it->end()) continue;
-      ATTN_ASSIGN_OR_RETURN(const std::string rope_type,
-                            Text(*entry, "rope_type", "default", kFile));
-      if (rope_type != "default") {
-        return Invalid(absl::StrCat("config.json: rope_parameters.", type,
-                                    ".rope_type \"", rope_type.substr(0, 64),
-                                    "\" is not served (served: default)"));
-      }
-      const auto theta = entry->find("rope_theta");
-      if (theta == entry->end()) {
-        return Invalid(absl::StrCat("config.json: rope_parameters.", type,
-                                    ".rope_theta is required"));
-      }
-      ATTN_ASSIGN_OR_RETURN(*field, RopeTheta(*theta, absl::StrCat("rope_parameters.",
-                                                                   type, ".rope_theta")));
+      ATTN_RETURN_IF_ERROR(ReadRopeParameters(*entry,
+                                              absl::StrCat("rope_parameters.", type),
+                                              /*theta_required=*/true, field));
     }
   }
   std::vector<bool> global(static_cast<size_t>(layers));
@@ -344,23 +348,10 @@ absl::Status NomicBertKeys(Json* json) {
 absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
                                   v1::EncoderConfig* encoder) {
   constexpr absl::string_view kFile = "config.json";
-  if (encoder->layer_attention_size() > 0) {
-    return Invalid(
-        "encoder.layer_attention is read from config.json; leave it unset in "
-        "config.pbtxt");
-  }
   double theta = 1000.0;  // NomicBertConfig's default
   if (const auto it = json.find("rope_parameters"); it != json.end() && !it->is_null()) {
-    ATTN_ASSIGN_OR_RETURN(const std::string rope_type,
-                          Text(*it, "rope_type", "default", kFile));
-    if (rope_type != "default") {
-      return Invalid(absl::StrCat("config.json: rope_parameters.rope_type \"",
-                                  rope_type.substr(0, 64),
-                                  "\" is not served (served: default)"));
-    }
-    if (const auto value = it->find("rope_theta"); value != it->end()) {
-      ATTN_ASSIGN_OR_RETURN(theta, RopeTheta(*value, "rope_parameters.rope_theta"));
-    }
+    ATTN_RETURN_IF_ERROR(
+        ReadRopeParameters(*it, "rope_parameters", /*theta_required=*/false, &theta));
   }
   ATTN_ASSIGN_OR_RETURN(const bool interleaved,
                         Flag(json, "rotary_emb_interleaved", kFile));
@@ -468,6 +459,11 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                                                        : nomic ? 2048
                                                                : 512,
                                                        kFile));
+  if ((modern || nomic) && encoder->layer_attention_size() > 0) {
+    return Invalid(
+        "encoder.layer_attention is read from config.json; leave it unset in "
+        "config.pbtxt");
+  }
   if (modern) ATTN_RETURN_IF_ERROR(ApplyModernBertLayers(json, layers, encoder));
   if (nomic) ATTN_RETURN_IF_ERROR(ApplyNomicBertLayers(json, layers, encoder));
   // RoBERTa's positions start after the padding index: the rows up to it are never

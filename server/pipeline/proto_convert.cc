@@ -559,25 +559,7 @@ absl::StatusOr<std::string> PromptFor(const v1::EncodeRequest& request,
     }
     return std::string();
   }
-  const std::string& name = !request.prompt_name().empty() || config == nullptr
-                                ? request.prompt_name()
-                                : config->default_prompt_name();
-  if (name.empty()) return std::string();
-  if (config != nullptr) {
-    if (const auto it = config->prompts().find(name); it != config->prompts().end()) {
-      return it->second;
-    }
-  }
-  std::vector<std::string> names;
-  if (config != nullptr) {
-    for (const auto& [known, unused] : config->prompts()) names.push_back(known);
-  }
-  std::sort(names.begin(), names.end());
-  return absl::InvalidArgumentError(absl::StrCat(
-      "prompt_name \"", name.substr(0, 64), "\" is not one of the model's prompts (",
-      names.empty() ? "it has none: config_sentence_transformers.json lists them"
-                    : absl::StrJoin(names, ", "),
-      ")"));
+  return PromptNamed(request.prompt_name(), config);
 }
 
 // Text in: each text tokenized and checked in turn.
@@ -963,6 +945,29 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   // absl::StatusCode and grpc::StatusCode share the google.rpc.Code numbering.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
                       std::string(status.message()));
+}
+
+absl::StatusOr<std::string> PromptNamed(absl::string_view requested,
+                                        const v1::EncoderConfig* config) {
+  const std::string name(requested.empty() && config != nullptr
+                             ? absl::string_view(config->default_prompt_name())
+                             : requested);
+  if (name.empty()) return std::string();
+  if (config != nullptr) {
+    if (const auto it = config->prompts().find(name); it != config->prompts().end()) {
+      return it->second;
+    }
+  }
+  std::vector<std::string> names;
+  if (config != nullptr) {
+    for (const auto& [known, unused] : config->prompts()) names.push_back(known);
+  }
+  std::sort(names.begin(), names.end());
+  return absl::InvalidArgumentError(absl::StrCat(
+      "prompt_name \"", name.substr(0, 64), "\" is not one of the model's prompts (",
+      names.empty() ? "it has none: config_sentence_transformers.json lists them"
+                    : absl::StrJoin(names, ", "),
+      ")"));
 }
 
 }  // namespace attnserve::server

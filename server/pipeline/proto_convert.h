@@ -108,6 +108,12 @@ void FillResponse(const ReplyFormat& format, AttentionWork& work,
 // (request.text_pair, a classification model's) are tokenized in the tokenizer's pair
 // template; a classification model's scores go through `activation` unless
 // request.raw_scores.
+// The prompt put before a single text: the one `requested` names, or (empty) the
+// default prompt of `config` (may be null: the model has no prompts), or none.
+// InvalidArgument naming the prompt and the model's prompts when it has no such one.
+absl::StatusOr<std::string> PromptNamed(absl::string_view requested,
+                                        const v1::EncoderConfig* config);
+
 absl::StatusOr<std::unique_ptr<EncoderWork>> EncoderWorkFromRequest(
     const v1::EncodeRequest& request, const core::EncoderSpec& spec,
     const AdmissionLimits& limits, const core::Tokenizer* tokenizer = nullptr,

@@ -69,6 +69,14 @@ absl::Time CallDeadline(const grpc::CallbackServerContext* context) {
   return absl::FromChrono(deadline);
 }
 
+absl::string_view MetadataValue(const grpc::CallbackServerContext* context,
+                                absl::string_view key) {
+  const auto& metadata = context->client_metadata();
+  const auto it = metadata.find(grpc::string_ref(key.data(), key.size()));
+  return it == metadata.end() ? absl::string_view()
+                              : absl::string_view(it->second.data(), it->second.size());
+}
+
 RequestPipeline::RequestPipeline(ModelRegistry* registry, const Options& options,
                                  ServiceObserver observer)
     : registry_(registry), options_(options), observer_(std::move(observer)) {}
@@ -133,11 +141,7 @@ absl::Status RequestPipeline::Authorize(absl::string_view authorization) const {
 absl::Status RequestPipeline::Authorize(
     const grpc::CallbackServerContext* context) const {
   if (options_.auth == nullptr) return absl::OkStatus();
-  const auto& metadata = context->client_metadata();
-  const auto it = metadata.find("authorization");
-  return Authorize(it == metadata.end()
-                       ? absl::string_view()
-                       : absl::string_view(it->second.data(), it->second.size()));
+  return Authorize(MetadataValue(context, "authorization"));
 }
 
 absl::Status RequestPipeline::CheckServing() const {
@@ -308,15 +312,12 @@ absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
 
 absl::StatusOr<std::shared_ptr<Request>> RequestPipeline::Begin(
     const grpc::CallbackServerContext* context, absl::string_view name) const {
-  const auto& metadata = context->client_metadata();
-  const auto value = [&](const char* key) {
-    const auto it = metadata.find(key);
-    return it == metadata.end() ? absl::string_view()
-                                : absl::string_view(it->second.data(), it->second.size());
-  };
-  absl::StatusOr<std::shared_ptr<Request>> request =
-      Begin(value("authorization"), Origin::kCall, CallDeadline(context));
-  if (request.ok()) (*request)->SetTrace(name, value("traceparent"), value("tracestate"));
+  absl::StatusOr<std::shared_ptr<Request>> request = Begin(
+      MetadataValue(context, "authorization"), Origin::kCall, CallDeadline(context));
+  if (request.ok()) {
+    (*request)->SetTrace(name, MetadataValue(context, "traceparent"),
+                         MetadataValue(context, "tracestate"));
+  }
   return request;
 }
 

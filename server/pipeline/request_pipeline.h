@@ -165,6 +165,11 @@ class Request {
 // The call's deadline (InfiniteFuture when it has none).
 absl::Time CallDeadline(const grpc::CallbackServerContext* context);
 
+// The call's metadata value under `key` (empty when absent). gRPC fills the metadata map
+// on first use, unsynchronized: read it on the thread the call started on.
+absl::string_view MetadataValue(const grpc::CallbackServerContext* context,
+                                absl::string_view key);
+
 // Thread-safe. Does not own the registry, which must outlive the pipeline and every
 // call.
 class RequestPipeline {

@@ -25,7 +25,6 @@ texts (the longest cut at 1024 tokens), their token ids, SentenceTransformer.enc
 embeddings (normalized, batched with padding) and ModernBertModel's last hidden state
 mean-pooled, each text alone ("unnormalized"), checked here to agree.
 """
-import json
 import os
 import sys
 
@@ -33,7 +32,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seeded_folder import save_mean_pooled, start_folder  # noqa: E402
+from seeded_folder import save_mean_pooled, start_folder, write_golden  # noqa: E402
 
 LAYERS, D, HEADS, FFN, POSITIONS = 3, 64, 4, 96, 1024
 
@@ -74,21 +73,10 @@ def main(directory):
         by_hand = torch.stack([
             model(input_ids=torch.tensor([i])).last_hidden_state[0].mean(dim=0)
             for i in ids])
-    normalized = torch.nn.functional.normalize(by_hand, dim=-1)
-    assert torch.allclose(normalized, embeddings, atol=2e-5), \
-        (normalized - embeddings).abs().max()
-    golden = {
-        "texts": texts,
-        "token_ids": ids,
-        "embeddings": [[float(f"{v:.8g}") for v in row] for row in embeddings.tolist()],
-        "unnormalized": [[float(f"{v:.8g}") for v in row] for row in by_hand.tolist()],
-        "config": {"hidden_size": D, "num_attention_heads": HEADS,
-                   "num_hidden_layers": LAYERS, "intermediate_size": FFN,
-                   "local_attention": 16, "vocab_size": len(tokenizer)},
-    }
-    with open(os.path.join(directory, "modernbert_tiny.golden.json"), "w",
-              encoding="utf-8") as f:
-        json.dump(golden, f, indent=1)
+    write_golden(directory, "modernbert_tiny", texts, ids, embeddings, by_hand,
+                 {"hidden_size": D, "num_attention_heads": HEADS,
+                  "num_hidden_layers": LAYERS, "intermediate_size": FFN,
+                  "local_attention": 16, "vocab_size": len(tokenizer)})
 
 
 if __name__ == "__main__":

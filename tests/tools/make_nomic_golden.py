@@ -21,7 +21,6 @@ Normalize) and nomic_tiny.golden.json: the texts, their token ids,
 SentenceTransformer.encode's embeddings (normalized) and NomicBertModel's last hidden
 state mean-pooled, each text alone ("unnormalized"), checked here to agree.
 """
-import json
 import os
 import sys
 
@@ -30,7 +29,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seeded_bert import draw_norms_and_biases  # noqa: E402
-from seeded_folder import save_mean_pooled, start_folder  # noqa: E402
+from seeded_folder import save_mean_pooled, start_folder, write_golden  # noqa: E402
 
 LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 512
 
@@ -63,21 +62,10 @@ def main(directory):
                   token_type_ids=torch.tensor([e["token_type_ids"]])
                   ).last_hidden_state[0].mean(dim=0)
             for e in encoded])
-    normalized = torch.nn.functional.normalize(by_hand, dim=-1)
-    assert torch.allclose(normalized, embeddings, atol=2e-5), \
-        (normalized - embeddings).abs().max()
-    golden = {
-        "texts": texts,
-        "token_ids": ids,
-        "embeddings": [[float(f"{v:.8g}") for v in row] for row in embeddings.tolist()],
-        "unnormalized": [[float(f"{v:.8g}") for v in row] for row in by_hand.tolist()],
-        "config": {"hidden_size": D, "num_attention_heads": HEADS,
-                   "num_hidden_layers": LAYERS, "intermediate_size": FFN,
-                   "vocab_size": len(tokenizer), "rope_theta": 1000.0},
-    }
-    with open(os.path.join(directory, "nomic_tiny.golden.json"), "w",
-              encoding="utf-8") as f:
-        json.dump(golden, f, indent=1)
+    write_golden(directory, "nomic_tiny", texts, ids, embeddings, by_hand,
+                 {"hidden_size": D, "num_attention_heads": HEADS,
+                  "num_hidden_layers": LAYERS, "intermediate_size": FFN,
+                  "vocab_size": len(tokenizer), "rope_theta": 1000.0})
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """Shared by the golden scripts that wrap a seeded checkpoint as a sentence-transformers
-folder over another test model's tokenizer (make_modernbert_golden.py,
-make_nomic_golden.py)."""
+folder over another test model's tokenizer and write its golden file
+(make_modernbert_golden.py, make_nomic_golden.py)."""
 import json
 import os
 import shutil
 
+import torch
 import transformers
 from sentence_transformers import SentenceTransformer, models
 
@@ -41,3 +42,22 @@ def save_mean_pooled(folder, width, max_length):
     if os.path.exists(readme):
         os.remove(readme)
     return SentenceTransformer(folder, device="cpu")
+
+
+def write_golden(directory, name, texts, ids, embeddings, by_hand, config):
+    """tests/data/NAME.golden.json: the texts, their token ids, the encoder's (normalized)
+    EMBEDDINGS and the model's mean-pooled last hidden states BY_HAND ("unnormalized"),
+    after checking that BY_HAND normalized agrees with EMBEDDINGS (2e-5)."""
+    normalized = torch.nn.functional.normalize(by_hand, dim=-1)
+    assert torch.allclose(normalized, embeddings, atol=2e-5), \
+        (normalized - embeddings).abs().max()
+    golden = {
+        "texts": texts,
+        "token_ids": ids,
+        "embeddings": [[float(f"{v:.8g}") for v in row] for row in embeddings.tolist()],
+        "unnormalized": [[float(f"{v:.8g}") for v in row] for row in by_hand.tolist()],
+        "config": config,
+    }
+    with open(os.path.join(directory, name + ".golden.json"), "w",
+              encoding="utf-8") as f:
+        json.dump(golden, f, indent=1)
