@@ -212,6 +212,11 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
         absl::StrCat("precision int8 runs on the CPU only; device ", DeviceName(device),
                      " runs fp32 and bf16"));
   }
+  if (spec.num_kv_heads > 0 || spec.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)" : "qk_norm",
+        " runs on the CPU only for now; device ", DeviceName(device), " has neither"));
+  }
 #ifdef ATTNSERVE_HAVE_CUDA
   cuda::CudaAttentionOptions cuda_options;
   cuda_options.allow_tf32 = options.allow_tf32;

@@ -58,23 +58,36 @@ std::string FloatBytes(const std::vector<float>& values) {
 
 absl::Status AttentionWeights::CheckShapes(const ModelSpec& spec) const {
   const int64_t d = spec.d_model;
-  ATTN_RETURN_IF_ERROR(CheckSize(kInProjWeightName, in_proj_weight, 3 * d * d));
-  ATTN_RETURN_IF_ERROR(CheckSize(kInProjBiasName, in_proj_bias, 3 * d));
+  const int64_t rows = d + 2 * spec.kv_width();
+  ATTN_RETURN_IF_ERROR(CheckSize(kInProjWeightName, in_proj_weight, rows * d));
+  ATTN_RETURN_IF_ERROR(CheckSize(kInProjBiasName, in_proj_bias, rows));
   ATTN_RETURN_IF_ERROR(CheckSize(kOutProjWeightName, out_proj_weight, d * d));
   ATTN_RETURN_IF_ERROR(CheckSize(kOutProjBiasName, out_proj_bias, d));
+  const int64_t norm = spec.qk_norm ? spec.head_dim() : 0;
+  ATTN_RETURN_IF_ERROR(CheckSize(kQueryNormName, query_norm_weight, norm));
+  ATTN_RETURN_IF_ERROR(CheckSize(kKeyNormName, key_norm_weight, norm));
   return absl::OkStatus();
 }
 
 AttentionWeights GenerateAttentionWeights(const ModelSpec& spec, uint64_t seed) {
   const auto d = static_cast<size_t>(spec.d_model);
+  const auto rows = static_cast<size_t>(spec.d_model + 2 * spec.kv_width());
   SplitMix64 generator(seed);
   AttentionWeights weights;
   const float xavier = std::sqrt(6.0f / static_cast<float>(4 * d));
   const float linear = 1.0f / std::sqrt(static_cast<float>(d));
-  FillUniform(generator, xavier, weights.in_proj_weight, 3 * d * d);
-  FillUniform(generator, 0.1f, weights.in_proj_bias, 3 * d);
+  FillUniform(generator, xavier, weights.in_proj_weight, rows * d);
+  FillUniform(generator, 0.1f, weights.in_proj_bias, rows);
   FillUniform(generator, linear, weights.out_proj_weight, d * d);
   FillUniform(generator, 0.1f, weights.out_proj_bias, d);
+  if (spec.qk_norm) {
+    // Scales around 1, as a trained norm's are.
+    const auto head_dim = static_cast<size_t>(spec.head_dim());
+    FillUniform(generator, 0.5f, weights.query_norm_weight, head_dim);
+    FillUniform(generator, 0.5f, weights.key_norm_weight, head_dim);
+    for (float& w : weights.query_norm_weight) w += 1.0f;
+    for (float& w : weights.key_norm_weight) w += 1.0f;
+  }
   return weights;
 }
 
@@ -83,7 +96,7 @@ namespace {
 // The file must hold exactly nn.MultiheadAttention's four tensors for the options the
 // core computes; anything else is refused by name rather than silently ignored, since
 // each of these options changes the answer.
-absl::Status CheckSupportedModule(const SafetensorsFile& file) {
+absl::Status CheckSupportedModule(const SafetensorsFile& file, const ModelSpec& spec) {
   if (file.Find("bias_k") != nullptr || file.Find("bias_v") != nullptr) {
     return absl::InvalidArgumentError(
         "add_bias_kv is not supported (the file has bias_k/bias_v): export an "
@@ -105,7 +118,8 @@ absl::Status CheckSupportedModule(const SafetensorsFile& file) {
   }
   for (const std::string& name : file.Names()) {
     if (name != kInProjWeightName && name != kInProjBiasName &&
-        name != kOutProjWeightName && name != kOutProjBiasName) {
+        name != kOutProjWeightName && name != kOutProjBiasName &&
+        !(spec.qk_norm && (name == kQueryNormName || name == kKeyNormName))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "unexpected tensor '", name, "': the file must hold exactly ",
           kInProjWeightName, ", ", kInProjBiasName, ", ", kOutProjWeightName, " and ",
@@ -120,15 +134,22 @@ absl::Status CheckSupportedModule(const SafetensorsFile& file) {
 absl::StatusOr<AttentionWeights> LoadAttentionWeights(const SafetensorsFile& file,
                                                       const ModelSpec& spec) {
   ATTN_RETURN_IF_ERROR(spec.Validate());
-  ATTN_RETURN_IF_ERROR(CheckSupportedModule(file));
+  ATTN_RETURN_IF_ERROR(CheckSupportedModule(file, spec));
   const int64_t d = spec.d_model;
+  const int64_t rows = d + 2 * spec.kv_width();
   AttentionWeights weights;
   ATTN_ASSIGN_OR_RETURN(weights.in_proj_weight,
-                        file.ReadFloat32(kInProjWeightName, {3 * d, d}));
-  ATTN_ASSIGN_OR_RETURN(weights.in_proj_bias, file.ReadFloat32(kInProjBiasName, {3 * d}));
+                        file.ReadFloat32(kInProjWeightName, {rows, d}));
+  ATTN_ASSIGN_OR_RETURN(weights.in_proj_bias, file.ReadFloat32(kInProjBiasName, {rows}));
   ATTN_ASSIGN_OR_RETURN(weights.out_proj_weight,
                         file.ReadFloat32(kOutProjWeightName, {d, d}));
   ATTN_ASSIGN_OR_RETURN(weights.out_proj_bias, file.ReadFloat32(kOutProjBiasName, {d}));
+  if (spec.qk_norm) {
+    ATTN_ASSIGN_OR_RETURN(weights.query_norm_weight,
+                          file.ReadFloat32(kQueryNormName, {spec.head_dim()}));
+    ATTN_ASSIGN_OR_RETURN(weights.key_norm_weight,
+                          file.ReadFloat32(kKeyNormName, {spec.head_dim()}));
+  }
   return weights;
 }
 
@@ -148,12 +169,21 @@ absl::StatusOr<std::string> SerializeAttentionWeights(const AttentionWeights& we
   ATTN_RETURN_IF_ERROR(spec.Validate());
   ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
   const int64_t d = spec.d_model;
+  const int64_t rows = d + 2 * spec.kv_width();
   std::vector<SafetensorsEntry> entries = {
-      {kInProjWeightName, "F32", {3 * d, d}, FloatBytes(weights.in_proj_weight)},
-      {kInProjBiasName, "F32", {3 * d}, FloatBytes(weights.in_proj_bias)},
+      {kInProjWeightName, "F32", {rows, d}, FloatBytes(weights.in_proj_weight)},
+      {kInProjBiasName, "F32", {rows}, FloatBytes(weights.in_proj_bias)},
       {kOutProjWeightName, "F32", {d, d}, FloatBytes(weights.out_proj_weight)},
       {kOutProjBiasName, "F32", {d}, FloatBytes(weights.out_proj_bias)},
   };
+  if (spec.qk_norm) {
+    entries.push_back({kQueryNormName,
+                       "F32",
+                       {spec.head_dim()},
+                       FloatBytes(weights.query_norm_weight)});
+    entries.push_back(
+        {kKeyNormName, "F32", {spec.head_dim()}, FloatBytes(weights.key_norm_weight)});
+  }
   return SerializeSafetensors(entries);
 }
 

@@ -19,18 +19,25 @@ inline constexpr char kInProjWeightName[] = "in_proj_weight";
 inline constexpr char kInProjBiasName[] = "in_proj_bias";
 inline constexpr char kOutProjWeightName[] = "out_proj.weight";
 inline constexpr char kOutProjBiasName[] = "out_proj.bias";
+// ModelSpec::qk_norm's scales (no nn.MultiheadAttention has them).
+inline constexpr char kQueryNormName[] = "q_norm.weight";
+inline constexpr char kKeyNormName[] = "k_norm.weight";
 
 // Row-major float32 parameters (bf16 files are widened on load). A value type.
 struct AttentionWeights {
-  // [3d, d]: rows [0, d) project queries, [d, 2d) keys, [2d, 3d) values;
-  // q = x W_q^T + b_q.
+  // [d + 2 kv, d] (kv = spec.kv_width(), d unless grouped-query): rows [0, d) project
+  // queries, [d, d + kv) keys, [d + kv, d + 2 kv) values; q = x W_q^T + b_q.
   std::vector<float> in_proj_weight;
-  // [3d]
+  // [d + 2 kv]
   std::vector<float> in_proj_bias;
   // [d, d]: out = concat(heads) W_out^T + b_out.
   std::vector<float> out_proj_weight;
   // [d]
   std::vector<float> out_proj_bias;
+  // spec.qk_norm only (else empty): the [head_dim] scales of the queries' and keys'
+  // RMS norms, shared by every head.
+  std::vector<float> query_norm_weight;
+  std::vector<float> key_norm_weight;
 
   // OK when every tensor has the size `spec` implies; else InvalidArgument naming it.
   absl::Status CheckShapes(const ModelSpec& spec) const;
@@ -43,7 +50,8 @@ struct AttentionWeights {
 // spec.Validate().ok().
 AttentionWeights GenerateAttentionWeights(const ModelSpec& spec, uint64_t seed);
 
-// Reads the four tensors from a parsed safetensors file. NotFound naming a missing
+// Reads the four tensors from a parsed safetensors file (and, for spec.qk_norm,
+// q_norm.weight and k_norm.weight [head_dim]). NotFound naming a missing
 // tensor; InvalidArgument for a wrong shape (expected vs found) or a dtype other than
 // F32/BF16. Extra tensors are ignored (a whole-model file may hold more layers).
 absl::StatusOr<AttentionWeights> LoadAttentionWeights(const SafetensorsFile& file,

@@ -121,7 +121,8 @@ struct Item {
 // Returns oneDNN's status.
 // `bias_table` is the item's head's relative bias (null for none).
 dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
-                         int64_t head_dim, int64_t width, bool causal, int64_t window,
+                         int64_t head_dim, int64_t width, int64_t kv_column,
+                         int64_t kv_width, bool causal, int64_t window,
                          const float* bias_table, int64_t bias_radius,
                          const FlashTiles& tiles, const float* packed, float* buffer) {
   const VectorUnit& unit = Unit();
@@ -165,9 +166,9 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
       unit.scores(q, width, packed + first_key * head_dim, stride, keys, rows, head_dim,
                   scores, block_maxima);
     } else {
-      const dnnl_status_t status =
-          dnnl_sgemm('N', 'T', rows, keys, head_dim, 1.0f, q, width,
-                     sequence.k + first_key * width + column, width, 0.0f, scores, keys);
+      const dnnl_status_t status = dnnl_sgemm(
+          'N', 'T', rows, keys, head_dim, 1.0f, q, width,
+          sequence.k + first_key * kv_width + kv_column, kv_width, 0.0f, scores, keys);
       if (status != dnnl_success) return status;
     }
     const bool first = first_key == key_begin;
@@ -232,9 +233,10 @@ dnnl_status_t AttendItem(const FlashSequence& sequence, const Item& item,
         for (int64_t c = 0; c < head_dim; ++c) context_row[c] *= rescale[r];
       }
     }
-    const dnnl_status_t status = dnnl_sgemm('N', 'N', rows, head_dim, keys, 1.0f, scores,
-                                            keys, sequence.v + first_key * width + column,
-                                            width, first ? 0.0f : 1.0f, out, width);
+    const dnnl_status_t status =
+        dnnl_sgemm('N', 'N', rows, head_dim, keys, 1.0f, scores, keys,
+                   sequence.v + first_key * kv_width + kv_column, kv_width,
+                   first ? 0.0f : 1.0f, out, width);
     if (status != dnnl_success) return status;
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -253,7 +255,8 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
                             int64_t head_dim, int64_t width, bool causal,
                             const FlashTiles& tiles, int threads, FlashScratch& scratch,
                             const RelativeBias& bias,
-                            absl::Span<const int64_t> bias_heads, int64_t window) {
+                            absl::Span<const int64_t> bias_heads, int64_t window,
+                            const FlashKv& kv) {
   if (tiles.query_rows < 1 || tiles.keys < 1) {
     return absl::InvalidArgumentError(absl::StrCat("flash tiles must be >= 1, got ",
                                                    tiles.query_rows, " query rows and ",
@@ -274,6 +277,23 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
     return absl::InvalidArgumentError(absl::StrCat(
         "flash attention: window must be >= 0 (0: every key), got ", window));
   }
+  // Key/value head of each query head, and how many there are.
+  const int64_t kv_width = kv.kv_of.empty() ? width : kv.kv_width;
+  const int64_t kv_heads = kv.kv_of.empty() ? heads : kv_width / head_dim;
+  if (!kv.kv_of.empty()) {
+    bool fits = static_cast<int64_t>(kv.kv_of.size()) == heads && kv_width >= head_dim &&
+                kv_width % head_dim == 0;
+    for (const int64_t position : kv.kv_of) fits &= position >= 0 && position < kv_heads;
+    if (!fits) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flash attention: kv_of needs one key/value head in [0, kv_width / head_dim) "
+          "per head (",
+          heads, "), got ", kv.kv_of.size(), " with kv_width ", kv.kv_width));
+    }
+  }
+  const auto kv_of = [&](int64_t head) {
+    return kv.kv_of.empty() ? head : kv.kv_of[static_cast<size_t>(head)];
+  };
   std::vector<Item> items;
   for (size_t s = 0; s < sequences.size(); ++s) {
     const FlashSequence& sequence = sequences[s];
@@ -323,21 +343,21 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
     int64_t total = 0;
     for (const FlashSequence& sequence : sequences) {
       packed_offsets.push_back(total);
-      total += heads * PackedHeadFloats(sequence.key_length, head_dim);
+      total += kv_heads * PackedHeadFloats(sequence.key_length, head_dim);
     }
     packed = static_cast<float*>(
         scratch.packed_.Reserve(static_cast<size_t>(total) * sizeof(float)));
-    const auto pack_tasks = static_cast<int64_t>(sequences.size()) * heads;
+    const auto pack_tasks = static_cast<int64_t>(sequences.size()) * kv_heads;
 #pragma omp parallel for schedule(dynamic) num_threads(threads)
     for (int64_t task = 0; task < pack_tasks; ++task) {
-      const FlashSequence& sequence = sequences[static_cast<size_t>(task / heads)];
-      const int64_t column = (task % heads) * head_dim;
-      float* head = packed + packed_offsets[static_cast<size_t>(task / heads)] +
-                    (task % heads) * PackedHeadFloats(sequence.key_length, head_dim);
-      unit.pack_keys(sequence.k + column, width, sequence.key_length, head_dim, head);
+      const FlashSequence& sequence = sequences[static_cast<size_t>(task / kv_heads)];
+      const int64_t column = (task % kv_heads) * head_dim;
+      float* head = packed + packed_offsets[static_cast<size_t>(task / kv_heads)] +
+                    (task % kv_heads) * PackedHeadFloats(sequence.key_length, head_dim);
+      unit.pack_keys(sequence.k + column, kv_width, sequence.key_length, head_dim, head);
       float* values = head + RoundUp(sequence.key_length, unit.panel_keys) * head_dim;
       for (int64_t j = 0; j < sequence.key_length; ++j) {
-        const float* row = sequence.v + j * width + column;
+        const float* row = sequence.v + j * kv_width + column;
         std::copy(row, row + head_dim, values + j * head_dim);
       }
     }
@@ -354,11 +374,12 @@ absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t h
         packed == nullptr
             ? nullptr
             : packed + packed_offsets[static_cast<size_t>(item.sequence)] +
-                  item.head * PackedHeadFloats(sequence.key_length, head_dim);
+                  kv_of(item.head) * PackedHeadFloats(sequence.key_length, head_dim);
     const float* bias_table =
         bias.empty() ? nullptr : bias.Head(bias_heads[static_cast<size_t>(item.head)]);
-    failures[thread] = AttendItem(sequence, item, head_dim, width, causal, window,
-                                  bias_table, bias.radius, tiles, head, buffers[thread]);
+    failures[thread] =
+        AttendItem(sequence, item, head_dim, width, kv_of(item.head) * head_dim, kv_width,
+                   causal, window, bias_table, bias.radius, tiles, head, buffers[thread]);
   }
   for (const dnnl_status_t failure : failures) {
     if (failure != dnnl_success) {

@@ -37,7 +37,8 @@ struct FlashTiles {
 
 // One sequence's f32 planes, row-major with `width` columns (the heads' head_dim-wide
 // column slices side by side): q and context [query_length, width], k and v
-// [key_length, width]. The 1/sqrt(head_dim) scale is already in q.
+// [key_length, width] (or FlashKv's kv_width). The 1/sqrt(head_dim) scale is already
+// in q.
 struct FlashSequence {
   const float* q = nullptr;
   const float* k = nullptr;
@@ -45,6 +46,13 @@ struct FlashSequence {
   float* context = nullptr;
   int64_t query_length = 0;
   int64_t key_length = 0;
+};
+
+// Grouped-query attention: K and V hold kv_width columns, and head p reads their
+// column block kv_of[p]. Empty kv_of: head p reads block p of `width` columns.
+struct FlashKv {
+  absl::Span<const int64_t> kv_of;
+  int64_t kv_width = 0;
 };
 
 // Per-thread buffers, kept between calls. Not thread-safe: one FlashAttention call at a
@@ -59,9 +67,10 @@ class FlashScratch {
   friend absl::Status FlashAttention(absl::Span<const FlashSequence>, int64_t, int64_t,
                                      int64_t, bool, const FlashTiles&, int, FlashScratch&,
                                      const RelativeBias&, absl::Span<const int64_t>,
-                                     int64_t);
+                                     int64_t, const FlashKv&);
   std::vector<std::unique_ptr<ScratchBuffer>> per_thread_;
-  ScratchBuffer packed_;  // every head's keys and values, packed for the kernels
+  ScratchBuffer
+      packed_;  // every key/value head's keys and values, packed for the kernels
 };
 
 // Writes every sequence's context: for head p (columns [p head_dim, (p+1) head_dim)),
@@ -73,13 +82,15 @@ class FlashScratch {
 // (with causal too: keys i - window..i), and skips the key blocks no row of a query
 // block sees; 0: every key. InvalidArgument for tiles or dimensions < 1, heads *
 // head_dim > width, a causal or windowed sequence whose lengths differ, a bias without a
-// model head per head, or a window < 0; Internal when oneDNN's sgemm fails.
+// model head per head, or a window < 0, or a `kv` whose kv_of is not one block of
+// kv_width per head; Internal when oneDNN's sgemm fails. With `kv` a key/value head is
+// packed once for all the query heads that read it.
 absl::Status FlashAttention(absl::Span<const FlashSequence> sequences, int64_t heads,
                             int64_t head_dim, int64_t width, bool causal,
                             const FlashTiles& tiles, int threads, FlashScratch& scratch,
                             const RelativeBias& bias = {},
-                            absl::Span<const int64_t> bias_heads = {},
-                            int64_t window = 0);
+                            absl::Span<const int64_t> bias_heads = {}, int64_t window = 0,
+                            const FlashKv& kv = {});
 
 // The vector unit the exponentials run on: "avx512f", "avx2" or "scalar".
 std::string FlashVectorUnit();

@@ -1,6 +1,7 @@
 #include "core/model_spec.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -37,6 +38,16 @@ absl::Status ModelSpec::Validate() const {
         absl::StrCat("num_heads must divide d_model: d_model=", d_model,
                      " is not a multiple of num_heads=", num_heads));
   }
+  if (num_kv_heads < 0 || num_kv_heads > num_heads ||
+      (num_kv_heads > 0 && num_heads % num_kv_heads != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_kv_heads must be 0 (one per query head) or divide num_heads=", num_heads,
+        ", got ", num_kv_heads));
+  }
+  if (qk_norm && !(qk_norm_eps > 0.0f && std::isfinite(qk_norm_eps))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("qk_norm_eps must be finite and > 0, got ", qk_norm_eps));
+  }
   if (precision != Precision::kFp32 && precision != Precision::kBf16 &&
       precision != Precision::kInt8) {
     return absl::InvalidArgumentError("precision must be fp32, bf16 or int8");
@@ -68,6 +79,8 @@ bool ModelSpec::IsPruned(int64_t head) const {
 std::string ModelSpec::DebugString() const {
   std::string text = absl::StrCat("d_model=", d_model, " num_heads=", num_heads,
                                   " precision=", PrecisionName(precision));
+  if (num_kv_heads > 0) absl::StrAppend(&text, " num_kv_heads=", num_kv_heads);
+  if (qk_norm) absl::StrAppend(&text, " qk_norm");
   if (!pruned_heads.empty()) {
     absl::StrAppend(&text, " pruned_heads=", absl::StrJoin(pruned_heads, ","));
   }

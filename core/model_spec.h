@@ -29,6 +29,18 @@ struct ModelSpec {
   int64_t d_model = 512;
   // Number of heads h; must divide d_model. Range [1, d_model].
   int64_t num_heads = 8;
+  // Grouped-query attention: the heads of keys and values, each shared by
+  // num_heads / num_kv_heads consecutive query heads (query head i reads key/value head
+  // i / (num_heads / num_kv_heads), as transformers' repeat_kv pairs them); 0: one per
+  // query head (num_heads). Must divide num_heads. K and V are projected once per
+  // key/value head, never copied per query head.
+  int64_t num_kv_heads = 0;
+  // Each head's query and key RMS-normalized over its head_dim values after their
+  // projection (and bias) and before rotary positions (Qwen3's q_norm and k_norm):
+  // x / sqrt(mean(x^2) + qk_norm_eps) times a learned [head_dim] scale
+  // (AttentionWeights::query_norm_weight, key_norm_weight).
+  bool qk_norm = false;
+  float qk_norm_eps = 1e-6f;  // > 0
   // Arithmetic precision.
   Precision precision = Precision::kFp32;
   // Heads removed from the model, ascending, each in [0, num_heads), at least one head
@@ -38,6 +50,12 @@ struct ModelSpec {
 
   // d_model / num_heads. REQUIRES: Validate().ok().
   int64_t head_dim() const { return d_model / num_heads; }
+  // num_kv_heads, or num_heads when it is 0. REQUIRES: Validate().ok().
+  int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  // The key (and value) head that query `head` reads.
+  int64_t KvHead(int64_t head) const { return head / (num_heads / kv_heads()); }
+  // Width of the keys and of the values: kv_heads() * head_dim().
+  int64_t kv_width() const { return kv_heads() * head_dim(); }
   // Whether `head` is in pruned_heads.
   bool IsPruned(int64_t head) const;
 
@@ -45,7 +63,7 @@ struct ModelSpec {
   absl::Status Validate() const;
 
   // For logs and errors, e.g. "d_model=512 num_heads=8 precision=fp32" (plus
-  // " pruned_heads=1,3" when some are).
+  // " num_kv_heads=2", " qk_norm" and " pruned_heads=1,3" when set).
   std::string DebugString() const;
 };
 

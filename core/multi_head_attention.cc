@@ -118,6 +118,37 @@ memory::desc ScoresDesc(int64_t count, int64_t heads, int64_t rows, int64_t key_
   return memory::desc({heads, rows, key_length}, type, memory::format_tag::abc);
 }
 
+// The same scores with the heads as heads / share groups of `share` (the grouped
+// products' output: one more dimension, the same memory).
+memory::desc GroupedScoresDesc(int64_t count, int64_t heads, int64_t rows,
+                               int64_t key_length, int64_t share,
+                               memory::data_type type = memory::data_type::f32) {
+  if (share <= 1) return ScoresDesc(count, heads, rows, key_length, type);
+  if (count > 1) {
+    return memory::desc({count, heads / share, share, rows, key_length}, type,
+                        memory::format_tag::abcde);
+  }
+  return memory::desc({heads / share, share, rows, key_length}, type,
+                      memory::format_tag::abcd);
+}
+
+// x / sqrt(mean(x^2) + eps) * scale over each head_dim slice of `rows` rows of
+// `heads` heads (row stride `width`), in place, in f32 (Qwen3's RMSNorm order).
+void RmsNormHeads(int64_t rows, int64_t width, int64_t heads, int64_t head_dim,
+                  const float* scale, float eps, float* values) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* x = values + t * width + h * head_dim;
+      float squares = 0.0f;
+      for (int64_t c = 0; c < head_dim; ++c) squares += x[c] * x[c];
+      const float inverse =
+          1.0f / std::sqrt(squares / static_cast<float>(head_dim) + eps);
+      for (int64_t c = 0; c < head_dim; ++c) x[c] = scale[c] * (x[c] * inverse);
+    }
+  }
+}
+
 // scores [planes, rows, keys] of query rows first_row.. against keys first_key..,
 // plane p of the model head heads[p % heads.size()]: + the relative bias.
 void AddBiasToScores(const RelativeBias& bias, absl::Span<const int64_t> heads,
@@ -315,27 +346,41 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   }
   const int64_t d = spec.d_model;
   const int64_t head_dim = spec.head_dim();
-  const auto rows = [&](int64_t first_row) {
+  const int64_t kv = spec.kv_width();
+  const auto rows = [&](int64_t first_row, int64_t count) {
     return std::vector<float>(weights.in_proj_weight.begin() + first_row * d,
-                              weights.in_proj_weight.begin() + (first_row + d) * d);
+                              weights.in_proj_weight.begin() + (first_row + count) * d);
+  };
+  const auto bias = [&](int64_t first, int64_t count) {
+    return std::vector<float>(weights.in_proj_bias.begin() + first,
+                              weights.in_proj_bias.begin() + first + count);
   };
   HeadSet all;
   all.heads.resize(spec.num_heads);
   for (int64_t h = 0; h < spec.num_heads; ++h) all.heads[h] = h;
   all.width = d;
-  all.query_weight.plain = rows(0);
-  all.key_weight.plain = rows(d);
-  all.value_weight.plain = rows(2 * d);
-  all.query_bias.assign(weights.in_proj_bias.begin(), weights.in_proj_bias.begin() + d);
-  all.key_bias.assign(weights.in_proj_bias.begin() + d,
-                      weights.in_proj_bias.begin() + 2 * d);
-  all.value_bias.assign(weights.in_proj_bias.begin() + 2 * d, weights.in_proj_bias.end());
+  all.kv_heads.resize(spec.kv_heads());
+  for (int64_t h = 0; h < spec.kv_heads(); ++h) all.kv_heads[h] = h;
+  for (int64_t h = 0; h < spec.num_heads; ++h) all.kv_of.push_back(spec.KvHead(h));
+  all.CountShare(head_dim);
+  all.query_weight.plain = rows(0, d);
+  all.key_weight.plain = rows(d, kv);
+  all.value_weight.plain = rows(d + kv, kv);
+  all.query_bias = bias(0, d);
+  all.key_bias = bias(d, kv);
+  all.value_bias = bias(d + kv, kv);
   all.out_weight.plain = weights.out_proj_weight;
   // softmax(Q K^T / sqrt(head_dim)): scaling the query projection (weights and bias)
-  // once here costs nothing per call.
+  // once here costs nothing per call; with a query norm, its scale instead.
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  for (float& w : all.query_weight.plain) w *= scale;
-  for (float& b : all.query_bias) b *= scale;
+  if (spec.qk_norm) {
+    attention->query_norm_ = weights.query_norm_weight;
+    for (float& w : attention->query_norm_) w *= scale;
+    attention->key_norm_ = weights.key_norm_weight;
+  } else {
+    for (float& w : all.query_weight.plain) w *= scale;
+    for (float& b : all.query_bias) b *= scale;
+  }
   if (spec.precision == Precision::kBf16 && !native_bf16) {
     // The model is a bf16 model on every CPU: its weights take the values the native
     // path's reorder would give them (round to nearest even, after the scale), and
@@ -377,31 +422,49 @@ MultiHeadAttention::MultiHeadAttention(const ModelSpec& spec, const dnnl::engine
       options_(options),
       cache_(static_cast<size_t>(options.primitive_cache_capacity)) {}
 
+void MultiHeadAttention::HeadSet::CountShare(int64_t head_dim) {
+  kv_width = static_cast<int64_t>(kv_heads.size()) * head_dim;
+  std::vector<int64_t> served(kv_heads.size(), 0);
+  for (const int64_t position : kv_of) ++served[static_cast<size_t>(position)];
+  share = served.empty() ? 1 : served[0];
+  for (const int64_t count : served) {
+    if (count != share) share = 0;
+  }
+}
+
 MultiHeadAttention::HeadSet MultiHeadAttention::SliceHeads(
     const HeadSet& from, int64_t d_model, int64_t head_dim,
     absl::Span<const int64_t> positions, absl::Span<const float> factors) {
   HeadSet set;
   set.width = static_cast<int64_t>(positions.size()) * head_dim;
   const size_t slice = static_cast<size_t>(head_dim * d_model);
+  // A head's rows of W_q, W_k, W_v are one contiguous [head_dim, d] block.
+  const auto append_rows = [&](const Matrix& source, int64_t position, Matrix& target) {
+    target.plain.insert(target.plain.end(), source.plain.begin() + position * slice,
+                        source.plain.begin() + (position + 1) * slice);
+  };
+  const auto append_bias = [&](const std::vector<float>& source, int64_t position,
+                               std::vector<float>& target) {
+    target.insert(target.end(), source.begin() + position * head_dim,
+                  source.begin() + (position + 1) * head_dim);
+  };
   for (const int64_t position : positions) {
     set.heads.push_back(from.heads[position]);
-    // A head's rows of W_q, W_k, W_v are one contiguous [head_dim, d] block.
-    const auto append_rows = [&](const Matrix& source, Matrix& target) {
-      target.plain.insert(target.plain.end(), source.plain.begin() + position * slice,
-                          source.plain.begin() + (position + 1) * slice);
-    };
-    append_rows(from.query_weight, set.query_weight);
-    append_rows(from.key_weight, set.key_weight);
-    append_rows(from.value_weight, set.value_weight);
-    const auto append_bias = [&](const std::vector<float>& source,
-                                 std::vector<float>& target) {
-      target.insert(target.end(), source.begin() + position * head_dim,
-                    source.begin() + (position + 1) * head_dim);
-    };
-    append_bias(from.query_bias, set.query_bias);
-    append_bias(from.key_bias, set.key_bias);
-    append_bias(from.value_bias, set.value_bias);
+    append_rows(from.query_weight, position, set.query_weight);
+    append_bias(from.query_bias, position, set.query_bias);
+    // The key/value heads the chosen heads read, each once (positions ascend, and so
+    // do their key/value heads).
+    const int64_t kv_position = from.kv_of[position];
+    if (set.kv_heads.empty() || set.kv_heads.back() != from.kv_heads[kv_position]) {
+      set.kv_heads.push_back(from.kv_heads[kv_position]);
+      append_rows(from.key_weight, kv_position, set.key_weight);
+      append_rows(from.value_weight, kv_position, set.value_weight);
+      append_bias(from.key_bias, kv_position, set.key_bias);
+      append_bias(from.value_bias, kv_position, set.value_bias);
+    }
+    set.kv_of.push_back(static_cast<int64_t>(set.kv_heads.size()) - 1);
   }
+  set.CountShare(head_dim);
   // W_out is [d, from.width]: keep each row's columns of the chosen heads, scaled.
   set.out_weight.plain.resize(static_cast<size_t>(d_model * set.width));
   for (int64_t o = 0; o < d_model; ++o) {
@@ -462,8 +525,17 @@ const dnnl::memory& MultiHeadAttention::Packed(Matrix& matrix, int64_t in, int64
 }
 
 dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t count, int64_t heads,
-                                                    int64_t rows, int64_t width) const {
+                                                    int64_t rows, int64_t width,
+                                                    int64_t share) const {
   const int64_t head_dim = spec_.head_dim();
+  if (share > 1) {
+    if (count > 1) {
+      return memory::desc({count, heads / share, share, rows, head_dim}, compute_,
+                          {rows * width, share * head_dim, head_dim, width, 1});
+    }
+    return memory::desc({heads / share, share, rows, head_dim}, compute_,
+                        {share * head_dim, head_dim, width, 1});
+  }
   if (count > 1) {
     return memory::desc({count, heads, rows, head_dim}, compute_,
                         {rows * width, head_dim, width, 1});
@@ -471,15 +543,36 @@ dnnl::memory::desc MultiHeadAttention::HeadRowsView(int64_t count, int64_t heads
   return memory::desc({heads, rows, head_dim}, compute_, {head_dim, width, 1});
 }
 
-dnnl::memory::desc MultiHeadAttention::HeadColumnsView(int64_t count, int64_t heads,
-                                                       int64_t length,
-                                                       int64_t width) const {
+dnnl::memory::desc MultiHeadAttention::KvRowsView(int64_t count, int64_t heads,
+                                                  int64_t rows, int64_t kv_width,
+                                                  int64_t share) const {
+  if (share <= 1) return HeadRowsView(count, heads, rows, kv_width);
   const int64_t head_dim = spec_.head_dim();
   if (count > 1) {
-    return memory::desc({count, heads, head_dim, length}, compute_,
-                        {length * width, head_dim, 1, width});
+    return memory::desc({count, heads / share, 1, rows, head_dim}, compute_,
+                        {rows * kv_width, head_dim, head_dim, kv_width, 1});
   }
-  return memory::desc({heads, head_dim, length}, compute_, {head_dim, 1, width});
+  return memory::desc({heads / share, 1, rows, head_dim}, compute_,
+                      {head_dim, head_dim, kv_width, 1});
+}
+
+dnnl::memory::desc MultiHeadAttention::KvColumnsView(int64_t count, int64_t heads,
+                                                     int64_t length, int64_t kv_width,
+                                                     int64_t share) const {
+  const int64_t head_dim = spec_.head_dim();
+  if (share > 1) {
+    if (count > 1) {
+      return memory::desc({count, heads / share, 1, head_dim, length}, compute_,
+                          {length * kv_width, head_dim, head_dim, 1, kv_width});
+    }
+    return memory::desc({heads / share, 1, head_dim, length}, compute_,
+                        {head_dim, head_dim, 1, kv_width});
+  }
+  if (count > 1) {
+    return memory::desc({count, heads, head_dim, length}, compute_,
+                        {length * kv_width, head_dim, 1, kv_width});
+  }
+  return memory::desc({heads, head_dim, length}, compute_, {head_dim, 1, kv_width});
 }
 
 absl::Status MultiHeadAttention::Forward(const AttentionBatch& batch,
@@ -560,6 +653,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
 
   HeadSet& set = SelectHeads(options.head_mask);
   const int64_t width = set.width;
+  const int64_t kv_width = set.kv_width;
+  const int64_t head_dim = spec_.head_dim();
   computed_heads_ = static_cast<int64_t>(set.heads.size());
   if (!attention_weights.empty() && static_cast<int64_t>(set.heads.size()) < heads) {
     // Pruned heads' weights read as zeros; the computed ones overwrite theirs.
@@ -583,18 +678,19 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
                                                          scratch_->memory_input));
   }
 
-  // Projections run once over all packed tokens: Q, K and V of the computed heads land
-  // in three dense [tokens, width] planes (strided views of one [T, 3 width] buffer
-  // would leave oneDNN's fast path).
+  // Projections run once over all packed tokens: Q of the computed heads, K and V of
+  // the key/value heads they read, land in three dense planes, [tokens, width] and
+  // [tokens, kv_width] (strided views of one buffer would leave oneDNN's fast path).
   auto* q =
       static_cast<uint8_t*>(scratch_->q.Reserve(query_tokens * width * compute_bytes_));
   auto* k =
-      static_cast<uint8_t*>(scratch_->k.Reserve(key_tokens * width * compute_bytes_));
+      static_cast<uint8_t*>(scratch_->k.Reserve(key_tokens * kv_width * compute_bytes_));
   auto* v =
-      static_cast<uint8_t*>(scratch_->v.Reserve(key_tokens * width * compute_bytes_));
+      static_cast<uint8_t*>(scratch_->v.Reserve(key_tokens * kv_width * compute_bytes_));
   auto* context = static_cast<uint8_t*>(
       scratch_->context.Reserve(query_tokens * width * compute_bytes_));
-  // Rotary positions (self-attention only): Q and K turn in f32 after their bias.
+  // The query and key norms, then rotary positions (self-attention only): Q and K
+  // change in f32 after their bias.
   const AttentionOptions::Rotary& rotary = options.rotary;
   const int64_t rotary_pairs = static_cast<int64_t>(rotary.inv_freq.size());
   const float* rotary_table = nullptr;
@@ -603,9 +699,20 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
         rotary.inv_freq,
         *std::max_element(batch.query_lengths.begin(), batch.query_lengths.end()));
   }
-  const auto rotate = [&](float* plane) {
-    RotateHeads(batch.query_lengths, width, static_cast<int64_t>(set.heads.size()),
-                spec_.head_dim(), rotary_table, rotary_pairs, rotary.interleaved, plane);
+  const bool turn = !rotary.empty() || spec_.qk_norm;
+  // `plane` is Q (queries) or K: [tokens, plane_width] in f32.
+  const auto norm_and_rotate = [&](bool queries, float* plane) {
+    const int64_t plane_width = queries ? width : kv_width;
+    const int64_t tokens = queries ? query_tokens : key_tokens;
+    if (spec_.qk_norm) {
+      RmsNormHeads(tokens, plane_width, plane_width / head_dim, head_dim,
+                   queries ? query_norm_.data() : key_norm_.data(), spec_.qk_norm_eps,
+                   plane);
+    }
+    if (!rotary.empty()) {
+      RotateHeads(batch.query_lengths, plane_width, plane_width / head_dim, head_dim,
+                  rotary_table, rotary_pairs, rotary.interleaved, plane);
+    }
   };
   if (int8_) {
     // Each input quantized once for the projections that read it.
@@ -620,44 +727,48 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
                                      set.query_bias.data(), width,
                                      reinterpret_cast<float*>(q)));
     ATTN_RETURN_IF_ERROR(ProjectInt8(key_codes, key_tokens, d, set.key_weight,
-                                     set.key_bias.data(), width,
+                                     set.key_bias.data(), kv_width,
                                      reinterpret_cast<float*>(k)));
     ATTN_RETURN_IF_ERROR(ProjectInt8(key_codes, key_tokens, d, set.value_weight,
-                                     set.value_bias.data(), width,
+                                     set.value_bias.data(), kv_width,
                                      reinterpret_cast<float*>(v)));
-  } else if (!rotary.empty() && compute_ != memory::data_type::f32) {
+  } else if (turn && compute_ != memory::data_type::f32) {
     // Native bf16: Q and K come out of their products in f32 (the accumulators, not
-    // bf16 outputs), turn there, and are narrowed to bf16 once, so that they carry one
-    // rounding as without rotary rather than two.
-    auto* projected = static_cast<float*>(
-        scratch_->rotary_projection.Reserve(query_tokens * width * sizeof(float)));
-    for (const auto& [weight, bias, plane] :
-         {std::tuple(&set.query_weight, set.query_bias.data(), q),
-          std::tuple(&set.key_weight, set.key_bias.data(), k)}) {
-      ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kOutProjection, query, query_tokens, d,
-                                   *weight, bias, width, projected));
-      rotate(projected);
-      ATTN_RETURN_IF_ERROR(Convert(projected, false, query_tokens * width, plane));
+    // bf16 outputs), change there, and are narrowed to bf16 once, so that they carry
+    // one rounding as without a norm or rotary rather than two.
+    auto* projected = static_cast<float*>(scratch_->rotary_projection.Reserve(
+        std::max(query_tokens * width, key_tokens * kv_width) * sizeof(float)));
+    for (const auto& [queries, weight, bias, plane] :
+         {std::tuple(true, &set.query_weight, set.query_bias.data(), q),
+          std::tuple(false, &set.key_weight, set.key_bias.data(), k)}) {
+      const int64_t tokens = queries ? query_tokens : key_tokens;
+      const int64_t plane_width = queries ? width : kv_width;
+      ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kOutProjection,
+                                   queries ? query : key_source, tokens, d, *weight, bias,
+                                   plane_width, projected));
+      norm_and_rotate(queries, projected);
+      ATTN_RETURN_IF_ERROR(Convert(projected, false, tokens * plane_width, plane));
     }
-    ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
-                                 set.value_weight, set.value_bias.data(), width, v));
+    ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
+                                 set.value_weight, set.value_bias.data(), kv_width, v));
   } else {
     ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, query, query_tokens, d,
                                  set.query_weight, set.query_bias.data(), width, q));
     ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
-                                 set.key_weight, set.key_bias.data(), width, k));
+                                 set.key_weight, set.key_bias.data(), kv_width, k));
     ATTN_RETURN_IF_ERROR(Project(PrimitiveKind::kProjection, key_source, key_tokens, d,
-                                 set.value_weight, set.value_bias.data(), width, v));
+                                 set.value_weight, set.value_bias.data(), kv_width, v));
   }
-  if (!rotary.empty() && compute_ == memory::data_type::f32) {
-    rotate(reinterpret_cast<float*>(q));
-    rotate(reinterpret_cast<float*>(k));
+  if (turn && compute_ == memory::data_type::f32) {
+    norm_and_rotate(true, reinterpret_cast<float*>(q));
+    norm_and_rotate(false, reinterpret_cast<float*>(k));
   }
 
   int64_t query_offset = 0;
   int64_t key_offset = 0;
   int64_t weights_offset = 0;
   const int64_t row_bytes = width * compute_bytes_;
+  const int64_t kv_row_bytes = kv_width * compute_bytes_;
   // Long sequences go to FlashAttention together, after the loop: its items of every
   // sequence share the threads.
   const bool flash_allowed =
@@ -668,8 +779,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     const int64_t key_length = key_lengths[i];
     if (flash_allowed && UseFlash(set, query_length, key_length, options.causal)) {
       flash.push_back({reinterpret_cast<const float*>(q + query_offset * row_bytes),
-                       reinterpret_cast<const float*>(k + key_offset * row_bytes),
-                       reinterpret_cast<const float*>(v + key_offset * row_bytes),
+                       reinterpret_cast<const float*>(k + key_offset * kv_row_bytes),
+                       reinterpret_cast<const float*>(v + key_offset * kv_row_bytes),
                        reinterpret_cast<float*>(context + query_offset * row_bytes),
                        query_length, key_length});
       query_offset += query_length;
@@ -683,8 +794,8 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     float* probabilities =
         attention_weights.empty() ? nullptr : attention_weights.data() + weights_offset;
     ATTN_RETURN_IF_ERROR(AttendSequences(
-        set, count, q + query_offset * row_bytes, k + key_offset * row_bytes,
-        v + key_offset * row_bytes, query_length, key_length, options, probabilities,
+        set, count, q + query_offset * row_bytes, k + key_offset * kv_row_bytes,
+        v + key_offset * kv_row_bytes, query_length, key_length, options, probabilities,
         context + query_offset * row_bytes));
     query_offset += count * query_length;
     key_offset += count * key_length;
@@ -692,11 +803,11 @@ absl::Status MultiHeadAttention::ForwardImpl(const AttentionBatch& batch,
     i += static_cast<size_t>(count);
   }
   if (!flash.empty()) {
-    ATTN_RETURN_IF_ERROR(
-        FlashAttention(flash, static_cast<int64_t>(set.heads.size()), spec_.head_dim(),
-                       width, options.causal, attention_choice_.tiles,
-                       kParallelBlocks ? omp_get_max_threads() : 1, scratch_->flash,
-                       options.relative_bias, set.heads, options.window));
+    ATTN_RETURN_IF_ERROR(FlashAttention(
+        flash, static_cast<int64_t>(set.heads.size()), head_dim, width, options.causal,
+        attention_choice_.tiles, kParallelBlocks ? omp_get_max_threads() : 1,
+        scratch_->flash, options.relative_bias, set.heads, options.window,
+        FlashKv{set.kv_of, kv_width}));
   }
   // The heads' factors are folded into the set's W_out columns.
   if (int8_) {
@@ -749,7 +860,7 @@ int64_t MultiHeadAttention::RunLength(const HeadSet& set,
 }
 
 absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
-    PrimitiveKind kind, const std::array<int64_t, 5>& dims) {
+    PrimitiveKind kind, const PrimitiveDims& dims) {
   const auto create = [&]() -> absl::StatusOr<CachedPrimitive> {
     try {
       const dnnl::primitive_attr attr = UserScratchpadAttr();
@@ -760,7 +871,8 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
       switch (kind) {
         case PrimitiveKind::kProjection:
         case PrimitiveKind::kOutProjection: {
-          const auto [rows, in, out, runtime_rows, unused_count] = dims;
+          const auto [rows, in, out, runtime_rows, unused_count, unused_kv,
+                      unused_share] = dims;
           // [rows, in] x W^T, with W in whatever layout the implementation runs
           // fastest from (reordered once, see Packed); with runtime rows oneDNN needs
           // a fixed layout, and W is read as stored.
@@ -779,17 +891,19 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           break;
         }
         case PrimitiveKind::kScores: {
-          const auto [heads, rows, keys, width, count] = dims;
-          const dnnl::matmul::desc desc(HeadRowsView(count, heads, rows, width),
-                                        HeadColumnsView(count, heads, keys, width),
-                                        ScoresDesc(count, heads, rows, keys));
+          const auto [heads, rows, keys, width, count, kv_width, share] = dims;
+          const dnnl::matmul::desc desc(
+              HeadRowsView(count, heads, rows, width, share),
+              KvColumnsView(count, heads, keys, kv_width, share),
+              GroupedScoresDesc(count, heads, rows, keys, share));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
           finish(pd);
           break;
         }
         case PrimitiveKind::kSoftmax: {
-          const auto [heads, rows, keys, to_compute, count] = dims;
+          const auto [heads, rows, keys, to_compute, count, unused_kv, unused_share] =
+              dims;
           const memory::desc source = ScoresDesc(count, heads, rows, keys);
           const memory::desc target =
               to_compute != 0 ? ScoresDesc(count, heads, rows, keys, compute_) : source;
@@ -802,17 +916,19 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
           break;
         }
         case PrimitiveKind::kContext: {
-          const auto [heads, rows, keys, width, count] = dims;
-          const dnnl::matmul::desc desc(ScoresDesc(count, heads, rows, keys, compute_),
-                                        HeadRowsView(count, heads, keys, width),
-                                        HeadRowsView(count, heads, rows, width));
+          const auto [heads, rows, keys, width, count, kv_width, share] = dims;
+          const dnnl::matmul::desc desc(
+              GroupedScoresDesc(count, heads, rows, keys, share, compute_),
+              KvRowsView(count, heads, keys, kv_width, share),
+              HeadRowsView(count, heads, rows, width, share));
           const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
           created.primitive = dnnl::matmul(pd);
           finish(pd);
           break;
         }
         case PrimitiveKind::kInt8Projection: {
-          const auto [rows, in, out, unused, unused_count] = dims;
+          const auto [rows, in, out, unused, unused_count, unused_kv, unused_share] =
+              dims;
           const memory::desc weights({in, out}, memory::data_type::s8,
                                      memory::format_tag::any);
           const dnnl::matmul::desc desc(Plain2d(rows, in, memory::data_type::u8), weights,
@@ -1028,8 +1144,13 @@ MultiHeadAttention::TimeAttentionKernels() {
   choice.timed_length = kTimedAttentionLength;
   choice.timed_heads = std::max<int64_t>(1, kTimedAttentionWidth / head_dim);
   HeadSet set;
-  for (int64_t h = 0; h < choice.timed_heads; ++h) set.heads.push_back(h);
+  for (int64_t h = 0; h < choice.timed_heads; ++h) {
+    set.heads.push_back(h);
+    set.kv_heads.push_back(h);
+    set.kv_of.push_back(h);
+  }
   set.width = choice.timed_heads * head_dim;
+  set.CountShare(head_dim);
   const int64_t values = choice.timed_length * set.width;
   // Inputs of scores about 1 (the exponentials' cost does not depend on them).
   std::vector<float> q(values), k(values), v(values), context(values);
@@ -1264,8 +1385,12 @@ absl::Status MultiHeadAttention::AttendSequences(
   // rows in blocks whose scores fit the budget, so that QK^T, softmax and PV work in
   // cache instead of streaming h L_q L_k floats (256 MB at L=2048, h=16) through
   // memory.
+  // Grouped-query sets whose key/value heads serve unequal numbers of query heads (a
+  // head mask's or pruning's slice) run one head at a time.
   const bool all_heads = heads * query_length * row_bytes <= budget;
-  const int64_t group = all_heads ? heads : 1;
+  const int64_t group = all_heads && set.share != 0 ? heads : 1;
+  const int64_t share = group > 1 ? set.share : 1;
+  const int64_t kv_width = set.kv_width;
   int64_t block_rows =
       all_heads
           ? query_length
@@ -1305,10 +1430,15 @@ absl::Status MultiHeadAttention::AttendSequences(
   const auto at = [&](const uint8_t* plane, int64_t row, int64_t column) {
     return plane + (row * width + column) * compute_bytes_;
   };
+  const auto kv_at = [&](const uint8_t* plane, int64_t row, int64_t column) {
+    return plane + (row * kv_width + column) * compute_bytes_;
+  };
 
   for (int64_t first_head = 0; first_head < heads; first_head += group) {
-    // Head p's vectors are columns [p*head_dim, (p+1)*head_dim) of the [L, width] planes.
+    // Head p's vectors are columns [p*head_dim, (p+1)*head_dim) of the [L, width] planes,
+    // its key/value head's columns [kv_of[p] head_dim, ...) of the [L, kv_width] ones.
     const int64_t column = first_head * head_dim;
+    const int64_t kv_column = set.kv_of[static_cast<size_t>(first_head)] * head_dim;
     for (int64_t first_row = 0; first_row < query_length; first_row += block_rows) {
       const int64_t rows = std::min(block_rows, query_length - first_row);
       // count > 1 only for sequences in one block (RunLength), whose keys are all seen.
@@ -1324,14 +1454,16 @@ absl::Status MultiHeadAttention::AttendSequences(
       // scores = Q K^T per head (the 1/sqrt(head_dim) is already folded into Q).
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * scores_primitive,
-          GetPrimitive(PrimitiveKind::kScores, {group, rows, keys, width, count}));
+          GetPrimitive(PrimitiveKind::kScores,
+                       {group, rows, keys, width, count, kv_width, share}));
       ATTN_RETURN_IF_ERROR(
           Execute(*scores_primitive,
-                  {{DNNL_ARG_SRC, HeadRowsView(count, group, rows, width),
+                  {{DNNL_ARG_SRC, HeadRowsView(count, group, rows, width, share),
                     at(q, first_row, column)},
-                   {DNNL_ARG_WEIGHTS, HeadColumnsView(count, group, keys, width),
-                    at(k, first_key, column)},
-                   {DNNL_ARG_DST, scores, scores_data}}));
+                   {DNNL_ARG_WEIGHTS, KvColumnsView(count, group, keys, kv_width, share),
+                    kv_at(k, first_key, kv_column)},
+                   {DNNL_ARG_DST, GroupedScoresDesc(count, group, rows, keys, share),
+                    scores_data}}));
       if (!bias.empty()) {
         AddBiasToScores(bias,
                         absl::MakeConstSpan(set.heads).subspan(
@@ -1366,13 +1498,16 @@ absl::Status MultiHeadAttention::AttendSequences(
       // context = probabilities V per head, into the heads' columns of the context.
       ATTN_ASSIGN_OR_RETURN(
           CachedPrimitive * context_primitive,
-          GetPrimitive(PrimitiveKind::kContext, {group, rows, keys, width, count}));
+          GetPrimitive(PrimitiveKind::kContext,
+                       {group, rows, keys, width, count, kv_width, share}));
       ATTN_RETURN_IF_ERROR(Execute(
-          *context_primitive, {{DNNL_ARG_SRC, compute_scores, probabilities},
-                               {DNNL_ARG_WEIGHTS, HeadRowsView(count, group, keys, width),
-                                at(v, first_key, column)},
-                               {DNNL_ARG_DST, HeadRowsView(count, group, rows, width),
-                                at(context, first_row, column)}}));
+          *context_primitive,
+          {{DNNL_ARG_SRC, GroupedScoresDesc(count, group, rows, keys, share, compute_),
+            probabilities},
+           {DNNL_ARG_WEIGHTS, KvRowsView(count, group, keys, kv_width, share),
+            kv_at(v, first_key, kv_column)},
+           {DNNL_ARG_DST, HeadRowsView(count, group, rows, width, share),
+            at(context, first_row, column)}}));
 
       if (attention_weights != nullptr && !in_place) {
         // Copy each head's rows to its model index; keys outside the block's range are
@@ -1409,6 +1544,7 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
   const int64_t heads = static_cast<int64_t>(set.heads.size());
   const int64_t head_dim = spec_.head_dim();
   const int64_t width = set.width;
+  const int64_t kv_width = set.kv_width;
   const bool f32 = compute_ == memory::data_type::f32;
   const int64_t blocks = (query_length + block_rows - 1) / block_rows;
   // The primitives of every block, made here, on this thread (the cache is not
@@ -1429,15 +1565,16 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
         BlockKeys(first_row, block.rows, key_length, skip_masked, window);
     block.first_key = range.begin;
     block.keys = range.end - range.begin;
-    ATTN_ASSIGN_OR_RETURN(
-        CachedPrimitive * scores,
-        GetPrimitive(PrimitiveKind::kScores, {1, block.rows, block.keys, width, 1}));
+    ATTN_ASSIGN_OR_RETURN(CachedPrimitive * scores,
+                          GetPrimitive(PrimitiveKind::kScores, {1, block.rows, block.keys,
+                                                                width, 1, kv_width, 1}));
     ATTN_ASSIGN_OR_RETURN(CachedPrimitive * softmax,
                           GetPrimitive(PrimitiveKind::kSoftmax,
                                        {1, block.rows, block.keys, f32 ? 0 : 1, 1}));
     ATTN_ASSIGN_OR_RETURN(
         CachedPrimitive * product,
-        GetPrimitive(PrimitiveKind::kContext, {1, block.rows, block.keys, width, 1}));
+        GetPrimitive(PrimitiveKind::kContext,
+                     {1, block.rows, block.keys, width, 1, kv_width, 1}));
     block.scores = scores;
     block.softmax = softmax;
     block.context = product;
@@ -1454,8 +1591,9 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
   for (auto& buffers : scratch_->per_thread) {
     if (buffers == nullptr) buffers = std::make_unique<ThreadScratch>();
   }
-  const auto at = [&](const uint8_t* plane, int64_t row, int64_t column) {
-    return const_cast<uint8_t*>(plane + (row * width + column) * compute_bytes_);
+  const auto at = [&](const uint8_t* plane, int64_t row, int64_t column,
+                      int64_t plane_width) {
+    return const_cast<uint8_t*>(plane + (row * plane_width + column) * compute_bytes_);
   };
   const int64_t items = heads * blocks;
   std::vector<absl::Status> failures(static_cast<size_t>(threads));
@@ -1465,6 +1603,7 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
     if (!failures[thread].ok()) continue;
     const BlockPrimitives& block = plan[static_cast<size_t>(item % blocks)];
     const int64_t column = (item / blocks) * head_dim;
+    const int64_t kv_column = set.kv_of[static_cast<size_t>(item / blocks)] * head_dim;
     ThreadScratch& mine = *scratch_->per_thread[static_cast<size_t>(thread)];
     try {
       // Each thread its own stream, buffers, scratchpad and argument memories: only
@@ -1494,9 +1633,9 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
         primitive.primitive.execute(*mine.stream, bound);
       };
       run(*block.scores, {{DNNL_ARG_SRC, HeadRowsView(1, 1, block.rows, width),
-                           at(q, block.first_row, column)},
-                          {DNNL_ARG_WEIGHTS, HeadColumnsView(1, 1, block.keys, width),
-                           at(k, block.first_key, column)},
+                           at(q, block.first_row, column, width)},
+                          {DNNL_ARG_WEIGHTS, KvColumnsView(1, 1, block.keys, kv_width, 1),
+                           at(k, block.first_key, kv_column, kv_width)},
                           {DNNL_ARG_DST, scores_desc, scores}});
       mine.stream->wait();
       if (!bias.empty()) {
@@ -1512,10 +1651,10 @@ absl::Status MultiHeadAttention::AttendBlocksInParallel(
           {{DNNL_ARG_SRC, scores_desc, scores},
            {DNNL_ARG_DST, f32 ? scores_desc : compute_scores, probabilities}});
       run(*block.context, {{DNNL_ARG_SRC, compute_scores, probabilities},
-                           {DNNL_ARG_WEIGHTS, HeadRowsView(1, 1, block.keys, width),
-                            at(v, block.first_key, column)},
+                           {DNNL_ARG_WEIGHTS, KvRowsView(1, 1, block.keys, kv_width, 1),
+                            at(v, block.first_key, kv_column, kv_width)},
                            {DNNL_ARG_DST, HeadRowsView(1, 1, block.rows, width),
-                            at(context, block.first_row, column)}});
+                            at(context, block.first_row, column, width)}});
       mine.stream->wait();
     } catch (const dnnl::error& e) {
       failures[thread] = FromDnnlError(e, "run attention on a worker thread");

@@ -223,11 +223,21 @@ class MultiHeadAttention : public AttentionBackend {
     QuantizedMatrix quantized;
     std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;
   };
+  // Grouped-query attention: K and V hold the key/value heads the set's query heads
+  // read (kv_heads), each once; query head p reads column block kv_of[p] of them.
   struct HeadSet {
-    std::vector<int64_t> heads;  // model head indexes, ascending
-    int64_t width = 0;           // heads.size() * head_dim
+    std::vector<int64_t> heads;     // model head indexes, ascending
+    int64_t width = 0;              // heads.size() * head_dim
+    std::vector<int64_t> kv_heads;  // model key/value head indexes, ascending
+    int64_t kv_width = 0;           // kv_heads.size() * head_dim
+    std::vector<int64_t> kv_of;     // per query head, its key/value head's position
+    // The query heads of every key/value head when they are equally many (consecutive,
+    // so the all-heads products read K and V broadcast over them); 0 when not.
+    int64_t share = 1;
     Matrix query_weight, key_weight, value_weight, out_weight;
     std::vector<float> query_bias, key_bias, value_bias;
+    // Sets kv_width and share from kv_heads and kv_of.
+    void CountShare(int64_t head_dim);
   };
   // `from`'s heads at `positions` (ascending), their output scaled by `factors`.
   static HeadSet SliceHeads(const HeadSet& from, int64_t d_model, int64_t head_dim,
@@ -333,18 +343,25 @@ class MultiHeadAttention : public AttentionBackend {
   // `heads` consecutive heads' [rows, head_dim] slices of an [L, width] plane, as
   // [heads, rows, head_dim] with strides (head_dim, width, 1): no copy into per-head
   // planes. With count > 1, of `count` such planes one after another:
-  // [count, heads, rows, head_dim].
+  // [count, heads, rows, head_dim]. With share > 1, the heads as heads / share groups
+  // of `share`: [(count,) heads / share, share, rows, head_dim].
   dnnl::memory::desc HeadRowsView(int64_t count, int64_t heads, int64_t rows,
-                                  int64_t width) const;
-  // The same slices read transposed, [(count,) heads, head_dim, length] (K^T).
-  dnnl::memory::desc HeadColumnsView(int64_t count, int64_t heads, int64_t length,
-                                     int64_t width) const;
+                                  int64_t width, int64_t share = 1) const;
+  // The key/value heads that `heads` query heads read, `share` query heads each, from
+  // an [L, kv_width] plane: HeadRowsView's layout with share 1, else [(count,) heads /
+  // share, 1, rows, head_dim] (broadcast over each group's query heads: nothing copied).
+  dnnl::memory::desc KvRowsView(int64_t count, int64_t heads, int64_t rows,
+                                int64_t kv_width, int64_t share) const;
+  // The same slices read transposed, [(count,) heads (/ share, 1), head_dim, length]
+  // (K^T).
+  dnnl::memory::desc KvColumnsView(int64_t count, int64_t heads, int64_t length,
+                                   int64_t kv_width, int64_t share) const;
   // Projections: (rows, in_width, out_width). Attention: (heads, rows, L_k, width,
-  // sequences); softmax: (heads, rows, L_k, 1 when its output is in the compute
-  // precision, sequences).
+  // sequences, kv_width, share); softmax: (heads, rows, L_k, 1 when its output is in
+  // the compute precision, sequences).
   // Conversion: (count, 1 when from bf16).
   absl::StatusOr<CachedPrimitive*> GetPrimitive(PrimitiveKind kind,
-                                                const std::array<int64_t, 5>& dims);
+                                                const PrimitiveDims& dims);
   // One execution argument: oneDNN's argument id, its layout, and where its data is
   // (read, or written for a DST argument).
   struct ExecArg {
@@ -378,6 +395,9 @@ class MultiHeadAttention : public AttentionBackend {
   // The kernel and tiles long f32 sequences run on (Options::attention_kernel).
   AttentionChoice attention_choice_;
   std::vector<float> out_bias_;
+  // spec.qk_norm: the norms' scales, the query's times 1/sqrt(head_dim) (which then is
+  // not folded into W_q: the norm would undo it).
+  std::vector<float> query_norm_, key_norm_;
   int64_t computed_heads_ = 0;
 
   // What one thread of AttendBlocksInParallel computes in.

@@ -36,9 +36,12 @@ enum class PrimitiveKind : int32_t {
   kGateProduct,  // act(input) * gate of each row's halves, into [rows, width]
 };
 
+// A primitive's shape: what each kind's values mean is its creator's.
+using PrimitiveDims = std::array<int64_t, 7>;
+
 struct PrimitiveKey {
   PrimitiveKind kind = PrimitiveKind::kProjection;
-  std::array<int64_t, 5> dims = {0, 0, 0, 0, 0};
+  PrimitiveDims dims = {};
 
   bool operator==(const PrimitiveKey& other) const {
     return kind == other.kind && dims == other.dims;

@@ -32,13 +32,13 @@ std::vector<double> Linear(absl::Span<const float> x, int64_t rows, int64_t n_in
 // Rotates each head's first 2 inv_freq.size() values of every row of x [rows, d] by
 // the angles of the row's position: pairs (c, c + n) for rotate_half, (2c, 2c + 1)
 // when interleaved, with n = inv_freq.size() and c < n.
-void Rotate(const AttentionOptions::Rotary& rotary, int64_t rows, int64_t d,
-            int64_t heads, std::vector<double>& x) {
-  const int64_t head_dim = d / heads;
+void Rotate(const AttentionOptions::Rotary& rotary, int64_t rows, int64_t width,
+            int64_t head_dim, std::vector<double>& x) {
+  const int64_t heads = width / head_dim;
   const auto pairs = static_cast<int64_t>(rotary.inv_freq.size());
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t h = 0; h < heads; ++h) {
-      double* head = &x[t * d + h * head_dim];
+      double* head = &x[t * width + h * head_dim];
       for (int64_t c = 0; c < pairs; ++c) {
         // The angle as transformers forms it: an f32 product of an f32 position.
         const float angle = static_cast<float>(t) * rotary.inv_freq[c];
@@ -52,6 +52,17 @@ void Rotate(const AttentionOptions::Rotary& rotary, int64_t rows, int64_t d,
         second = b * cosine + a * sine;
       }
     }
+  }
+}
+
+// RMS-normalizes each head_dim slice of every row of x [rows, width], times `scale`.
+void RmsNormHeads(const std::vector<float>& scale, double eps, int64_t head_dim,
+                  std::vector<double>& x) {
+  for (size_t first = 0; first < x.size(); first += static_cast<size_t>(head_dim)) {
+    double squares = 0.0;
+    for (int64_t c = 0; c < head_dim; ++c) squares += x[first + c] * x[first + c];
+    const double inverse = 1.0 / std::sqrt(squares / static_cast<double>(head_dim) + eps);
+    for (int64_t c = 0; c < head_dim; ++c) x[first + c] *= inverse * scale[c];
   }
 }
 
@@ -84,16 +95,25 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
   const int64_t lq = static_cast<int64_t>(query.size()) / d;
   const int64_t lk = static_cast<int64_t>(source.size()) / d;
 
+  // Grouped-query attention: kv key/value columns, query head h reading key/value head
+  // h / (heads / kv_heads).
+  const int64_t kv_heads = spec.num_kv_heads > 0 ? spec.num_kv_heads : heads;
+  const int64_t kv = kv_heads * head_dim;
+  const int64_t group = heads / kv_heads;
   std::vector<double> q =
       Linear(query, lq, d, weights.in_proj_weight, weights.in_proj_bias, 0, d);
   std::vector<double> k =
-      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d, d);
+      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d, kv);
+  if (spec.qk_norm) {
+    RmsNormHeads(weights.query_norm_weight, spec.qk_norm_eps, head_dim, q);
+    RmsNormHeads(weights.key_norm_weight, spec.qk_norm_eps, head_dim, k);
+  }
   if (!options.rotary.empty()) {
-    Rotate(options.rotary, lq, d, heads, q);
-    Rotate(options.rotary, lk, d, heads, k);
+    Rotate(options.rotary, lq, d, head_dim, q);
+    Rotate(options.rotary, lk, kv, head_dim, k);
   }
   const std::vector<double> v =
-      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, 2 * d, d);
+      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d + kv, kv);
 
   ReferenceResult result;
   result.attention.assign(heads * lq * lk, 0.0);
@@ -117,7 +137,7 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
         }
         double dot = 0.0;
         for (int64_t c = 0; c < head_dim; ++c) {
-          dot += q[i * d + h * head_dim + c] * k[j * d + h * head_dim + c];
+          dot += q[i * d + h * head_dim + c] * k[j * kv + (h / group) * head_dim + c];
         }
         row[j] = dot * scale;
         if (!relative_bias.empty()) {
@@ -137,7 +157,9 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
       for (int64_t j = 0; j < lk; ++j) row[j] /= sum;
       for (int64_t c = 0; c < head_dim; ++c) {
         double value = 0.0;
-        for (int64_t j = 0; j < lk; ++j) value += row[j] * v[j * d + h * head_dim + c];
+        for (int64_t j = 0; j < lk; ++j) {
+          value += row[j] * v[j * kv + (h / group) * head_dim + c];
+        }
         concat[i * d + h * head_dim + c] = factor * value;
       }
     }

@@ -37,8 +37,8 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
 // causal mask, head mask and relative bias as above; `options.rotary` rotates each
 // head's projected query and key (after their bias) by angles float(t) * inv_freq[i]
 // taken in f32 (as transformers takes them), whose cos and sin and the rotation are in
-// fp64; `options.window` > 0 leaves keys with |j - i| > window out of query i's softmax
-// (their weights read 0).
+// fp64; spec.num_kv_heads and spec.qk_norm as ModelSpec defines them; `options.window` >
+// 0 leaves keys with |j - i| > window out of query i's softmax (their weights read 0).
 ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights& weights,
                                    absl::Span<const float> query,
                                    absl::Span<const float> memory,

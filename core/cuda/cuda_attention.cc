@@ -640,6 +640,11 @@ absl::StatusOr<std::unique_ptr<CudaAttention>> CreateCudaAttention(
     return absl::FailedPreconditionError(
         "precision int8 runs on the CPU only; CUDA devices run fp32 and bf16");
   }
+  if (spec.num_kv_heads > 0 || spec.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)" : "qk_norm",
+        " is not implemented on CUDA devices yet (the CPU backend has it)"));
+  }
   if (options.materialize_min_scores < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "materialize_min_scores must be >= 1, got ", options.materialize_min_scores));

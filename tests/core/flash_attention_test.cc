@@ -242,6 +242,16 @@ TEST(FlashAttentionErrorsTest, RefusesBadTilesAndShapes) {
   EXPECT_EQ(cross_window.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(cross_window.message(),
               HasSubstr("windowed sequence 0 has query_length 4 != key_length 6"));
+  // Grouped-query: one key/value head per head, each within kv_width.
+  const std::vector<int64_t> past_kv = {0, 2};
+  const absl::Status kv = FlashAttention({&sequence, 1}, 2, 4, 8, false, FlashTiles{}, 1,
+                                         scratch, {}, {}, 0, FlashKv{past_kv, 8});
+  EXPECT_EQ(kv.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(kv.message(), HasSubstr("kv_of needs one key/value head"));
+  const std::vector<int64_t> shared = {0, 0};
+  EXPECT_TRUE(FlashAttention({&sequence, 1}, 2, 4, 8, false, FlashTiles{}, 1, scratch, {},
+                             {}, 0, FlashKv{shared, 4})
+                  .ok());
 }
 
 // A key block that no row of a query block sees is never read: NaN values of keys

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -34,6 +35,21 @@ struct Fixture {
 constexpr auto kAutoProjection = MultiHeadAttention::Options::ProjectionPrimitives::kAuto;
 constexpr auto kAutoBf16 = MultiHeadAttention::Options::Bf16Compute::kAuto;
 
+// A model of `spec` with generated weights.
+Fixture FixtureFor(const ModelSpec& spec, uint64_t seed,
+                   const MultiHeadAttention::Options& options) {
+  Fixture fixture;
+  fixture.spec = spec;
+  fixture.weights = GenerateAttentionWeights(fixture.spec, seed);
+  absl::StatusOr<dnnl::engine> engine = CreateCpuEngine();
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  auto attention =
+      MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, options);
+  EXPECT_TRUE(attention.ok()) << attention.status();
+  fixture.attention = std::move(attention).value();
+  return fixture;
+}
+
 Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
                     int threads = 0, int64_t block_bytes = 1 << 20,
                     std::vector<int64_t> pruned_heads = {},
@@ -44,25 +60,18 @@ Fixture MakeFixture(int64_t d_model, int64_t num_heads, uint64_t seed = 7,
                         MultiHeadAttention::Options::ProjectionPrimitives::kAuto,
                     MultiHeadAttention::Options::AttentionKernel kernel =
                         MultiHeadAttention::Options::AttentionKernel::kAuto) {
-  Fixture fixture;
-  fixture.spec.d_model = d_model;
-  fixture.spec.num_heads = num_heads;
-  fixture.spec.precision = precision;
-  fixture.spec.pruned_heads = std::move(pruned_heads);
-  fixture.weights = GenerateAttentionWeights(fixture.spec, seed);
-  absl::StatusOr<dnnl::engine> engine = CreateCpuEngine();
-  EXPECT_TRUE(engine.ok()) << engine.status();
+  ModelSpec spec;
+  spec.d_model = d_model;
+  spec.num_heads = num_heads;
+  spec.precision = precision;
+  spec.pruned_heads = std::move(pruned_heads);
   MultiHeadAttention::Options options;
   options.intra_op_threads = threads;
   options.attention_block_bytes = block_bytes;
   options.bf16_compute = bf16_compute;
   options.projection_primitives = projection;
   options.attention_kernel = kernel;
-  auto attention =
-      MultiHeadAttention::Create(fixture.spec, fixture.weights, *engine, options);
-  EXPECT_TRUE(attention.ok()) << attention.status();
-  fixture.attention = std::move(attention).value();
-  return fixture;
+  return FixtureFor(spec, seed, options);
 }
 
 // Runs a packed batch and compares every sequence (output, and attention weights when
@@ -1476,6 +1485,180 @@ TEST(Int8Test, IsRefusedOnCuda) {
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(backend.status().message(), HasSubstr("int8 runs on the CPU only"));
+}
+
+// Grouped-query attention and query/key norms (Qwen3's): d_model 128 in 8 heads of 16
+// with `kv_heads` key/value heads, on the path `options` picks.
+Fixture MakeGroupedFixture(int64_t kv_heads, bool qk_norm,
+                           MultiHeadAttention::Options options = {},
+                           Precision precision = Precision::kFp32,
+                           std::vector<int64_t> pruned_heads = {}) {
+  ModelSpec spec;
+  spec.d_model = 128;
+  spec.num_heads = 8;
+  spec.num_kv_heads = kv_heads;
+  spec.qk_norm = qk_norm;
+  spec.precision = precision;
+  spec.pruned_heads = std::move(pruned_heads);
+  return FixtureFor(spec, 31, options);
+}
+
+// The cases every grouped-query path must answer: equal lengths (runs), mixed ones,
+// causal, rotary with a window, cross-attention, and a head mask that drops one whole
+// group and part of another; with weights unless `with_weights` is false.
+void ExpectGroupedCasesMatchReference(Fixture& fixture, double tolerance,
+                                      bool with_weights, uint32_t seed) {
+  const std::vector<float> inv_freq = RopeInvFreq(16, 1e6f);
+  ExpectMatchesReference(fixture, {6, 6, 6, 1, 40}, {}, false, {}, seed, tolerance,
+                         with_weights);
+  ExpectMatchesReference(fixture, {3, 300}, {}, true, {}, seed + 1, tolerance,
+                         with_weights);
+  ExpectMatchesReference(fixture, {1, 7, 129, 300}, {},
+                         RotaryOptions(inv_freq, false, true, 9), seed + 2, tolerance,
+                         with_weights);
+  ExpectMatchesReference(fixture, {5, 17}, {9, 300}, false, {}, seed + 3, tolerance,
+                         with_weights);
+  const std::vector<float> mask = {0, 0, 1, 0.5f, 1, 1, 1, 1};
+  AttentionOptions masked = RotaryOptions(inv_freq, true);
+  masked.head_mask = mask;
+  ExpectMatchesReference(fixture, {7, 7, 260}, {}, masked, seed + 4, tolerance,
+                         with_weights);
+}
+
+// (kv_heads, qk_norm)
+class GroupedQueryTest : public ::testing::TestWithParam<std::tuple<int64_t, bool>> {};
+
+TEST_P(GroupedQueryTest, MatchesReferenceOnEveryPath) {
+  const auto [kv_heads, qk_norm] = GetParam();
+  // All heads at once (the broadcast products) and row blocks, with weights.
+  Fixture fixture = MakeGroupedFixture(kv_heads, qk_norm);
+  ExpectGroupedCasesMatchReference(fixture, kTolerance, true, 300);
+  // The long paths without weights: serial and parallel row blocks, and flash.
+  for (const int threads : {1, 2}) {
+    for (const auto kernel : {MultiHeadAttention::Options::AttentionKernel::kBlocks,
+                              MultiHeadAttention::Options::AttentionKernel::kFlash}) {
+      MultiHeadAttention::Options options;
+      options.intra_op_threads = threads;
+      options.attention_block_bytes = 4096;
+      options.attention_kernel = kernel;
+      Fixture long_path = MakeGroupedFixture(kv_heads, qk_norm, options);
+      ExpectGroupedCasesMatchReference(long_path, kTolerance, false, 310);
+    }
+  }
+  // A pruned head leaves its key/value head serving fewer query heads than the others.
+  Fixture pruned = MakeGroupedFixture(kv_heads, qk_norm, {}, Precision::kFp32, {1, 6});
+  ExpectGroupedCasesMatchReference(pruned, kTolerance, true, 320);
+}
+
+INSTANTIATE_TEST_SUITE_P(KvHeads, GroupedQueryTest,
+                         ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2},
+                                                              int64_t{4}, int64_t{0}),
+                                            ::testing::Bool()));
+
+TEST(GroupedQueryTest, Bf16AndInt8MatchReference) {
+  for (const auto bf16_compute : {kAutoBf16, kFloat32Compute}) {
+    MultiHeadAttention::Options options;
+    options.bf16_compute = bf16_compute;
+    Fixture bf16 = MakeGroupedFixture(2, true, options, Precision::kBf16);
+    ExpectGroupedCasesMatchReference(bf16, kBf16Tolerance, true, 330);
+  }
+  MultiHeadAttention::Options blocked;
+  blocked.attention_block_bytes = 4096;
+  blocked.intra_op_threads = 2;
+  Fixture int8 = MakeGroupedFixture(4, true, blocked, Precision::kInt8, {3});
+  ExpectGroupedCasesMatchReference(int8, kInt8Tolerance, false, 340);
+}
+
+// `weights` of a grouped model as a plain one (num_kv_heads 0) whose head h has the
+// keys and values of the grouped model's key/value head kv_head(h): a model that
+// copies K and V per query head.
+AttentionWeights RepeatKv(const ModelSpec& spec, const AttentionWeights& weights,
+                          const std::function<int64_t(int64_t)>& kv_head) {
+  const int64_t d = spec.d_model;
+  const int64_t head_dim = spec.head_dim();
+  const int64_t kv = spec.kv_width();
+  AttentionWeights repeated = weights;
+  repeated.in_proj_weight.resize(static_cast<size_t>(3 * d * d));
+  repeated.in_proj_bias.resize(static_cast<size_t>(3 * d));
+  for (int64_t part = 0; part < 2; ++part) {  // keys, then values
+    for (int64_t h = 0; h < spec.num_heads; ++h) {
+      const int64_t source_row = d + part * kv + kv_head(h) * head_dim;
+      const int64_t target_row = d + part * d + h * head_dim;
+      std::copy_n(weights.in_proj_weight.begin() + source_row * d, head_dim * d,
+                  repeated.in_proj_weight.begin() + target_row * d);
+      std::copy_n(weights.in_proj_bias.begin() + source_row, head_dim,
+                  repeated.in_proj_bias.begin() + target_row);
+    }
+  }
+  return repeated;
+}
+
+TEST(GroupedQueryTest, EqualsRepeatedKvAndCatchesAWrongHeadMapping) {
+  // transformers' repeat_kv: query head h reads key/value head h / (heads / kv_heads).
+  // The core matches the plain model whose K and V are copied that way, and is far from
+  // the one that pairs heads round-robin (h % kv_heads): the tests above would catch
+  // that mapping.
+  Fixture fixture = MakeGroupedFixture(2, false);
+  const std::vector<int64_t> lengths = {9};
+  const std::vector<float> query = RandomTokens(9 * 128, 350);
+  std::vector<float> output(query.size());
+  ASSERT_TRUE(
+      fixture.attention->Forward({query, lengths}, {}, absl::MakeSpan(output)).ok());
+  ModelSpec plain = fixture.spec;
+  plain.num_kv_heads = 0;
+  const auto distance = [&](const std::function<int64_t(int64_t)>& kv_head) {
+    const ReferenceResult expected = ReferenceAttention(
+        plain, RepeatKv(fixture.spec, fixture.weights, kv_head), query, {}, false, {});
+    return MaxAbsDiff(absl::MakeConstSpan(output), absl::MakeConstSpan(expected.output));
+  };
+  EXPECT_LE(distance([](int64_t h) { return h / 4; }), kTolerance);
+  EXPECT_GE(distance([](int64_t h) { return h % 2; }), 1e-2);
+}
+
+TEST(MultiHeadAttentionTest, RotaryCatchesTheWrongPairing) {
+  // The two pairings of rotary (rotate_half's and GPT-J's) give answers far apart, so a
+  // path that turned the wrong pairs would fail the reference checks above.
+  Fixture fixture = MakeFixture(64, 4);
+  const std::vector<float> inv_freq = RopeInvFreq(16);
+  const std::vector<int64_t> lengths = {20};
+  const std::vector<float> query = RandomTokens(20 * 64, 360);
+  std::vector<float> output(query.size());
+  ASSERT_TRUE(fixture.attention
+                  ->Forward({query, lengths}, RotaryOptions(inv_freq, false),
+                            absl::MakeSpan(output))
+                  .ok());
+  const auto distance = [&](bool interleaved) {
+    const ReferenceResult expected = ReferenceAttention(
+        fixture.spec, fixture.weights, query, {}, RotaryOptions(inv_freq, interleaved));
+    return MaxAbsDiff(absl::MakeConstSpan(output), absl::MakeConstSpan(expected.output));
+  };
+  EXPECT_LE(distance(false), kTolerance);
+  EXPECT_GE(distance(true), 1e-2);
+}
+
+TEST(GroupedQueryTest, RejectsKvHeadsThatDoNotDivideTheHeads) {
+  ModelSpec spec;
+  spec.d_model = 128;
+  spec.num_heads = 8;
+  spec.num_kv_heads = 3;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("num_kv_heads must be 0"));
+  spec.num_kv_heads = 16;
+  EXPECT_FALSE(spec.Validate().ok());
+  spec.num_kv_heads = 2;
+  spec.qk_norm = true;
+  spec.qk_norm_eps = 0.0f;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("qk_norm_eps"));
+  spec.qk_norm_eps = 1e-6f;
+  AttentionWeights weights = GenerateAttentionWeights(spec, 1);
+  EXPECT_EQ(weights.in_proj_weight.size(), size_t{(128 + 2 * 32) * 128});
+  weights.key_norm_weight.pop_back();
+  EXPECT_THAT(weights.CheckShapes(spec).message(), HasSubstr("k_norm.weight"));
+  // CUDA has neither yet: refused by name, not computed wrong.
+  const absl::StatusOr<std::unique_ptr<AttentionBackend>> backend =
+      CreateBackend(spec, GenerateAttentionWeights(spec, 1), {DeviceKind::kCuda, 0}, {});
+  ASSERT_FALSE(backend.ok());
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(backend.status().message(), HasSubstr("grouped-query attention"));
 }
 
 }  // namespace
