@@ -212,9 +212,11 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
         absl::StrCat("precision int8 runs on the CPU only; device ", DeviceName(device),
                      " runs fp32 and bf16"));
   }
-  if (spec.num_kv_heads > 0 || spec.qk_norm) {
+  if (spec.num_kv_heads > 0 || spec.qk_norm || spec.head_size > 0) {
     return absl::UnimplementedError(absl::StrCat(
-        spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)" : "qk_norm",
+        spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)"
+        : spec.qk_norm        ? "qk_norm"
+                              : "head_size",
         " runs on the CPU only for now; device ", DeviceName(device), " has neither"));
   }
 #ifdef ATTNSERVE_HAVE_CUDA

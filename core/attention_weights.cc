@@ -58,10 +58,11 @@ std::string FloatBytes(const std::vector<float>& values) {
 
 absl::Status AttentionWeights::CheckShapes(const ModelSpec& spec) const {
   const int64_t d = spec.d_model;
-  const int64_t rows = d + 2 * spec.kv_width();
+  const int64_t rows = spec.q_width() + 2 * spec.kv_width();
   ATTN_RETURN_IF_ERROR(CheckSize(kInProjWeightName, in_proj_weight, rows * d));
   ATTN_RETURN_IF_ERROR(CheckSize(kInProjBiasName, in_proj_bias, rows));
-  ATTN_RETURN_IF_ERROR(CheckSize(kOutProjWeightName, out_proj_weight, d * d));
+  ATTN_RETURN_IF_ERROR(
+      CheckSize(kOutProjWeightName, out_proj_weight, d * spec.q_width()));
   ATTN_RETURN_IF_ERROR(CheckSize(kOutProjBiasName, out_proj_bias, d));
   const int64_t norm = spec.qk_norm ? spec.head_dim() : 0;
   ATTN_RETURN_IF_ERROR(CheckSize(kQueryNormName, query_norm_weight, norm));
@@ -71,14 +72,15 @@ absl::Status AttentionWeights::CheckShapes(const ModelSpec& spec) const {
 
 AttentionWeights GenerateAttentionWeights(const ModelSpec& spec, uint64_t seed) {
   const auto d = static_cast<size_t>(spec.d_model);
-  const auto rows = static_cast<size_t>(spec.d_model + 2 * spec.kv_width());
+  const auto rows = static_cast<size_t>(spec.q_width() + 2 * spec.kv_width());
   SplitMix64 generator(seed);
   AttentionWeights weights;
   const float xavier = std::sqrt(6.0f / static_cast<float>(4 * d));
   const float linear = 1.0f / std::sqrt(static_cast<float>(d));
   FillUniform(generator, xavier, weights.in_proj_weight, rows * d);
   FillUniform(generator, 0.1f, weights.in_proj_bias, rows);
-  FillUniform(generator, linear, weights.out_proj_weight, d * d);
+  FillUniform(generator, linear, weights.out_proj_weight,
+              d * static_cast<size_t>(spec.q_width()));
   FillUniform(generator, 0.1f, weights.out_proj_bias, d);
   if (spec.qk_norm) {
     // Scales around 1, as a trained norm's are.
@@ -136,13 +138,13 @@ absl::StatusOr<AttentionWeights> LoadAttentionWeights(const SafetensorsFile& fil
   ATTN_RETURN_IF_ERROR(spec.Validate());
   ATTN_RETURN_IF_ERROR(CheckSupportedModule(file, spec));
   const int64_t d = spec.d_model;
-  const int64_t rows = d + 2 * spec.kv_width();
+  const int64_t rows = spec.q_width() + 2 * spec.kv_width();
   AttentionWeights weights;
   ATTN_ASSIGN_OR_RETURN(weights.in_proj_weight,
                         file.ReadFloat32(kInProjWeightName, {rows, d}));
   ATTN_ASSIGN_OR_RETURN(weights.in_proj_bias, file.ReadFloat32(kInProjBiasName, {rows}));
   ATTN_ASSIGN_OR_RETURN(weights.out_proj_weight,
-                        file.ReadFloat32(kOutProjWeightName, {d, d}));
+                        file.ReadFloat32(kOutProjWeightName, {d, spec.q_width()}));
   ATTN_ASSIGN_OR_RETURN(weights.out_proj_bias, file.ReadFloat32(kOutProjBiasName, {d}));
   if (spec.qk_norm) {
     ATTN_ASSIGN_OR_RETURN(weights.query_norm_weight,
@@ -169,11 +171,14 @@ absl::StatusOr<std::string> SerializeAttentionWeights(const AttentionWeights& we
   ATTN_RETURN_IF_ERROR(spec.Validate());
   ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
   const int64_t d = spec.d_model;
-  const int64_t rows = d + 2 * spec.kv_width();
+  const int64_t rows = spec.q_width() + 2 * spec.kv_width();
   std::vector<SafetensorsEntry> entries = {
       {kInProjWeightName, "F32", {rows, d}, FloatBytes(weights.in_proj_weight)},
       {kInProjBiasName, "F32", {rows}, FloatBytes(weights.in_proj_bias)},
-      {kOutProjWeightName, "F32", {d, d}, FloatBytes(weights.out_proj_weight)},
+      {kOutProjWeightName,
+       "F32",
+       {d, spec.q_width()},
+       FloatBytes(weights.out_proj_weight)},
       {kOutProjBiasName, "F32", {d}, FloatBytes(weights.out_proj_bias)},
   };
   if (spec.qk_norm) {

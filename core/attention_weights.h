@@ -25,12 +25,13 @@ inline constexpr char kKeyNormName[] = "k_norm.weight";
 
 // Row-major float32 parameters (bf16 files are widened on load). A value type.
 struct AttentionWeights {
-  // [d + 2 kv, d] (kv = spec.kv_width(), d unless grouped-query): rows [0, d) project
-  // queries, [d, d + kv) keys, [d + kv, d + 2 kv) values; q = x W_q^T + b_q.
+  // [w + 2 kv, d] (w = spec.q_width(), d unless head_size is set; kv =
+  // spec.kv_width(), w unless grouped-query): rows [0, w) project queries, [w, w + kv)
+  // keys, [w + kv, w + 2 kv) values; q = x W_q^T + b_q.
   std::vector<float> in_proj_weight;
-  // [d + 2 kv]
+  // [w + 2 kv]
   std::vector<float> in_proj_bias;
-  // [d, d]: out = concat(heads) W_out^T + b_out.
+  // [d, w]: out = concat(heads) W_out^T + b_out.
   std::vector<float> out_proj_weight;
   // [d]
   std::vector<float> out_proj_bias;

@@ -33,7 +33,12 @@ absl::Status ModelSpec::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("num_heads must be in [1, d_model=", d_model, "], got ", num_heads));
   }
-  if (d_model % num_heads != 0) {
+  if (head_size < 0 || head_size > kMaxDModel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_size must be in [0, ", kMaxDModel,
+                     "] (0: d_model / num_heads), got ", head_size));
+  }
+  if (head_size == 0 && d_model % num_heads != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_heads must divide d_model: d_model=", d_model,
                      " is not a multiple of num_heads=", num_heads));
@@ -79,6 +84,7 @@ bool ModelSpec::IsPruned(int64_t head) const {
 std::string ModelSpec::DebugString() const {
   std::string text = absl::StrCat("d_model=", d_model, " num_heads=", num_heads,
                                   " precision=", PrecisionName(precision));
+  if (head_size > 0) absl::StrAppend(&text, " head_size=", head_size);
   if (num_kv_heads > 0) absl::StrAppend(&text, " num_kv_heads=", num_kv_heads);
   if (qk_norm) absl::StrAppend(&text, " qk_norm");
   if (!pruned_heads.empty()) {

@@ -27,8 +27,13 @@ absl::string_view PrecisionName(Precision precision);
 struct ModelSpec {
   // Model (embedding) dimension d: the length of every token vector. Range [1, 65536].
   int64_t d_model = 512;
-  // Number of heads h; must divide d_model. Range [1, d_model].
+  // Number of heads h; must divide d_model (unless head_size is set). Range [1,
+  // d_model].
   int64_t num_heads = 8;
+  // Each head's width when it is not d_model / num_heads (Qwen3-0.6B: 16 heads of 128
+  // in a model of 1024): Q holds num_heads * head_size values per token, and W_out
+  // takes them back to d_model. 0: d_model / num_heads. Range [0, 65536].
+  int64_t head_size = 0;
   // Grouped-query attention: the heads of keys and values, each shared by
   // num_heads / num_kv_heads consecutive query heads (query head i reads key/value head
   // i / (num_heads / num_kv_heads), as transformers' repeat_kv pairs them); 0: one per
@@ -48,8 +53,10 @@ struct ModelSpec {
   // counts as zero, and its attention weights read as zeros.
   std::vector<int64_t> pruned_heads;
 
-  // d_model / num_heads. REQUIRES: Validate().ok().
-  int64_t head_dim() const { return d_model / num_heads; }
+  // head_size, or d_model / num_heads. REQUIRES: Validate().ok().
+  int64_t head_dim() const { return head_size > 0 ? head_size : d_model / num_heads; }
+  // Width of the queries (and of the concatenated heads): num_heads * head_dim().
+  int64_t q_width() const { return num_heads * head_dim(); }
   // num_kv_heads, or num_heads when it is 0. REQUIRES: Validate().ok().
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
   // The key (and value) head that query `head` reads.

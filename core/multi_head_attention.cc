@@ -347,6 +347,7 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   const int64_t d = spec.d_model;
   const int64_t head_dim = spec.head_dim();
   const int64_t kv = spec.kv_width();
+  const int64_t w = spec.q_width();
   const auto rows = [&](int64_t first_row, int64_t count) {
     return std::vector<float>(weights.in_proj_weight.begin() + first_row * d,
                               weights.in_proj_weight.begin() + (first_row + count) * d);
@@ -358,17 +359,17 @@ absl::StatusOr<std::unique_ptr<MultiHeadAttention>> MultiHeadAttention::Create(
   HeadSet all;
   all.heads.resize(spec.num_heads);
   for (int64_t h = 0; h < spec.num_heads; ++h) all.heads[h] = h;
-  all.width = d;
+  all.width = w;
   all.kv_heads.resize(spec.kv_heads());
   for (int64_t h = 0; h < spec.kv_heads(); ++h) all.kv_heads[h] = h;
   for (int64_t h = 0; h < spec.num_heads; ++h) all.kv_of.push_back(spec.KvHead(h));
   all.CountShare(head_dim);
-  all.query_weight.plain = rows(0, d);
-  all.key_weight.plain = rows(d, kv);
-  all.value_weight.plain = rows(d + kv, kv);
-  all.query_bias = bias(0, d);
-  all.key_bias = bias(d, kv);
-  all.value_bias = bias(d + kv, kv);
+  all.query_weight.plain = rows(0, w);
+  all.key_weight.plain = rows(w, kv);
+  all.value_weight.plain = rows(w + kv, kv);
+  all.query_bias = bias(0, w);
+  all.key_bias = bias(w, kv);
+  all.value_bias = bias(w + kv, kv);
   all.out_weight.plain = weights.out_proj_weight;
   // softmax(Q K^T / sqrt(head_dim)): scaling the query projection (weights and bias)
   // once here costs nothing per call; with a query norm, its scale instead.

@@ -90,7 +90,8 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
   const int64_t window = options.window;
   const int64_t d = spec.d_model;
   const int64_t heads = spec.num_heads;
-  const int64_t head_dim = d / heads;
+  const int64_t head_dim = spec.head_dim();
+  const int64_t w = heads * head_dim;
   const absl::Span<const float> source = memory.empty() ? query : memory;
   const int64_t lq = static_cast<int64_t>(query.size()) / d;
   const int64_t lk = static_cast<int64_t>(source.size()) / d;
@@ -101,23 +102,23 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
   const int64_t kv = kv_heads * head_dim;
   const int64_t group = heads / kv_heads;
   std::vector<double> q =
-      Linear(query, lq, d, weights.in_proj_weight, weights.in_proj_bias, 0, d);
+      Linear(query, lq, d, weights.in_proj_weight, weights.in_proj_bias, 0, w);
   std::vector<double> k =
-      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d, kv);
+      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, w, kv);
   if (spec.qk_norm) {
     RmsNormHeads(weights.query_norm_weight, spec.qk_norm_eps, head_dim, q);
     RmsNormHeads(weights.key_norm_weight, spec.qk_norm_eps, head_dim, k);
   }
   if (!options.rotary.empty()) {
-    Rotate(options.rotary, lq, d, head_dim, q);
+    Rotate(options.rotary, lq, w, head_dim, q);
     Rotate(options.rotary, lk, kv, head_dim, k);
   }
   const std::vector<double> v =
-      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, d + kv, kv);
+      Linear(source, lk, d, weights.in_proj_weight, weights.in_proj_bias, w + kv, kv);
 
   ReferenceResult result;
   result.attention.assign(heads * lq * lk, 0.0);
-  std::vector<double> concat(lq * d, 0.0);
+  std::vector<double> concat(lq * w, 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   for (int64_t h = 0; h < heads; ++h) {
     const double factor =
@@ -137,7 +138,7 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
         }
         double dot = 0.0;
         for (int64_t c = 0; c < head_dim; ++c) {
-          dot += q[i * d + h * head_dim + c] * k[j * kv + (h / group) * head_dim + c];
+          dot += q[i * w + h * head_dim + c] * k[j * kv + (h / group) * head_dim + c];
         }
         row[j] = dot * scale;
         if (!relative_bias.empty()) {
@@ -160,7 +161,7 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
         for (int64_t j = 0; j < lk; ++j) {
           value += row[j] * v[j * kv + (h / group) * head_dim + c];
         }
-        concat[i * d + h * head_dim + c] = factor * value;
+        concat[i * w + h * head_dim + c] = factor * value;
       }
     }
   }
@@ -169,9 +170,9 @@ ReferenceResult ReferenceAttention(const ModelSpec& spec, const AttentionWeights
   for (int64_t i = 0; i < lq; ++i) {
     for (int64_t o = 0; o < d; ++o) {
       double sum = weights.out_proj_bias[o];
-      for (int64_t c = 0; c < d; ++c) {
+      for (int64_t c = 0; c < w; ++c) {
         sum +=
-            concat[i * d + c] * static_cast<double>(weights.out_proj_weight[o * d + c]);
+            concat[i * w + c] * static_cast<double>(weights.out_proj_weight[o * w + c]);
       }
       result.output[i * d + o] = sum;
     }

@@ -640,10 +640,12 @@ absl::StatusOr<std::unique_ptr<CudaAttention>> CreateCudaAttention(
     return absl::FailedPreconditionError(
         "precision int8 runs on the CPU only; CUDA devices run fp32 and bf16");
   }
-  if (spec.num_kv_heads > 0 || spec.qk_norm) {
-    return absl::UnimplementedError(absl::StrCat(
-        spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)" : "qk_norm",
-        " is not implemented on CUDA devices yet (the CPU backend has it)"));
+  if (spec.num_kv_heads > 0 || spec.qk_norm || spec.head_size > 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)"
+                     : spec.qk_norm        ? "qk_norm"
+                                           : "head_size",
+                     " is not implemented on CUDA devices yet (the CPU backend has it)"));
   }
   if (options.materialize_min_scores < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

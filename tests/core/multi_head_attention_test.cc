@@ -1488,14 +1488,16 @@ TEST(Int8Test, IsRefusedOnCuda) {
 }
 
 // Grouped-query attention and query/key norms (Qwen3's): d_model 128 in 8 heads of 16
-// with `kv_heads` key/value heads, on the path `options` picks.
+// (or of head_size) with `kv_heads` key/value heads, on the path `options` picks.
 Fixture MakeGroupedFixture(int64_t kv_heads, bool qk_norm,
                            MultiHeadAttention::Options options = {},
                            Precision precision = Precision::kFp32,
-                           std::vector<int64_t> pruned_heads = {}) {
+                           std::vector<int64_t> pruned_heads = {},
+                           int64_t head_size = 0) {
   ModelSpec spec;
   spec.d_model = 128;
   spec.num_heads = 8;
+  spec.head_size = head_size;
   spec.num_kv_heads = kv_heads;
   spec.qk_norm = qk_norm;
   spec.precision = precision;
@@ -1508,7 +1510,8 @@ Fixture MakeGroupedFixture(int64_t kv_heads, bool qk_norm,
 // group and part of another; with weights unless `with_weights` is false.
 void ExpectGroupedCasesMatchReference(Fixture& fixture, double tolerance,
                                       bool with_weights, uint32_t seed) {
-  const std::vector<float> inv_freq = RopeInvFreq(16, 1e6f);
+  const std::vector<float> inv_freq =
+      RopeInvFreq(std::min<int64_t>(16, fixture.spec.head_dim()) / 2 * 2, 1e6f);
   ExpectMatchesReference(fixture, {6, 6, 6, 1, 40}, {}, false, {}, seed, tolerance,
                          with_weights);
   ExpectMatchesReference(fixture, {3, 300}, {}, true, {}, seed + 1, tolerance,
@@ -1554,6 +1557,23 @@ INSTANTIATE_TEST_SUITE_P(KvHeads, GroupedQueryTest,
                          ::testing::Combine(::testing::Values(int64_t{1}, int64_t{2},
                                                               int64_t{4}, int64_t{0}),
                                             ::testing::Bool()));
+
+TEST(GroupedQueryTest, HeadsOfTheirOwnSizeMatchReference) {
+  // Qwen3-0.6B's layout: the heads together wider (8 x 24 = 192) or narrower (8 x 12)
+  // than the model (128); W_out takes them back to 128.
+  for (const int64_t head_size : {24, 12}) {
+    Fixture fixture = MakeGroupedFixture(2, true, {}, Precision::kFp32, {}, head_size);
+    ExpectGroupedCasesMatchReference(fixture, kTolerance, true, 370);
+    MultiHeadAttention::Options flash;
+    flash.attention_block_bytes = 4096;
+    flash.attention_kernel = MultiHeadAttention::Options::AttentionKernel::kFlash;
+    Fixture long_path =
+        MakeGroupedFixture(4, false, flash, Precision::kFp32, {5}, head_size);
+    ExpectGroupedCasesMatchReference(long_path, kTolerance, false, 380);
+  }
+  Fixture int8 = MakeGroupedFixture(2, true, {}, Precision::kInt8, {}, 24);
+  ExpectGroupedCasesMatchReference(int8, kInt8Tolerance, true, 390);
+}
 
 TEST(GroupedQueryTest, Bf16AndInt8MatchReference) {
   for (const auto bf16_compute : {kAutoBf16, kFloat32Compute}) {
