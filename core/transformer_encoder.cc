@@ -101,6 +101,22 @@ void AccumulateHeadStatistics(absl::Span<const float> weights,
   }
 }
 
+// to = from / sqrt(mean(from^2) + eps) * scale + shift over each row of [rows, width],
+// in f32 as transformers' RMSNorm computes it.
+void RmsNormRows(int64_t rows, int64_t width, float eps, const float* from,
+                 const std::vector<float>& scale, const std::vector<float>& shift,
+                 float* to) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = from + r * width;
+    float* y = to + r * width;
+    float squares = 0.0f;
+    for (int64_t c = 0; c < width; ++c) squares += x[c] * x[c];
+    const float inverse = 1.0f / std::sqrt(squares / static_cast<float>(width) + eps);
+    for (int64_t c = 0; c < width; ++c) y[c] = scale[c] * (x[c] * inverse) + shift[c];
+  }
+}
+
 }  // namespace
 
 absl::Status EncoderSpec::Validate() const {
@@ -164,7 +180,9 @@ absl::Status EncoderSpec::Validate() const {
       return Invalid(absl::StrCat("layer_attention[", layer, "].window must be in [0, ",
                                   max_positions, "], got ", attention.window));
     }
-    const int64_t head_dim = num_heads > 0 ? d_model / num_heads : 0;
+    const int64_t head_dim = head_size > 0   ? head_size
+                             : num_heads > 0 ? d_model / num_heads
+                                             : 0;
     if (static_cast<int64_t>(attention.rotary_inv_freq.size()) * 2 > head_dim) {
       return Invalid(absl::StrCat("layer_attention[", layer, "].rotary_inv_freq has ",
                                   attention.rotary_inv_freq.size(),
@@ -192,9 +210,20 @@ absl::Status EncoderSpec::Validate() const {
     return Invalid(
         "a NomicBERT encoder is post-LN with a gated feed-forward and no position table");
   }
-  if (d_model % num_heads != 0) {
+  const bool qwen = family == Family::kQwen;
+  if (qwen != (norm == Norm::kRms && causal) ||
+      (qwen && (norm_placement != NormPlacement::kPre || absolute_positions ||
+                !gated_ffn || type_vocab_size != 1))) {
+    return Invalid(
+        "RMSNorm and a causal mask are served in the Qwen family only, which is pre-norm "
+        "with a gated feed-forward, no position table and one token type");
+  }
+  if (head_size == 0 && d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
+  }
+  if (absl::Status status = AttentionSpec(0).Validate(); !status.ok()) {
+    return Invalid(absl::StrCat("attention: ", status.message()));
   }
   if (num_labels < 0 || num_labels > kMaxLabels) {
     return Invalid(
@@ -212,11 +241,8 @@ absl::Status EncoderSpec::Validate() const {
     }
   }
   for (size_t layer = 0; layer < pruned_heads.size(); ++layer) {
-    ModelSpec attention;
-    attention.d_model = d_model;
-    attention.num_heads = num_heads;
-    attention.pruned_heads = pruned_heads[layer];
-    if (absl::Status status = attention.Validate(); !status.ok()) {
+    if (absl::Status status = AttentionSpec(static_cast<int64_t>(layer)).Validate();
+        !status.ok()) {
       return Invalid(absl::StrCat("layer ", layer, ": ", status.message()));
     }
   }
@@ -242,6 +268,21 @@ absl::Status EncoderSpec::Validate() const {
 absl::Span<const int64_t> EncoderSpec::PrunedHeads(int64_t layer) const {
   if (pruned_heads.empty()) return {};
   return pruned_heads[static_cast<size_t>(layer)];
+}
+
+ModelSpec EncoderSpec::AttentionSpec(int64_t layer) const {
+  ModelSpec attention;
+  attention.d_model = d_model;
+  attention.num_heads = num_heads;
+  attention.num_kv_heads = num_kv_heads;
+  attention.head_size = head_size;
+  attention.qk_norm = qk_norm;
+  attention.qk_norm_eps = layer_norm_eps;
+  attention.precision = precision;
+  if (layer < static_cast<int64_t>(pruned_heads.size())) {
+    attention.pruned_heads = pruned_heads[static_cast<size_t>(layer)];
+  }
+  return attention;
 }
 
 absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
@@ -314,9 +355,7 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
     return Invalid(absl::StrCat("layers has ", layers.size(), " entries, expected ",
                                 spec.num_layers));
   }
-  ModelSpec attention;
-  attention.d_model = d;
-  attention.num_heads = spec.num_heads;
+  const ModelSpec attention = spec.AttentionSpec(0);
   for (size_t i = 0; i < layers.size(); ++i) {
     const EncoderLayerWeights& layer = layers[i];
     const std::string at = absl::StrCat("layers[", i, "].");
@@ -438,6 +477,21 @@ constexpr TensorNames kNomicBertNames = {"NomicBERT",
                                          "mlp.fc2.",
                                          "norm2."};
 
+// Qwen2's and Qwen3's (LoadQwenBlocks reads the blocks): no token types.
+constexpr TensorNames kQwenNames = {"Qwen",
+                                    "",
+                                    "",
+                                    "norm.",
+                                    "layers.",
+                                    "self_attn.q_proj.",
+                                    "self_attn.k_proj.",
+                                    "self_attn.v_proj.",
+                                    "self_attn.o_proj.",
+                                    "input_layernorm.",
+                                    "",
+                                    "mlp.down_proj.",
+                                    "post_attention_layernorm."};
+
 // `names` under another family's name (RoBERTa's and ELECTRA's tensors are BERT's).
 constexpr TensorNames Renamed(TensorNames names, const char* family) {
   names.family = family;
@@ -453,6 +507,7 @@ const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kMpnet) return kMpnetNames;
   if (spec.family == EncoderSpec::Family::kModernBert) return kModernBertNames;
   if (spec.family == EncoderSpec::Family::kNomicBert) return kNomicBertNames;
+  if (spec.family == EncoderSpec::Family::kQwen) return kQwenNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
 }
@@ -577,6 +632,65 @@ absl::Status LoadNomicBertBlocks(const EncoderSpec& spec, const TensorNames& nam
   return absl::OkStatus();
 }
 
+// Qwen's blocks and final norm, by `names` (kQwenNames), biases by ReadWithBias: the
+// RMSNorms' shifts are zeros; Q, K and V fused in AttentionWeights' layout; the
+// feed-forward's first product fused as [gate_proj (activated); up_proj].
+template <typename Has, typename Read>
+absl::Status LoadQwenBlocks(const EncoderSpec& spec, const TensorNames& names,
+                            const Has& has, const Read& read, EncoderWeights* weights) {
+  const int64_t d = spec.d_model;
+  const ModelSpec attention = spec.AttentionSpec(0);
+  const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
+                                  std::vector<float>* weight, std::vector<float>* bias) {
+    return ReadWithBias(has, read, name, std::move(shape), weight, bias);
+  };
+  const auto rms_norm = [&](const std::string& name, std::vector<float>* scale,
+                            std::vector<float>* shift) -> absl::Status {
+    ATTN_ASSIGN_OR_RETURN(*scale, read(name + "weight", {d}));
+    shift->assign(static_cast<size_t>(d), 0.0f);
+    return absl::OkStatus();
+  };
+  for (int64_t n = 0; n < spec.num_layers; ++n) {
+    const std::string at = absl::StrCat(names.layer, n, ".");
+    EncoderLayerWeights layer;
+    ATTN_RETURN_IF_ERROR(rms_norm(at + names.attention_norm, &layer.attention_norm_scale,
+                                  &layer.attention_norm_shift));
+    AttentionWeights& fused = layer.attention;
+    for (const auto& [name, rows] :
+         {std::pair<const char*, int64_t>{names.query, attention.q_width()},
+          {names.key, attention.kv_width()},
+          {names.value, attention.kv_width()}}) {
+      std::vector<float> weight, bias;
+      ATTN_RETURN_IF_ERROR(read_with_bias(at + name, {rows, d}, &weight, &bias));
+      fused.in_proj_weight.insert(fused.in_proj_weight.end(), weight.begin(),
+                                  weight.end());
+      fused.in_proj_bias.insert(fused.in_proj_bias.end(), bias.begin(), bias.end());
+    }
+    if (spec.qk_norm) {
+      ATTN_ASSIGN_OR_RETURN(fused.query_norm_weight,
+                            read(at + "self_attn.q_norm.weight", {attention.head_dim()}));
+      ATTN_ASSIGN_OR_RETURN(fused.key_norm_weight,
+                            read(at + "self_attn.k_norm.weight", {attention.head_dim()}));
+    }
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out,
+                                        {d, attention.q_width()}, &fused.out_proj_weight,
+                                        &fused.out_proj_bias));
+    ATTN_RETURN_IF_ERROR(rms_norm(at + names.output_norm, &layer.output_norm_scale,
+                                  &layer.output_norm_shift));
+    for (const char* part : {"mlp.gate_proj.", "mlp.up_proj."}) {
+      std::vector<float> weight, bias;
+      ATTN_RETURN_IF_ERROR(read_with_bias(at + part, {spec.ffn_dim, d}, &weight, &bias));
+      layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(), weight.end());
+      layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
+    }
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
+                                        &layer.ffn_out_weight, &layer.ffn_out_bias));
+    weights->layers.push_back(std::move(layer));
+  }
+  return rms_norm(names.final_norm, &weights->final_norm_scale,
+                  &weights->final_norm_shift);
+}
+
 // The SPLADE head of a BERT or DistilBERT masked-LM checkpoint, outside the prefix
 // (LoadBertWeights's comment names the tensors). `read` reads and marks a tensor used.
 template <typename Read>
@@ -660,17 +774,19 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   EncoderWeights weights;
   const bool modern = spec.family == EncoderSpec::Family::kModernBert;
   const bool nomic = spec.family == EncoderSpec::Family::kNomicBert;
+  const bool qwen = spec.family == EncoderSpec::Family::kQwen;
   // The rotary families' loaders read no classification head and no pruned blocks.
-  if ((modern || nomic) && spec.num_labels > 0) {
+  if ((modern || nomic || qwen) && spec.num_labels > 0) {
     return Invalid(
         absl::StrCat("a ", names.family, " classification head is not served"));
   }
-  if ((modern || nomic) && !spec.checkpoint_pruned_heads.empty()) {
+  if ((modern || nomic || qwen) && !spec.checkpoint_pruned_heads.empty()) {
     return Invalid(absl::StrCat("checkpoint_pruned_heads: a ", names.family,
                                 " checkpoint with heads removed is not served"));
   }
-  const std::string table =
-      modern ? "embeddings.tok_embeddings.weight" : "embeddings.word_embeddings.weight";
+  const std::string table = modern ? "embeddings.tok_embeddings.weight"
+                            : qwen ? "embed_tokens.weight"
+                                   : "embeddings.word_embeddings.weight";
   if (spec.precision == Precision::kFp32) {
     ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
                           read(table, {spec.vocab_size, d}));
@@ -710,6 +826,8 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
     ATTN_RETURN_IF_ERROR(LoadModernBertBlocks(spec, names, has, read, &weights));
   } else if (nomic) {
     ATTN_RETURN_IF_ERROR(LoadNomicBertBlocks(spec, names, has, read, &weights));
+  } else if (qwen) {
+    ATTN_RETURN_IF_ERROR(LoadQwenBlocks(spec, names, has, read, &weights));
   } else {
     // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
     // (pre-LN) before each sublayer and after the last block.
@@ -1254,10 +1372,6 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
     return absl::InternalError(
         absl::StrCat("oneDNN failed to create a stream: ", e.what()));
   }
-  ModelSpec attention_spec;
-  attention_spec.d_model = spec.d_model;
-  attention_spec.num_heads = spec.num_heads;
-  attention_spec.precision = spec.precision;
   MultiHeadAttention::Options attention_options;
   attention_options.intra_op_threads = options.intra_op_threads;
   using Bf16Compute = TransformerEncoder::Options::Bf16Compute;
@@ -1288,11 +1402,10 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   }
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const EncoderLayerWeights& layer = weights.layers[static_cast<size_t>(n)];
-    const absl::Span<const int64_t> pruned = spec.PrunedHeads(n);
-    attention_spec.pruned_heads.assign(pruned.begin(), pruned.end());
-    ATTN_ASSIGN_OR_RETURN(std::unique_ptr<MultiHeadAttention> attention,
-                          MultiHeadAttention::Create(attention_spec, layer.attention,
-                                                     engine, attention_options));
+    ATTN_ASSIGN_OR_RETURN(
+        std::unique_ptr<MultiHeadAttention> attention,
+        MultiHeadAttention::Create(spec.AttentionSpec(n), layer.attention, engine,
+                                   attention_options));
     // The layers run one after another on one thread: one set of batch-sized
     // attention buffers serves them all.
     if (!encoder->state_->attention.empty()) {
@@ -1643,6 +1756,7 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
       weighs ? static_cast<size_t>(AttentionWeightsSize(heads, batch.lengths, {})) : 0);
   const auto attend = [&](int64_t n, const float* from, float* into) -> absl::Status {
     AttentionOptions options;
+    options.causal = spec_.causal;
     if (!batch.head_mask.empty()) {
       options.head_mask = batch.head_mask.subspan(n * heads, heads);
     }
@@ -1668,6 +1782,15 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
     }
     return absl::OkStatus();
   };
+  // A pre-norm block's norms and the final one: LayerNorm, or RMSNorm (Qwen's).
+  const auto pre_norm = [&](const float* from, const std::vector<float>& scale,
+                            const std::vector<float>& shift, float* to) -> absl::Status {
+    if (spec_.norm == EncoderSpec::Norm::kRms) {
+      RmsNormRows(tokens, d, eps, from, scale, shift, to);
+      return absl::OkStatus();
+    }
+    return state.LayerNorm(tokens, d, eps, from, scale, shift, to);
+  };
   // The last hidden state: x, or (pre-LN) its final norm.
   const float* last = x;
   try {
@@ -1685,14 +1808,13 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
         // an attention norm (ModernBERT's first) attends to x itself.
         const bool attention_norm = !layer.attention_norm_scale.empty();
         if (attention_norm) {
-          ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x,
-                                               layer.attention_norm_scale,
-                                               layer.attention_norm_shift, normed));
+          ATTN_RETURN_IF_ERROR(pre_norm(x, layer.attention_norm_scale,
+                                        layer.attention_norm_shift, normed));
         }
         ATTN_RETURN_IF_ERROR(attend(n, attention_norm ? normed : x, attended));
         ATTN_RETURN_IF_ERROR(state.Add(tokens, d, x, attended, x));
-        ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x, layer.output_norm_scale,
-                                             layer.output_norm_shift, normed));
+        ATTN_RETURN_IF_ERROR(
+            pre_norm(x, layer.output_norm_scale, layer.output_norm_shift, normed));
         ATTN_RETURN_IF_ERROR(feed_forward(n, normed, x));
         continue;
       }
@@ -1709,8 +1831,8 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
           tokens, d, eps, attended, layer.output_norm_scale, layer.output_norm_shift, x));
     }
     if (pre) {
-      ATTN_RETURN_IF_ERROR(state.LayerNorm(tokens, d, eps, x, weights.final_norm_scale,
-                                           weights.final_norm_shift, normed));
+      ATTN_RETURN_IF_ERROR(
+          pre_norm(x, weights.final_norm_scale, weights.final_norm_shift, normed));
       last = normed;
     }
     state.stream.wait();

@@ -36,7 +36,14 @@ struct EncoderSpec {
   int64_t num_layers = 0;  // >= 1
   int64_t d_model = 0;     // >= 1, a multiple of num_heads
   int64_t num_heads = 0;   // >= 1
-  int64_t ffn_dim = 0;     // the feed-forward network's inner width, >= 1
+  // Grouped-query attention's key/value heads (0: one per head), each head's width
+  // when it is not d_model / num_heads (0), and the per-head RMS norms of Q and K
+  // (ModelSpec's num_kv_heads, head_size and qk_norm; the norms' epsilon is
+  // layer_norm_eps).
+  int64_t num_kv_heads = 0;
+  int64_t head_size = 0;
+  bool qk_norm = false;
+  int64_t ffn_dim = 0;  // the feed-forward network's inner width, >= 1
   // The feed-forward activation: GELU with erf (BERT's "gelu"), GELU's tanh
   // approximation ("gelu_new"), ReLU, or SiLU (x sigmoid(x); SwiGLU's, with gated_ffn
   // only).
@@ -47,6 +54,13 @@ struct EncoderSpec {
   // (Megatron-BERT).
   enum class NormPlacement { kPost, kPre };
   NormPlacement norm_placement = NormPlacement::kPost;
+  // The norms: LayerNorm (x - mean) / sqrt(var + eps) * scale + shift, or RMSNorm x /
+  // sqrt(mean(x^2) + eps) * scale (the Qwen family's; its shifts are zeros).
+  enum class Norm { kLayerNorm, kRms };
+  Norm norm = Norm::kLayerNorm;
+  // Each token attends to itself and the tokens before it only (a decoder's causal
+  // mask: the Qwen family's).
+  bool causal = false;
   // The checkpoint's family, which names its tensors (LoadBertWeights): BERT's
   // (Megatron-BERT's with pre-LN), or DistilBERT's (post-LN, no token types:
   // type_vocab_size 1, a zero table).
@@ -66,6 +80,12 @@ struct EncoderSpec {
   // positions), post-LN blocks of attn.Wqkv and attn.out_proj, a gated feed-forward
   // (SwiGLU: act(mlp.fc12 x) * mlp.fc11 x, then mlp.fc2), norm1 and norm2, emb_ln after
   // the embeddings, biases only where the checkpoint has them.
+  // Qwen's (Qwen2 and Qwen3, the decoders under Qwen3-Embedding and gte-Qwen): a causal
+  // decoder of embed_tokens, no position table (rotary positions) and no token types,
+  // pre-norm blocks of RMSNorms (input_layernorm, post_attention_layernorm) and a final
+  // norm, self_attn.q_proj / k_proj / v_proj (grouped-query) / o_proj, Qwen3's q_norm
+  // and k_norm, a SwiGLU feed-forward (down_proj(silu(gate_proj x) * up_proj x)),
+  // biases where the checkpoint has them (Qwen2's Q, K and V).
   enum class Family {
     kBert,
     kDistilBert,
@@ -73,7 +93,8 @@ struct EncoderSpec {
     kElectra,
     kMpnet,
     kModernBert,
-    kNomicBert
+    kNomicBert,
+    kQwen
   };
   Family family = Family::kBert;
   // The rows of the checkpoint's position table before position 0 (RoBERTa's
@@ -184,6 +205,9 @@ struct EncoderSpec {
 
   // The heads removed from `layer` (empty when none are).
   absl::Span<const int64_t> PrunedHeads(int64_t layer) const;
+  // Layer `layer`'s attention as the core's ModelSpec: d_model, the heads, their
+  // key/value heads and width, qk_norm, the precision and the layer's pruned heads.
+  ModelSpec AttentionSpec(int64_t layer) const;
   // Whether the embeddings are normalized before the first block: post-LN, and
   // ModernBERT's pre-LN.
   bool embedding_norm() const {
@@ -195,8 +219,9 @@ struct EncoderSpec {
 
 // One block's weights, in PyTorch's nn.Linear layout ([out, in], row-major).
 struct EncoderLayerWeights {
-  // Q, K and V fused as nn.MultiheadAttention's in_proj ([3d, d]), and the output
-  // projection.
+  // Q, K and V fused as nn.MultiheadAttention's in_proj ([3d, d]; grouped-query or
+  // heads of their own width: AttentionWeights' layout for AttentionSpec), and the
+  // output projection.
   AttentionWeights attention;
   // Post-LN: the norm after the attention's residual add, and `output_norm_*` the one
   // after the feed-forward's. Pre-LN: the norms before the attention and before the
@@ -288,6 +313,10 @@ struct EncoderWeights {
 // `cls.predictions.decoder.bias`) and, when the checkpoint does not tie it to the word
 // embeddings, `cls.predictions.decoder.weight`; DistilBERT's `vocab_transform.*`,
 // `vocab_layer_norm.*`, `vocab_projector.bias` (and `vocab_projector.weight`).
+// Qwen (Qwen2Model / Qwen3Model, behind "model." in a task model): `embed_tokens`,
+// `layers.N.input_layernorm`, `layers.N.self_attn.{q,k,v,o}_proj` (biases where
+// present), Qwen3's `layers.N.self_attn.{q,k}_norm` (spec.qk_norm),
+// `layers.N.post_attention_layernorm`, `layers.N.mlp.{gate,up,down}_proj`, `norm`.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");

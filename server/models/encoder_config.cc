@@ -196,6 +196,15 @@ constexpr ConfigKeys kModernBertKeys = {"hidden_size",
                                         22,
                                         50368};
 
+constexpr ConfigKeys kQwenKeys = {"hidden_size",
+                                  "num_attention_heads",
+                                  "num_hidden_layers",
+                                  "intermediate_size",
+                                  "hidden_act",
+                                  false,
+                                  28,
+                                  151936};
+
 // A finite rope_theta > 0 from `value` (`field` names it).
 absl::StatusOr<double> RopeTheta(const Json& value, absl::string_view field) {
   const std::optional<double> theta = core::JsonNumber(value);
@@ -363,6 +372,69 @@ absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
   return absl::OkStatus();
 }
 
+// Qwen2's and Qwen3's attention: every layer global (use_sliding_window, and a
+// layer_types entry other than full_attention, are refused by name) with
+// rope_parameters' rope_theta (transformers 5) or rope_theta (earlier configs), default
+// rope_type only; the key/value heads (num_key_value_heads) and the heads' width
+// (head_dim: Qwen3's, default 128; Qwen2's hidden_size / num_attention_heads); Qwen3's
+// q_norm and k_norm.
+absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64_t d,
+                             int64_t heads, v1::EncoderConfig* encoder) {
+  constexpr absl::string_view kFile = "config.json";
+  ATTN_ASSIGN_OR_RETURN(const bool sliding, Flag(json, "use_sliding_window", kFile));
+  if (sliding) {
+    return Invalid(
+        "config.json: use_sliding_window true is not served (served: every layer "
+        "full_attention)");
+  }
+  if (const auto it = json.find("layer_types"); it != json.end() && !it->is_null()) {
+    for (size_t n = 0; it->is_array() && n < it->size(); ++n) {
+      const auto* type = (*it)[n].get_ptr<const Json::string_t*>();
+      if (type == nullptr || *type != "full_attention") {
+        return Invalid(absl::StrCat("config.json: layer_types[", n, "] ", Shown((*it)[n]),
+                                    " is not served (served: \"full_attention\")"));
+      }
+    }
+    if (!it->is_array()) {
+      return Invalid(
+          absl::StrCat("config.json: layer_types must be a list, got ", Shown(*it)));
+    }
+  }
+  if (const auto it = json.find("rope_scaling"); it != json.end() && !it->is_null()) {
+    return Invalid(absl::StrCat("config.json: rope_scaling ", Shown(*it),
+                                " is not served (served: null)"));
+  }
+  double theta = 10000.0;  // Qwen2Config's and Qwen3Config's default
+  if (const auto it = json.find("rope_theta"); it != json.end() && !it->is_null()) {
+    ATTN_ASSIGN_OR_RETURN(theta, RopeTheta(*it, "rope_theta"));
+  }
+  if (const auto it = json.find("rope_parameters"); it != json.end() && !it->is_null()) {
+    ATTN_RETURN_IF_ERROR(
+        ReadRopeParameters(*it, "rope_parameters", /*theta_required=*/false, &theta));
+  }
+  for (int64_t n = 0; n < layers; ++n) {
+    encoder->add_layer_attention()->set_rope_theta(theta);
+  }
+  ATTN_ASSIGN_OR_RETURN(const int64_t kv_heads,
+                        Count(json, "num_key_value_heads", heads, kFile));
+  if (kv_heads > heads || heads % kv_heads != 0) {
+    return Invalid(absl::StrCat("config.json: num_key_value_heads ", kv_heads,
+                                " must divide num_attention_heads ", heads));
+  }
+  ATTN_ASSIGN_OR_RETURN(
+      const int64_t head_dim,
+      Count(json, "head_dim", qwen3 ? 128 : (heads > 0 ? d / heads : 0), kFile));
+  if (encoder->num_kv_heads() != 0 || encoder->head_size() != 0 || encoder->qk_norm()) {
+    return Invalid(
+        "encoder.num_kv_heads, head_size and qk_norm are read from config.json; leave "
+        "them unset in config.pbtxt");
+  }
+  encoder->set_num_kv_heads(kv_heads == heads ? 0 : kv_heads);
+  encoder->set_head_size(head_dim * heads == d ? 0 : head_dim);
+  encoder->set_qk_norm(qwen3);
+  return absl::OkStatus();
+}
+
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
@@ -388,15 +460,19 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
   } else if (model_type == "nomic_bert") {
     family = v1::EncoderConfig::FAMILY_NOMIC_BERT;
+  } else if (model_type == "qwen2" || model_type == "qwen3") {
+    family = v1::EncoderConfig::FAMILY_QWEN;
+    placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
   } else if (model_type != "bert") {
     return Invalid(absl::StrCat(
         "config.json: model_type \"", model_type,
         "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
         "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\", \"mpnet\", "
-        "\"modernbert\" and \"nomic_bert\": learned absolute positions (MPNet's with its "
-        "relative position bias) or rotary ones, post-LN or pre-LN blocks, Hugging "
-        "Face's BertModel, MegatronBertModel, DistilBertModel, RobertaModel, "
-        "ElectraModel, MPNetModel, ModernBertModel and NomicBertModel tensor names)"));
+        "\"modernbert\", \"nomic_bert\", \"qwen2\" and \"qwen3\": learned absolute "
+        "positions (MPNet's with its relative position bias) or rotary ones, post-LN or "
+        "pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, DistilBertModel, "
+        "RobertaModel, ElectraModel, MPNetModel, ModernBertModel, NomicBertModel, "
+        "Qwen2Model and Qwen3Model tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -424,7 +500,8 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   // Only BERT's family comes pre-LN (Megatron-BERT), and ModernBERT only pre-LN; the
   // others' names have no final norm to read.
   const bool modern = family == v1::EncoderConfig::FAMILY_MODERNBERT;
-  if (family != v1::EncoderConfig::FAMILY_BERT && !modern &&
+  const bool qwen = family == v1::EncoderConfig::FAMILY_QWEN;
+  if (family != v1::EncoderConfig::FAMILY_BERT && !modern && !qwen &&
       placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
     return Invalid(
         absl::StrCat("encoder.norm_placement: ", v1::EncoderConfig::Family_Name(family),
@@ -434,6 +511,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                                ? kDistilBertKeys
                            : family == v1::EncoderConfig::FAMILY_MPNET ? kMpnetKeys
                            : modern                                    ? kModernBertKeys
+                           : qwen                                      ? kQwenKeys
                                                                        : kBertKeys;
   ATTN_ASSIGN_OR_RETURN(const std::string positions,
                         Text(json, "position_embedding_type", "absolute", kFile));
@@ -457,15 +535,20 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(int64_t positions_count, Count(json, "max_position_embeddings",
                                                        modern  ? 8192
                                                        : nomic ? 2048
+                                                       : qwen  ? 32768
                                                                : 512,
                                                        kFile));
-  if ((modern || nomic) && encoder->layer_attention_size() > 0) {
+  if ((modern || nomic || qwen) && encoder->layer_attention_size() > 0) {
     return Invalid(
         "encoder.layer_attention is read from config.json; leave it unset in "
         "config.pbtxt");
   }
   if (modern) ATTN_RETURN_IF_ERROR(ApplyModernBertLayers(json, layers, encoder));
   if (nomic) ATTN_RETURN_IF_ERROR(ApplyNomicBertLayers(json, layers, encoder));
+  if (qwen) {
+    ATTN_RETURN_IF_ERROR(
+        ApplyQwenLayers(json, model_type != "qwen2", layers, d, heads, encoder));
+  }
   // RoBERTa's positions start after the padding index: the rows up to it are never
   // used (514 rows serve 512 tokens).
   int64_t position_offset = 0;
@@ -558,22 +641,22 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU_TANH);
     } else if (act == "relu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_RELU);
-    } else if ((act == "silu" || act == "swish") && nomic) {
-      // SiLU in a gated feed-forward (SwiGLU) only: the one place a golden checks it.
+    } else if ((act == "silu" || act == "swish") && (nomic || qwen)) {
+      // SiLU in a gated feed-forward (SwiGLU) only: where the goldens check it.
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_SILU);
     } else {
-      return Invalid(
-          absl::StrCat("config.json: ", keys.activation, " \"", act,
-                       "\" is not served (served: gelu, gelu_new, "
-                       "gelu_pytorch_tanh, relu; silu in NomicBERT's SwiGLU)"));
+      return Invalid(absl::StrCat(
+          "config.json: ", keys.activation, " \"", act,
+          "\" is not served (served: gelu, gelu_new, "
+          "gelu_pytorch_tanh, relu; silu in NomicBERT's and Qwen's SwiGLU)"));
     }
   }
   ATTN_RETURN_IF_ERROR(ApplyPrunedHeads(json, encoder));
   if (encoder->layer_norm_eps() == 0.0f) {
-    // ModernBERT names it norm_eps (default 1e-5).
-    const char* key = modern ? "norm_eps" : "layer_norm_eps";
+    // ModernBERT names it norm_eps (default 1e-5), Qwen rms_norm_eps (1e-6).
+    const char* key = modern ? "norm_eps" : qwen ? "rms_norm_eps" : "layer_norm_eps";
     const auto it = json.find(key);
-    double eps = modern ? 1e-5 : 1e-12;
+    double eps = modern ? 1e-5 : qwen ? 1e-6 : 1e-12;
     if (it != json.end()) {
       const std::optional<double> number = core::JsonNumber(*it);
       if (!number || !(*number > 0.0) || *number > 1.0) {
@@ -1216,14 +1299,26 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       spec.absolute_positions = false;
       spec.gated_ffn = true;
       break;
+    case v1::EncoderConfig::FAMILY_QWEN:
+      spec.family = core::EncoderSpec::Family::kQwen;
+      spec.absolute_positions = false;
+      spec.gated_ffn = true;
+      spec.norm = core::EncoderSpec::Norm::kRms;
+      spec.causal = true;
+      break;
     default:
       spec.family = core::EncoderSpec::Family::kBert;
   }
   spec.position_offset = encoder.position_offset();
+  spec.num_kv_heads = encoder.num_kv_heads();
+  spec.head_size = encoder.head_size();
+  spec.qk_norm = encoder.qk_norm();
   // Rotary inverse frequencies as transformers computes them, in f32:
   // 1 / theta^(2i / head_dim).
-  const int64_t head_dim =
-      config.num_heads() > 0 ? config.d_model() / config.num_heads() : 0;
+  const int64_t head_dim = encoder.head_size() > 0 ? encoder.head_size()
+                           : config.num_heads() > 0
+                               ? config.d_model() / config.num_heads()
+                               : 0;
   for (const v1::EncoderConfig::LayerAttention& layer : encoder.layer_attention()) {
     core::EncoderSpec::LayerAttention attention;
     attention.window = layer.window();

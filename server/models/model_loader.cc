@@ -283,6 +283,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
       case core::EncoderSpec::Family::kModernBert:
         base = "model.";
         break;
+      case core::EncoderSpec::Family::kQwen:
+        base = "model.";
+        break;
       case core::EncoderSpec::Family::kNomicBert:  // as NomicBertModel saves it
         break;
       case core::EncoderSpec::Family::kBert:
@@ -290,6 +293,8 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     }
     const char* table = spec.family == core::EncoderSpec::Family::kModernBert
                             ? "embeddings.tok_embeddings.weight"
+                        : spec.family == core::EncoderSpec::Family::kQwen
+                            ? "embed_tokens.weight"
                             : "embeddings.word_embeddings.weight";
     if (prefix.empty() && file.Find(table) == nullptr &&
         file.Find(absl::StrCat(base, table)) != nullptr) {

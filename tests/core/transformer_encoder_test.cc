@@ -1000,5 +1000,177 @@ TEST(NomicBertTest, EncoderMatchesTransformers) {
   EXPECT_THAT(spec.Validate().message(), HasSubstr("NomicBERT encoder is post-LN"));
 }
 
+// Qwen3 (tests/tools/make_qwen3_golden.py): a seeded 2-layer Qwen3Model (causal,
+// 4 heads of 32 in a model of 64 over 2 key/value heads, q_norm and k_norm, RMSNorms,
+// SwiGLU, rope_theta 1e6, no biases), its last hidden state at the last token.
+EncoderSpec Qwen3Spec(int64_t vocab_size) {
+  EncoderSpec spec;
+  spec.family = EncoderSpec::Family::kQwen;
+  spec.num_layers = 2;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.num_kv_heads = 2;
+  spec.head_size = 32;
+  spec.qk_norm = true;
+  spec.ffn_dim = 96;
+  spec.vocab_size = vocab_size;
+  spec.type_vocab_size = 1;
+  spec.max_positions = 4096;
+  spec.layer_norm_eps = 1e-6f;
+  spec.activation = EncoderSpec::Activation::kSilu;
+  spec.norm_placement = EncoderSpec::NormPlacement::kPre;
+  spec.norm = EncoderSpec::Norm::kRms;
+  spec.causal = true;
+  spec.absolute_positions = false;
+  spec.gated_ffn = true;
+  spec.pooling = EncoderSpec::Pooling::kLastToken;
+  for (int64_t layer = 0; layer < 2; ++layer) {
+    EncoderSpec::LayerAttention attention;
+    for (int64_t i = 0; i < 16; ++i) {
+      attention.rotary_inv_freq.push_back(1.0f /
+                                          std::pow(1e6f, static_cast<float>(2 * i) / 32));
+    }
+    spec.layer_attention.push_back(std::move(attention));
+  }
+  return spec;
+}
+
+TEST(QwenTest, EncoderMatchesTransformers) {
+  std::ifstream in(kData + "/qwen3_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  auto weights = LoadBertWeights(*file, spec);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto encoder = TransformerEncoder::Create(spec, *weights, {});
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  std::vector<int64_t> ids, lengths;
+  for (const auto& row_json : golden["token_ids"]) {
+    const auto row = row_json.get<std::vector<int64_t>>();
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(static_cast<int64_t>(row.size()));
+  }
+  ASSERT_GT(*std::max_element(lengths.begin(), lengths.end()), 2048);
+  std::vector<float> want;
+  for (const auto& row : golden["unnormalized"]) {
+    for (const double value : row) want.push_back(static_cast<float>(value));
+  }
+  // One packed batch, short texts beside one past 2,048 tokens (the flash path's).
+  std::vector<float> pooled(want.size());
+  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const auto got = absl::MakeConstSpan(pooled).subspan(i * 64, 64);
+    const auto expected = absl::MakeConstSpan(want).subspan(i * 64, 64);
+    // The last token's hidden state has the scale of the final norm's (about 1 per
+    // value): 1e-4 relative to it.
+    double scale = 0.0;
+    for (const float value : expected) scale = std::max(scale, std::abs(double{value}));
+    EXPECT_LE((MaxAbsDiff<float, float>(got, expected)), 1e-4 * std::max(1.0, scale))
+        << "text " << i << " of " << lengths[i] << " tokens";
+  }
+  // A Qwen encoder without its causal mask is refused; with the key/value heads
+  // swapped, or without the query norm's scales, the answer moves.
+  EncoderSpec bidirectional = spec;
+  bidirectional.causal = false;
+  EXPECT_THAT(bidirectional.Validate().message(), HasSubstr("causal mask"));
+  for (int mutation = 1; mutation < 3; ++mutation) {
+    EncoderSpec other_spec = spec;
+    EncoderWeights other = *weights;
+    if (mutation == 1) {
+      // Swap the two key/value heads' rows of K and V: query head 0 now reads what
+      // query head 2 read.
+      for (EncoderLayerWeights& layer : other.layers) {
+        auto& w = layer.attention.in_proj_weight;
+        for (int64_t part = 0; part < 2; ++part) {
+          const int64_t first = (128 + part * 64) * 64;
+          std::swap_ranges(w.begin() + first, w.begin() + first + 32 * 64,
+                           w.begin() + first + 32 * 64);
+        }
+      }
+    }
+    if (mutation == 2) {
+      for (EncoderLayerWeights& layer : other.layers) {
+        std::fill(layer.attention.query_norm_weight.begin(),
+                  layer.attention.query_norm_weight.end(), 1.0f);
+      }
+    }
+    auto moved_encoder = TransformerEncoder::Create(other_spec, other, {});
+    ASSERT_TRUE(moved_encoder.ok()) << moved_encoder.status();
+    std::vector<float> moved(pooled.size());
+    ASSERT_TRUE(
+        (*moved_encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(moved), {}).ok());
+    EXPECT_GT((MaxAbsDiff<float, float>(moved, want)), 1e-3) << mutation;
+  }
+}
+
+TEST(QwenTest, Bf16AndInt8StayNearFp32) {
+  std::ifstream in(kData + "/qwen3_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::vector<int64_t> ids, lengths;
+  std::vector<float> want;
+  for (size_t i = 0; i < 6; ++i) {  // the short texts
+    const auto row = golden["token_ids"][i].get<std::vector<int64_t>>();
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(static_cast<int64_t>(row.size()));
+    for (const double value : golden["embeddings"][i]) {
+      want.push_back(static_cast<float>(value));
+    }
+  }
+  for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
+    EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+    spec.precision = precision;
+    spec.normalize = true;
+    auto weights = LoadBertWeights(*file, spec);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> pooled(want.size());
+    ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      double dot = 0.0;
+      for (size_t c = 0; c < 64; ++c) {
+        dot += double{pooled[i * 64 + c]} * want[i * 64 + c];
+      }
+      EXPECT_GE(dot, precision == Precision::kBf16 ? 0.999 : 0.99)
+          << PrecisionName(precision) << " text " << i;
+    }
+  }
+}
+
+TEST(QwenTest, EveryTensorIsUsedOrNamed) {
+  std::ifstream in(kData + "/qwen3_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.qk_norm = false;  // Qwen2's layout: the norms are left over
+  EXPECT_THAT(LoadBertWeights(*file, spec).status().message(),
+              HasSubstr("unexpected tensor layers.0.self_attn.k_norm.weight"));
+  spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.head_size = 16;  // the heads' width read from hidden_size / heads
+  for (EncoderSpec::LayerAttention& layer : spec.layer_attention) {
+    layer.rotary_inv_freq.resize(8);
+  }
+  EXPECT_THAT(LoadBertWeights(*file, spec).status().message(),
+              HasSubstr("layers.0.self_attn.q_proj.weight"));
+  spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.num_kv_heads = 0;
+  EXPECT_THAT(LoadBertWeights(*file, spec).status().message(),
+              HasSubstr("layers.0.self_attn.k_proj.weight"));
+  spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.num_kv_heads = 3;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("num_kv_heads must be 0"));
+  spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.norm = EncoderSpec::Norm::kLayerNorm;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("Qwen family only"));
+  spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.num_labels = 2;
+  EXPECT_THAT(LoadBertWeights(*file, spec).status().message(),
+              HasSubstr("a Qwen classification head is not served"));
+}
+
 }  // namespace
 }  // namespace attnserve::core

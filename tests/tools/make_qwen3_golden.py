@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Writes a small seeded Qwen3 decoder embedder (a sentence-transformers folder over
+transformers' Qwen3Model, as Qwen3-Embedding is) and what sentence-transformers computes
+with it, for the tests of attnserve's Qwen family: causal attention, grouped-query
+attention (2 key/value heads for 4 query heads), heads wider than hidden_size / heads
+(head_dim 32 in a model of 64, as Qwen3-0.6B's 128 in 1024), per-head RMS norms of Q
+and K, rotary positions, RMSNorm pre-norm blocks and a final norm, a SwiGLU feed-forward
+(down(silu(gate x) * up x)), no biases; last-token pooling, Normalize, and an
+instruction prompt on the query side.
+
+Run with the peers venv (`deploy/install-deps.sh --peers build/peers-venv` makes it):
+  build/peers-venv/bin/python tests/tools/make_qwen3_golden.py tests/data
+
+The tokenizer is roberta_tiny's byte-level BPE (its tokenizer.json copied) with Qwen3-
+Embedding's post-processor: every text ends with the end-of-text token (here </s>),
+which the last-token pooling reads. The model: 2 layers, hidden 64, 4 heads of 32, 2
+key/value heads, intermediate 96, rope_theta 1e6, 4096 positions, fp32; every RMSNorm
+scale drawn in [0.5, 1.5] so that a loader skipping one is caught. Texts: short
+sentences (three with the query prompt), one of about 300 tokens and one past 2,048.
+
+Writes qwen3_tiny/ (config.json and model.safetensors with transformers' own names, the
+tokenizer, modules.json with Transformer (max_seq_length 4096), last-token Pooling and
+Normalize, config_sentence_transformers.json with the "query" prompt) and
+qwen3_tiny.golden.json: the texts (prompt included), their token ids,
+SentenceTransformer.encode's embeddings (normalized) and Qwen3Model's last hidden state
+at the last token, each text alone ("unnormalized"), checked here to agree.
+"""
+import json
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from sentence_transformers import SentenceTransformer, models
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from seeded_folder import write_golden  # noqa: E402
+
+LAYERS, D, HEADS, KV_HEADS, HEAD_DIM, FFN, POSITIONS = 2, 64, 4, 2, 32, 96, 4096
+PROMPT = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
+
+
+def write_tokenizer(directory, folder):
+    """roberta_tiny's byte-level BPE, its post-processor Qwen3-Embedding's."""
+    with open(os.path.join(directory, "roberta_tiny", "tokenizer.json"),
+              encoding="utf-8") as f:
+        tokenizer = json.load(f)
+    eos = "</s>"
+    eos_id = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == eos)
+    tokenizer["post_processor"] = {
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+             "use_regex": True},
+            {"type": "TemplateProcessing",
+             "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                        {"SpecialToken": {"id": eos, "type_id": 0}}],
+             "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                      {"SpecialToken": {"id": eos, "type_id": 0}},
+                      {"Sequence": {"id": "B", "type_id": 1}},
+                      {"SpecialToken": {"id": eos, "type_id": 1}}],
+             "special_tokens": {eos: {"id": eos, "ids": [eos_id], "tokens": [eos]}}},
+        ],
+    }
+    tokenizer["truncation"] = None
+    tokenizer["padding"] = None
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+                   "pad_token": "<pad>", "model_max_length": POSITIONS}, f, indent=2)
+    return transformers.AutoTokenizer.from_pretrained(folder)
+
+
+def main(directory):
+    with open(os.path.join(directory, "sentences.en.txt"), encoding="utf-8") as f:
+        sentences = [line.strip() for line in f if line.strip()]
+    folder = os.path.join(directory, "qwen3_tiny")
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
+    tokenizer = write_tokenizer(directory, folder)
+
+    torch.manual_seed(70)
+    config = transformers.Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=D, intermediate_size=FFN,
+        num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+        max_position_embeddings=POSITIONS, initializer_range=0.2, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    model = transformers.Qwen3Model(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):  # every RMSNorm: q_norm, k_norm, layers'
+                parameter.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+
+    transformer = models.Transformer(folder, max_seq_length=POSITIONS)
+    pooling = models.Pooling(D, pooling_mode="lasttoken")
+    encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
+                                  device="cpu", prompts={"query": PROMPT})
+    encoder.save(folder)
+    readme = os.path.join(folder, "README.md")
+    if os.path.exists(readme):
+        os.remove(readme)
+    encoder = SentenceTransformer(folder, device="cpu")
+    assert encoder.prompts.get("query") == PROMPT, encoder.prompts
+
+    queries = [" ".join(s.split()[:10]) for s in sentences[60:63]]
+    documents = [" ".join(s.split()[:14]) for s in sentences[63:66]] + \
+        [" ".join(sentences[130:150])]
+    long_text = " ".join(sentences)
+    while len(tokenizer(long_text)["input_ids"]) < 2600:
+        long_text = long_text + " " + long_text
+    long_ids = tokenizer(long_text)["input_ids"][:2500]
+    long_text = tokenizer.decode(long_ids[:-1])
+    documents.append(long_text)
+    texts = [PROMPT + q for q in queries] + documents
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    assert all(i[-1] == tokenizer.eos_token_id for i in ids)
+    assert max(len(i) for i in ids) > 2048 and max(len(i) for i in ids) <= POSITIONS, \
+        [len(i) for i in ids]
+    embeddings = torch.cat([
+        encoder.encode(queries, prompt_name="query", batch_size=2,
+                       convert_to_tensor=True),
+        encoder.encode(documents, batch_size=2, convert_to_tensor=True)])
+    with torch.inference_mode():
+        by_hand = torch.stack([
+            model(input_ids=torch.tensor([i])).last_hidden_state[0, -1] for i in ids])
+    write_golden(directory, "qwen3_tiny", texts, ids, embeddings, by_hand,
+                 {"hidden_size": D, "num_attention_heads": HEADS,
+                  "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                  "num_hidden_layers": LAYERS, "intermediate_size": FFN,
+                  "vocab_size": len(tokenizer), "rope_theta": 1e6,
+                  "query_prompt": PROMPT})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
