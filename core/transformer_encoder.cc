@@ -205,10 +205,11 @@ absl::Status EncoderSpec::Validate() const {
   if (activation == Activation::kSilu && !gated_ffn) {
     return Invalid("activation SiLU is served in a gated feed-forward (SwiGLU) only");
   }
-  if (family == Family::kNomicBert &&
+  if ((family == Family::kNomicBert || family == Family::kGte) &&
       (norm_placement != NormPlacement::kPost || absolute_positions || !gated_ffn)) {
-    return Invalid(
-        "a NomicBERT encoder is post-LN with a gated feed-forward and no position table");
+    return Invalid(absl::StrCat(
+        "a ", family == Family::kGte ? "GTE" : "NomicBERT",
+        " encoder is post-LN with a gated feed-forward and no position table"));
   }
   const bool qwen = family == Family::kQwen;
   if (qwen != (norm == Norm::kRms && causal) ||
@@ -461,14 +462,14 @@ constexpr TensorNames kModernBertNames = {
     "ModernBERT", "",           "embeddings.norm.", "final_norm.", "layers.",  "", "", "",
     "attn.Wo.",   "attn_norm.", "mlp.Wi.",          "mlp.Wo.",     "mlp_norm."};
 
-// NomicBERT's as transformers saves them (the Hub's layout; LoadNomicBertBlocks reads
+// NomicBERT's as transformers saves them (the Hub's layout; LoadRotaryPostLnBlocks reads
 // the blocks): BERT's embeddings and token types, emb_ln after them.
 constexpr TensorNames kNomicBertNames = {"NomicBERT",
                                          "embeddings.token_type_embeddings.weight",
                                          "emb_ln.",
                                          "",
                                          "encoder.layers.",
-                                         "",
+                                         "attn.Wqkv.",
                                          "",
                                          "",
                                          "attn.out_proj.",
@@ -476,6 +477,23 @@ constexpr TensorNames kNomicBertNames = {"NomicBERT",
                                          "",
                                          "mlp.fc2.",
                                          "norm2."};
+
+// GTE's (gte-base-en-v1.5, gte-multilingual-base: the Hub's layout, which transformers
+// also saves; LoadRotaryPostLnBlocks reads the blocks): Q, K and V fused, the
+// feed-forward's first product fused as [up; gate].
+constexpr TensorNames kGteNames = {"GTE",
+                                   "embeddings.token_type_embeddings.weight",
+                                   "embeddings.LayerNorm.",
+                                   "",
+                                   "encoder.layer.",
+                                   "attention.qkv_proj.",
+                                   "",
+                                   "",
+                                   "attention.o_proj.",
+                                   "attn_ln.",
+                                   "mlp.up_gate_proj.",
+                                   "mlp.down_proj.",
+                                   "mlp_ln."};
 
 // Qwen2's and Qwen3's (LoadQwenBlocks reads the blocks): no token types.
 constexpr TensorNames kQwenNames = {"Qwen",
@@ -507,6 +525,7 @@ const TensorNames& NamesOf(const EncoderSpec& spec) {
   if (spec.family == EncoderSpec::Family::kMpnet) return kMpnetNames;
   if (spec.family == EncoderSpec::Family::kModernBert) return kModernBertNames;
   if (spec.family == EncoderSpec::Family::kNomicBert) return kNomicBertNames;
+  if (spec.family == EncoderSpec::Family::kGte) return kGteNames;
   if (spec.family == EncoderSpec::Family::kQwen) return kQwenNames;
   return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
                                                                  : kBertNames;
@@ -590,13 +609,15 @@ absl::Status LoadModernBertBlocks(const EncoderSpec& spec, const TensorNames& na
                         &weights->final_norm_shift);
 }
 
-// NomicBERT's norms and blocks, by `names` (kNomicBertNames), biases by ReadWithBias.
-// The gated feed-forward's first product is fused as [fc12 (the gate, activated); fc11
-// (up)], the order the encoder's gate reads.
+// NomicBERT's and GTE's norms and post-LN blocks, by `names` (kNomicBertNames,
+// kGteNames; names.query: Q, K and V fused), biases by ReadWithBias. The gated
+// feed-forward's first product is fused as [gate (activated); up], the order the
+// encoder's gate reads: from NomicBERT's mlp.fc12 (gate) and mlp.fc11 (up), or from
+// GTE's names.ffn_in [up; gate] with its halves swapped.
 template <typename Has, typename Read>
-absl::Status LoadNomicBertBlocks(const EncoderSpec& spec, const TensorNames& names,
-                                 const Has& has, const Read& read,
-                                 EncoderWeights* weights) {
+absl::Status LoadRotaryPostLnBlocks(const EncoderSpec& spec, const TensorNames& names,
+                                    const Has& has, const Read& read,
+                                    EncoderWeights* weights) {
   const int64_t d = spec.d_model;
   const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
                                   std::vector<float>* weight, std::vector<float>* bias) {
@@ -608,7 +629,7 @@ absl::Status LoadNomicBertBlocks(const EncoderSpec& spec, const TensorNames& nam
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const std::string at = absl::StrCat(names.layer, n, ".");
     EncoderLayerWeights layer;
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + "attn.Wqkv.", {3 * d, d},
+    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.query, {3 * d, d},
                                         &layer.attention.in_proj_weight,
                                         &layer.attention.in_proj_bias));
     ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out, {d, d},
@@ -617,11 +638,23 @@ absl::Status LoadNomicBertBlocks(const EncoderSpec& spec, const TensorNames& nam
     ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_norm, {d},
                                         &layer.attention_norm_scale,
                                         &layer.attention_norm_shift));
-    for (const char* part : {"mlp.fc12.", "mlp.fc11."}) {  // gate, then up
-      std::vector<float> weight, bias;
-      ATTN_RETURN_IF_ERROR(read_with_bias(at + part, {spec.ffn_dim, d}, &weight, &bias));
-      layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(), weight.end());
-      layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
+    if (*names.ffn_in != '\0') {
+      ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_in, {2 * spec.ffn_dim, d},
+                                          &layer.ffn_in_weight, &layer.ffn_in_bias));
+      const auto half = static_cast<std::ptrdiff_t>(spec.ffn_dim);
+      std::rotate(layer.ffn_in_weight.begin(), layer.ffn_in_weight.begin() + half * d,
+                  layer.ffn_in_weight.end());
+      std::rotate(layer.ffn_in_bias.begin(), layer.ffn_in_bias.begin() + half,
+                  layer.ffn_in_bias.end());
+    } else {
+      for (const char* part : {"mlp.fc12.", "mlp.fc11."}) {  // gate, then up
+        std::vector<float> weight, bias;
+        ATTN_RETURN_IF_ERROR(
+            read_with_bias(at + part, {spec.ffn_dim, d}, &weight, &bias));
+        layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(),
+                                   weight.end());
+        layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
+      }
     }
     ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
                                         &layer.ffn_out_weight, &layer.ffn_out_bias));
@@ -775,12 +808,14 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   const bool modern = spec.family == EncoderSpec::Family::kModernBert;
   const bool nomic = spec.family == EncoderSpec::Family::kNomicBert;
   const bool qwen = spec.family == EncoderSpec::Family::kQwen;
+  const bool gte = spec.family == EncoderSpec::Family::kGte;
+  const bool rotary_family = modern || nomic || qwen || gte;
   // The rotary families' loaders read no classification head and no pruned blocks.
-  if ((modern || nomic || qwen) && spec.num_labels > 0) {
+  if (rotary_family && spec.num_labels > 0) {
     return Invalid(
         absl::StrCat("a ", names.family, " classification head is not served"));
   }
-  if ((modern || nomic || qwen) && !spec.checkpoint_pruned_heads.empty()) {
+  if (rotary_family && !spec.checkpoint_pruned_heads.empty()) {
     return Invalid(absl::StrCat("checkpoint_pruned_heads: a ", names.family,
                                 " checkpoint with heads removed is not served"));
   }
@@ -809,7 +844,13 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
         weights.position_embeddings.begin(),
         weights.position_embeddings.begin() + spec.position_offset * d);
   }
-  if (*names.token_types != '\0') {
+  const auto has = [&](const std::string& name) {
+    return file.Find(absl::StrCat(prefix, name)) != nullptr;
+  };
+  if (gte && spec.type_vocab_size == 1 && !has(names.token_types)) {
+    // gte-base-en-v1.5 (type_vocab_size 0): no table, one type of zeros.
+    weights.token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
+  } else if (*names.token_types != '\0') {
     ATTN_ASSIGN_OR_RETURN(weights.token_type_embeddings,
                           read(names.token_types, {spec.type_vocab_size, d}));
   } else if (spec.type_vocab_size != 1) {
@@ -819,13 +860,10 @@ absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
   } else {
     weights.token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
   }
-  const auto has = [&](const std::string& name) {
-    return file.Find(absl::StrCat(prefix, name)) != nullptr;
-  };
   if (modern) {
     ATTN_RETURN_IF_ERROR(LoadModernBertBlocks(spec, names, has, read, &weights));
-  } else if (nomic) {
-    ATTN_RETURN_IF_ERROR(LoadNomicBertBlocks(spec, names, has, read, &weights));
+  } else if (nomic || gte) {
+    ATTN_RETURN_IF_ERROR(LoadRotaryPostLnBlocks(spec, names, has, read, &weights));
   } else if (qwen) {
     ATTN_RETURN_IF_ERROR(LoadQwenBlocks(spec, names, has, read, &weights));
   } else {

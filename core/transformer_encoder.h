@@ -80,6 +80,11 @@ struct EncoderSpec {
   // positions), post-LN blocks of attn.Wqkv and attn.out_proj, a gated feed-forward
   // (SwiGLU: act(mlp.fc12 x) * mlp.fc11 x, then mlp.fc2), norm1 and norm2, emb_ln after
   // the embeddings, biases only where the checkpoint has them.
+  // GTE's (Alibaba's gte-base-en-v1.5 and gte-multilingual-base, model_type "new" on
+  // the Hub, "gte" in transformers): BERT's embeddings and token types without a position
+  // table (rotary positions), post-LN blocks of attention.qkv_proj and attention.o_proj,
+  // attn_ln and mlp_ln, a gated feed-forward (act(gate) * up from mlp.up_gate_proj
+  // [up; gate], then mlp.down_proj), biases where the checkpoint has them.
   // Qwen's (Qwen2 and Qwen3, the decoders under Qwen3-Embedding and gte-Qwen): a causal
   // decoder of embed_tokens, no position table (rotary positions) and no token types,
   // pre-norm blocks of RMSNorms (input_layernorm, post_attention_layernorm) and a final
@@ -94,7 +99,8 @@ struct EncoderSpec {
     kMpnet,
     kModernBert,
     kNomicBert,
-    kQwen
+    kQwen,
+    kGte
   };
   Family family = Family::kBert;
   // The rows of the checkpoint's position table before position 0 (RoBERTa's

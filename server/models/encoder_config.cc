@@ -205,6 +205,15 @@ constexpr ConfigKeys kQwenKeys = {"hidden_size",
                                   28,
                                   151936};
 
+constexpr ConfigKeys kGteKeys = {"hidden_size",
+                                 "num_attention_heads",
+                                 "num_hidden_layers",
+                                 "intermediate_size",
+                                 "hidden_act",
+                                 true,
+                                 12,
+                                 250048};
+
 // A finite rope_theta > 0 from `value` (`field` names it).
 absl::StatusOr<double> RopeTheta(const Json& value, absl::string_view field) {
   const std::optional<double> theta = core::JsonNumber(value);
@@ -435,6 +444,65 @@ absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64
   return absl::OkStatus();
 }
 
+// GTE's layers: every one global, with rope_parameters' rope_theta (transformers'
+// "gte", default 160000) or rope_theta (the Hub's "new", default 10000) and the Hub's
+// fixed NTK scaling (rope_scaling {"type": "ntk", "factor": f}); what the Hub's code
+// offers beyond that (mixed NTK, another scaling, RMSNorm, log-n attention scaling,
+// separate Q/K/V projections) is refused by name.
+absl::Status ApplyGteLayers(const Json& json, bool hub, int64_t layers,
+                            v1::EncoderConfig* encoder) {
+  constexpr absl::string_view kFile = "config.json";
+  double theta = hub ? 10000.0 : 160000.0;
+  if (const auto it = json.find("rope_theta"); it != json.end() && !it->is_null()) {
+    ATTN_ASSIGN_OR_RETURN(theta, RopeTheta(*it, "rope_theta"));
+  }
+  if (const auto it = json.find("rope_parameters"); it != json.end() && !it->is_null()) {
+    ATTN_RETURN_IF_ERROR(
+        ReadRopeParameters(*it, "rope_parameters", /*theta_required=*/false, &theta));
+  }
+  double ntk = 0.0;
+  if (const auto it = json.find("rope_scaling"); it != json.end() && !it->is_null()) {
+    const std::string type =
+        it->is_object() && it->contains("type") && (*it)["type"].is_string()
+            ? (*it)["type"].get<std::string>()
+            : "";
+    const std::optional<double> factor = it->is_object() && it->contains("factor")
+                                             ? core::JsonNumber((*it)["factor"])
+                                             : std::nullopt;
+    const bool mixed =
+        it->is_object() && it->contains("mixed_b") && !(*it)["mixed_b"].is_null();
+    if (type != "ntk" || mixed || !factor || !(*factor >= 1.0) || *factor > 1024.0) {
+      return Invalid(absl::StrCat(
+          "config.json: rope_scaling ", Shown(*it).substr(0, 128),
+          " is not served (served: null, or {\"type\": \"ntk\", \"factor\": f} with f "
+          "in [1, 1024] and no mixed_b)"));
+    }
+    ntk = *factor;
+  }
+  ATTN_ASSIGN_OR_RETURN(const std::string norm,
+                        Text(json, "layer_norm_type", "layer_norm", kFile));
+  if (norm != "layer_norm") {
+    return Invalid(absl::StrCat("config.json: layer_norm_type \"", norm.substr(0, 64),
+                                "\" is not served (served: layer_norm)"));
+  }
+  ATTN_ASSIGN_OR_RETURN(const bool logn, Flag(json, "logn_attention_scale", kFile));
+  if (logn) {
+    return Invalid("config.json: logn_attention_scale true is not served");
+  }
+  if (const auto it = json.find("pack_qkv");
+      it != json.end() && it->is_boolean() && !it->get<bool>()) {
+    return Invalid(
+        "config.json: pack_qkv false (separate q_proj, k_proj, v_proj) is not served "
+        "(served: attention.qkv_proj)");
+  }
+  for (int64_t n = 0; n < layers; ++n) {
+    v1::EncoderConfig::LayerAttention* layer = encoder->add_layer_attention();
+    layer->set_rope_theta(theta);
+    layer->set_rope_ntk_factor(ntk);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   constexpr absl::string_view kFile = "config.json";
   if (!json.is_object()) return Invalid("config.json: must be a JSON object");
@@ -460,6 +528,8 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
   } else if (model_type == "nomic_bert") {
     family = v1::EncoderConfig::FAMILY_NOMIC_BERT;
+  } else if (model_type == "gte" || model_type == "new") {
+    family = v1::EncoderConfig::FAMILY_GTE;
   } else if (model_type == "qwen2" || model_type == "qwen3") {
     family = v1::EncoderConfig::FAMILY_QWEN;
     placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
@@ -468,11 +538,12 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
         "config.json: model_type \"", model_type,
         "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
         "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\", \"mpnet\", "
-        "\"modernbert\", \"nomic_bert\", \"qwen2\" and \"qwen3\": learned absolute "
-        "positions (MPNet's with its relative position bias) or rotary ones, post-LN or "
-        "pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, DistilBertModel, "
-        "RobertaModel, ElectraModel, MPNetModel, ModernBertModel, NomicBertModel, "
-        "Qwen2Model and Qwen3Model tensor names)"));
+        "\"modernbert\", \"nomic_bert\", \"gte\", \"new\", \"qwen2\" and \"qwen3\": "
+        "learned absolute positions (MPNet's with its relative position bias) or rotary "
+        "ones, post-LN or pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, "
+        "DistilBertModel, RobertaModel, ElectraModel, MPNetModel, ModernBertModel, "
+        "NomicBertModel, GteModel (and the Hub's NewModel), Qwen2Model and Qwen3Model "
+        "tensor names)"));
   }
   v1::EncoderConfig* encoder = config->mutable_encoder();
   if (!json.contains("model_type") &&
@@ -501,6 +572,7 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   // others' names have no final norm to read.
   const bool modern = family == v1::EncoderConfig::FAMILY_MODERNBERT;
   const bool qwen = family == v1::EncoderConfig::FAMILY_QWEN;
+  const bool gte = family == v1::EncoderConfig::FAMILY_GTE;
   if (family != v1::EncoderConfig::FAMILY_BERT && !modern && !qwen &&
       placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
     return Invalid(
@@ -512,12 +584,15 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                            : family == v1::EncoderConfig::FAMILY_MPNET ? kMpnetKeys
                            : modern                                    ? kModernBertKeys
                            : qwen                                      ? kQwenKeys
+                           : gte                                       ? kGteKeys
                                                                        : kBertKeys;
+  // GTE's positions are rotary (the Hub's config says "rope").
+  const char* served_positions = gte ? "rope" : "absolute";
   ATTN_ASSIGN_OR_RETURN(const std::string positions,
-                        Text(json, "position_embedding_type", "absolute", kFile));
-  if (positions != "absolute") {
+                        Text(json, "position_embedding_type", served_positions, kFile));
+  if (positions != served_positions) {
     return Invalid(absl::StrCat("config.json: position_embedding_type \"", positions,
-                                "\" is not served (served: \"absolute\")"));
+                                "\" is not served (served: \"", served_positions, "\")"));
   }
   ATTN_ASSIGN_OR_RETURN(const bool decoder, Flag(json, "is_decoder", kFile));
   ATTN_ASSIGN_OR_RETURN(const bool cross, Flag(json, "add_cross_attention", kFile));
@@ -536,15 +611,19 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
                                                        modern  ? 8192
                                                        : nomic ? 2048
                                                        : qwen  ? 32768
+                                                       : gte   ? 8192
                                                                : 512,
                                                        kFile));
-  if ((modern || nomic || qwen) && encoder->layer_attention_size() > 0) {
+  if ((modern || nomic || qwen || gte) && encoder->layer_attention_size() > 0) {
     return Invalid(
         "encoder.layer_attention is read from config.json; leave it unset in "
         "config.pbtxt");
   }
   if (modern) ATTN_RETURN_IF_ERROR(ApplyModernBertLayers(json, layers, encoder));
   if (nomic) ATTN_RETURN_IF_ERROR(ApplyNomicBertLayers(json, layers, encoder));
+  if (gte) {
+    ATTN_RETURN_IF_ERROR(ApplyGteLayers(json, model_type == "new", layers, encoder));
+  }
   if (qwen) {
     ATTN_RETURN_IF_ERROR(
         ApplyQwenLayers(json, model_type != "qwen2", layers, d, heads, encoder));
@@ -608,8 +687,10 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_ASSIGN_OR_RETURN(const int64_t vocab,
                         Count(json, "vocab_size", keys.default_vocab, kFile));
   int64_t types = 1;
-  if (keys.token_types) {
-    ATTN_ASSIGN_OR_RETURN(types, Count(json, "type_vocab_size", 2, kFile));
+  if (gte && json.contains("type_vocab_size") && json["type_vocab_size"] == 0) {
+    // gte-base-en-v1.5: no token type table, served as one type of zeros.
+  } else if (keys.token_types) {
+    ATTN_ASSIGN_OR_RETURN(types, Count(json, "type_vocab_size", gte ? 1 : 2, kFile));
   }
   int64_t value = config->d_model();
   ATTN_RETURN_IF_ERROR(Merge(d, "d_model", &value));
@@ -1299,6 +1380,11 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       spec.absolute_positions = false;
       spec.gated_ffn = true;
       break;
+    case v1::EncoderConfig::FAMILY_GTE:
+      spec.family = core::EncoderSpec::Family::kGte;
+      spec.absolute_positions = false;
+      spec.gated_ffn = true;
+      break;
     case v1::EncoderConfig::FAMILY_QWEN:
       spec.family = core::EncoderSpec::Family::kQwen;
       spec.absolute_positions = false;
@@ -1324,10 +1410,16 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
     attention.window = layer.window();
     attention.rotary_interleaved = layer.rotary_interleaved();
     if (layer.rope_theta() > 0.0) {
+      // Fixed NTK scaling: the base times the factor, each frequency divided by
+      // factor^(2 / head_dim) (GTE's Hub code, in f32 as it computes them).
+      const double ntk = layer.rope_ntk_factor();
+      const auto base =
+          static_cast<float>(ntk > 0.0 ? layer.rope_theta() * ntk : layer.rope_theta());
+      const auto divisor = static_cast<float>(
+          ntk > 0.0 ? std::pow(ntk, 2.0 / static_cast<double>(head_dim)) : 1.0);
       for (int64_t i = 0; 2 * i < head_dim; ++i) {
         const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-        attention.rotary_inv_freq.push_back(
-            1.0f / std::pow(static_cast<float>(layer.rope_theta()), exponent));
+        attention.rotary_inv_freq.push_back(1.0f / std::pow(base, exponent) / divisor);
       }
     }
     spec.layer_attention.push_back(std::move(attention));

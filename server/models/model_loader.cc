@@ -286,6 +286,9 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
       case core::EncoderSpec::Family::kQwen:
         base = "model.";
         break;
+      case core::EncoderSpec::Family::kGte:
+        base = "new.";
+        break;
       case core::EncoderSpec::Family::kNomicBert:  // as NomicBertModel saves it
         break;
       case core::EncoderSpec::Family::kBert:

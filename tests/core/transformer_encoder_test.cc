@@ -1172,5 +1172,60 @@ TEST(QwenTest, EveryTensorIsUsedOrNamed) {
               HasSubstr("a Qwen classification head is not served"));
 }
 
+// GTE (tests/tools/make_gte_golden.py): a seeded 2-layer GteModel saved in the Hub's
+// tensor names (fused qkv_proj, up_gate_proj = [up; gate]), rotary base 160000, post-LN,
+// gated GELU, biases drawn; CLS states, with the default frequencies and with the Hub's
+// fixed NTK ones (factor 2).
+TEST(GteTest, EncoderMatchesTransformersWithAndWithoutNtkScaling) {
+  std::ifstream in(kData + "/gte_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/gte_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EncoderSpec spec;
+  spec.family = EncoderSpec::Family::kGte;
+  spec.num_layers = 2;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.ffn_dim = 96;
+  spec.vocab_size = golden["config"]["vocab_size"];
+  spec.max_positions = 1024;
+  spec.absolute_positions = false;
+  spec.gated_ffn = true;
+  spec.pooling = EncoderSpec::Pooling::kCls;
+  std::vector<float> plain;
+  for (int64_t i = 0; i < 8; ++i) {
+    plain.push_back(1.0f / std::pow(160000.0f, static_cast<float>(2 * i) / 16));
+  }
+  const auto ntk = golden["config"]["ntk_inv_freq"].get<std::vector<float>>();
+  std::vector<int64_t> ids, types, lengths;
+  for (const auto& row_json : golden["token_ids"]) {
+    const auto row = row_json.get<std::vector<int64_t>>();
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(static_cast<int64_t>(row.size()));
+  }
+  types.assign(ids.size(), 0);
+  for (const auto& [inv_freq, key] :
+       {std::pair(plain, "unnormalized"), std::pair(ntk, "ntk_unnormalized")}) {
+    spec.layer_attention.assign(2, {});
+    for (EncoderSpec::LayerAttention& layer : spec.layer_attention) {
+      layer.rotary_inv_freq = inv_freq;
+    }
+    auto weights = LoadBertWeights(*file, spec);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> want;
+    for (const auto& row : golden[key]) {
+      for (const double value : row) want.push_back(static_cast<float>(value));
+    }
+    std::vector<float> pooled(want.size());
+    ASSERT_TRUE(
+        (*encoder)->Forward({ids, types, lengths}, absl::MakeSpan(pooled), {}).ok());
+    EXPECT_LE((MaxAbsDiff<float, float>(pooled, want)), 2e-5) << key;
+  }
+  spec.norm_placement = EncoderSpec::NormPlacement::kPre;
+  EXPECT_THAT(spec.Validate().message(), HasSubstr("GTE encoder is post-LN"));
+}
+
 }  // namespace
 }  // namespace attnserve::core

@@ -78,6 +78,15 @@ as written through every door, and with the Hub's own config.json keys (n_embd,
 rotary_emb_base, activation_function "swiglu", ...); prenorm, partial or scaled rotary,
 another activation, a dynamic rope_type or a classification head, refused by name.
 
+GTE (tests/data/gte_tiny, tests/tools/make_gte_golden.py: a seeded GteModel in the Hub's
+tensor names, rotary positions, token types, post-LN blocks with fused Q/K/V, a gated
+GELU feed-forward, CLS pooling): the folder as written (model_type "gte") through every
+door; the same weights under the Hub's config.json (model_type "new", rope_scaling ntk
+factor 2) against the NTK golden; without a token type table (type_vocab_size 0, the
+table's one row folded into the word table: the same function); RMSNorm, log-n
+scaling, mixed or other rope scaling, separate Q/K/V and a classification head, refused
+by name.
+
 Qwen3 (tests/data/qwen3_tiny, tests/tools/make_qwen3_golden.py: a seeded Qwen3Model, a
 causal decoder with grouped-query attention, heads wider than hidden_size / heads,
 query/key norms, RMSNorms and SwiGLU, a byte-level BPE tokenizer ending each text with
@@ -752,6 +761,74 @@ class NomicBertTest(FamilyServer):
         self.assert_golden(self.encode("nomic"))
 
 
+class GteTest(FamilyServer):
+    """GTE (make_gte_golden.py): transformers' and the Hub's configs over the same
+    weights."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.open_source("gte_tiny")
+        cls.hub_config = cls.golden["hub_config"]
+        cls.add_model("gte", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.add_model("gte-hub", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                      {"config.json": cls.hub_config})
+        # gte-base-en-v1.5's layout: no token type table (type_vocab_size 0). Every text
+        # here has type 0, so folding that row into the word table keeps the function.
+        folder = cls.add_model("gte-no-types",
+                               "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n",
+                               {"config.json": dict(cls.hub_config, type_vocab_size=0)},
+                               link_weights=False)
+        tensors, metadata = stubs.read_safetensors(
+            os.path.join(cls.source, "model.safetensors"))
+        dtype, shape, blob = tensors.pop("embeddings.token_type_embeddings.weight")
+        row = np.frombuffer(blob, "<f4").reshape(shape)[0]
+        word = tensors["embeddings.word_embeddings.weight"]
+        table = np.frombuffer(word[2], "<f4").reshape(word[1]) + row
+        tensors["embeddings.word_embeddings.weight"] = (
+            word[0], word[1], table.astype("<f4").tobytes())
+        stubs.write_safetensors(os.path.join(folder, "model.safetensors"), tensors,
+                                metadata)
+        cls.start()
+
+    def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
+        self.assert_every_door("gte")
+        model = self.v1.GetModel(attention_pb2.GetModelRequest(name="gte-hub"),
+                                 timeout=60).model
+        self.assertEqual(model.encoder.family, attention_pb2.EncoderConfig.FAMILY_GTE)
+        self.assertEqual(
+            [(a.rope_theta, a.rope_ntk_factor) for a in model.encoder.layer_attention],
+            [(160000.0, 2.0), (160000.0, 2.0)])
+
+    def test_the_hubs_config_computes_its_ntk_scaled_rotary_positions(self):
+        self.assert_golden(self.encode("gte-hub"), "ntk_embeddings")
+        self.assert_golden(self.encode("gte-no-types"), "ntk_embeddings")
+
+    def test_what_cannot_be_served_is_refused_by_name(self):
+        hub = self.hub_config
+        cases = {
+            "rms": ({"config.json": dict(hub, layer_norm_type="rms_norm")},
+                    ["layer_norm_type \"rms_norm\" is not served"]),
+            "logn": ({"config.json": dict(hub, logn_attention_scale=True)},
+                     ["logn_attention_scale true is not served"]),
+            "mixed": ({"config.json": dict(hub, rope_scaling={
+                "type": "ntk", "factor": 2.0, "mixed_b": 0.5})},
+                ["rope_scaling", "is not served", "no mixed_b"]),
+            "linear": ({"config.json": dict(hub, rope_scaling={
+                "type": "linear", "factor": 2.0})}, ["rope_scaling", "is not served"]),
+            "unpacked": ({"config.json": dict(hub, pack_qkv=False)},
+                         ["pack_qkv false", "is not served"]),
+            "absolute": ({"config.json": dict(hub, position_embedding_type="absolute")},
+                         ["position_embedding_type \"absolute\" is not served"]),
+            "classifier": ({"config.json": dict(
+                hub, architectures=["NewForSequenceClassification"])},
+                ["GTE classification head is not served"]),
+        }
+        for model, (replaced, words) in cases.items():
+            with self.subTest(model=model):
+                self.load_refused(model, "encoder {}\n", replaced, words)
+        self.assert_golden(self.encode("gte"))
+
+
 class QwenTest(FamilyServer):
     """Qwen3 (make_qwen3_golden.py): a decoder embedder with last-token pooling."""
 
@@ -820,7 +897,7 @@ class PrecisionTest(FamilyServer):
     fp32 output: embedders by cosine, rerankers by their logits' error relative to the
     largest logit (their heads are drawn from N(0, 1), which magnifies every error)."""
     EMBEDDERS = ("distilbert_tiny", "roberta_tiny", "xlmr_tiny", "mpnet_tiny",
-                 "modernbert_tiny", "nomic_tiny", "qwen3_tiny")
+                 "modernbert_tiny", "nomic_tiny", "gte_tiny", "qwen3_tiny")
     RERANKERS = ("xlmr_reranker_tiny", "electra_reranker_tiny", "mpnet_reranker_tiny")
     # Minimum cosine, and the rerankers' largest logit error over the largest logit.
     # Measured on AVX-512 with VNNI and bf16 (and capped to AVX2): bf16 0.99997
