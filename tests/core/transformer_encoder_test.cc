@@ -787,7 +787,7 @@ TEST(SpladeSpecTest, RefusesWhatItCannotServe) {
 // ModernBERT (tests/tools/make_modernbert_golden.py): a seeded 3-layer ModernBertModel
 // (global, local with a window of 8, global; rotary bases 160000 and 10000; a gated
 // GELU feed-forward; no biases), its last hidden state mean-pooled by transformers,
-// texts of up to 1024 tokens.
+// texts of up to 8192 tokens.
 EncoderSpec ModernBertSpec() {
   EncoderSpec spec;
   spec.family = EncoderSpec::Family::kModernBert;
@@ -797,7 +797,7 @@ EncoderSpec ModernBertSpec() {
   spec.ffn_dim = 96;
   spec.vocab_size = 1000;
   spec.type_vocab_size = 1;
-  spec.max_positions = 1024;
+  spec.max_positions = 8192;
   spec.layer_norm_eps = 1e-5f;
   spec.norm_placement = EncoderSpec::NormPlacement::kPre;
   spec.absolute_positions = false;
@@ -946,7 +946,7 @@ TEST(NomicBertTest, EncoderMatchesTransformers) {
   spec.num_heads = 4;
   spec.ffn_dim = 96;
   spec.vocab_size = golden["config"]["vocab_size"];
-  spec.max_positions = 512;
+  spec.max_positions = 8192;
   spec.activation = EncoderSpec::Activation::kSilu;
   spec.absolute_positions = false;
   spec.gated_ffn = true;
@@ -1015,7 +1015,7 @@ EncoderSpec Qwen3Spec(int64_t vocab_size) {
   spec.ffn_dim = 96;
   spec.vocab_size = vocab_size;
   spec.type_vocab_size = 1;
-  spec.max_positions = 4096;
+  spec.max_positions = 8192;
   spec.layer_norm_eps = 1e-6f;
   spec.activation = EncoderSpec::Activation::kSilu;
   spec.norm_placement = EncoderSpec::NormPlacement::kPre;
@@ -1051,12 +1051,12 @@ TEST(QwenTest, EncoderMatchesTransformers) {
     ids.insert(ids.end(), row.begin(), row.end());
     lengths.push_back(static_cast<int64_t>(row.size()));
   }
-  ASSERT_GT(*std::max_element(lengths.begin(), lengths.end()), 2048);
+  ASSERT_GT(*std::max_element(lengths.begin(), lengths.end()), 8191);
   std::vector<float> want;
   for (const auto& row : golden["unnormalized"]) {
     for (const double value : row) want.push_back(static_cast<float>(value));
   }
-  // One packed batch, short texts beside one past 2,048 tokens (the flash path's).
+  // One packed batch, short texts beside one of 8,192 tokens (the flash path's).
   std::vector<float> pooled(want.size());
   ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
   for (size_t i = 0; i < lengths.size(); ++i) {
@@ -1188,7 +1188,7 @@ TEST(GteTest, EncoderMatchesTransformersWithAndWithoutNtkScaling) {
   spec.num_heads = 4;
   spec.ffn_dim = 96;
   spec.vocab_size = golden["config"]["vocab_size"];
-  spec.max_positions = 1024;
+  spec.max_positions = 8192;
   spec.absolute_positions = false;
   spec.gated_ffn = true;
   spec.pooling = EncoderSpec::Pooling::kCls;

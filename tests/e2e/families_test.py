@@ -67,7 +67,7 @@ on a dense one, and SpladePooling configs that cannot be served, each refused by
 
 ModernBERT (tests/data/modernbert_tiny, tests/tools/make_modernbert_golden.py: a seeded
 ModernBertModel with rotary positions, global and local layers and a gated feed-forward,
-texts of up to 1024 tokens): the folder as written through the openai client,
+texts of up to 8192 tokens): the folder as written through the openai client,
 tritonclient and v1, the same with the Hub's older config keys and as a task model
 saves it (behind "model."); a rope_type, layer_types, rope base or classification head
 that cannot be served, and a missing tensor, refused by name.
@@ -90,7 +90,7 @@ by name.
 Qwen3 (tests/data/qwen3_tiny, tests/tools/make_qwen3_golden.py: a seeded Qwen3Model, a
 causal decoder with grouped-query attention, heads wider than hidden_size / heads,
 query/key norms, RMSNorms and SwiGLU, a byte-level BPE tokenizer ending each text with
-EOS, last-token pooling, texts up to 2,500 tokens): the folder as written through every
+EOS, last-token pooling, texts up to 8,192 tokens): the folder as written through every
 door, the instruction prompt ("query") through the openai client and v1 against
 encode(prompt_name="query"); a sliding window, rope scaling, a key/value head count that
 does not divide the heads and a classification head, refused by name.
@@ -626,7 +626,7 @@ class SpladeTest(FamilyServer):
 class ModernBertTest(FamilyServer):
     """ModernBERT (make_modernbert_golden.py): rotary positions with a base per layer
     type, global and local attention layers, a gated GELU feed-forward, no biases;
-    texts up to 1024 tokens (the longest cut there)."""
+    texts up to 8192 tokens (the longest cut there)."""
 
     @classmethod
     def setUpClass(cls):
@@ -658,7 +658,7 @@ class ModernBertTest(FamilyServer):
                                  timeout=60).model
         self.assertEqual(model.encoder.family,
                          attention_pb2.EncoderConfig.FAMILY_MODERNBERT)
-        self.assertEqual(model.encoder.max_positions, 1024)
+        self.assertEqual(model.encoder.max_positions, 8192)
         self.assertEqual(model.encoder.type_vocab_size, 1)
         self.assertEqual([(a.rope_theta, a.window) for a in model.encoder.layer_attention],
                          [(160000.0, 0), (10000.0, 8), (160000.0, 0)])
@@ -847,7 +847,7 @@ class QwenTest(FamilyServer):
         self.assertEqual((encoder.num_kv_heads, encoder.head_size, encoder.qk_norm),
                          (2, 32, True))
         self.assertEqual(encoder.pooling, attention_pb2.EncoderConfig.POOLING_LAST_TOKEN)
-        self.assertEqual(encoder.max_positions, 4096)
+        self.assertEqual(encoder.max_positions, 8192)
         self.assertEqual([a.rope_theta for a in encoder.layer_attention], [1e6, 1e6])
 
     def test_the_query_prompt_is_put_before_the_query_as_sentence_transformers_does(self):

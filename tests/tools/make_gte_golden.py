@@ -14,7 +14,8 @@ attn_ln, mlp.up_gate_proj [up; gate], mlp.down_proj, mlp_ln: transformers conver
 on load and back on save), wrapped as a sentence-transformers folder (CLS Pooling,
 Normalize; gte's own pooling), with reranker_tiny's BERT WordPiece tokenizer;
 rope_theta 160000 (GteConfig's default), 2 layers, hidden 64, 4 heads of 16,
-intermediate 96, 1024 positions, 2 token types.
+intermediate 96, 8192 positions, 2 token types; texts up to 8192 tokens (the longest cut
+there).
 
 The same weights under the Hub's own config.json (model_type "new", Alibaba's code:
 position_embedding_type "rope", rope_theta, rope_scaling {"type": "ntk", "factor":
@@ -43,9 +44,9 @@ from sentence_transformers import SentenceTransformer, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seeded_bert import draw_norms_and_biases  # noqa: E402
-from seeded_folder import start_folder  # noqa: E402
+from seeded_folder import long_text, start_folder  # noqa: E402
 
-LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 1024
+LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 8192
 THETA, NTK_FACTOR = 160000.0, 2.0
 
 
@@ -104,10 +105,10 @@ def main(directory):
     assert "encoder.layer.0.mlp.up_gate_proj.weight" in tensors, sorted(tensors)
 
     texts = [" ".join(s.split()[:14]) for s in sentences[20:25]] + \
-        [" ".join(sentences[160:180])]
+        [" ".join(sentences[160:180]), long_text(sentences, tokenizer, POSITIONS)]
     encoded = [tokenizer(t, truncation=True, max_length=POSITIONS) for t in texts]
     ids = [e["input_ids"] for e in encoded]
-    assert max(len(i) for i in ids) > 200, [len(i) for i in ids]
+    assert max(len(i) for i in ids) == POSITIONS, [len(i) for i in ids]
     embeddings = encoder.encode(texts, batch_size=3, convert_to_tensor=True)
 
     def cls_states():

@@ -10,18 +10,18 @@ Run with the peers venv (`deploy/install-deps.sh --peers build/peers-venv` makes
   build/peers-venv/bin/python tests/tools/make_modernbert_golden.py tests/data
 
 The tokenizer is roberta_tiny's byte-level BPE (its files copied, model_max_length
-raised to 1024), so a rerun writes the same folder. The model: 3 layers (global, local,
+raised to 8192), so a rerun writes the same folder. The model: 3 layers (global, local,
 global: global_attn_every_n_layers 2), hidden 64, 4 heads of 16, intermediate 96,
 local_attention 16 (each token of a local layer sees 8 on either side), rope_theta
-160000 (global) and 10000 (local), 1024 positions, fp32, every LayerNorm scale drawn in
+160000 (global) and 10000 (local), 8192 positions, fp32, every LayerNorm scale drawn in
 [0.5, 1.5] (the initializer leaves them 1, which would let a loader that skips one
-pass). Texts: short sentences, and two long ones (about 300 and 1000 tokens) that reach
-far past the window and into large rotary angles.
+pass). Texts: short sentences, and three long ones (about 300 and 1000 tokens, and one
+cut at 8192) that reach far past the window and into large rotary angles.
 
 Writes modernbert_tiny/ (config.json as save_pretrained writes it, with layer_types and
 rope_parameters; model.safetensors; the tokenizer; modules.json with Transformer
-(max_seq_length 1024), mean Pooling and Normalize) and modernbert_tiny.golden.json: the
-texts (the longest cut at 1024 tokens), their token ids, SentenceTransformer.encode's
+(max_seq_length 8192), mean Pooling and Normalize) and modernbert_tiny.golden.json: the
+texts (the longest cut at 8192 tokens), their token ids, SentenceTransformer.encode's
 embeddings (normalized, batched with padding) and ModernBertModel's last hidden state
 mean-pooled, each text alone ("unnormalized"), checked here to agree.
 """
@@ -32,9 +32,9 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seeded_folder import save_mean_pooled, start_folder, write_golden  # noqa: E402
+from seeded_folder import long_text, save_mean_pooled, start_folder, write_golden  # noqa: E402,E501
 
-LAYERS, D, HEADS, FFN, POSITIONS = 3, 64, 4, 96, 1024
+LAYERS, D, HEADS, FFN, POSITIONS = 3, 64, 4, 96, 8192
 
 
 def main(directory):
@@ -62,11 +62,12 @@ def main(directory):
     encoder = save_mean_pooled(folder, D, POSITIONS)
 
     texts = [" ".join(s.split()[:14]) for s in sentences[80:86]] + \
-        [" ".join(sentences[100:112]), " ".join(sentences[120:160])]
+        [" ".join(sentences[100:112]), " ".join(sentences[120:160]),
+         long_text(sentences, tokenizer, POSITIONS)]
     ids = [tokenizer(t, truncation=True, max_length=POSITIONS)["input_ids"]
            for t in texts]
     lengths = [len(i) for i in ids]
-    assert max(lengths) > 900 and sorted(lengths)[-2] > 200, lengths
+    assert max(lengths) == POSITIONS and sorted(lengths)[-2] > 900, lengths
     embeddings = encoder.encode(texts, batch_size=3, convert_to_tensor=True)
     # The same by hand: each text alone through ModernBertModel, mean over its tokens.
     with torch.inference_mode():

@@ -29,9 +29,9 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seeded_bert import draw_norms_and_biases  # noqa: E402
-from seeded_folder import save_mean_pooled, start_folder, write_golden  # noqa: E402
+from seeded_folder import long_text, save_mean_pooled, start_folder, write_golden  # noqa: E402,E501
 
-LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 512
+LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 8192
 
 
 def main(directory):
@@ -51,10 +51,10 @@ def main(directory):
     encoder = save_mean_pooled(folder, D, POSITIONS)
 
     texts = [" ".join(s.split()[:14]) for s in sentences[90:95]] + \
-        [" ".join(sentences[130:150])]
+        [" ".join(sentences[130:150]), long_text(sentences, tokenizer, POSITIONS)]
     encoded = [tokenizer(t, truncation=True, max_length=POSITIONS) for t in texts]
     ids = [e["input_ids"] for e in encoded]
-    assert max(len(i) for i in ids) > 200, [len(i) for i in ids]
+    assert max(len(i) for i in ids) == POSITIONS, [len(i) for i in ids]
     embeddings = encoder.encode(texts, batch_size=3, convert_to_tensor=True)
     with torch.inference_mode():
         by_hand = torch.stack([

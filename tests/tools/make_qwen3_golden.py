@@ -14,12 +14,13 @@ Run with the peers venv (`deploy/install-deps.sh --peers build/peers-venv` makes
 The tokenizer is roberta_tiny's byte-level BPE (its tokenizer.json copied) with Qwen3-
 Embedding's post-processor: every text ends with the end-of-text token (here </s>),
 which the last-token pooling reads. The model: 2 layers, hidden 64, 4 heads of 32, 2
-key/value heads, intermediate 96, rope_theta 1e6, 4096 positions, fp32; every RMSNorm
+key/value heads, intermediate 96, rope_theta 1e6, 8192 positions, fp32; every RMSNorm
 scale drawn in [0.5, 1.5] so that a loader skipping one is caught. Texts: short
-sentences (three with the query prompt), one of about 300 tokens and one past 2,048.
+sentences (three with the query prompt), one of about 1,500 tokens and one cut at
+8,192 (its end-of-text token kept).
 
 Writes qwen3_tiny/ (config.json and model.safetensors with transformers' own names, the
-tokenizer, modules.json with Transformer (max_seq_length 4096), last-token Pooling and
+tokenizer, modules.json with Transformer (max_seq_length 8192), last-token Pooling and
 Normalize, config_sentence_transformers.json with the "query" prompt) and
 qwen3_tiny.golden.json: the texts (prompt included), their token ids,
 SentenceTransformer.encode's embeddings (normalized) and Qwen3Model's last hidden state
@@ -35,9 +36,9 @@ import transformers
 from sentence_transformers import SentenceTransformer, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seeded_folder import write_golden  # noqa: E402
+from seeded_folder import long_text, write_golden  # noqa: E402
 
-LAYERS, D, HEADS, KV_HEADS, HEAD_DIM, FFN, POSITIONS = 2, 64, 4, 2, 32, 96, 4096
+LAYERS, D, HEADS, KV_HEADS, HEAD_DIM, FFN, POSITIONS = 2, 64, 4, 2, 32, 96, 8192
 PROMPT = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
 
 
@@ -112,17 +113,11 @@ def main(directory):
     queries = [" ".join(s.split()[:10]) for s in sentences[60:63]]
     documents = [" ".join(s.split()[:14]) for s in sentences[63:66]] + \
         [" ".join(sentences[130:150])]
-    long_text = " ".join(sentences)
-    while len(tokenizer(long_text)["input_ids"]) < 2600:
-        long_text = long_text + " " + long_text
-    long_ids = tokenizer(long_text)["input_ids"][:2500]
-    long_text = tokenizer.decode(long_ids[:-1])
-    documents.append(long_text)
+    documents.append(long_text(sentences, tokenizer, POSITIONS))
     texts = [PROMPT + q for q in queries] + documents
-    ids = [tokenizer(t)["input_ids"] for t in texts]
+    ids = [tokenizer(t, truncation=True, max_length=POSITIONS)["input_ids"] for t in texts]
     assert all(i[-1] == tokenizer.eos_token_id for i in ids)
-    assert max(len(i) for i in ids) > 2048 and max(len(i) for i in ids) <= POSITIONS, \
-        [len(i) for i in ids]
+    assert max(len(i) for i in ids) == POSITIONS, [len(i) for i in ids]
     embeddings = torch.cat([
         encoder.encode(queries, prompt_name="query", batch_size=2,
                        convert_to_tensor=True),

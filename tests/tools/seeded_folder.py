@@ -29,6 +29,15 @@ def start_folder(directory, name, tokenizer_source, max_length):
     return folder, transformers.AutoTokenizer.from_pretrained(folder), sentences
 
 
+def long_text(sentences, tokenizer, tokens):
+    """sentences.en.txt's lines, repeated as needed, joined into one text of more than
+    TOKENS tokens (a model of TOKENS positions cuts it there)."""
+    text = " ".join(sentences)
+    while len(tokenizer(text)["input_ids"]) <= tokens:
+        text = text + " " + text
+    return text
+
+
 def save_mean_pooled(folder, width, max_length):
     """The checkpoint saved in FOLDER wrapped as Transformer (MAX_LENGTH tokens), mean
     Pooling and Normalize, saved there without a model card; returns the
