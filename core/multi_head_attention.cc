@@ -944,7 +944,6 @@ absl::StatusOr<CachedPrimitive*> MultiHeadAttention::GetPrimitive(
         case PrimitiveKind::kLayerNorm:
         case PrimitiveKind::kAdd:
         case PrimitiveKind::kActivation:
-        case PrimitiveKind::kGate:
         case PrimitiveKind::kGateProduct:
           return absl::InternalError("the encoder's primitive kinds are not attention's");
         case PrimitiveKind::kConvert: {

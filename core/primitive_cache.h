@@ -32,8 +32,7 @@ enum class PrimitiveKind : int32_t {
   kLayerNorm,    // [rows, width] layer normalization with scale and shift
   kAdd,          // [rows, width] + [rows, width]
   kActivation,   // an activation in place over [rows, width] (int8 feed-forward)
-  kGate,         // a gated feed-forward's act(input) in place, over half of each row
-  kGateProduct,  // act(input) * gate of each row's halves, into [rows, width]
+  kGateProduct,  // a gated feed-forward's act(gate) * input, dense [rows, width]
 };
 
 // A primitive's shape: what each kind's values mean is its creator's.

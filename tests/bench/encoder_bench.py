@@ -18,11 +18,14 @@ fed text through gRPC and POST /v1/embeddings beside the Python server tokenizin
 Unigram, XLM-R's, two mixed BPEs, WordPiece behind NFKC) beside `tokenizers` on the same
 file (--only tokenizers). Last, one row per encoder family (BERT, DistilBERT, RoBERTa,
 ELECTRA, MPNet; MiniLM-L6-shaped, random weights) beside ONNX Runtime on the same
-exported checkpoint (--only families).
+exported checkpoint (--only families). Then the modern architectures (--only modern):
+a ModernBERT-base-shaped and a Qwen3-0.6B-shaped model (real widths, fewer layers),
+1 and 2 threads, B=32 mixed lengths and one 8,192-token input, beside ONNX Runtime and
+PyTorch 2.x on the same checkpoint, and ModernBERT's local layers against all-global.
 
 usage (the Makefile runs it): build/peers-venv/bin/python tests/bench/encoder_bench.py
        BUILD_DIR REPO_ROOT [--rounds 5]
-       [--only all|text|int8|pruned|tokenizers|families]
+       [--only all|text|int8|pruned|tokenizers|families|modern]
 """
 import argparse
 import glob
@@ -86,11 +89,14 @@ def export_onnx(model_path, out, bert=None):
                       opset_version=17, dynamo=False)
 
 
-def ort_session(path, threads):
+def ort_session(path, threads, arena=True):
     """ONNX Runtime on `path` as the peer rows run it: every graph optimization,
-    `threads` intra-op threads, one inter-op thread, the CPU provider."""
+    `threads` intra-op threads, one inter-op thread, the CPU provider; without `arena`
+    its buffers go back after each run (an 8,192-token input's scores are GBs)."""
     import onnxruntime
     options = onnxruntime.SessionOptions()
+    options.enable_cpu_mem_arena = arena
+    options.enable_mem_pattern = arena
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -515,6 +521,143 @@ def family_rows(args, files, sequences):
               f"{'PASS' if ratio >= 1.3 and cosine >= 0.9999 else 'FAIL'} |")
 
 
+# The modern architectures at their real widths, with fewer layers than the models (the
+# full depths would take an hour a row on two cores; each layer costs the same, so the
+# ratios are the layers'): (name, model class, config class, keywords), random weights
+# from seed 0, saved by transformers with 8,192 positions.
+MODERN = (
+    ("ModernBERT-base-shaped, 3 layers (global, local, local)", "ModernBertModel",
+     "ModernBertConfig",
+     dict(vocab_size=50368, hidden_size=768, intermediate_size=1152, num_hidden_layers=3,
+          num_attention_heads=12, max_position_embeddings=8192, local_attention=128,
+          global_attn_every_n_layers=3)),
+    ("Qwen3-0.6B-shaped, 2 layers", "Qwen3Model", "Qwen3Config",
+     dict(vocab_size=151669, hidden_size=1024, intermediate_size=3072,
+          num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=8,
+          head_dim=128, max_position_embeddings=8192, rms_norm_eps=1e-6,
+          rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+)
+MODERN_SENTENCES, LONG_TOKENS = 128, 8192
+
+
+def save_mean_pooled_folder(folder, model, width):
+    """`model` saved in `folder` with sentence-transformers' modules: mean pooling and
+    Normalize (the pooling the ONNX export computes)."""
+    if os.path.exists(os.path.join(folder, "model.safetensors")):
+        return
+    model.save_pretrained(folder)
+    with open(os.path.join(folder, "modules.json"), "w") as f:
+        json.dump([{"idx": 0, "name": "0", "path": "",
+                    "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling"},
+                   {"idx": 2, "name": "2", "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize"}], f)
+    os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+    with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
+        json.dump({"word_embedding_dimension": width, "pooling_mode_mean_tokens": True}, f)
+
+
+def torch_rate(model, sequences, batch, threads, rounds):
+    """transformers' own forward (its sdpa attention) on padded batches."""
+    import torch
+    os.sched_setaffinity(0, {int(c) for c in (SERVER_CORE if threads == 1 else BOTH).split(",")})
+    torch.set_num_threads(threads)
+    tensors = [(torch.from_numpy(ids), torch.from_numpy(mask))
+               for ids, mask in padded_batches(sequences, batch)]
+
+    def run():
+        with torch.inference_mode():
+            for ids, mask in tensors:
+                model(input_ids=ids, attention_mask=mask)
+    return timed(rounds, len(sequences), run)
+
+
+def modern_rows(args, files, sequences):
+    """ModernBERT- and Qwen3-shaped models: the core beside ONNX Runtime (the checkpoint
+    exported as export_onnx exports MiniLM) and PyTorch 2.x (transformers' sdpa forward),
+    on 1 and 2 threads, B=32 mixed lengths (the peers pad each batch) and one
+    8,192-token input; then ModernBERT's local layers against the same model with every
+    layer global, on the long input."""
+    import torch
+    import transformers
+    work = os.path.join(args.build, "bench-encoder", "modern")
+    os.makedirs(work, exist_ok=True)
+    rounds = max(1, args.rounds // 2)
+    joined = np.concatenate(sequences)
+    long_ids = np.resize(joined, LONG_TOKENS).astype(np.int64)
+    long_files = (os.path.join(work, "long_ids.bin"), os.path.join(work, "long_lengths.bin"))
+    long_ids.astype("<i4").tofile(long_files[0])
+    np.array([LONG_TOKENS], dtype="<i4").tofile(long_files[1])
+    print()
+    print(f"Modern architectures (real widths, fewer layers; random weights from seed 0; "
+          f"mixed: the first {MODERN_SENTENCES} sentences, B=32, the peers padding each "
+          f"batch; long: one input of {LONG_TOKENS} tokens; medians of {rounds} passes "
+          f"after a warm-up; torch {torch.__version__} sdpa)")
+    print("| model | input | threads | attnserve /s | ORT /s | torch /s | ratio to the "
+          "faster | target | result |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, model_class, config_class, keywords in MODERN:
+        folder = os.path.join(work, model_class)
+        torch.manual_seed(0)
+        config = getattr(transformers, config_class)(**keywords)
+        config._attn_implementation = "sdpa"
+        model = getattr(transformers, model_class)(config).eval()
+        save_mean_pooled_folder(folder, model, keywords["hidden_size"])
+        onnx_path = os.path.join(work, model_class + ".onnx")
+        export_onnx(folder, onnx_path, model)
+        checked_session = ort_session(onnx_path, 2)
+        checked = 16
+        dump = os.path.join(work, model_class + ".pooled.bin")
+        core_rate(args.build, folder, files, 16, 2, 1, checked, dump=dump)
+        ours = np.fromfile(dump, dtype="<f4").reshape(checked, -1)
+        theirs = np.concatenate([checked_session.run(None, {"input_ids": ids,
+                                                            "attention_mask": mask})[0]
+                                 for ids, mask in padded_batches(sequences[:checked], 16)])
+        del checked_session
+        cosine = float(cosines(ours, theirs).min())
+        print(f"| {name}: cosine to ORT on {checked} sentences {cosine:.6f} "
+              f"| | | | | | | >= 0.9999 | {'PASS' if cosine >= 0.9999 else 'FAIL'} |")
+        for label, input_files, subset, batch, count, target in (
+                ("B=32 mixed", files, sequences[:MODERN_SENTENCES], 32, MODERN_SENTENCES,
+                 1.3),
+                (f"1 x {LONG_TOKENS}", long_files, [long_ids], 1, 1, 1.0)):
+            for threads in (1, 2):
+                core = core_rate(args.build, folder, input_files, batch, threads, rounds,
+                                 count)
+                # One session at a time, freed after its row.
+                session = {threads: ort_session(onnx_path, threads, arena=batch > 1)}
+                ort = peer_rate("ort", session, subset, batch, threads, rounds)
+                del session
+                pytorch = torch_rate(model, subset, batch, threads, rounds)
+                ratio = core / max(ort, pytorch)
+                unit = "sentences" if batch > 1 else "inputs"
+                print(f"| {name} | {label} ({unit}) | {threads} | {core:.3g} | {ort:.3g} | "
+                      f"{pytorch:.3g} | x{ratio:.2f} | >= x{target} | "
+                      f"{'PASS' if ratio >= target else 'FAIL'} |")
+        if model_class == "ModernBertModel":
+            # The same weights with every layer global: the local layers' skipped work.
+            everywhere = os.path.join(work, model_class + "-all-global")
+            os.makedirs(everywhere, exist_ok=True)
+            for entry in os.listdir(folder):
+                target_path = os.path.join(everywhere, entry)
+                if entry != "config.json" and not os.path.lexists(target_path):
+                    os.symlink(os.path.abspath(os.path.join(folder, entry)), target_path)
+            with open(os.path.join(folder, "config.json")) as f:
+                global_config = json.load(f)
+            global_config["layer_types"] = ["full_attention"] * keywords["num_hidden_layers"]
+            with open(os.path.join(everywhere, "config.json"), "w") as f:
+                json.dump(global_config, f)
+            for threads in (1, 2):
+                local = core_rate(args.build, folder, long_files, 1, threads, rounds, 1)
+                full = core_rate(args.build, everywhere, long_files, 1, threads, rounds, 1)
+                ratio = local / full
+                print(f"| {name}: local layers vs all global (attnserve) | 1 x "
+                      f"{LONG_TOKENS} | {threads} | {local:.3g} | | | x{ratio:.2f} vs "
+                      f"{full:.3g} | > x1.0 | {'PASS' if ratio > 1.0 else 'FAIL'} |")
+    os.sched_setaffinity(0, {int(CLIENT_CORE)})
+
+
 def row(name, ours, peer, target, passed, detail=""):
     print(f"| {name} | {ours} | {peer} | {target} | {'PASS' if passed else 'FAIL'} |"
           f"{' ' + detail if detail else ''}")
@@ -526,12 +669,13 @@ def main():
     parser.add_argument("root")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", choices=("all", "text", "int8", "pruned", "tokenizers",
-                                           "families"),
+                                           "families", "modern"),
                         default="all",
                         help="text: only the text-in rows (the peer around ORT); int8: "
                         "only the int8 rows (beside ORT's quantize_dynamic); pruned: only "
                         "the pruned-heads row; tokenizers: only the tokenizer rows; "
-                        "families: only the rows per encoder family")
+                        "families: only the rows per encoder family; modern: only the "
+                        "ModernBERT- and Qwen3-shaped rows")
     args = parser.parse_args()
     import onnxruntime
     import sentence_transformers
@@ -572,6 +716,11 @@ def main():
         print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
               f"core {SERVER_CORE}; onnxruntime {onnxruntime.__version__}")
         family_rows(args, files, sequences)
+        return
+    if args.only == "modern":
+        print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
+              f"cores {SERVER_CORE} and {BOTH}; onnxruntime {onnxruntime.__version__}")
+        modern_rows(args, files, sequences)
         return
     if args.only == "pruned":
         print(f"CPU: {host_info.cpu_description()}; {os.cpu_count()} cores; "
@@ -728,6 +877,7 @@ def main():
     int8_rows(args, model_path, files, sequences, golden, onnx_path)
     pruned_rows(args, model_path, npz)
     family_rows(args, files, sequences)
+    modern_rows(args, files, sequences)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,19 @@ def encoder_files():
         with open(os.path.join(distilbert, name), "rb") as f:
             parts.append(f.read())
     write("encoder_config", "distilbert", b"\0".join(parts))
+    # The rotary families: Qwen3's decoder (grouped-query, head_dim, q/k norms), GTE as
+    # transformers saves it and under the Hub's config (NTK scaling).
+    for name in ("qwen3_tiny", "gte_tiny", "modernbert_tiny", "nomic_tiny"):
+        folder = os.path.join(ROOT, "tests", "data", name)
+        parts = []
+        for part in ("config.json", "modules.json", os.path.join("1_Pooling", "config.json")):
+            with open(os.path.join(folder, part), "rb") as f:
+                parts.append(f.read())
+        write("encoder_config", name.replace("_tiny", ""), b"\0".join(parts))
+    with open(os.path.join(ROOT, "tests", "data", "gte_tiny.golden.json"),
+              encoding="utf-8") as f:
+        hub = json.load(f)["hub_config"]
+    write("encoder_config", "gte_hub", json.dumps(hub).encode())
     write("encoder_config", "sentence_transformers6",
           b'{"model_type":"distilbert","dim":32,"n_heads":4}\0'
           b'[{"type":"sentence_transformers.base.modules.normalize.Normalize"}]\0'
