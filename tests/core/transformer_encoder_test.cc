@@ -1104,6 +1104,48 @@ TEST(QwenTest, EncoderMatchesTransformers) {
   }
 }
 
+// Qwen2 (the same script's qwen2_tiny): Q, K and V with biases, no query/key norms,
+// heads of hidden_size / heads, 2 key/value heads.
+TEST(QwenTest, Qwen2MatchesTransformers) {
+  std::ifstream in(kData + "/qwen2_tiny.golden.json");
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  auto file = SafetensorsFile::Read(kData + "/qwen2_tiny/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  spec.qk_norm = false;
+  spec.head_size = 0;
+  for (EncoderSpec::LayerAttention& layer : spec.layer_attention) {
+    layer.rotary_inv_freq.resize(8);
+    for (int64_t i = 0; i < 8; ++i) {
+      layer.rotary_inv_freq[i] = 1.0f / std::pow(1e6f, static_cast<float>(2 * i) / 16);
+    }
+  }
+  auto weights = LoadBertWeights(*file, spec);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
+  ASSERT_TRUE(encoder.ok()) << encoder.status();
+  std::vector<int64_t> ids, lengths;
+  for (const auto& row_json : golden["token_ids"]) {
+    const auto row = row_json.get<std::vector<int64_t>>();
+    ids.insert(ids.end(), row.begin(), row.end());
+    lengths.push_back(static_cast<int64_t>(row.size()));
+  }
+  std::vector<float> want;
+  for (const auto& row : golden["unnormalized"]) {
+    for (const double value : row) want.push_back(static_cast<float>(value));
+  }
+  std::vector<float> pooled(want.size());
+  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const auto got = absl::MakeConstSpan(pooled).subspan(i * 64, 64);
+    const auto expected = absl::MakeConstSpan(want).subspan(i * 64, 64);
+    double scale = 0.0;
+    for (const float value : expected) scale = std::max(scale, std::abs(double{value}));
+    EXPECT_LE((MaxAbsDiff<float, float>(got, expected)), 1e-4 * std::max(1.0, scale))
+        << "text " << i << " of " << lengths[i] << " tokens";
+  }
+}
+
 TEST(QwenTest, Bf16AndInt8StayNearFp32) {
   std::ifstream in(kData + "/qwen3_tiny.golden.json");
   const nlohmann::json golden = nlohmann::json::parse(in);

@@ -92,7 +92,8 @@ causal decoder with grouped-query attention, heads wider than hidden_size / head
 query/key norms, RMSNorms and SwiGLU, a byte-level BPE tokenizer ending each text with
 EOS, last-token pooling, texts up to 8,192 tokens): the folder as written through every
 door, the instruction prompt ("query") through the openai client and v1 against
-encode(prompt_name="query"); a sliding window, rope scaling, a key/value head count that
+encode(prompt_name="query"); qwen2_tiny (a seeded Qwen2Model: Q, K and V biases, no
+query/key norms) through every door; a sliding window, rope scaling, a key/value head count that
 does not divide the heads and a classification head, refused by name.
 
 Precision: each family's seeded embedder and reranker at bf16 and int8 against the
@@ -836,6 +837,8 @@ class QwenTest(FamilyServer):
     def setUpClass(cls):
         cls.open_source("qwen3_tiny")
         cls.add_model("qwen3", "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
+        cls.qwen2 = cls.add_reranker("qwen2", "qwen2_tiny",
+                                     "encoder { auto_truncate: AUTO_TRUNCATE_ON }\n")
         cls.start()
 
     def test_the_folder_as_written_matches_sentence_transformers_at_every_door(self):
@@ -849,6 +852,18 @@ class QwenTest(FamilyServer):
         self.assertEqual(encoder.pooling, attention_pb2.EncoderConfig.POOLING_LAST_TOKEN)
         self.assertEqual(encoder.max_positions, 8192)
         self.assertEqual([a.rope_theta for a in encoder.layer_attention], [1e6, 1e6])
+
+    def test_qwen2_with_biases_and_no_query_key_norms_matches_at_every_door(self):
+        qwen3 = self.golden
+        self.golden = self.qwen2
+        try:
+            self.assert_every_door("qwen2")
+        finally:
+            self.golden = qwen3
+        encoder = self.v1.GetModel(attention_pb2.GetModelRequest(name="qwen2"),
+                                   timeout=60).model.encoder
+        self.assertEqual((encoder.num_kv_heads, encoder.head_size, encoder.qk_norm),
+                         (2, 0, False))
 
     def test_the_query_prompt_is_put_before_the_query_as_sentence_transformers_does(self):
         prompt = self.golden["config"]["query_prompt"]

@@ -24,7 +24,10 @@ tokenizer, modules.json with Transformer (max_seq_length 8192), last-token Pooli
 Normalize, config_sentence_transformers.json with the "query" prompt) and
 qwen3_tiny.golden.json: the texts (prompt included), their token ids,
 SentenceTransformer.encode's embeddings (normalized) and Qwen3Model's last hidden state
-at the last token, each text alone ("unnormalized"), checked here to agree.
+at the last token, each text alone ("unnormalized"), checked here to agree. The same for
+qwen2_tiny/: a Qwen2Model (seed 71) with Q, K and V biases, no query/key norms and heads
+of 16, its tokenizer as sentence-transformers saves it for a Qwen2 model (transformers'
+Qwen2Tokenizer: Qwen's pre-tokenizer regex, which splits digits one by one).
 """
 import json
 import os
@@ -75,28 +78,46 @@ def write_tokenizer(directory, folder):
 
 
 def main(directory):
+    write_model(directory, "qwen3_tiny", 70)
+    write_model(directory, "qwen2_tiny", 71)
+
+
+def write_model(directory, name, seed):
+    """qwen3_tiny (Qwen3Model as above) or qwen2_tiny: Qwen2Model over the same tokenizer
+    and texts, its Q, K and V with biases (drawn in [-0.2, 0.2]), no query/key norms,
+    heads of hidden_size / heads (16), 2 key/value heads."""
     with open(os.path.join(directory, "sentences.en.txt"), encoding="utf-8") as f:
         sentences = [line.strip() for line in f if line.strip()]
-    folder = os.path.join(directory, "qwen3_tiny")
+    folder = os.path.join(directory, name)
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     tokenizer = write_tokenizer(directory, folder)
 
-    torch.manual_seed(70)
-    config = transformers.Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=D, intermediate_size=FFN,
+    torch.manual_seed(seed)
+    qwen3 = name == "qwen3_tiny"
+    # Qwen2's folder gets transformers' Qwen2Tokenizer when sentence-transformers loads
+    # and saves it (Qwen's own pre-tokenizer, digits one by one, and <|endoftext|> added
+    # after the vocabulary): its table has room, as Qwen's padded vocabularies do.
+    common = dict(
+        vocab_size=len(tokenizer) + (0 if qwen3 else 24), hidden_size=D, intermediate_size=FFN,
         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+        num_key_value_heads=KV_HEADS,
         max_position_embeddings=POSITIONS, initializer_range=0.2, rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False)
+    if qwen3:
+        config = transformers.Qwen3Config(head_dim=HEAD_DIM, **common)
+    else:
+        config = transformers.Qwen2Config(**common)
     config._attn_implementation = "eager"
-    model = transformers.Qwen3Model(config).eval()
+    model = (transformers.Qwen3Model if qwen3 else transformers.Qwen2Model)(config).eval()
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):  # every RMSNorm: q_norm, k_norm, layers'
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.endswith("norm.weight"):  # every RMSNorm
                 parameter.uniform_(0.5, 1.5)
+            elif parameter_name.endswith(".bias"):  # Qwen2's Q, K and V
+                parameter.uniform_(-0.2, 0.2)
     model.save_pretrained(folder)
 
     transformer = models.Transformer(folder, max_seq_length=POSITIONS)
@@ -109,6 +130,7 @@ def main(directory):
         os.remove(readme)
     encoder = SentenceTransformer(folder, device="cpu")
     assert encoder.prompts.get("query") == PROMPT, encoder.prompts
+    tokenizer = encoder.tokenizer  # as saved beside the model, which the server reads
 
     queries = [" ".join(s.split()[:10]) for s in sentences[60:63]]
     documents = [" ".join(s.split()[:14]) for s in sentences[63:66]] + \
@@ -125,11 +147,12 @@ def main(directory):
     with torch.inference_mode():
         by_hand = torch.stack([
             model(input_ids=torch.tensor([i])).last_hidden_state[0, -1] for i in ids])
-    write_golden(directory, "qwen3_tiny", texts, ids, embeddings, by_hand,
+    write_golden(directory, name, texts, ids, embeddings, by_hand,
                  {"hidden_size": D, "num_attention_heads": HEADS,
-                  "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                  "num_key_value_heads": KV_HEADS,
+                  "head_dim": HEAD_DIM if qwen3 else D // HEADS,
                   "num_hidden_layers": LAYERS, "intermediate_size": FFN,
-                  "vocab_size": len(tokenizer), "rope_theta": 1e6,
+                  "vocab_size": config.vocab_size, "rope_theta": 1e6,
                   "query_prompt": PROMPT})
 
 
