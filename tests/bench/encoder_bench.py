@@ -490,19 +490,7 @@ def family_rows(args, files, sequences):
             else keywords
         config = getattr(transformers, config_class)(**fields)
         model = getattr(transformers, model_class)(config).eval()
-        if not os.path.exists(os.path.join(folder, "model.safetensors")):
-            model.save_pretrained(folder)
-            with open(os.path.join(folder, "modules.json"), "w") as f:
-                json.dump([{"idx": 0, "name": "0", "path": "",
-                            "type": "sentence_transformers.models.Transformer"},
-                           {"idx": 1, "name": "1", "path": "1_Pooling",
-                            "type": "sentence_transformers.models.Pooling"},
-                           {"idx": 2, "name": "2", "path": "2_Normalize",
-                            "type": "sentence_transformers.models.Normalize"}], f)
-            os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
-            with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
-                json.dump({"word_embedding_dimension": 384,
-                           "pooling_mode_mean_tokens": True}, f)
+        save_mean_pooled_folder(folder, model, FAMILY_SHAPE["hidden_size"])
         onnx_path = os.path.join(work, model_class + ".onnx")
         export_onnx(folder, onnx_path, model)
         session = ort_session(onnx_path, 1)

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -784,6 +785,47 @@ TEST(SpladeSpecTest, RefusesWhatItCannotServe) {
   EXPECT_THAT(spec.Validate().message(), HasSubstr("sparse_log_twice applies"));
 }
 
+// A family's golden file (tests/tools/make_*_golden.py) with its texts' token ids as one
+// packed batch.
+struct PackedGolden {
+  nlohmann::json json;
+  std::vector<int64_t> ids, lengths;
+  // The table `key` (one row per text), the first `texts` rows, flattened.
+  std::vector<float> Rows(const char* key, size_t texts = SIZE_MAX) const {
+    std::vector<float> rows;
+    for (size_t i = 0; i < json[key].size() && i < texts; ++i) {
+      for (const double value : json[key][i]) rows.push_back(static_cast<float>(value));
+    }
+    return rows;
+  }
+};
+
+PackedGolden ReadPackedGolden(const std::string& name, size_t texts = SIZE_MAX) {
+  std::ifstream in(kData + "/" + name + ".golden.json");
+  PackedGolden golden;
+  golden.json = nlohmann::json::parse(in);
+  for (size_t i = 0; i < golden.json["token_ids"].size() && i < texts; ++i) {
+    const auto row = golden.json["token_ids"][i].get<std::vector<int64_t>>();
+    golden.ids.insert(golden.ids.end(), row.begin(), row.end());
+    golden.lengths.push_back(static_cast<int64_t>(row.size()));
+  }
+  return golden;
+}
+
+// Each text's row of `got` within `relative` of `want`'s largest value (at least 1).
+void ExpectRowsNear(absl::Span<const float> got, absl::Span<const float> want,
+                    absl::Span<const int64_t> lengths, double relative) {
+  const size_t width = want.size() / lengths.size();
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const auto expected = want.subspan(i * width, width);
+    double scale = 1.0;
+    for (const float value : expected) scale = std::max(scale, std::abs(double{value}));
+    EXPECT_LE((MaxAbsDiff<float, float>(got.subspan(i * width, width), expected)),
+              relative * scale)
+        << "text " << i << " of " << lengths[i] << " tokens";
+  }
+}
+
 // ModernBERT (tests/tools/make_modernbert_golden.py): a seeded 3-layer ModernBertModel
 // (global, local with a window of 8, global; rotary bases 160000 and 10000; a gated
 // GELU feed-forward; no biases), its last hidden state mean-pooled by transformers,
@@ -935,8 +977,8 @@ TEST(ModernBertTest, AMissingTensorIsNamed) {
 // base 1000, post-LN, SwiGLU, no projection biases, LayerNorm biases drawn), saved in
 // the Hub's tensor names, its last hidden state mean-pooled by transformers.
 TEST(NomicBertTest, EncoderMatchesTransformers) {
-  std::ifstream in(kData + "/nomic_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
+  const PackedGolden packed = ReadPackedGolden("nomic_tiny");
+  const nlohmann::json& golden = packed.json;
   auto file = SafetensorsFile::Read(kData + "/nomic_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EncoderSpec spec;
@@ -963,16 +1005,9 @@ TEST(NomicBertTest, EncoderMatchesTransformers) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   auto encoder = TransformerEncoder::Create(spec, *weights, {});
   ASSERT_TRUE(encoder.ok()) << encoder.status();
-  std::vector<int64_t> ids, lengths;
-  for (const auto& row_json : golden["token_ids"]) {
-    const auto row = row_json.get<std::vector<int64_t>>();
-    ids.insert(ids.end(), row.begin(), row.end());
-    lengths.push_back(static_cast<int64_t>(row.size()));
-  }
-  std::vector<float> want;
-  for (const auto& row : golden["unnormalized"]) {
-    for (const double value : row) want.push_back(static_cast<float>(value));
-  }
+  const std::vector<int64_t>& ids = packed.ids;
+  const std::vector<int64_t>& lengths = packed.lengths;
+  const std::vector<float> want = packed.Rows("unnormalized");
   std::vector<float> pooled(want.size());
   ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
   EXPECT_LE((MaxAbsDiff<float, float>(pooled, want)), 2e-5);
@@ -1036,39 +1071,24 @@ EncoderSpec Qwen3Spec(int64_t vocab_size) {
 }
 
 TEST(QwenTest, EncoderMatchesTransformers) {
-  std::ifstream in(kData + "/qwen3_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
+  const PackedGolden packed = ReadPackedGolden("qwen3_tiny");
   auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
-  const EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  const EncoderSpec spec = Qwen3Spec(packed.json["config"]["vocab_size"]);
   auto weights = LoadBertWeights(*file, spec);
   ASSERT_TRUE(weights.ok()) << weights.status();
   auto encoder = TransformerEncoder::Create(spec, *weights, {});
   ASSERT_TRUE(encoder.ok()) << encoder.status();
-  std::vector<int64_t> ids, lengths;
-  for (const auto& row_json : golden["token_ids"]) {
-    const auto row = row_json.get<std::vector<int64_t>>();
-    ids.insert(ids.end(), row.begin(), row.end());
-    lengths.push_back(static_cast<int64_t>(row.size()));
-  }
+  const std::vector<int64_t>& ids = packed.ids;
+  const std::vector<int64_t>& lengths = packed.lengths;
   ASSERT_GT(*std::max_element(lengths.begin(), lengths.end()), 8191);
-  std::vector<float> want;
-  for (const auto& row : golden["unnormalized"]) {
-    for (const double value : row) want.push_back(static_cast<float>(value));
-  }
-  // One packed batch, short texts beside one of 8,192 tokens (the flash path's).
+  const std::vector<float> want = packed.Rows("unnormalized");
+  // One packed batch, short texts beside one of 8,192 tokens (the flash path's). The
+  // last token's hidden state has the scale of the final norm's (about 1 per value):
+  // 1e-4 relative to it.
   std::vector<float> pooled(want.size());
   ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    const auto got = absl::MakeConstSpan(pooled).subspan(i * 64, 64);
-    const auto expected = absl::MakeConstSpan(want).subspan(i * 64, 64);
-    // The last token's hidden state has the scale of the final norm's (about 1 per
-    // value): 1e-4 relative to it.
-    double scale = 0.0;
-    for (const float value : expected) scale = std::max(scale, std::abs(double{value}));
-    EXPECT_LE((MaxAbsDiff<float, float>(got, expected)), 1e-4 * std::max(1.0, scale))
-        << "text " << i << " of " << lengths[i] << " tokens";
-  }
+  ExpectRowsNear(pooled, want, lengths, 1e-4);
   // A Qwen encoder without its causal mask is refused; with the key/value heads
   // swapped, or without the query norm's scales, the answer moves.
   EncoderSpec bidirectional = spec;
@@ -1107,11 +1127,10 @@ TEST(QwenTest, EncoderMatchesTransformers) {
 // Qwen2 (the same script's qwen2_tiny): Q, K and V with biases, no query/key norms,
 // heads of hidden_size / heads, 2 key/value heads.
 TEST(QwenTest, Qwen2MatchesTransformers) {
-  std::ifstream in(kData + "/qwen2_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
+  const PackedGolden packed = ReadPackedGolden("qwen2_tiny");
   auto file = SafetensorsFile::Read(kData + "/qwen2_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
-  EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+  EncoderSpec spec = Qwen3Spec(packed.json["config"]["vocab_size"]);
   spec.qk_norm = false;
   spec.head_size = 0;
   for (EncoderSpec::LayerAttention& layer : spec.layer_attention) {
@@ -1124,45 +1143,23 @@ TEST(QwenTest, Qwen2MatchesTransformers) {
   ASSERT_TRUE(weights.ok()) << weights.status();
   auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
   ASSERT_TRUE(encoder.ok()) << encoder.status();
-  std::vector<int64_t> ids, lengths;
-  for (const auto& row_json : golden["token_ids"]) {
-    const auto row = row_json.get<std::vector<int64_t>>();
-    ids.insert(ids.end(), row.begin(), row.end());
-    lengths.push_back(static_cast<int64_t>(row.size()));
-  }
-  std::vector<float> want;
-  for (const auto& row : golden["unnormalized"]) {
-    for (const double value : row) want.push_back(static_cast<float>(value));
-  }
+  const std::vector<float> want = packed.Rows("unnormalized");
   std::vector<float> pooled(want.size());
-  ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    const auto got = absl::MakeConstSpan(pooled).subspan(i * 64, 64);
-    const auto expected = absl::MakeConstSpan(want).subspan(i * 64, 64);
-    double scale = 0.0;
-    for (const float value : expected) scale = std::max(scale, std::abs(double{value}));
-    EXPECT_LE((MaxAbsDiff<float, float>(got, expected)), 1e-4 * std::max(1.0, scale))
-        << "text " << i << " of " << lengths[i] << " tokens";
-  }
+  ASSERT_TRUE((*encoder)
+                  ->Forward({packed.ids, {}, packed.lengths}, absl::MakeSpan(pooled), {})
+                  .ok());
+  ExpectRowsNear(pooled, want, packed.lengths, 1e-4);
 }
 
 TEST(QwenTest, Bf16AndInt8StayNearFp32) {
-  std::ifstream in(kData + "/qwen3_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
+  const PackedGolden packed = ReadPackedGolden("qwen3_tiny", 6);  // the short texts
   auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
-  std::vector<int64_t> ids, lengths;
-  std::vector<float> want;
-  for (size_t i = 0; i < 6; ++i) {  // the short texts
-    const auto row = golden["token_ids"][i].get<std::vector<int64_t>>();
-    ids.insert(ids.end(), row.begin(), row.end());
-    lengths.push_back(static_cast<int64_t>(row.size()));
-    for (const double value : golden["embeddings"][i]) {
-      want.push_back(static_cast<float>(value));
-    }
-  }
+  const std::vector<int64_t>& ids = packed.ids;
+  const std::vector<int64_t>& lengths = packed.lengths;
+  const std::vector<float> want = packed.Rows("embeddings", 6);
   for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
-    EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
+    EncoderSpec spec = Qwen3Spec(packed.json["config"]["vocab_size"]);
     spec.precision = precision;
     spec.normalize = true;
     auto weights = LoadBertWeights(*file, spec);
@@ -1183,8 +1180,7 @@ TEST(QwenTest, Bf16AndInt8StayNearFp32) {
 }
 
 TEST(QwenTest, EveryTensorIsUsedOrNamed) {
-  std::ifstream in(kData + "/qwen3_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
+  const nlohmann::json golden = ReadPackedGolden("qwen3_tiny", 0).json;
   auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EncoderSpec spec = Qwen3Spec(golden["config"]["vocab_size"]);
@@ -1219,8 +1215,8 @@ TEST(QwenTest, EveryTensorIsUsedOrNamed) {
 // gated GELU, biases drawn; CLS states, with the default frequencies and with the Hub's
 // fixed NTK ones (factor 2).
 TEST(GteTest, EncoderMatchesTransformersWithAndWithoutNtkScaling) {
-  std::ifstream in(kData + "/gte_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
+  const PackedGolden packed = ReadPackedGolden("gte_tiny");
+  const nlohmann::json& golden = packed.json;
   auto file = SafetensorsFile::Read(kData + "/gte_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EncoderSpec spec;
@@ -1239,13 +1235,9 @@ TEST(GteTest, EncoderMatchesTransformersWithAndWithoutNtkScaling) {
     plain.push_back(1.0f / std::pow(160000.0f, static_cast<float>(2 * i) / 16));
   }
   const auto ntk = golden["config"]["ntk_inv_freq"].get<std::vector<float>>();
-  std::vector<int64_t> ids, types, lengths;
-  for (const auto& row_json : golden["token_ids"]) {
-    const auto row = row_json.get<std::vector<int64_t>>();
-    ids.insert(ids.end(), row.begin(), row.end());
-    lengths.push_back(static_cast<int64_t>(row.size()));
-  }
-  types.assign(ids.size(), 0);
+  const std::vector<int64_t>& ids = packed.ids;
+  const std::vector<int64_t>& lengths = packed.lengths;
+  const std::vector<int64_t> types(ids.size(), 0);
   for (const auto& [inv_freq, key] :
        {std::pair(plain, "unnormalized"), std::pair(ntk, "ntk_unnormalized")}) {
     spec.layer_attention.assign(2, {});
@@ -1256,10 +1248,7 @@ TEST(GteTest, EncoderMatchesTransformersWithAndWithoutNtkScaling) {
     ASSERT_TRUE(weights.ok()) << weights.status();
     auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
     ASSERT_TRUE(encoder.ok()) << encoder.status();
-    std::vector<float> want;
-    for (const auto& row : golden[key]) {
-      for (const double value : row) want.push_back(static_cast<float>(value));
-    }
+    const std::vector<float> want = packed.Rows(key);
     std::vector<float> pooled(want.size());
     ASSERT_TRUE(
         (*encoder)->Forward({ids, types, lengths}, absl::MakeSpan(pooled), {}).ok());

@@ -34,17 +34,15 @@ here to agree.
 import json
 import math
 import os
-import shutil
 import sys
 
 import torch
 import transformers
 from safetensors.torch import load_file
-from sentence_transformers import SentenceTransformer, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seeded_bert import draw_norms_and_biases  # noqa: E402
-from seeded_folder import long_text, start_folder  # noqa: E402
+from seeded_folder import long_text, save_pooled, start_folder  # noqa: E402
 
 LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 8192
 THETA, NTK_FACTOR = 160000.0, 2.0
@@ -91,15 +89,7 @@ def main(directory):
     model = draw_norms_and_biases(transformers.GteModel(config).eval())
     model.save_pretrained(folder)
 
-    transformer = models.Transformer(folder, max_seq_length=POSITIONS)
-    pooling = models.Pooling(D, pooling_mode="cls")
-    encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
-                                  device="cpu")
-    encoder.save(folder)
-    readme = os.path.join(folder, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
-    encoder = SentenceTransformer(folder, device="cpu")
+    encoder = save_pooled(folder, D, POSITIONS, mode="cls")
     tensors = load_file(os.path.join(folder, "model.safetensors"))
     assert "encoder.layer.0.attention.qkv_proj.weight" in tensors, sorted(tensors)
     assert "encoder.layer.0.mlp.up_gate_proj.weight" in tensors, sorted(tensors)

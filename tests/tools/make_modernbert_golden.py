@@ -32,7 +32,7 @@ import torch
 import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seeded_folder import long_text, save_mean_pooled, start_folder, write_golden  # noqa: E402,E501
+from seeded_folder import long_text, save_pooled, start_folder, write_golden  # noqa: E402
 
 LAYERS, D, HEADS, FFN, POSITIONS = 3, 64, 4, 96, 8192
 
@@ -59,7 +59,7 @@ def main(directory):
                 parameter.uniform_(0.5, 1.5)
     model.save_pretrained(folder)
 
-    encoder = save_mean_pooled(folder, D, POSITIONS)
+    encoder = save_pooled(folder, D, POSITIONS)
 
     texts = [" ".join(s.split()[:14]) for s in sentences[80:86]] + \
         [" ".join(sentences[100:112]), " ".join(sentences[120:160]),

@@ -29,7 +29,7 @@ import transformers
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from seeded_bert import draw_norms_and_biases  # noqa: E402
-from seeded_folder import long_text, save_mean_pooled, start_folder, write_golden  # noqa: E402,E501
+from seeded_folder import long_text, save_pooled, start_folder, write_golden  # noqa: E402
 
 LAYERS, D, HEADS, FFN, POSITIONS = 2, 64, 4, 96, 8192
 
@@ -48,7 +48,7 @@ def main(directory):
     model = draw_norms_and_biases(transformers.NomicBertModel(config).eval())
     model.save_pretrained(folder)
 
-    encoder = save_mean_pooled(folder, D, POSITIONS)
+    encoder = save_pooled(folder, D, POSITIONS)
 
     texts = [" ".join(s.split()[:14]) for s in sentences[90:95]] + \
         [" ".join(sentences[130:150]), long_text(sentences, tokenizer, POSITIONS)]

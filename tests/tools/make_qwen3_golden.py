@@ -36,10 +36,9 @@ import sys
 
 import torch
 import transformers
-from sentence_transformers import SentenceTransformer, models
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from seeded_folder import long_text, write_golden  # noqa: E402
+from seeded_folder import long_text, save_pooled, write_golden  # noqa: E402
 
 LAYERS, D, HEADS, KV_HEADS, HEAD_DIM, FFN, POSITIONS = 2, 64, 4, 2, 32, 96, 8192
 PROMPT = "Instruct: Given a web search query, retrieve relevant passages\nQuery:"
@@ -120,15 +119,7 @@ def write_model(directory, name, seed):
                 parameter.uniform_(-0.2, 0.2)
     model.save_pretrained(folder)
 
-    transformer = models.Transformer(folder, max_seq_length=POSITIONS)
-    pooling = models.Pooling(D, pooling_mode="lasttoken")
-    encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
-                                  device="cpu", prompts={"query": PROMPT})
-    encoder.save(folder)
-    readme = os.path.join(folder, "README.md")
-    if os.path.exists(readme):
-        os.remove(readme)
-    encoder = SentenceTransformer(folder, device="cpu")
+    encoder = save_pooled(folder, D, POSITIONS, mode="lasttoken", prompts={"query": PROMPT})
     assert encoder.prompts.get("query") == PROMPT, encoder.prompts
     tokenizer = encoder.tokenizer  # as saved beside the model, which the server reads
 

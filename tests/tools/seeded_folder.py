@@ -38,14 +38,14 @@ def long_text(sentences, tokenizer, tokens):
     return text
 
 
-def save_mean_pooled(folder, width, max_length):
-    """The checkpoint saved in FOLDER wrapped as Transformer (MAX_LENGTH tokens), mean
-    Pooling and Normalize, saved there without a model card; returns the
-    SentenceTransformer reloaded from the folder."""
+def save_pooled(folder, width, max_length, mode="mean", prompts=None):
+    """The checkpoint saved in FOLDER wrapped as Transformer (MAX_LENGTH tokens), Pooling
+    in MODE and Normalize, with PROMPTS (name -> text) when given, saved there without a
+    model card; returns the SentenceTransformer reloaded from the folder."""
     transformer = models.Transformer(folder, max_seq_length=max_length)
-    pooling = models.Pooling(width, pooling_mode="mean")
+    pooling = models.Pooling(width, pooling_mode=mode)
     encoder = SentenceTransformer(modules=[transformer, pooling, models.Normalize()],
-                                  device="cpu")
+                                  device="cpu", prompts=prompts)
     encoder.save(folder)
     readme = os.path.join(folder, "README.md")
     if os.path.exists(readme):
