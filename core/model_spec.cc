@@ -53,6 +53,15 @@ absl::Status ModelSpec::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("qk_norm_eps must be finite and > 0, got ", qk_norm_eps));
   }
+  // int8 sums of 255 * 127 per term stay within int32 up to this many terms: the
+  // out-projection sums over the heads' width.
+  constexpr int64_t kMaxInt8Terms = 65536;
+  if (precision == Precision::kInt8 && head_size > 0 &&
+      num_heads * head_size > kMaxInt8Terms) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_heads * head_size must be at most ", kMaxInt8Terms,
+                     " for int8 precision (int32 sums), got ", num_heads * head_size));
+  }
   if (precision != Precision::kFp32 && precision != Precision::kBf16 &&
       precision != Precision::kInt8) {
     return absl::InvalidArgumentError("precision must be fp32, bf16 or int8");

@@ -212,9 +212,9 @@ absl::Status EncoderSpec::Validate() const {
         " encoder is post-LN with a gated feed-forward and no position table"));
   }
   const bool qwen = family == Family::kQwen;
-  if (qwen != (norm == Norm::kRms && causal) ||
-      (qwen && (norm_placement != NormPlacement::kPre || absolute_positions ||
-                !gated_ffn || type_vocab_size != 1))) {
+  if ((!qwen && (norm == Norm::kRms || causal)) ||
+      (qwen && (norm != Norm::kRms || !causal || norm_placement != NormPlacement::kPre ||
+                absolute_positions || !gated_ffn || type_vocab_size != 1))) {
     return Invalid(
         "RMSNorm and a causal mask are served in the Qwen family only, which is pre-norm "
         "with a gated feed-forward, no position table and one token type");

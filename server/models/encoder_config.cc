@@ -390,6 +390,12 @@ absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
 absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64_t d,
                              int64_t heads, v1::EncoderConfig* encoder) {
   constexpr absl::string_view kFile = "config.json";
+  if (const auto it = json.find("is_causal");
+      it != json.end() && it->is_boolean() && !it->get<bool>()) {
+    return Invalid(
+        "config.json: is_causal false (a bidirectional Qwen) is not served (served: "
+        "causal)");
+  }
   ATTN_ASSIGN_OR_RETURN(const bool sliding, Flag(json, "use_sliding_window", kFile));
   if (sliding) {
     return Invalid(
@@ -433,6 +439,11 @@ absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64
   ATTN_ASSIGN_OR_RETURN(
       const int64_t head_dim,
       Count(json, "head_dim", qwen3 ? 128 : (heads > 0 ? d / heads : 0), kFile));
+  constexpr int64_t kMaxHeadDim = 65536;
+  if (head_dim > kMaxHeadDim) {
+    return Invalid(absl::StrCat("config.json: head_dim must be at most ", kMaxHeadDim,
+                                ", got ", head_dim));
+  }
   if (encoder->num_kv_heads() != 0 || encoder->head_size() != 0 || encoder->qk_norm()) {
     return Invalid(
         "encoder.num_kv_heads, head_size and qk_norm are read from config.json; leave "
@@ -568,6 +579,14 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
         " in config.pbtxt but config.json's model_type is \"", model_type, "\""));
   }
   encoder->set_family(family);
+  // Qwen2 and Qwen3, the Hub's GTE and transformers' differ in defaults only
+  // config.json's model_type tells apart.
+  if (!json.contains("model_type") && (family == v1::EncoderConfig::FAMILY_QWEN ||
+                                       family == v1::EncoderConfig::FAMILY_GTE)) {
+    return Invalid(absl::StrCat("config.json: model_type is required for ",
+                                v1::EncoderConfig::Family_Name(family),
+                                " (\"qwen2\" or \"qwen3\"; \"new\" or \"gte\")"));
+  }
   // Only BERT's family comes pre-LN (Megatron-BERT), and ModernBERT only pre-LN; the
   // others' names have no final norm to read.
   const bool modern = family == v1::EncoderConfig::FAMILY_MODERNBERT;
@@ -714,8 +733,9 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
   ATTN_RETURN_IF_ERROR(Merge(types, "encoder.type_vocab_size", &value));
   encoder->set_type_vocab_size(value);
   if (encoder->activation() == v1::EncoderConfig::ACTIVATION_UNSPECIFIED) {
+    // Qwen2Config's and Qwen3Config's default is silu.
     ATTN_ASSIGN_OR_RETURN(const std::string act,
-                          Text(json, keys.activation, "gelu", kFile));
+                          Text(json, keys.activation, qwen ? "silu" : "gelu", kFile));
     if (act == "gelu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU);
     } else if (act == "gelu_new" || act == "gelu_pytorch_tanh") {

@@ -1664,6 +1664,18 @@ TEST(GroupedQueryTest, RejectsKvHeadsThatDoNotDivideTheHeads) {
   EXPECT_THAT(spec.Validate().message(), HasSubstr("num_kv_heads must be 0"));
   spec.num_kv_heads = 16;
   EXPECT_FALSE(spec.Validate().ok());
+  spec.num_kv_heads = 0;
+  spec.head_size = 1024;  // int8 sums over 8 x 1024 terms: within int32
+  spec.precision = Precision::kInt8;
+  EXPECT_TRUE(spec.Validate().ok());
+  spec.num_heads = 128;  // 131,072 terms: not
+  spec.d_model = 4096;
+  EXPECT_THAT(spec.Validate().message(),
+              HasSubstr("num_heads * head_size must be at most"));
+  spec.d_model = 128;
+  spec.num_heads = 8;
+  spec.head_size = 0;
+  spec.precision = Precision::kFp32;
   spec.num_kv_heads = 2;
   spec.qk_norm = true;
   spec.qk_norm_eps = 0.0f;

@@ -133,6 +133,10 @@ TEST(EncoderConfigTest, RefusesWhatItDoesNotServeNamingIt) {
        "config.json: num_key_value_heads 3 must divide num_attention_heads 4"},
       {{R"({"model_type": "qwen3", "head_dim": 0})", "", ""},
        "config.json: head_dim must be an integer in [1, 2^31), got 0"},
+      {{R"({"model_type": "qwen3", "head_dim": 2000000000})", "", ""},
+       "config.json: head_dim must be at most 65536, got 2000000000"},
+      {{R"({"model_type": "qwen2", "is_causal": false})", "", ""},
+       "config.json: is_causal false (a bidirectional Qwen) is not served"},
       {{R"({"model_type": "qwen2", "use_sliding_window": true})", "", ""},
        "config.json: use_sliding_window true is not served"},
       {{R"({"model_type": "qwen3", "rope_scaling": {"type": "yarn"}})", "", ""},
@@ -234,6 +238,38 @@ TEST(EncoderConfigTest, RefusesAConfigPbtxtThatContradictsConfigJson) {
       std::string(config.status().message()),
       HasSubstr("encoder.norm_placement is NORM_PLACEMENT_PRE in config.pbtxt but "
                 "config.json's model_type \"bert\" has NORM_PLACEMENT_POST"));
+}
+
+TEST(EncoderConfigTest, QwenAndGteNeedTheirModelTypeAndQwenDefaultsToSilu) {
+  // Their variants' defaults differ by model_type: a family from config.pbtxt alone is
+  // refused.
+  for (const auto family :
+       {v1::EncoderConfig::FAMILY_QWEN, v1::EncoderConfig::FAMILY_GTE}) {
+    v1::ModelConfig pbtxt;
+    pbtxt.mutable_encoder()->set_family(family);
+    auto config =
+        Resolve({R"({"hidden_size": 64, "num_attention_heads": 4})", "", ""}, pbtxt);
+    EXPECT_THAT(std::string(config.status().message()),
+                HasSubstr("config.json: model_type is required for"));
+  }
+  auto qwen = Resolve({R"({"model_type": "qwen2", "hidden_size": 64,
+      "num_attention_heads": 4, "num_key_value_heads": 2})",
+                       "", ""});
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_EQ(qwen->encoder().activation(), v1::EncoderConfig::ACTIVATION_SILU);
+  auto spec = EncoderSpecFromConfig(*qwen);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->causal);
+  EXPECT_EQ(spec->norm, core::EncoderSpec::Norm::kRms);
+  EXPECT_EQ(spec->num_kv_heads, 2);
+  // RMSNorm or a causal mask alone, outside the Qwen family, is refused.
+  spec->family = core::EncoderSpec::Family::kBert;
+  spec->norm_placement = core::EncoderSpec::NormPlacement::kPost;
+  spec->norm = core::EncoderSpec::Norm::kLayerNorm;
+  EXPECT_THAT(std::string(spec->Validate().message()), HasSubstr("Qwen family only"));
+  spec->causal = false;
+  spec->norm = core::EncoderSpec::Norm::kRms;
+  EXPECT_THAT(std::string(spec->Validate().message()), HasSubstr("Qwen family only"));
 }
 
 TEST(EncoderConfigTest, TheModelTypeSaysWhereTheNormsSit) {
