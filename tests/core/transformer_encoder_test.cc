@@ -973,6 +973,22 @@ TEST(ModernBertTest, AMissingTensorIsNamed) {
               HasSubstr("layer_attention[0].rotary_inv_freq has 9 frequencies"));
 }
 
+// The seeded rotary families' shape (make_nomic_golden.py, make_gte_golden.py): 2 gated
+// layers of 4 heads in 64, FFN 96, 8192 positions, no position table.
+EncoderSpec TinyRotarySpec(EncoderSpec::Family family, int64_t vocab_size) {
+  EncoderSpec spec;
+  spec.family = family;
+  spec.num_layers = 2;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.ffn_dim = 96;
+  spec.vocab_size = vocab_size;
+  spec.max_positions = 8192;
+  spec.absolute_positions = false;
+  spec.gated_ffn = true;
+  return spec;
+}
+
 // NomicBERT (tests/tools/make_nomic_golden.py): a seeded 2-layer NomicBertModel (rotary
 // base 1000, post-LN, SwiGLU, no projection biases, LayerNorm biases drawn), saved in
 // the Hub's tensor names, its last hidden state mean-pooled by transformers.
@@ -981,17 +997,9 @@ TEST(NomicBertTest, EncoderMatchesTransformers) {
   const nlohmann::json& golden = packed.json;
   auto file = SafetensorsFile::Read(kData + "/nomic_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
-  EncoderSpec spec;
-  spec.family = EncoderSpec::Family::kNomicBert;
-  spec.num_layers = 2;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.ffn_dim = 96;
-  spec.vocab_size = golden["config"]["vocab_size"];
-  spec.max_positions = 8192;
+  EncoderSpec spec =
+      TinyRotarySpec(EncoderSpec::Family::kNomicBert, golden["config"]["vocab_size"]);
   spec.activation = EncoderSpec::Activation::kSilu;
-  spec.absolute_positions = false;
-  spec.gated_ffn = true;
   spec.pooling = EncoderSpec::Pooling::kMean;
   for (int64_t layer = 0; layer < 2; ++layer) {
     EncoderSpec::LayerAttention attention;
@@ -1219,16 +1227,8 @@ TEST(GteTest, EncoderMatchesTransformersWithAndWithoutNtkScaling) {
   const nlohmann::json& golden = packed.json;
   auto file = SafetensorsFile::Read(kData + "/gte_tiny/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
-  EncoderSpec spec;
-  spec.family = EncoderSpec::Family::kGte;
-  spec.num_layers = 2;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.ffn_dim = 96;
-  spec.vocab_size = golden["config"]["vocab_size"];
-  spec.max_positions = 8192;
-  spec.absolute_positions = false;
-  spec.gated_ffn = true;
+  EncoderSpec spec =
+      TinyRotarySpec(EncoderSpec::Family::kGte, golden["config"]["vocab_size"]);
   spec.pooling = EncoderSpec::Pooling::kCls;
   std::vector<float> plain;
   for (int64_t i = 0; i < 8; ++i) {
