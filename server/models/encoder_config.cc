@@ -403,16 +403,16 @@ absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64
         "full_attention)");
   }
   if (const auto it = json.find("layer_types"); it != json.end() && !it->is_null()) {
-    for (size_t n = 0; it->is_array() && n < it->size(); ++n) {
+    if (!it->is_array()) {
+      return Invalid(
+          absl::StrCat("config.json: layer_types must be a list, got ", Shown(*it)));
+    }
+    for (size_t n = 0; n < it->size(); ++n) {
       const auto* type = (*it)[n].get_ptr<const Json::string_t*>();
       if (type == nullptr || *type != "full_attention") {
         return Invalid(absl::StrCat("config.json: layer_types[", n, "] ", Shown((*it)[n]),
                                     " is not served (served: \"full_attention\")"));
       }
-    }
-    if (!it->is_array()) {
-      return Invalid(
-          absl::StrCat("config.json: layer_types must be a list, got ", Shown(*it)));
     }
   }
   if (const auto it = json.find("rope_scaling"); it != json.end() && !it->is_null()) {
@@ -1392,28 +1392,28 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
       break;
     case v1::EncoderConfig::FAMILY_MODERNBERT:
       spec.family = core::EncoderSpec::Family::kModernBert;
-      spec.absolute_positions = false;
-      spec.gated_ffn = true;
       break;
     case v1::EncoderConfig::FAMILY_NOMIC_BERT:
       spec.family = core::EncoderSpec::Family::kNomicBert;
-      spec.absolute_positions = false;
-      spec.gated_ffn = true;
       break;
     case v1::EncoderConfig::FAMILY_GTE:
       spec.family = core::EncoderSpec::Family::kGte;
-      spec.absolute_positions = false;
-      spec.gated_ffn = true;
       break;
     case v1::EncoderConfig::FAMILY_QWEN:
       spec.family = core::EncoderSpec::Family::kQwen;
-      spec.absolute_positions = false;
-      spec.gated_ffn = true;
       spec.norm = core::EncoderSpec::Norm::kRms;
       spec.causal = true;
       break;
     default:
       spec.family = core::EncoderSpec::Family::kBert;
+  }
+  // The rotary families: positions from layer_attention, a gated feed-forward.
+  if (spec.family == core::EncoderSpec::Family::kModernBert ||
+      spec.family == core::EncoderSpec::Family::kNomicBert ||
+      spec.family == core::EncoderSpec::Family::kGte ||
+      spec.family == core::EncoderSpec::Family::kQwen) {
+    spec.absolute_positions = false;
+    spec.gated_ffn = true;
   }
   spec.position_offset = encoder.position_offset();
   spec.num_kv_heads = encoder.num_kv_heads();

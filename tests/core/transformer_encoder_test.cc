@@ -826,6 +826,37 @@ void ExpectRowsNear(absl::Span<const float> got, absl::Span<const float> want,
   }
 }
 
+// The golden `name`'s first six (short) texts through `spec` at bf16 and at int8,
+// normalized: cosine >= 0.999 and >= 0.99 to sentence-transformers' fp32 embeddings.
+void ExpectBf16AndInt8NearFp32(const std::string& name, EncoderSpec spec) {
+  const PackedGolden packed = ReadPackedGolden(name, 6);
+  auto file = SafetensorsFile::Read(kData + "/" + name + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::vector<float> want = packed.Rows("embeddings", 6);
+  const size_t width = want.size() / packed.lengths.size();
+  spec.normalize = true;
+  for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
+    spec.precision = precision;
+    auto weights = LoadBertWeights(*file, spec);
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
+    ASSERT_TRUE(encoder.ok()) << encoder.status();
+    std::vector<float> pooled(want.size());
+    ASSERT_TRUE(
+        (*encoder)
+            ->Forward({packed.ids, {}, packed.lengths}, absl::MakeSpan(pooled), {})
+            .ok());
+    for (size_t i = 0; i < packed.lengths.size(); ++i) {
+      double dot = 0.0;
+      for (size_t c = 0; c < width; ++c) {
+        dot += double{pooled[i * width + c]} * want[i * width + c];
+      }
+      EXPECT_GE(dot, precision == Precision::kBf16 ? 0.999 : 0.99)
+          << PrecisionName(precision) << " text " << i;
+    }
+  }
+}
+
 // ModernBERT (tests/tools/make_modernbert_golden.py): a seeded 3-layer ModernBertModel
 // (global, local with a window of 8, global; rotary bases 160000 and 10000; a gated
 // GELU feed-forward; no biases), its last hidden state mean-pooled by transformers,
@@ -916,38 +947,7 @@ TEST(ModernBertTest, EncoderMatchesTransformers) {
 }
 
 TEST(ModernBertTest, Bf16AndInt8StayNearFp32) {
-  std::ifstream in(kData + "/modernbert_tiny.golden.json");
-  const nlohmann::json golden = nlohmann::json::parse(in);
-  auto file = SafetensorsFile::Read(kData + "/modernbert_tiny/model.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::vector<int64_t> ids, lengths;
-  std::vector<float> want;
-  for (size_t i = 0; i < 6; ++i) {  // the short texts
-    const auto row = golden["token_ids"][i].get<std::vector<int64_t>>();
-    ids.insert(ids.end(), row.begin(), row.end());
-    lengths.push_back(static_cast<int64_t>(row.size()));
-    for (const double value : golden["embeddings"][i]) {
-      want.push_back(static_cast<float>(value));
-    }
-  }
-  for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
-    EncoderSpec spec = ModernBertSpec();
-    spec.precision = precision;
-    spec.normalize = true;
-    auto weights = LoadBertWeights(*file, spec);
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
-    ASSERT_TRUE(encoder.ok()) << encoder.status();
-    std::vector<float> pooled(want.size());
-    ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      double dot = 0.0;
-      for (size_t c = 0; c < 64; ++c)
-        dot += double{pooled[i * 64 + c]} * want[i * 64 + c];
-      EXPECT_GE(dot, precision == Precision::kBf16 ? 0.999 : 0.99)
-          << PrecisionName(precision) << " text " << i;
-    }
-  }
+  ExpectBf16AndInt8NearFp32("modernbert_tiny", ModernBertSpec());
 }
 
 TEST(ModernBertTest, AMissingTensorIsNamed) {
@@ -1160,31 +1160,9 @@ TEST(QwenTest, Qwen2MatchesTransformers) {
 }
 
 TEST(QwenTest, Bf16AndInt8StayNearFp32) {
-  const PackedGolden packed = ReadPackedGolden("qwen3_tiny", 6);  // the short texts
-  auto file = SafetensorsFile::Read(kData + "/qwen3_tiny/model.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
-  const std::vector<int64_t>& ids = packed.ids;
-  const std::vector<int64_t>& lengths = packed.lengths;
-  const std::vector<float> want = packed.Rows("embeddings", 6);
-  for (const Precision precision : {Precision::kBf16, Precision::kInt8}) {
-    EncoderSpec spec = Qwen3Spec(packed.json["config"]["vocab_size"]);
-    spec.precision = precision;
-    spec.normalize = true;
-    auto weights = LoadBertWeights(*file, spec);
-    ASSERT_TRUE(weights.ok()) << weights.status();
-    auto encoder = TransformerEncoder::Create(spec, *std::move(weights), {});
-    ASSERT_TRUE(encoder.ok()) << encoder.status();
-    std::vector<float> pooled(want.size());
-    ASSERT_TRUE((*encoder)->Forward({ids, {}, lengths}, absl::MakeSpan(pooled), {}).ok());
-    for (size_t i = 0; i < lengths.size(); ++i) {
-      double dot = 0.0;
-      for (size_t c = 0; c < 64; ++c) {
-        dot += double{pooled[i * 64 + c]} * want[i * 64 + c];
-      }
-      EXPECT_GE(dot, precision == Precision::kBf16 ? 0.999 : 0.99)
-          << PrecisionName(precision) << " text " << i;
-    }
-  }
+  ExpectBf16AndInt8NearFp32(
+      "qwen3_tiny",
+      Qwen3Spec(ReadPackedGolden("qwen3_tiny", 0).json["config"]["vocab_size"]));
 }
 
 TEST(QwenTest, EveryTensorIsUsedOrNamed) {
