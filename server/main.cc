@@ -50,7 +50,8 @@ ABSL_FLAG(
     absl::Duration, max_queue_delay, absl::Milliseconds(2),
     "How long the oldest queued request waits for company before its batch runs, and "
     "only while its batch is smaller than the last one (a lone caller's requests run at "
-    "once); 0 runs at once with whatever is queued.");
+    "once); a request that came while the worker computed waits from the end of that "
+    "batch. 0 runs at once with whatever is queued.");
 ABSL_FLAG(int, max_queue_size, 1024,
           "Queued requests per model beyond which new ones get RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_queue_bytes, 0,

@@ -163,6 +163,42 @@ TEST(BatchSchedulerTest, ABatchAsLargeAsTheLastGoesWithoutWaiting) {
   EXPECT_EQ(recorder.TaskOf(6).queue_time, absl::ZeroDuration());
 }
 
+TEST(BatchSchedulerTest, TasksQueuedBehindABatchWaitForTheCallersItAnswers) {
+  FakeClock clock;
+  absl::Notification started, release;
+  Recorder recorder;
+  const Scheduler::Executor record = recorder.Executor();
+  // The first batch runs until the test releases it.
+  auto executor = [&](int instance, absl::Span<FakeTask* const> batch) {
+    if (!started.HasBeenNotified()) started.Notify();
+    release.WaitForNotification();
+    return record(instance, batch);
+  };
+  auto scheduler = Scheduler::Create(Options(clock), executor);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  const auto enqueue = [&](int id) {
+    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
+  };
+  // Three callers; the third one's request comes late, while the first two's batch
+  // runs, and waits past its own delay.
+  enqueue(1);
+  enqueue(2);
+  clock.Advance(absl::Milliseconds(10));
+  started.WaitForNotification();
+  enqueue(3);
+  clock.Advance(absl::Milliseconds(30));
+  release.Notify();
+  recorder.Wait(2);
+  // The worker is free and 3 is alone, smaller than the last batch: it waits for the
+  // callers just answered instead of running alone, which would leave the three split
+  // in two batches that each wait for the other's.
+  clock.AwaitWaiters(1);
+  enqueue(4);
+  recorder.Wait(4);
+  EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2), ElementsAre(3, 4)));
+  EXPECT_EQ(recorder.TaskOf(3).queue_time, absl::Milliseconds(30));
+}
+
 TEST(BatchSchedulerTest, FullBatchGoesWithoutWaiting) {
   FakeClock clock;
   Recorder recorder;

@@ -37,4 +37,12 @@ void FakeClock::Advance(absl::Duration duration) {
   }
 }
 
+void FakeClock::AwaitWaiters(size_t n) {
+  absl::MutexLock lock(&mu_);
+  const auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return waiting_.size() >= n;
+  };
+  mu_.Await(absl::Condition(&enough));
+}
+
 }  // namespace attnserve::server

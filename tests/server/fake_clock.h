@@ -26,6 +26,9 @@ class FakeClock : public Clock {
                          absl::Time deadline) override;
   // Moves time forward and wakes waiters so they re-check their deadlines.
   void Advance(absl::Duration duration);
+  // Blocks until `n` threads wait in AwaitWithDeadline (a worker that found nothing
+  // due), so that a test can act after a decision instead of racing it.
+  void AwaitWaiters(size_t n);
 
  private:
   mutable absl::Mutex mu_;
