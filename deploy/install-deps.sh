@@ -15,7 +15,7 @@
 #               ONNX Runtime), pinned in deploy/requirements-peers.txt, in their own
 #               virtualenv DIR (several GB; not needed by `make test`)
 #   --servers DIR    the embedding servers of `make bench-servers` (infinity-emb with its
-#               torch and ONNX Runtime engines), pinned in deploy/requirements-servers.txt,
+#               torch and ONNX Runtime engines, PyTriton), pinned in deploy/requirements-servers.txt,
 #               in their own virtualenv DIR (several GB; not needed by `make test`)
 #   --transformers4 DIR  transformers 4.57 (the last with prune_heads() and head_mask),
 #               pinned in deploy/requirements-transformers4.txt, into DIR for the peers

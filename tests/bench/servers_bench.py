@@ -8,25 +8,35 @@ before it is timed. Rounds alternate the servers; figures are medians over round
 Peers (pinned in deploy/requirements-servers.txt, in build/servers-venv):
 - infinity-emb with its torch engine (sentence-transformers on PyTorch 2.x);
 - infinity-emb with its optimum engine (ONNX Runtime on the model exported from the same
-  weights and fused by onnxruntime's transformer optimizer), mean pooling.
+  weights and fused by onnxruntime's transformer optimizer), mean pooling;
+- PyTriton (a real Triton 2.51: its dynamic batcher, its python backend) around ONNX
+  Runtime on that fused export (tests/bench/pytriton_peer.py), over KServe v2 HTTP and
+  gRPC.
 
 Cells: sentences/s and p50/p99 per request at concurrency 1, 16 and 64 with one sentence
 per request, and 32 sentences per request at concurrency 4; attnserve in fp32, bf16 and
 int8 (their cosine against sentence-transformers printed beside), and fp32 with 17 of
 MiniLM's 72 heads pruned (tests/data/minilm_pruned.golden.json), through OpenAI's
-/v1/embeddings. Also the gap between a kept-alive connection's p50 and a fresh one's on
-attnserve at concurrency 1.
+/v1/embeddings, and fp32 through KServe v2 gRPC. Beside each attnserve row, the core's
+own bound: the batches that server formed (attnserve_batch_size over the cell), the
+share of the cell its worker spent computing them (attnserve_compute_duration_seconds),
+and for fp32 and bf16 the sentences/s of the core alone (encoder_bench, same core and
+threads) over the same sentences in batches of that mean size. Also the gap between a
+kept-alive connection's p50 and a fresh one's on attnserve at concurrency 1.
 
 usage (the Makefile runs it): build/servers-venv/bin/python tests/bench/servers_bench.py
        BUILD_DIR REPO_ROOT [--rounds 2] [--seconds 6]
-       ... --load URL BODIES CONCURRENCY SECONDS   (the load generator, on core 1)
+       ... --load DOOR URL BODIES CONCURRENCY SECONDS   (the load generator, on core 1)
+       ... --ort-alone MODEL IDS LENGTHS BATCH THREADS  (the peers' core alone)
 """
 import argparse
 import asyncio
 import glob
+import importlib.metadata
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -52,11 +62,49 @@ CELLS = [("c1", 1, 1), ("c16", 16, 1), ("c64", 64, 1), ("c4x32", 4, 32)]
 CHECKED = 64  # sentences whose vectors are compared with sentence-transformers first
 
 
-# ---- The load generator: asyncio over raw HTTP/1.1 keep-alive connections, one per
-# concurrent client, so the client costs the same for every server.
+# ---- The load generator: one client per concurrent caller, each waiting for its answer
+# before the next call (closed loop), so the client costs the same for every server. HTTP
+# doors: asyncio over raw HTTP/1.1 keep-alive connections, one per client. gRPC: one
+# channel (one HTTP/2 connection, as a gRPC client shares it), one call in flight per
+# client.
 
-async def _one_client(host, port, path, bodies, start_index, stop_at, latencies, counts):
-    reader, writer = await asyncio.open_connection(host, port)
+def http_body(door, texts):
+    """The JSON body of one call through an HTTP door."""
+    if door == "openai":
+        return json.dumps({"model": "minilm", "input": texts}).encode()
+    if door == "kserve-http":
+        return json.dumps({"inputs": [{"name": "text", "shape": [len(texts), 1],
+                                       "datatype": "BYTES", "data": texts}]}).encode()
+    raise ValueError(door)
+
+
+def grpc_request(texts):
+    """A KServe v2 ModelInfer request for `minilm`: BYTES `text` [n, 1]."""
+    from tritonclient.grpc import service_pb2
+    request = service_pb2.ModelInferRequest(model_name="minilm")
+    tensor = request.inputs.add(name="text", datatype="BYTES", shape=[len(texts), 1])
+    tensor.contents.bytes_contents.extend(t.encode() for t in texts)
+    return request
+
+
+def grpc_embeddings(reply):
+    """The `embedding` output of a ModelInfer reply, as rows."""
+    import numpy as np
+    index = [o.name for o in reply.outputs].index("embedding")
+    shape = list(reply.outputs[index].shape)
+    if reply.raw_output_contents:
+        values = np.frombuffer(reply.raw_output_contents[index], dtype="<f4")
+    else:
+        values = np.asarray(reply.outputs[index].contents.fp32_contents, np.float32)
+    return values.reshape(shape).tolist()
+
+
+async def _http_client(url, bodies, start_index, stop_at, latencies, counts):
+    rest = url.split("://", 1)[1]
+    hostport, path = rest.split("/", 1)
+    host, port = hostport.rsplit(":", 1)
+    path = "/" + path
+    reader, writer = await asyncio.open_connection(host, int(port))
     index = start_index
     try:
         while time.perf_counter() < stop_at:
@@ -86,19 +134,42 @@ async def _one_client(host, port, path, bodies, start_index, stop_at, latencies,
         writer.close()
 
 
-async def _load(url, bodies, concurrency, seconds):
-    rest = url.split("://", 1)[1]
-    hostport, path = rest.split("/", 1)
-    host, port = hostport.rsplit(":", 1)
+async def _grpc_client(infer, bodies, start_index, stop_at, latencies, counts):
+    index = start_index
+    while time.perf_counter() < stop_at:
+        request, sentences = bodies[index % len(bodies)]
+        index += 1
+        began = time.perf_counter()
+        await infer(request)
+        latencies.append(time.perf_counter() - began)
+        counts[0] += sentences
+
+
+async def _load(door, url, texts_per_call, concurrency, seconds):
+    if door == "kserve-grpc":
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+        channel = grpc.aio.insecure_channel(url.split("://", 1)[1],
+                                            options=[("grpc.max_receive_message_length",
+                                                      64 << 20)])
+        infer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        bodies = [(grpc_request(texts), len(texts)) for texts in texts_per_call]
+
+        def client(*rest):
+            return _grpc_client(infer, bodies, *rest)
+    else:
+        bodies = [(http_body(door, texts), len(texts)) for texts in texts_per_call]
+
+        def client(*rest):
+            return _http_client(url, bodies, *rest)
     latencies, counts = [], [0]
-    # Warm-up: each connection's first requests are not timed.
+    # Warm-up: each client's first calls are not timed.
     warm_stop = time.perf_counter() + 1.0
-    await asyncio.gather(*[_one_client(host, int(port), "/" + path, bodies, i, warm_stop,
-                                       [], [0]) for i in range(concurrency)])
+    await asyncio.gather(*[client(i, warm_stop, [], [0]) for i in range(concurrency)])
     began = time.perf_counter()
     stop_at = began + seconds
-    await asyncio.gather(*[_one_client(host, int(port), "/" + path, bodies, i * 7, stop_at,
-                                       latencies, counts) for i in range(concurrency)])
+    await asyncio.gather(*[client(i * 7, stop_at, latencies, counts)
+                           for i in range(concurrency)])
     elapsed = time.perf_counter() - began
     latencies.sort()
     return {"sentences_per_s": counts[0] / elapsed, "requests": len(latencies),
@@ -106,9 +177,9 @@ async def _load(url, bodies, concurrency, seconds):
             "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]}
 
 
-def load(url, bodies_file, concurrency, seconds, core):
+def load(door, url, bodies_file, concurrency, seconds, core):
     """Runs the load generator pinned to `core`; its figures."""
-    out = subprocess.run(["taskset", "-c", core, sys.executable, __file__, "--load",
+    out = subprocess.run(["taskset", "-c", core, sys.executable, __file__, "--load", door,
                           url, bodies_file, str(concurrency), str(seconds)],
                          check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -122,22 +193,19 @@ def free_port():
         return s.getsockname()[1]
 
 
-def post_json(url, payload, timeout=120):
-    request = urllib.request.Request(url, json.dumps(payload).encode(),
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
-        return json.loads(reply.read())
-
-
 class Server:
-    """A server process on the server core, ready when `ready_url` answers 200."""
+    """A server process on the server core, ready when `ready_url` answers 200, called
+    through `door` at `url`; `metrics_url` is attnserve's /metrics (None for a peer)."""
 
-    def __init__(self, name, command, ready_url, embeddings_url, model, placement, cwd=None):
-        self.name, self.embeddings_url, self.model = name, embeddings_url, model
+    def __init__(self, name, command, ready_url, door, url, placement, cwd=None,
+                 metrics_url=None):
+        self.name, self.door, self.url, self.metrics_url = name, door, url, metrics_url
         self.log = tempfile.TemporaryFile("w+")
+        # Its own process group: PyTriton's tritonserver and stub processes stop with it.
         self.process = subprocess.Popen(["taskset", "-c", placement["cores"], *command],
                                         cwd=cwd, stdout=self.log, stderr=subprocess.STDOUT,
-                                        env=dict(os.environ, **placement["env"]))
+                                        env=dict(os.environ, **placement["env"]),
+                                        start_new_session=True)
         deadline = time.monotonic() + 600
         while True:
             if self.process.poll() is not None:
@@ -159,18 +227,51 @@ class Server:
         raise RuntimeError(f"{self.name} {why}:\n{tail}")
 
     def embed(self, sentences):
-        reply = post_json(self.embeddings_url, {"model": self.model, "input": sentences})
+        """The server's vectors for `sentences`, through its door."""
+        if self.door == "kserve-grpc":
+            import grpc
+            from tritonclient.grpc import service_pb2_grpc
+            with grpc.insecure_channel(self.url.split("://", 1)[1]) as channel:
+                stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+                return grpc_embeddings(stub.ModelInfer(grpc_request(sentences), timeout=120))
+        request = urllib.request.Request(self.url, http_body(self.door, sentences),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            reply = json.loads(answer.read())
+        if self.door == "kserve-http":
+            output = next(o for o in reply["outputs"] if o["name"] == "embedding")
+            width = output["shape"][1]
+            return [output["data"][i:i + width] for i in range(0, len(output["data"]), width)]
         rows = sorted(reply["data"], key=lambda item: item["index"])
         return [row["embedding"] for row in rows]
 
+    def batch_counters(self):
+        """attnserve's batch counters now: requests batched, batches, and seconds in
+        the core (sums over its models); None for a peer."""
+        if self.metrics_url is None:
+            return None
+        with urllib.request.urlopen(self.metrics_url, timeout=30) as answer:
+            text = answer.read().decode()
+        wanted = {"attnserve_batch_size_sum": 0.0, "attnserve_batch_size_count": 0.0,
+                  "attnserve_compute_duration_seconds_sum": 0.0}
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in wanted:
+                wanted[name] += float(line.rsplit(" ", 1)[1])
+        return wanted
+
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
             try:
                 self.process.wait(timeout=60)
+                # Children of the group that outlive the leader get the second signal.
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                pass
+        self.process.wait()
 
 
 def model_dir(root):
@@ -260,36 +361,145 @@ def placement_of(args):
             "threads": threads, "env": env}
 
 
+def attnserve_variant(kind):
+    """attnserve-VARIANT[-grpc]: fp32, bf16, int8 or pruned."""
+    return kind.split("-")[1]
+
+
 def start(kind, args, paths, placement):
-    """One server of `kind`, ready; its name."""
-    port = free_port()
+    """One server of `kind`, ready."""
+    port, grpc_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
+    grpc_door = kind.endswith("-grpc")
     if kind.startswith("attnserve"):
-        variant = kind.split("-", 1)[1]
+        variant = attnserve_variant(kind)
+        label = variant
         if variant == "pruned":
-            variant = f"fp32, {sum(map(len, pruned_heads(args.root).values()))} of 72 heads pruned"
-        return Server(f"attnserve {variant}, /v1/embeddings",
+            label = f"fp32, {sum(map(len, pruned_heads(args.root).values()))} of 72 heads pruned"
+        metrics_port = free_port()
+        return Server(f"attnserve {label}, " + ("KServe gRPC" if grpc_door else "/v1/embeddings"),
                       [os.path.join(args.build, "server", "attnserve"), "--host=127.0.0.1",
-                       "--port=0", "--metrics_port=-1", f"--http_port={port}",
-                       f"--model_repository={paths[kind]}", "--default_model=minilm",
-                       "--instances=1", f"--intra_op_threads={placement['threads']}"]
+                       f"--port={grpc_port}", f"--metrics_port={metrics_port}",
+                       f"--http_port={port}", f"--model_repository={paths[variant]}",
+                       "--default_model=minilm", "--instances=1",
+                       f"--intra_op_threads={placement['threads']}"]
                       + args.attnserve_flags.split(),
-                      f"{base}/v2/health/ready", f"{base}/v1/embeddings", "minilm", placement)
+                      f"{base}/v2/health/ready", "kserve-grpc" if grpc_door else "openai",
+                      f"grpc://127.0.0.1:{grpc_port}" if grpc_door else f"{base}/v1/embeddings",
+                      placement, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+    if kind.startswith("pytriton"):
+        return Server("PyTriton + ONNX Runtime (fused), " + ("KServe gRPC" if grpc_door
+                                                            else "KServe HTTP"),
+                      [sys.executable, os.path.join(HERE, "pytriton_peer.py"), paths["onnx"],
+                       str(port), str(grpc_port), placement["threads"]],
+                      f"{base}/v2/models/minilm/ready",
+                      "kserve-grpc" if grpc_door else "kserve-http",
+                      f"grpc://127.0.0.1:{grpc_port}" if grpc_door
+                      else f"{base}/v2/models/minilm/infer", placement)
     infinity = os.path.join(os.path.dirname(sys.executable), "infinity_emb")
     if kind == "infinity-torch":
         return Server("infinity-emb, torch engine",
                       [infinity, "v2", "--model-id", paths["model"], "--engine", "torch",
                        "--device", "cpu", "--served-model-name", "minilm", "--port",
                        str(port), "--host", "127.0.0.1", "--no-bettertransformer"],
-                      f"{base}/health", f"{base}/embeddings", "minilm", placement)
+                      f"{base}/health", "openai", f"{base}/embeddings", placement)
     if kind == "infinity-onnx":
         return Server("infinity-emb, ONNX Runtime (fused)",
                       [infinity, "v2", "--model-id", ".", "--engine", "optimum", "--device",
                        "cpu", "--pooling-method", "mean", "--served-model-name", "minilm",
                        "--port", str(port), "--host", "127.0.0.1"],
-                      f"{base}/health", f"{base}/embeddings", "minilm", placement,
+                      f"{base}/health", "openai", f"{base}/embeddings", placement,
                       cwd=paths["onnx"])
     raise ValueError(kind)
+
+
+def batch_figures(before, after, per_request):
+    """From attnserve's batch counters around a cell: the sentences its worker computed
+    per second of batch compute time (on a shared core that time includes the I/O
+    threads' turns), and the mean batch in requests. Empty for a peer."""
+    if before is None:
+        return {}
+    batches = after["attnserve_batch_size_count"] - before["attnserve_batch_size_count"]
+    requests = after["attnserve_batch_size_sum"] - before["attnserve_batch_size_sum"]
+    seconds = (after["attnserve_compute_duration_seconds_sum"]
+               - before["attnserve_compute_duration_seconds_sum"])
+    return {"computed_per_s": per_request * requests / seconds,
+            "mean_batch": requests / batches}
+
+
+def corpus_files(model_path, sentences, out):
+    """The sentences as encoder_bench reads them (int32 ids one sentence after another,
+    int32 lengths), cut as sentence-transformers cuts them; the two paths."""
+    import numpy as np
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(os.path.join(model_path, "tokenizer.json"))
+    tokenizer.no_padding()
+    with open(os.path.join(model_path, "sentence_bert_config.json"), encoding="utf-8") as f:
+        tokenizer.enable_truncation(json.load(f)["max_seq_length"])
+    ids = [tokenizer.encode(sentence).ids for sentence in sentences]
+    paths = os.path.join(out, "ids.i32"), os.path.join(out, "lengths.i32")
+    np.asarray([i for row in ids for i in row], np.int32).tofile(paths[0])
+    np.asarray([len(row) for row in ids], np.int32).tofile(paths[1])
+    return paths
+
+
+def core_alone(args, paths, placement, precision, batch, cache={}):
+    """The core's own sentences/s on the server's cores and threads, over the corpus in
+    batches of `batch` (encoder_bench: one warm-up pass, then the median of 2)."""
+    key = (precision, batch)
+    if key not in cache:
+        out = subprocess.run(
+            ["taskset", "-c", placement["cores"],
+             os.path.join(args.build, "tests", "bench", "encoder_bench"),
+             f"--model_dir={paths['model']}", f"--ids={paths['corpus'][0]}",
+             f"--lengths={paths['corpus'][1]}", f"--batch={batch}", "--rounds=2",
+             f"--threads={placement['threads']}", f"--precision={precision}"],
+            check=True, capture_output=True, text=True,
+            env=dict(os.environ, **placement["env"]))
+        cache[key] = statistics.median(json.loads(out.stdout.strip().splitlines()[-1])["rounds"])
+    return cache[key]
+
+
+def ort_alone_main(model, ids_path, lengths_path, batch, threads):
+    """The peers' core alone: ONNX Runtime on the fused export over the corpus in
+    batches of `batch`, each padded to its longest (as infinity-emb and the PyTriton peer
+    pad); prints the median sentences/s of 2 passes after a warm-up pass."""
+    import numpy as np
+    import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    lengths = np.fromfile(lengths_path, np.int32)
+    rows = np.split(np.fromfile(ids_path, np.int32).astype(np.int64), np.cumsum(lengths)[:-1])
+    feeds = []
+    for start in range(0, len(rows), batch):
+        group = rows[start:start + batch]
+        ids = np.zeros((len(group), max(map(len, group))), np.int64)
+        mask = np.zeros_like(ids)
+        for i, row in enumerate(group):
+            ids[i, :len(row)], mask[i, :len(row)] = row, 1
+        feeds.append({"input_ids": ids, "attention_mask": mask,
+                      "token_type_ids": np.zeros_like(ids)})
+    rates = []
+    for _ in range(3):
+        began = time.perf_counter()
+        for feed in feeds:
+            session.run(None, feed)
+        rates.append(len(rows) / (time.perf_counter() - began))
+    print(json.dumps({"sentences_per_s": statistics.median(rates[1:])}))
+
+
+def ort_alone(paths, placement, batch, cache={}):
+    """ort_alone_main on the servers' cores and threads, by batch."""
+    if batch not in cache:
+        out = subprocess.run(
+            ["taskset", "-c", placement["cores"], sys.executable, __file__, "--ort-alone",
+             os.path.join(paths["onnx"], "model.onnx"), *paths["corpus"], str(batch),
+             placement["threads"]],
+            check=True, capture_output=True, text=True,
+            env=dict(os.environ, **placement["env"]))
+        cache[batch] = json.loads(out.stdout.strip().splitlines()[-1])["sentences_per_s"]
+    return cache[batch]
 
 
 def min_cosine(got, want):
@@ -334,7 +544,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--servers", default="attnserve-fp32,attnserve-bf16,attnserve-int8,"
-                        "attnserve-pruned,infinity-torch,infinity-onnx")
+                        "attnserve-pruned,attnserve-fp32-grpc,infinity-torch,infinity-onnx,"
+                        "pytriton,pytriton-grpc")
     parser.add_argument("--both-cores", action="store_true",
                         help="servers on both cores, two threads, load generator beside")
     parser.add_argument("--cap-avx2", action="store_true",
@@ -359,7 +570,8 @@ def main():
                             capture_output=True, text=True).stdout.strip()
     print(f"attnserve at {commit}; "
           f"infinity-emb {infinity_emb.__version__}, torch {torch.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}")
+          f"onnxruntime {onnxruntime.__version__}, PyTriton "
+          f"{importlib.metadata.version('nvidia-pytriton')}")
     print(f"{len(sentences)} sentences (tests/data/sentences.en.txt); servers on cores "
           f"{placement['cores']} with {placement['threads']} compute thread(s), load "
           f"generator on cores {placement['client']}; {args.seconds:g} s per cell, "
@@ -375,11 +587,10 @@ def main():
     work = tempfile.TemporaryDirectory()
     kinds = args.servers.split(",")
     paths = {"model": model_path}
-    for kind in kinds:
-        if kind.startswith("attnserve"):
-            paths[kind] = attnserve_repository(model_path, kind.split("-", 1)[1], work.name,
-                                               args.root)
-    if "infinity-onnx" in kinds:
+    for variant in {attnserve_variant(kind) for kind in kinds if kind.startswith("attnserve")}:
+        paths[variant] = attnserve_repository(model_path, variant, work.name, args.root)
+    paths["corpus"] = corpus_files(model_path, sentences, work.name)
+    if any(kind == "infinity-onnx" or kind.startswith("pytriton") for kind in kinds):
         paths["onnx"] = onnx_folder(model_path, work.name)
     bodies = {}
     for _, _, per_request in CELLS:
@@ -396,28 +607,32 @@ def main():
         for kind in order:
             server = start(kind, args, paths, placement)
             try:
+                uncapped = kind == "infinity-onnx" or kind.startswith("pytriton")
                 names[kind] = server.name + (" (AVX2-capped)" if args.cap_avx2 and
-                                             kind != "infinity-onnx" else "")
+                                             not uncapped else "")
                 vectors[kind] = np.asarray(server.embed(sentences[:CHECKED]), np.float64)
                 checks[kind] = min_cosine(vectors[kind], reference)
                 # bf16 and int8 round; pruned heads change the model (its quality is
                 # the cosine printed beside, not a check).
                 floor = {"bf16": 0.99, "int8": 0.99, "pruned": 0.5}.get(
-                    kind.rsplit("-", 1)[1], 0.999)
+                    attnserve_variant(kind) if kind.startswith("attnserve") else "", 0.999)
                 if checks[kind] < floor:
                     server.fail(f"its vectors differ from sentence-transformers': min "
                                 f"cosine {checks[kind]:.6f} < {floor}")
                 for cell, concurrency, per_request in CELLS:
-                    result = load(server.embeddings_url, bodies[per_request], concurrency,
+                    before = server.batch_counters()
+                    result = load(server.door, server.url, bodies[per_request], concurrency,
                                   args.seconds, placement["client"])
+                    result.update(batch_figures(before, server.batch_counters(), per_request))
                     figures.setdefault(kind, {}).setdefault(cell, []).append(result)
-                    print(f"round {round_index + 1} {server.name:40} {cell:6} "
+                    bound = (f"  mean batch {result['mean_batch']:5.1f}"
+                             if "mean_batch" in result else "")
+                    print(f"round {round_index + 1} {server.name:52} {cell:6} "
                           f"{result['sentences_per_s']:7.1f} sentences/s  p50 "
-                          f"{result['p50_ms']:7.2f} ms  p99 {result['p99_ms']:7.2f} ms",
+                          f"{result['p50_ms']:7.2f} ms  p99 {result['p99_ms']:7.2f} ms{bound}",
                           flush=True)
                 if kind == "attnserve-fp32":
-                    gaps.append(keep_alive_gap(server.embeddings_url, json.dumps(
-                        {"model": "minilm", "input": [sentences[0]]}).encode()))
+                    gaps.append(keep_alive_gap(server.url, http_body("openai", [sentences[0]])))
             finally:
                 server.stop()
 
@@ -439,6 +654,38 @@ def main():
             f" / {median(kind, cell, 'p99_ms'):.1f})" for cell, _, _ in CELLS)
         print(f"| {names[kind]} | {checks[kind]:.6f} / {against_fp32(kind)} | {cells} |")
 
+    ours = [kind for kind in kinds if kind.startswith("attnserve")]
+    alone = {}  # (kind, cell) -> the core alone's sentences/s at that server's mean batch
+    for kind in ours:
+        precision = attnserve_variant(kind)
+        if precision not in ("fp32", "bf16"):
+            continue
+        for cell, _, per_request in CELLS:
+            batch = max(1, round(median(kind, cell, "mean_batch") * per_request))
+            alone[kind, cell] = (batch, core_alone(args, paths, placement, precision, batch))
+    if ours:
+        print()
+        print("attnserve against the core's own bound, per cell: served sentences/s; the mean "
+              "batch it formed (requests); the share of the cell its worker computed; the "
+              "core alone at that batch (fp32, bf16) and the server's ratio to it; for fp32, ONNX "
+              "Runtime alone at that batch, the peers' core")
+        print("| server | " + " | ".join(cell for cell, _, _ in CELLS) + " |")
+        print("| --- |" + " --- |" * len(CELLS))
+
+        def bound_cell(kind, cell):
+            served = median(kind, cell, "sentences_per_s")
+            text = (f"{served:.1f}; batch {median(kind, cell, 'mean_batch'):.1f}; computing "
+                    f"{served / median(kind, cell, 'computed_per_s'):.2f}")
+            if (kind, cell) in alone:
+                batch, rate = alone[kind, cell]
+                text += f"; alone at B={batch} {rate:.1f}, x{served / rate:.2f}"
+                if attnserve_variant(kind) == "fp32" and "onnx" in paths:
+                    text += f" (ONNX Runtime alone {ort_alone(paths, placement, batch):.1f})"
+            return text
+        for kind in ours:
+            print(f"| {names[kind]} | "
+                  + " | ".join(bound_cell(kind, cell) for cell, _, _ in CELLS) + " |")
+
     peers = [kind for kind in kinds if not kind.startswith("attnserve")]
     print()
     print("targets (medians over rounds):")
@@ -447,6 +694,17 @@ def main():
         print(f"  c1 HTTP kept-alive p50 {kept:.2f} ms vs fresh {fresh:.2f} ms: gap "
               f"{kept - fresh:+.2f} ms (target <= +1 ms)"
               f"  {'PASS' if kept - fresh <= 1 else 'FAIL'}")
+    if "attnserve-fp32" in kinds and "attnserve-fp32-grpc" in kinds:
+        http, grpc = (median(kind, "c1", "p50_ms") for kind in ("attnserve-fp32",
+                                                                 "attnserve-fp32-grpc"))
+        print(f"  c1 p50 through /v1/embeddings {http:.2f} ms vs KServe gRPC {grpc:.2f} ms: "
+              f"gap {http - grpc:+.2f} ms (target <= +1 ms)"
+              f"  {'PASS' if http - grpc <= 1 else 'FAIL'}")
+    if ("attnserve-fp32", "c16") in alone:
+        batch, rate = alone["attnserve-fp32", "c16"]
+        ratio = median("attnserve-fp32", "c16", "sentences_per_s") / rate
+        print(f"  c16 fp32 at x{ratio:.2f} the core alone at its mean batch (B={batch}, "
+              f"{rate:.1f} sentences/s) (target >= x0.9)  {'PASS' if ratio >= 0.9 else 'FAIL'}")
     if not peers or "attnserve-fp32" not in kinds:
         return
 
@@ -475,10 +733,13 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--load":
-        url, bodies_file, concurrency, seconds = sys.argv[2:6]
+        door, url, bodies_file, concurrency, seconds = sys.argv[2:7]
         with open(bodies_file) as f:
-            bodies = [(json.dumps({"model": "minilm", "input": texts}).encode(), len(texts))
-                      for texts in json.load(f)]
-        print(json.dumps(asyncio.run(_load(url, bodies, int(concurrency), float(seconds)))))
+            texts_per_call = json.load(f)
+        print(json.dumps(asyncio.run(_load(door, url, texts_per_call, int(concurrency),
+                                           float(seconds)))))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--ort-alone":
+        ort_alone_main(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]),
+                       int(sys.argv[6]))
     else:
         main()
