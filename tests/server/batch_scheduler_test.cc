@@ -65,6 +65,10 @@ class Recorder {
       return result;
     };
   }
+  // Enqueues task `id` on `scheduler`, answered to this recorder.
+  void Enqueue(Scheduler& scheduler, int id) {
+    ASSERT_TRUE(scheduler.Enqueue(Task(id), Callback()).ok());
+  }
   Scheduler::Callback Callback() {
     return [this](absl::Status status, std::unique_ptr<FakeTask> task) {
       absl::MutexLock lock(&mu_);
@@ -136,25 +140,22 @@ TEST(BatchSchedulerTest, ABatchAsLargeAsTheLastGoesWithoutWaiting) {
   Recorder recorder;
   auto scheduler = Scheduler::Create(Options(clock), recorder.Executor());
   ASSERT_TRUE(scheduler.ok()) << scheduler.status();
-  const auto enqueue = [&](int id) {
-    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
-  };
   // Two callers, answered together (the first batch waits: there is no last one yet).
-  enqueue(1);
-  enqueue(2);
+  recorder.Enqueue(**scheduler, 1);
+  recorder.Enqueue(**scheduler, 2);
   clock.Advance(absl::Milliseconds(10));
   recorder.Wait(2);
   // Their next two requests: the second completes a batch as large as the last, which
   // goes while time stands still; the first alone would have waited.
-  enqueue(3);
-  enqueue(4);
+  recorder.Enqueue(**scheduler, 3);
+  recorder.Enqueue(**scheduler, 4);
   recorder.Wait(4);
   // One caller left: its first request waits for the company it had, its next goes at
   // once.
-  enqueue(5);
+  recorder.Enqueue(**scheduler, 5);
   clock.Advance(absl::Milliseconds(10));
   recorder.Wait(5);
-  enqueue(6);
+  recorder.Enqueue(**scheduler, 6);
   recorder.Wait(6);
   EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2), ElementsAre(3, 4),
                                               ElementsAre(5), ElementsAre(6)));
@@ -176,16 +177,13 @@ TEST(BatchSchedulerTest, TasksQueuedBehindABatchWaitForTheCallersItAnswers) {
   };
   auto scheduler = Scheduler::Create(Options(clock), executor);
   ASSERT_TRUE(scheduler.ok()) << scheduler.status();
-  const auto enqueue = [&](int id) {
-    ASSERT_TRUE((*scheduler)->Enqueue(Task(id), recorder.Callback()).ok());
-  };
   // Three callers; the third one's request comes late, while the first two's batch
   // runs, and waits past its own delay.
-  enqueue(1);
-  enqueue(2);
+  recorder.Enqueue(**scheduler, 1);
+  recorder.Enqueue(**scheduler, 2);
   clock.Advance(absl::Milliseconds(10));
   started.WaitForNotification();
-  enqueue(3);
+  recorder.Enqueue(**scheduler, 3);
   clock.Advance(absl::Milliseconds(30));
   release.Notify();
   recorder.Wait(2);
@@ -193,7 +191,7 @@ TEST(BatchSchedulerTest, TasksQueuedBehindABatchWaitForTheCallersItAnswers) {
   // callers just answered instead of running alone, which would leave the three split
   // in two batches that each wait for the other's.
   clock.AwaitWaiters(1);
-  enqueue(4);
+  recorder.Enqueue(**scheduler, 4);
   recorder.Wait(4);
   EXPECT_THAT(recorder.batches(), ElementsAre(ElementsAre(1, 2), ElementsAre(3, 4)));
   EXPECT_EQ(recorder.TaskOf(3).queue_time, absl::Milliseconds(30));
