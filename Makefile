@@ -152,9 +152,10 @@ bench-encoder: build
 	$(PEERS_VENV)/bin/python tests/bench/rerank_bench.py $(BUILD_DIR) .
 
 # attnserve beside the embedding servers users deploy instead (infinity-emb on PyTorch 2.x
-# and on ONNX Runtime, in build/servers-venv, several GB): all-MiniLM-L6-v2 over HTTP,
-# one closed-loop load generator, sentences/s and p50/p99 with targets. Not part of
-# `make test`.
+# and on ONNX Runtime, PyTriton around ONNX Runtime; in build/servers-venv, several GB):
+# all-MiniLM-L6-v2 over HTTP and KServe gRPC, one closed-loop load generator,
+# sentences/s and p50/p99 with targets, and the core alone at the batches attnserve
+# formed. Not part of `make test`.
 SERVERS_VENV ?= $(BUILD_DIR)/servers-venv
 bench-servers: build
 	deploy/install-deps.sh --test --venv $(VENV) --servers $(SERVERS_VENV)

@@ -461,16 +461,18 @@ def core_alone(args, paths, placement, precision, batch, cache={}):
 
 
 def ort_alone_main(model, ids_path, lengths_path, batch, threads):
-    """The peers' core alone: ONNX Runtime on the fused export over the corpus in
-    batches of `batch`, each padded to its longest (as infinity-emb and the PyTriton peer
-    pad); prints the median sentences/s of 2 passes after a warm-up pass."""
+    """The peers' core alone: ONNX Runtime on the fused export over the corpus sorted by
+    length in batches of `batch`, each padded to its longest (the least padding any
+    server around it can reach; infinity-emb sorts its queue by length); prints the
+    median sentences/s of 2 passes after a warm-up pass."""
     import numpy as np
     import onnxruntime
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
     session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
     lengths = np.fromfile(lengths_path, np.int32)
-    rows = np.split(np.fromfile(ids_path, np.int32).astype(np.int64), np.cumsum(lengths)[:-1])
+    rows = sorted(np.split(np.fromfile(ids_path, np.int32).astype(np.int64),
+                           np.cumsum(lengths)[:-1]), key=len)
     feeds = []
     for start in range(0, len(rows), batch):
         group = rows[start:start + batch]
