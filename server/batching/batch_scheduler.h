@@ -125,7 +125,7 @@ absl::Status CheckBatchingOptions(const BatchingOptions& options);
 // at most max_batch_size of them and max_batch_tokens tokens (a larger single task runs
 // alone). It is dispatched when full, or as large as the last batch dispatched (before
 // the first, max_batch_size), or max_queue_delay after its oldest task came (for a task
-// that came while the worker taking it ran its last batch, after that batch ended, if
+// no batch has passed over yet, after the last batch of the worker taking it ended, if
 // later), or at once while flushing or shutting down. A task whose deadline
 // passed or whose call was cancelled is dropped before it is executed.
 //
@@ -202,8 +202,7 @@ class BatchScheduler {
             " (max_queue_bytes=", options_.max_queue_bytes, "); retry later"));
       }
       held_bytes_ += task->reserved_bytes;
-      queue_.push_back(
-          Pending{std::move(task), std::move(done), clock_->Now(), stats_.enqueued});
+      queue_.push_back(Pending{std::move(task), std::move(done), clock_->Now()});
       ++stats_.enqueued;
       ++generation_;
       ReportDepth();
@@ -281,13 +280,9 @@ class BatchScheduler {
     std::unique_ptr<Task> task;
     Callback done;
     absl::Time enqueue_time;
-    int64_t arrival = 0;  // how many tasks were enqueued before it
-  };
-  // A worker's last batch: how many tasks had been enqueued when it was taken, and when
-  // it ended.
-  struct LastBatch {
-    int64_t arrivals = 0;
-    absl::Time ended = absl::InfinitePast();
+    // Left in the queue when a batch was taken (no room, or no sharing). A task never
+    // passed over came after the last batch was taken.
+    bool passed_over = false;
   };
   struct Batch {
     std::vector<Pending> tasks;
@@ -320,9 +315,9 @@ class BatchScheduler {
   }
 
   // Removes expired and cancelled tasks into `batch.dropped`, then takes a batch if one
-  // is due at `now` for a worker whose last batch was `last`. Returns the time of the
-  // next check when none is due.
-  std::optional<absl::Time> TakeBatch(absl::Time now, const LastBatch& last, Batch& batch)
+  // is due at `now` for a worker whose last batch ended at `last_ended`. Returns the
+  // time of the next check when none is due.
+  std::optional<absl::Time> TakeBatch(absl::Time now, absl::Time last_ended, Batch& batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Drop what can no longer be answered usefully, before it costs compute.
     for (auto it = queue_.begin(); it != queue_.end();) {
@@ -379,10 +374,10 @@ class BatchScheduler {
     // the others wait for it (measured: p99 twice p50 at 16 callers). Tasks that came
     // while the worker's last batch ran wait from its end too, for the callers it just
     // answered: else a loop once split stays split, in groups that each wait for the
-    // other's batch. Tasks left out of that batch (no room, or no sharing) do not.
+    // other's batch. Tasks a batch passed over (no room, or no sharing) do not.
     absl::Time due_time = oldest.enqueue_time + options_.max_queue_delay;
-    if (oldest.arrival >= last.arrivals) {
-      due_time = std::max(due_time, last.ended + options_.max_queue_delay);
+    if (!oldest.passed_over) {
+      due_time = std::max(due_time, last_ended + options_.max_queue_delay);
     }
     const bool as_large_as_last = static_cast<int64_t>(chosen.size()) >= last_batch_size_;
     if (!full && !as_large_as_last && !stopping_ && !flushing_ && now < due_time) {
@@ -399,6 +394,7 @@ class BatchScheduler {
         ++next_chosen;
       } else {
         rest.push_back(std::move(queue_[i]));
+        rest.back().passed_over = true;
       }
     }
     queue_.swap(rest);
@@ -414,13 +410,14 @@ class BatchScheduler {
 
   void WorkerLoop(int instance) {
     std::vector<Task*> tasks;
-    LastBatch last;
+    absl::Time last_ended = absl::InfinitePast();  // this worker's last batch
     while (true) {
       Batch batch;
       {
         absl::MutexLock lock(&mu_);
         while (true) {
-          const std::optional<absl::Time> next = TakeBatch(clock_->Now(), last, batch);
+          const std::optional<absl::Time> next =
+              TakeBatch(clock_->Now(), last_ended, batch);
           if (!batch.tasks.empty() || !batch.dropped.empty()) break;
           if (stopping_ && queue_.empty()) return;
           const int64_t seen = generation_;
@@ -430,7 +427,6 @@ class BatchScheduler {
           clock_->AwaitWithDeadline(&mu_, absl::Condition(&changed),
                                     next.value_or(absl::InfiniteFuture()));
         }
-        if (!batch.tasks.empty()) last.arrivals = stats_.enqueued;
         ReportDepth();
       }
       const absl::Time now = clock_->Now();
@@ -452,7 +448,7 @@ class BatchScheduler {
       }
       const absl::Status status = executor_(instance, tasks);
       // Before any answer goes out: the callers it answers come back after this.
-      last.ended = clock_->Now();
+      last_ended = clock_->Now();
       const int batch_size = static_cast<int>(tasks.size());
       {
         absl::MutexLock lock(&mu_);

@@ -38,9 +38,12 @@ BODY = json.dumps({"inputs": [{"name": "query", "shape": [1, D], "datatype": "FP
 # Rounds of (kept-alive, fresh, gRPC) requests timed; the gap allowed between the
 # kept-alive median and each other one. The stall this guards against cost 40 ms; a
 # kept-alive connection skips the connect and the accept, so it is no slower than a
-# fresh one when nothing stalls it, and the same request over gRPC does the same work.
+# fresh one when nothing stalls it. The same request over gRPC skips JSON, whose cost
+# grows under a sanitizer's slowdown: against it the gap may also be a quarter of its
+# median (in a Release build, 1 ms is the larger).
 ROUNDS = 41
 GAP_MS = 1.0
+GRPC_GAP_SHARE = 0.25
 
 
 def p50s(arms):
@@ -88,6 +91,7 @@ class KeepAliveTest(unittest.TestCase):
     def test_kept_alive_connection_is_as_fast_as_a_fresh_one_and_grpc(self):
         kept = self.connect()
         channel = grpc.insecure_channel(self.server.target)
+        self.addCleanup(channel.close)
         kserve = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = service_pb2.ModelInferRequest(model_name="mha-base")
         request.inputs.add(name="query", datatype="FP32", shape=[1, D])
@@ -99,11 +103,11 @@ class KeepAliveTest(unittest.TestCase):
         infer(kept)
         self.assertEqual(kept.sock.getsockname()[1], port, "the connection was reopened")
         kept.close()
-        channel.close()
+        grpc_gap = max(GAP_MS, GRPC_GAP_SHARE * p50["gRPC"])
         print("p50 " + ", ".join(f"{name} {value:.2f} ms" for name, value in p50.items())
-              + f" (kept-alive at most {GAP_MS} ms above each)")
+              + f" (kept-alive at most {GAP_MS} ms above fresh, {grpc_gap:.2f} above gRPC)")
         self.assertLessEqual(p50["kept-alive"] - p50["fresh"], GAP_MS)
-        self.assertLessEqual(p50["kept-alive"] - p50["gRPC"], GAP_MS)
+        self.assertLessEqual(p50["kept-alive"] - p50["gRPC"], grpc_gap)
 
     def test_idle_connection_stays_open_as_long_as_the_answer_says(self):
         connection = self.connect()
@@ -126,7 +130,6 @@ class GapCheckSelfTest(unittest.TestCase):
 
     def test_the_gap_check_catches_a_nagle_stall(self):
         listener = socket.create_server(("127.0.0.1", 0))
-        self.addCleanup(listener.close)
         body = b"x" * 3000
 
         def answer(connection):
@@ -142,7 +145,10 @@ class GapCheckSelfTest(unittest.TestCase):
                     length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                   if line.lower().startswith(b"content-length:"))
                     while len(pending) < length:
-                        pending += connection.recv(65536)
+                        data = connection.recv(65536)
+                        if not data:
+                            return
+                        pending += data
                     pending = pending[length:]
                     connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n"
                                        % len(body))
@@ -152,10 +158,17 @@ class GapCheckSelfTest(unittest.TestCase):
             while True:
                 try:
                     connection, _ = listener.accept()
-                except OSError:  # closed by the cleanup
+                except OSError:  # shut down by the cleanup
                     return
                 threading.Thread(target=answer, args=(connection,), daemon=True).start()
-        threading.Thread(target=accept, daemon=True).start()
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+
+        def stop():
+            listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
+            listener.close()
+            acceptor.join(timeout=10)
+        self.addCleanup(stop)
         port = listener.getsockname()[1]
 
         def call(connection):
