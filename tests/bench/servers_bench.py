@@ -171,6 +171,8 @@ async def _load(door, url, texts_per_call, concurrency, seconds):
     await asyncio.gather(*[client(i * 7, stop_at, latencies, counts)
                            for i in range(concurrency)])
     elapsed = time.perf_counter() - began
+    if door == "kserve-grpc":
+        await channel.close()
     latencies.sort()
     return {"sentences_per_s": counts[0] / elapsed, "requests": len(latencies),
             "p50_ms": 1e3 * latencies[len(latencies) // 2],
