@@ -10,7 +10,6 @@ over HTTP and gRPC, as attnserve's KServe doors take them.
 
 usage: python pytriton_peer.py ONNX_FOLDER HTTP_PORT GRPC_PORT THREADS
 """
-import json
 import os
 import sys
 
@@ -19,7 +18,9 @@ import onnxruntime
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
 from pytriton.triton import Triton, TritonConfig
-from tokenizers import Tokenizer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from servers_bench import st_tokenizer  # noqa: E402
 
 # Triton's dynamic batcher: as large a batch as is queued, no added wait (Triton's
 # default), up to 128 texts (a request of 32 and c64's one-text requests both fit).
@@ -28,10 +29,7 @@ MAX_BATCH = 128
 
 def main():
     folder, http_port, grpc_port, threads = sys.argv[1], *map(int, sys.argv[2:5])
-    with open(os.path.join(folder, "sentence_bert_config.json"), encoding="utf-8") as f:
-        max_length = json.load(f)["max_seq_length"]  # 256, as sentence-transformers cuts
-    tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
-    tokenizer.enable_truncation(max_length)
+    tokenizer = st_tokenizer(folder)
     tokenizer.enable_padding()
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads

@@ -179,12 +179,17 @@ async def _load(door, url, texts_per_call, concurrency, seconds):
             "p99_ms": 1e3 * latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]}
 
 
+def pinned_json(cores, command, env=None):
+    """Runs `command` pinned to `cores` (with `env` added); the JSON of its last line."""
+    out = subprocess.run(["taskset", "-c", cores, *command], check=True,
+                         capture_output=True, text=True, env=dict(os.environ, **(env or {})))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def load(door, url, bodies_file, concurrency, seconds, core):
     """Runs the load generator pinned to `core`; its figures."""
-    out = subprocess.run(["taskset", "-c", core, sys.executable, __file__, "--load", door,
-                          url, bodies_file, str(concurrency), str(seconds)],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return pinned_json(core, [sys.executable, __file__, "--load", door, url, bodies_file,
+                              str(concurrency), str(seconds)])
 
 
 # ---- Servers.
@@ -263,6 +268,8 @@ class Server:
         return wanted
 
     def stop(self):
+        # SIGTERM to the group, then SIGKILL to whatever of it is left (children that
+        # outlive the leader too).
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(self.process.pid, sig)
@@ -270,7 +277,6 @@ class Server:
                 break
             try:
                 self.process.wait(timeout=60)
-                # Children of the group that outlive the leader get the second signal.
             except subprocess.TimeoutExpired:
                 pass
         self.process.wait()
@@ -363,6 +369,16 @@ def placement_of(args):
             "threads": threads, "env": env}
 
 
+# How each door reads in a row's name.
+DOOR_NAMES = {"openai": "/v1/embeddings", "kserve-http": "KServe HTTP",
+              "kserve-grpc": "KServe gRPC"}
+
+
+def on_onnx_runtime(kind):
+    """Whether `kind` serves the fused ONNX export (ONNX Runtime: no ISA cap)."""
+    return kind == "infinity-onnx" or kind.startswith("pytriton")
+
+
 def attnserve_variant(kind):
     """attnserve-VARIANT[-grpc]: fp32, bf16, int8 or pruned."""
     return kind.split("-")[1]
@@ -372,32 +388,34 @@ def start(kind, args, paths, placement):
     """One server of `kind`, ready."""
     port, grpc_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
-    grpc_door = kind.endswith("-grpc")
+
+    def through(http_door, http_path):
+        """The door and URL the kind is called through: KServe gRPC for a -grpc kind."""
+        if kind.endswith("-grpc"):
+            return "kserve-grpc", f"grpc://127.0.0.1:{grpc_port}"
+        return http_door, base + http_path
     if kind.startswith("attnserve"):
         variant = attnserve_variant(kind)
         label = variant
         if variant == "pruned":
             label = f"fp32, {sum(map(len, pruned_heads(args.root).values()))} of 72 heads pruned"
         metrics_port = free_port()
-        return Server(f"attnserve {label}, " + ("KServe gRPC" if grpc_door else "/v1/embeddings"),
+        door, url = through("openai", "/v1/embeddings")
+        return Server(f"attnserve {label}, {DOOR_NAMES[door]}",
                       [os.path.join(args.build, "server", "attnserve"), "--host=127.0.0.1",
                        f"--port={grpc_port}", f"--metrics_port={metrics_port}",
                        f"--http_port={port}", f"--model_repository={paths[variant]}",
                        "--default_model=minilm", "--instances=1",
                        f"--intra_op_threads={placement['threads']}"]
                       + args.attnserve_flags.split(),
-                      f"{base}/v2/health/ready", "kserve-grpc" if grpc_door else "openai",
-                      f"grpc://127.0.0.1:{grpc_port}" if grpc_door else f"{base}/v1/embeddings",
-                      placement, metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
+                      f"{base}/v2/health/ready", door, url, placement,
+                      metrics_url=f"http://127.0.0.1:{metrics_port}/metrics")
     if kind.startswith("pytriton"):
-        return Server("PyTriton + ONNX Runtime (fused), " + ("KServe gRPC" if grpc_door
-                                                            else "KServe HTTP"),
+        door, url = through("kserve-http", "/v2/models/minilm/infer")
+        return Server(f"PyTriton + ONNX Runtime (fused), {DOOR_NAMES[door]}",
                       [sys.executable, os.path.join(HERE, "pytriton_peer.py"), paths["onnx"],
                        str(port), str(grpc_port), placement["threads"]],
-                      f"{base}/v2/models/minilm/ready",
-                      "kserve-grpc" if grpc_door else "kserve-http",
-                      f"grpc://127.0.0.1:{grpc_port}" if grpc_door
-                      else f"{base}/v2/models/minilm/infer", placement)
+                      f"{base}/v2/models/minilm/ready", door, url, placement)
     infinity = os.path.join(os.path.dirname(sys.executable), "infinity_emb")
     if kind == "infinity-torch":
         return Server("infinity-emb, torch engine",
@@ -429,15 +447,22 @@ def batch_figures(before, after, per_request):
             "mean_batch": requests / batches}
 
 
-def corpus_files(model_path, sentences, out):
-    """The sentences as encoder_bench reads them (int32 ids one sentence after another,
-    int32 lengths), cut as sentence-transformers cuts them; the two paths."""
-    import numpy as np
+def st_tokenizer(model_path):
+    """The folder's tokenizer (`tokenizers`), unpadded and cut at the max_seq_length of
+    its sentence_bert_config.json, as sentence-transformers cuts."""
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(os.path.join(model_path, "tokenizer.json"))
     tokenizer.no_padding()
     with open(os.path.join(model_path, "sentence_bert_config.json"), encoding="utf-8") as f:
         tokenizer.enable_truncation(json.load(f)["max_seq_length"])
+    return tokenizer
+
+
+def corpus_files(model_path, sentences, out):
+    """The sentences as encoder_bench reads them (int32 ids one sentence after another,
+    int32 lengths), cut as sentence-transformers cuts them; the two paths."""
+    import numpy as np
+    tokenizer = st_tokenizer(model_path)
     ids = [tokenizer.encode(sentence).ids for sentence in sentences]
     paths = os.path.join(out, "ids.i32"), os.path.join(out, "lengths.i32")
     np.asarray([i for row in ids for i in row], np.int32).tofile(paths[0])
@@ -450,15 +475,13 @@ def core_alone(args, paths, placement, precision, batch, cache={}):
     batches of `batch` (encoder_bench: one warm-up pass, then the median of 2)."""
     key = (precision, batch)
     if key not in cache:
-        out = subprocess.run(
-            ["taskset", "-c", placement["cores"],
-             os.path.join(args.build, "tests", "bench", "encoder_bench"),
+        cache[key] = statistics.median(pinned_json(
+            placement["cores"],
+            [os.path.join(args.build, "tests", "bench", "encoder_bench"),
              f"--model_dir={paths['model']}", f"--ids={paths['corpus'][0]}",
              f"--lengths={paths['corpus'][1]}", f"--batch={batch}", "--rounds=2",
              f"--threads={placement['threads']}", f"--precision={precision}"],
-            check=True, capture_output=True, text=True,
-            env=dict(os.environ, **placement["env"]))
-        cache[key] = statistics.median(json.loads(out.stdout.strip().splitlines()[-1])["rounds"])
+            placement["env"])["rounds"])
     return cache[key]
 
 
@@ -496,13 +519,11 @@ def ort_alone_main(model, ids_path, lengths_path, batch, threads):
 def ort_alone(paths, placement, batch, cache={}):
     """ort_alone_main on the servers' cores and threads, by batch."""
     if batch not in cache:
-        out = subprocess.run(
-            ["taskset", "-c", placement["cores"], sys.executable, __file__, "--ort-alone",
-             os.path.join(paths["onnx"], "model.onnx"), *paths["corpus"], str(batch),
-             placement["threads"]],
-            check=True, capture_output=True, text=True,
-            env=dict(os.environ, **placement["env"]))
-        cache[batch] = json.loads(out.stdout.strip().splitlines()[-1])["sentences_per_s"]
+        cache[batch] = pinned_json(
+            placement["cores"],
+            [sys.executable, __file__, "--ort-alone", os.path.join(paths["onnx"], "model.onnx"),
+             *paths["corpus"], str(batch), placement["threads"]],
+            placement["env"])["sentences_per_s"]
     return cache[batch]
 
 
@@ -594,7 +615,7 @@ def main():
     for variant in {attnserve_variant(kind) for kind in kinds if kind.startswith("attnserve")}:
         paths[variant] = attnserve_repository(model_path, variant, work.name, args.root)
     paths["corpus"] = corpus_files(model_path, sentences, work.name)
-    if any(kind == "infinity-onnx" or kind.startswith("pytriton") for kind in kinds):
+    if any(map(on_onnx_runtime, kinds)):
         paths["onnx"] = onnx_folder(model_path, work.name)
     bodies = {}
     for _, _, per_request in CELLS:
@@ -611,9 +632,8 @@ def main():
         for kind in order:
             server = start(kind, args, paths, placement)
             try:
-                uncapped = kind == "infinity-onnx" or kind.startswith("pytriton")
                 names[kind] = server.name + (" (AVX2-capped)" if args.cap_avx2 and
-                                             not uncapped else "")
+                                             not on_onnx_runtime(kind) else "")
                 vectors[kind] = np.asarray(server.embed(sentences[:CHECKED]), np.float64)
                 checks[kind] = min_cosine(vectors[kind], reference)
                 # bf16 and int8 round; pruned heads change the model (its quality is
