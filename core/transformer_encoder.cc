@@ -1503,73 +1503,6 @@ absl::StatusOr<std::unique_ptr<TransformerEncoder>> TransformerEncoder::Create(
   return encoder;
 }
 
-void TransformerEncoder::ApplyDense(std::vector<float>* values,
-                                    std::vector<float>* scratch) const {
-  // One row per sequence, summed in double as the pooling is.
-  for (size_t n = 0; n < spec_.dense.size(); ++n) {
-    const EncoderSpec::Dense& layer = spec_.dense[n];
-    const EncoderWeights::DenseWeights& weights = state_->weights.dense[n];
-    scratch->resize(static_cast<size_t>(layer.out_features));
-    for (int64_t r = 0; r < layer.out_features; ++r) {
-      const float* row = &weights.weight[r * layer.in_features];
-      double sum = weights.bias[r];
-      for (int64_t c = 0; c < layer.in_features; ++c) {
-        sum += static_cast<double>(row[c]) * (*values)[c];
-      }
-      switch (layer.activation) {
-        case EncoderSpec::Dense::Activation::kTanh:
-          sum = std::tanh(sum);
-          break;
-        case EncoderSpec::Dense::Activation::kRelu:
-          sum = std::max(sum, 0.0);
-          break;
-        case EncoderSpec::Dense::Activation::kGelu:
-          sum = 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0)));
-          break;
-        case EncoderSpec::Dense::Activation::kSigmoid:
-          sum = 1.0 / (1.0 + std::exp(-sum));
-          break;
-        case EncoderSpec::Dense::Activation::kIdentity:
-          break;
-      }
-      (*scratch)[r] = static_cast<float>(sum);
-    }
-    values->swap(*scratch);
-  }
-}
-
-void TransformerEncoder::ClassifyHead(const float* last,
-                                      absl::Span<const int64_t> lengths,
-                                      absl::Span<float> logits) const {
-  // One row per sequence: a few products of [d, d] and [labels, d], small beside the
-  // encoder's, summed in double as the pooling is.
-  const int64_t d = spec_.d_model;
-  const int64_t labels = spec_.num_labels;
-  const EncoderWeights& weights = state_->weights;
-  std::vector<float> pooled(static_cast<size_t>(d));
-  int64_t first = 0;
-  for (size_t i = 0; i < lengths.size(); ++i) {
-    const float* cls = &last[first * d];
-    for (int64_t r = 0; r < d; ++r) {
-      const float* row = &weights.pooler_weight[r * d];
-      double sum = weights.pooler_bias[r];
-      for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(row[c]) * cls[c];
-      // BERT's pooler and RoBERTa's head: tanh; ELECTRA's head: GELU (erf).
-      pooled[r] =
-          static_cast<float>(spec_.family == EncoderSpec::Family::kElectra
-                                 ? 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0)))
-                                 : std::tanh(sum));
-    }
-    for (int64_t label = 0; label < labels; ++label) {
-      const float* row = &weights.classifier_weight[label * d];
-      double sum = weights.classifier_bias[label];
-      for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(row[c]) * pooled[c];
-      logits[i * labels + label] = static_cast<float>(sum);
-    }
-    first += lengths[i];
-  }
-}
-
 absl::Status TransformerEncoder::SpladeHead(const float* last,
                                             absl::Span<const int64_t> lengths,
                                             absl::Span<float> weights) {
@@ -1644,80 +1577,17 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
                                          absl::Span<float> hidden,
                                          absl::Span<EncoderHeadStatistic> statistics,
                                          absl::Span<float> attention) {
+  ATTN_RETURN_IF_ERROR(
+      CheckEncoderForward(spec_, batch, pooled, hidden, statistics, attention));
   const int64_t d = spec_.d_model;
-  if (batch.lengths.empty()) return Invalid("lengths must not be empty");
-  int64_t tokens = 0;
-  for (size_t i = 0; i < batch.lengths.size(); ++i) {
-    const int64_t length = batch.lengths[i];
-    if (length < 1 || length > spec_.max_positions) {
-      return Invalid(absl::StrCat("lengths[", i, "] must be in [1, ", spec_.max_positions,
-                                  "] (the model's max_positions), got ", length));
-    }
-    tokens += length;
-  }
   const int64_t heads = spec_.num_heads;
-  if (!batch.head_mask.empty() &&
-      static_cast<int64_t>(batch.head_mask.size()) != spec_.num_layers * heads) {
-    return Invalid(absl::StrCat(
-        "head_mask has ", batch.head_mask.size(),
-        " factors, expected num_layers * num_heads = ", spec_.num_layers * heads));
-  }
-  const bool from_hidden = !batch.hidden_states.empty();
-  if (from_hidden) {
-    if (!batch.token_ids.empty() || !batch.token_types.empty()) {
-      return Invalid("token_ids and token_types must be empty with hidden_states");
-    }
-    if (static_cast<int64_t>(batch.hidden_states.size()) != tokens * d) {
-      return Invalid(absl::StrCat("hidden_states has ", batch.hidden_states.size(),
-                                  " values, expected ", tokens * d));
-    }
-  } else if (static_cast<int64_t>(batch.token_ids.size()) != tokens) {
-    return Invalid(absl::StrCat("token_ids has ", batch.token_ids.size(),
-                                " ids, expected the lengths' sum ", tokens));
-  }
-  if (!batch.token_types.empty() && batch.token_types.size() != batch.token_ids.size()) {
-    return Invalid(absl::StrCat("token_types has ", batch.token_types.size(),
-                                " entries, expected ", tokens, " (or none)"));
-  }
-  for (int64_t t = 0; t < (from_hidden ? 0 : tokens); ++t) {
-    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= spec_.vocab_size) {
-      return Invalid(absl::StrCat("token_ids[", t, "] must be in [0, ", spec_.vocab_size,
-                                  ") (the vocabulary), got ", batch.token_ids[t]));
-    }
-    if (!batch.token_types.empty() &&
-        (batch.token_types[t] < 0 || batch.token_types[t] >= spec_.type_vocab_size)) {
-      return Invalid(absl::StrCat("token_types[", t, "] must be in [0, ",
-                                  spec_.type_vocab_size, "), got ",
-                                  batch.token_types[t]));
-    }
-  }
   const int64_t sequences = static_cast<int64_t>(batch.lengths.size());
-  if (!spec_.pools() && !pooled.empty()) {
-    return Invalid("pooled must be empty: this encoder's pooling is none");
-  }
+  int64_t tokens = 0;
+  for (const int64_t length : batch.lengths) tokens += length;
+  const bool from_hidden = !batch.hidden_states.empty();
   const int64_t width = spec_.pooled_width();
-  if (!pooled.empty() && static_cast<int64_t>(pooled.size()) != sequences * width) {
-    return Invalid(absl::StrCat("pooled has ", pooled.size(), " values, expected ",
-                                sequences * width));
-  }
-  if (!hidden.empty() && static_cast<int64_t>(hidden.size()) != tokens * d) {
-    return Invalid(
-        absl::StrCat("hidden has ", hidden.size(), " values, expected ", tokens * d));
-  }
-  if (!statistics.empty() &&
-      static_cast<int64_t>(statistics.size()) != spec_.num_layers * heads) {
-    return Invalid(absl::StrCat(
-        "statistics has ", statistics.size(),
-        " entries, expected num_layers * num_heads = ", spec_.num_layers * heads));
-  }
-  std::fill(statistics.begin(), statistics.end(), EncoderHeadStatistic());
   const int64_t first_plane = heads * batch.lengths[0] * batch.lengths[0];
-  if (!attention.empty() &&
-      static_cast<int64_t>(attention.size()) != spec_.num_layers * first_plane) {
-    return Invalid(absl::StrCat("attention has ", attention.size(),
-                                " values, expected num_layers * num_heads * L0^2 = ",
-                                spec_.num_layers * first_plane));
-  }
+  std::fill(statistics.begin(), statistics.end(), EncoderHeadStatistic());
   if (options_.intra_op_threads > 0) omp_set_num_threads(options_.intra_op_threads);
 
   State& state = *state_;
@@ -1882,64 +1752,20 @@ absl::Status TransformerEncoder::Forward(const EncoderBatch& batch,
   }
   if (!hidden.empty()) std::memcpy(hidden.data(), last, hidden.size() * sizeof(float));
   if (pooled.empty()) return absl::OkStatus();
-  if (spec_.num_labels > 0) {
-    ClassifyHead(last, batch.lengths, pooled);
-    return absl::OkStatus();
-  }
   if (spec_.sparse != EncoderSpec::Sparse::kNone) {
     return SpladeHead(last, batch.lengths, pooled);
   }
   int64_t first = 0;
-  std::vector<float> staged, next;
+  std::vector<float> row, scratch;
   for (int64_t i = 0; i < sequences; ++i) {
     const int64_t length = batch.lengths[i];
-    // Pooled into `out` directly, or into `staged` when Dense layers follow.
-    if (!spec_.dense.empty()) staged.resize(static_cast<size_t>(d));
-    float* out = spec_.dense.empty() ? &pooled[i * width] : staged.data();
-    switch (spec_.pooling) {
-      case EncoderSpec::Pooling::kCls:
-      case EncoderSpec::Pooling::kLastToken: {
-        const int64_t token =
-            spec_.pooling == EncoderSpec::Pooling::kCls ? first : first + length - 1;
-        std::memcpy(out, &last[token * d], static_cast<size_t>(d) * sizeof(float));
-        break;
-      }
-      case EncoderSpec::Pooling::kMax:
-        std::memcpy(out, &last[first * d], static_cast<size_t>(d) * sizeof(float));
-        for (int64_t t = first + 1; t < first + length; ++t) {
-          for (int64_t c = 0; c < d; ++c) out[c] = std::max(out[c], last[t * d + c]);
-        }
-        break;
-      default: {
-        // Sums in double: by 1 (mean, mean over the square root of the length) or by
-        // the position (weighted mean).
-        const bool weighted = spec_.pooling == EncoderSpec::Pooling::kWeightedMean;
-        const auto n = static_cast<double>(length);
-        const double divisor = weighted ? n * (n + 1.0) / 2.0
-                               : spec_.pooling == EncoderSpec::Pooling::kMeanSqrtLen
-                                   ? std::sqrt(n)
-                                   : n;
-        for (int64_t c = 0; c < d; ++c) {
-          double sum = 0.0;
-          for (int64_t t = 0; t < length; ++t) {
-            sum +=
-                (weighted ? static_cast<double>(t + 1) : 1.0) * last[(first + t) * d + c];
-          }
-          out[c] = static_cast<float>(sum / divisor);
-        }
-      }
-    }
-    if (!spec_.dense.empty()) {
-      ApplyDense(&staged, &next);
-      out = &pooled[i * width];
-      std::copy(staged.begin(), staged.end(), out);
-    }
-    if (spec_.normalize) {
-      double norm = 0.0;
-      for (int64_t c = 0; c < width; ++c) norm += static_cast<double>(out[c]) * out[c];
-      // sentence-transformers' Normalize divides by max(norm, 1e-12).
-      const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
-      for (int64_t c = 0; c < width; ++c) out[c] = static_cast<float>(out[c] * scale);
+    if (spec_.num_labels > 0) {
+      ClassifyToken(spec_, state.weights, &last[first * d], &pooled[i * width]);
+    } else {
+      row.resize(static_cast<size_t>(d));
+      PoolTokens(spec_.pooling, &last[first * d], length, d, row.data());
+      FinishEmbedding(spec_, state.weights, &row, &scratch);
+      std::copy(row.begin(), row.end(), pooled.begin() + i * width);
     }
     first += length;
   }

@@ -1,153 +1,18 @@
 #include "core/cuda/cuda_attention.h"
 
-#include <cublas_v2.h>
-#include <cuda_runtime_api.h>
-#include <dlfcn.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/bfloat16.h"
+#include "core/cuda/device_common.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/staging.h"
-#include "core/status_macros.h"
 
 namespace attnserve::core::cuda {
 namespace {
-
-absl::Status CudaError(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  if (error == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("CUDA could not ", what, ": out of device memory"));
-  }
-  return absl::InternalError(absl::StrCat("CUDA failed to ", what, ": ",
-                                          cudaGetErrorName(error), " (",
-                                          cudaGetErrorString(error), ")"));
-}
-
-#define ATTN_CUDA(expr, what) ATTN_RETURN_IF_ERROR(CudaError((expr), (what)))
-#define ATTN_CUBLAS(expr, what) ATTN_RETURN_IF_ERROR(CublasError((expr), (what)))
-
-// cuBLAS, opened at run time rather than linked: libcublasLt's static thread-local
-// storage (about 95 KiB) would otherwise be added to every thread of the process,
-// and libraries that start threads with small fixed stacks (Debian's civetweb, behind
-// /metrics) then fail pthread_create with EINVAL. Opened with dlopen its TLS is
-// allocated only in threads that use it, and a server on the CPU never loads it.
-struct Cublas {
-  decltype(&cublasCreate_v2) create = nullptr;
-  decltype(&cublasDestroy_v2) destroy = nullptr;
-  decltype(&cublasSetStream_v2) set_stream = nullptr;
-  cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
-                         int, const void*, const void*, cudaDataType, int, const void*,
-                         cudaDataType, int, const void*, void*, cudaDataType, int,
-                         cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
-  cublasStatus_t (*gemm_strided_batched)(cublasHandle_t, cublasOperation_t,
-                                         cublasOperation_t, int, int, int, const void*,
-                                         const void*, cudaDataType, int, long long int,
-                                         const void*, cudaDataType, int, long long int,
-                                         const void*, void*, cudaDataType, int,
-                                         long long int, int, cublasComputeType_t,
-                                         cublasGemmAlgo_t) = nullptr;
-  decltype(&cublasGetStatusString) status_string = nullptr;
-  std::string error;  // why it could not be opened; empty when it was
-};
-
-const Cublas& GetCublas() {
-  static const Cublas* const cublas = [] {
-    auto* loaded = new Cublas;
-    void* library = dlopen("libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr) {
-      loaded->error =
-          absl::StrCat("cannot open libcublas.so.13 (cuBLAS of CUDA 13): ", dlerror());
-      return loaded;
-    }
-    const auto find = [&](auto& function, const char* name) {
-      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(
-          dlsym(library, name));
-      if (function == nullptr && loaded->error.empty()) {
-        loaded->error = absl::StrCat("libcublas.so.13 has no ", name);
-      }
-    };
-    find(loaded->create, "cublasCreate_v2");
-    find(loaded->destroy, "cublasDestroy_v2");
-    find(loaded->set_stream, "cublasSetStream_v2");
-    find(loaded->gemm, "cublasGemmEx");
-    find(loaded->gemm_strided_batched, "cublasGemmStridedBatchedEx");
-    find(loaded->status_string, "cublasGetStatusString");
-    return loaded;
-  }();
-  return *cublas;
-}
-
-absl::Status CublasError(cublasStatus_t status, absl::string_view what) {
-  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("cuBLAS failed to ", what, ": ", GetCublas().status_string(status)));
-}
-
-// Device memory that grows to the largest size asked for and keeps it.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  absl::StatusOr<uint8_t*> Reserve(size_t bytes) {
-    if (bytes <= capacity_) return data_;
-    if (data_ != nullptr) cudaFree(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-    void* data = nullptr;
-    ATTN_CUDA(cudaMalloc(&data, bytes), absl::StrCat("allocate ", bytes, " bytes"));
-    data_ = static_cast<uint8_t*>(data);
-    capacity_ = bytes;
-    return data_;
-  }
-  uint8_t* data() const { return data_; }
-  size_t capacity() const { return capacity_; }
-
- private:
-  uint8_t* data_ = nullptr;
-  size_t capacity_ = 0;
-};
-
-// Page-locked host memory, so that copies run at full speed and asynchronously.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (data_ != nullptr) cudaFreeHost(data_);
-  }
-  absl::StatusOr<uint8_t*> Reserve(size_t bytes) {
-    if (bytes <= capacity_) return data_;
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-    void* data = nullptr;
-    ATTN_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault),
-              absl::StrCat("allocate ", bytes, " bytes of pinned host memory"));
-    data_ = static_cast<uint8_t*>(data);
-    capacity_ = bytes;
-    return data_;
-  }
-
- private:
-  uint8_t* data_ = nullptr;
-  size_t capacity_ = 0;
-};
-
-size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 class CudaAttentionImpl final : public CudaAttention {
  public:
@@ -158,7 +23,10 @@ class CudaAttentionImpl final : public CudaAttention {
         options_(options),
         compute_(spec.precision == Precision::kBf16 ? ElementType::kBf16
                                                     : ElementType::kF32),
-        compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4) {}
+        compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4) {
+    gemm_.compute = compute_;
+    gemm_.allow_tf32 = options.allow_tf32;
+  }
 
   ~CudaAttentionImpl() override {
     cudaSetDevice(device_);
@@ -194,14 +62,8 @@ class CudaAttentionImpl final : public CudaAttention {
   CudaTimings last_timings() const override { return timings_; }
 
  private:
-  cudaDataType_t DataType() const {
-    return compute_ == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
-  }
-  cublasComputeType_t ComputeType() const {
-    return compute_ == ElementType::kF32 && options_.allow_tf32
-               ? CUBLAS_COMPUTE_32F_FAST_TF32
-               : CUBLAS_COMPUTE_32F;
-  }
+  cudaDataType_t DataType() const { return gemm_.DataType(); }
+  cublasComputeType_t ComputeType() const { return gemm_.ComputeType(); }
   // out[rows, out_width] (row stride ld_out, type out_type) = bias + in[rows, in_width]
   // W^T, W row-major [out_width, in_width] (row stride ld_weight), in the compute
   // precision, in with row stride ld_in.
@@ -220,6 +82,7 @@ class CudaAttentionImpl final : public CudaAttention {
   int64_t compute_bytes_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
+  Gemm gemm_;
   // Before and after the upload, the attention step, the rest, the download.
   cudaEvent_t events_[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
 
@@ -250,59 +113,18 @@ absl::Status CudaAttentionImpl::Init(const AttentionWeights& weights) {
   ATTN_CUBLAS(GetCublas().create(&cublas_), "create a handle");
   ATTN_CUBLAS(GetCublas().set_stream(cublas_, stream_), "set its stream");
 
-  const int64_t d = spec_.d_model;
-  const int64_t head_dim = spec_.head_dim();
-  for (int64_t h = 0; h < spec_.num_heads; ++h) {
-    if (!spec_.IsPruned(h)) heads_.push_back(h);
-  }
-  width_ = static_cast<int64_t>(heads_.size()) * head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-  // Rows of the kept heads' Q, K and V projections, then W_out's kept columns.
-  std::vector<float> qkv(static_cast<size_t>(3 * width_ * d)), qkv_bias(3 * width_);
-  for (int64_t part = 0; part < 3; ++part) {
-    for (size_t p = 0; p < heads_.size(); ++p) {
-      for (int64_t r = 0; r < head_dim; ++r) {
-        const int64_t from = part * d + heads_[p] * head_dim + r;
-        const int64_t to = part * width_ + static_cast<int64_t>(p) * head_dim + r;
-        const float factor = part == 0 ? scale : 1.0f;
-        for (int64_t c = 0; c < d; ++c) {
-          qkv[to * d + c] = weights.in_proj_weight[from * d + c] * factor;
-        }
-        qkv_bias[to] = weights.in_proj_bias[from] * factor;
-      }
-    }
-  }
-  std::vector<float> out(static_cast<size_t>(d * width_));
-  for (int64_t o = 0; o < d; ++o) {
-    for (size_t p = 0; p < heads_.size(); ++p) {
-      for (int64_t c = 0; c < head_dim; ++c) {
-        out[o * width_ + p * head_dim + c] =
-            weights.out_proj_weight[o * d + heads_[p] * head_dim + c];
-      }
-    }
-  }
+  gemm_.handle = cublas_;
+  KeptHeadWeights kept = KeepHeads(spec_, weights);
+  heads_ = kept.heads;
+  width_ = kept.width;
   out_bias_ = weights.out_proj_bias;
-  qkv_weight_ = 0;
-  out_weight_ = Align(qkv.size() * compute_bytes_);
-  qkv_bias_ = out_weight_ + Align(out.size() * compute_bytes_);
-  out_bias_offset_ = qkv_bias_ + Align(qkv_bias.size() * sizeof(float));
-  const size_t total = out_bias_offset_ + Align(out_bias_.size() * sizeof(float));
-  std::vector<uint8_t> host(total, 0);
-  const auto put = [&](const std::vector<float>& values, size_t offset, bool narrow) {
-    if (!narrow) {
-      std::memcpy(host.data() + offset, values.data(), values.size() * sizeof(float));
-      return;
-    }
-    for (size_t i = 0; i < values.size(); ++i) {
-      const uint16_t bits = FloatToBf16(values[i]);
-      std::memcpy(host.data() + offset + 2 * i, &bits, 2);
-    }
-  };
   const bool narrow = compute_ == ElementType::kBf16;
-  put(qkv, qkv_weight_, narrow);
-  put(out, out_weight_, narrow);
-  put(qkv_bias, qkv_bias_, false);
-  put(out_bias_, out_bias_offset_, false);
+  std::vector<uint8_t> host;
+  qkv_weight_ = AppendAligned(kept.qkv, narrow, &host);
+  out_weight_ = AppendAligned(kept.out, narrow, &host);
+  qkv_bias_ = AppendAligned(kept.qkv_bias, false, &host);
+  out_bias_offset_ = AppendAligned(out_bias_, false, &host);
+  const size_t total = host.size();
   ATTN_ASSIGN_OR_RETURN(uint8_t * device_weights, weights_.Reserve(total));
   ATTN_CUDA(cudaMemcpy(device_weights, host.data(), total, cudaMemcpyHostToDevice),
             "upload the weights");
@@ -322,18 +144,8 @@ absl::Status CudaAttentionImpl::Project(const void* in, int64_t ld_in, int64_t r
                                         ElementType out_type, int64_t ld_out) {
   ATTN_CUDA(LaunchFillRows(out, out_type, rows, out_width, ld_out, bias, stream_),
             "broadcast a bias");
-  // Column-major view: out^T [out_width, rows] = W [out_width, in_width] in^T, with
-  // row-major W read as its transpose.
-  const float alpha = 1.0f, beta = 1.0f;
-  ATTN_CUBLAS(
-      GetCublas().gemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_width),
-                       static_cast<int>(rows), static_cast<int>(in_width), &alpha, weight,
-                       DataType(), static_cast<int>(ld_weight), in, DataType(),
-                       static_cast<int>(ld_in), &beta, out,
-                       out_type == ElementType::kBf16 ? CUDA_R_16BF : CUDA_R_32F,
-                       static_cast<int>(ld_out), ComputeType(), CUBLAS_GEMM_DEFAULT),
-      "run a projection");
-  return absl::OkStatus();
+  return gemm_.Project(in, ld_in, rows, in_width, weight, ld_weight, out_width, out,
+                       out_type, ld_out, /*accumulate=*/true);
 }
 
 absl::Status CudaAttentionImpl::Materialized(const AttentionBatch& batch,
@@ -651,19 +463,7 @@ absl::StatusOr<std::unique_ptr<CudaAttention>> CreateCudaAttention(
     return absl::InvalidArgumentError(absl::StrCat(
         "materialize_min_scores must be >= 1, got ", options.materialize_min_scores));
   }
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) cudaGetLastError();
-  if (device_index < 0 || device_index >= count) {
-    return absl::UnavailableError(absl::StrCat(
-        "device cuda:", device_index, " is not available: CUDA found ", count,
-        " device(s)",
-        error != cudaSuccess ? absl::StrCat(" (", cudaGetErrorString(error), ")") : ""));
-  }
-  if (const std::string& error = GetCublas().error; !error.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("device cuda:", device_index, " is not available: ", error));
-  }
+  ATTN_RETURN_IF_ERROR(CheckCudaDevice(device_index));
   auto attention = std::make_unique<CudaAttentionImpl>(spec, device_index, options);
   ATTN_RETURN_IF_ERROR(attention->Init(weights));
   return std::unique_ptr<CudaAttention>(std::move(attention));

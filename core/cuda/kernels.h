@@ -89,6 +89,67 @@ struct SoftmaxArgs {
 };
 cudaError_t LaunchSoftmax(const SoftmaxArgs& args, cudaStream_t stream);
 
+// The encoder's kernels (core/cuda/encoder_kernels.cu): one block per token row for the
+// norms, d_model up to kMaxNormWidth (the row sits in shared memory).
+inline constexpr int kMaxNormWidth = 8192;
+
+// The feed-forward network's activations: GELU with erf, GELU's tanh approximation,
+// ReLU, or none (a bias alone).
+enum class Activation { kNone, kGeluErf, kGeluTanh, kRelu };
+
+// BERT's embeddings, normalized: for token t,
+//   out[t] = LayerNorm(word[ids[t]] + position[positions[t]] + type[types[t]])
+// (position omitted when `position` is null), in f32 into `out` and, when
+// `out_compute` is not null, bf16 into it too.
+struct EmbedArgs {
+  const int32_t* ids;        // device [tokens]
+  const int32_t* types;      // device [tokens]
+  const int32_t* positions;  // device [tokens]
+  const void* word;          // [vocab, d], in word_type
+  ElementType word_type;
+  const float* position;  // [max_positions, d] or null
+  const float* type;      // [type_vocab, d]
+  const float* scale;     // [d]
+  const float* shift;     // [d]
+  float eps;
+  int64_t tokens;
+  int d;
+  float* out;         // [tokens, d]
+  void* out_compute;  // bf16 [tokens, d] or null
+};
+cudaError_t LaunchEmbed(const EmbedArgs& args, cudaStream_t stream);
+
+// out[r] = LayerNorm(a[r] + bias + residual[r]) per row r (bias null: none), in f32
+// into `out` (which may be `residual`) and, when `out_compute` is not null, bf16 into
+// it too.
+struct AddNormArgs {
+  const float* a;         // [rows, d]
+  const float* bias;      // [d] or null
+  const float* residual;  // [rows, d]
+  const float* scale;     // [d]
+  const float* shift;     // [d]
+  float eps;
+  int64_t rows;
+  int d;
+  float* out;         // [rows, d]
+  void* out_compute;  // bf16 [rows, d] or null
+};
+cudaError_t LaunchAddLayerNorm(const AddNormArgs& args, cudaStream_t stream);
+
+// x[r, c] = act(x[r, c] + bias[c]) in place, x [rows, cols] dense in `type`, the
+// arithmetic in f32.
+cudaError_t LaunchBiasActivation(void* x, ElementType type, const float* bias,
+                                 int64_t rows, int cols, Activation activation,
+                                 cudaStream_t stream);
+
+// Pooling of each sequence's rows of `hidden` (f32 [tokens, d], sequence s at rows
+// cu[s] .. cu[s+1]) into out [sequences, d], summed in double: the mean, the first
+// row, the element-wise maximum, the sum over sqrt(length), the mean weighted by
+// position (row i weighs i + 1), or the last row.
+enum class PoolMode { kMean, kFirst, kMax, kMeanSqrtLength, kWeightedMean, kLast };
+cudaError_t LaunchPool(const float* hidden, const int32_t* cu, int sequences, int d,
+                       PoolMode mode, float* out, cudaStream_t stream);
+
 }  // namespace attnserve::core::cuda
 
 #endif  // ATTNSERVE_CORE_CUDA_KERNELS_H_

@@ -91,4 +91,62 @@ void PackStaging(const AttentionBatch& batch, const StagingLayout& layout,
   std::memcpy(staging + layout.factors, factors.data(), factors.size() * sizeof(float));
 }
 
+absl::StatusOr<EncoderStagingLayout> PlanEncoderStaging(const EncoderBatch& batch,
+                                                        int64_t d_model,
+                                                        int64_t factor_count) {
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  EncoderStagingLayout layout;
+  for (const int64_t length : batch.lengths) {
+    layout.tokens += length;
+    layout.max_length = std::max(layout.max_length, length);
+  }
+  if (layout.tokens > kMax || static_cast<int64_t>(batch.lengths.size()) > kMax) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the batch has ", layout.tokens, " tokens in ", batch.lengths.size(),
+                     " sequences; the CUDA encoder takes at most ", kMax, " of each"));
+  }
+  layout.sequences = static_cast<int>(batch.lengths.size());
+  layout.from_hidden = !batch.hidden_states.empty();
+  const size_t index_bytes = layout.from_hidden ? 0 : layout.tokens * sizeof(int32_t);
+  size_t offset = 0;
+  const auto take = [&](size_t bytes) {
+    const size_t at = offset;
+    offset = Align(offset + bytes);
+    return at;
+  };
+  layout.ids = take(index_bytes);
+  layout.types = take(index_bytes);
+  layout.positions = take(index_bytes);
+  layout.cu = take((layout.sequences + 1) * sizeof(int32_t));
+  layout.factors = take(static_cast<size_t>(factor_count) * sizeof(float));
+  layout.hidden_bytes = layout.from_hidden
+                            ? static_cast<size_t>(layout.tokens * d_model) * sizeof(float)
+                            : 0;
+  layout.hidden = take(layout.hidden_bytes);
+  layout.total_bytes = offset;
+  return layout;
+}
+
+void PackEncoderStaging(const EncoderBatch& batch, const EncoderStagingLayout& layout,
+                        absl::Span<const float> factors, uint8_t* staging) {
+  if (!layout.from_hidden) {
+    auto* ids = reinterpret_cast<int32_t*>(staging + layout.ids);
+    auto* types = reinterpret_cast<int32_t*>(staging + layout.types);
+    auto* positions = reinterpret_cast<int32_t*>(staging + layout.positions);
+    int64_t t = 0;
+    for (const int64_t length : batch.lengths) {
+      for (int64_t position = 0; position < length; ++position, ++t) {
+        ids[t] = static_cast<int32_t>(batch.token_ids[t]);
+        types[t] =
+            batch.token_types.empty() ? 0 : static_cast<int32_t>(batch.token_types[t]);
+        positions[t] = static_cast<int32_t>(position);
+      }
+    }
+  } else {
+    std::memcpy(staging + layout.hidden, batch.hidden_states.data(), layout.hidden_bytes);
+  }
+  WriteCumulative(batch.lengths, staging + layout.cu);
+  std::memcpy(staging + layout.factors, factors.data(), factors.size() * sizeof(float));
+}
+
 }  // namespace attnserve::core::cuda

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/attention_backend.h"
+#include "core/encoder_spec.h"
 
 namespace attnserve::core::cuda {
 
@@ -45,6 +46,35 @@ absl::StatusOr<StagingLayout> PlanStaging(const AttentionBatch& batch, int64_t d
 // `factors` has one value per computed head.
 void PackStaging(const AttentionBatch& batch, const StagingLayout& layout,
                  absl::Span<const float> factors, uint8_t* staging);
+
+// Where one encoder batch's inputs sit in the CUDA encoder's staging buffer (byte
+// offsets, each a multiple of StagingLayout::kAlignment).
+struct EncoderStagingLayout {
+  // int32 [tokens] each: the token ids, their types (0 when the batch has none) and
+  // positions (from 0 in each sequence); no bytes with hidden states.
+  size_t ids = 0, types = 0, positions = 0;
+  size_t cu = 0;       // int32 [sequences + 1]: cumulative lengths
+  size_t factors = 0;  // f32 [factor_count]: each layer's kept heads' factors
+  size_t hidden = 0, hidden_bytes = 0;  // f32 [tokens, d] when the batch has them
+  size_t total_bytes = 0;
+
+  int sequences = 0;
+  int64_t tokens = 0;
+  int64_t max_length = 0;
+  bool from_hidden = false;
+};
+
+// The layout for `batch` (already checked by CheckEncoderForward) and `factor_count`
+// head factors. InvalidArgument when a count does not fit the kernels' 32-bit indexes
+// (more than 2^31 - 1 tokens), naming it.
+absl::StatusOr<EncoderStagingLayout> PlanEncoderStaging(const EncoderBatch& batch,
+                                                        int64_t d_model,
+                                                        int64_t factor_count);
+
+// Writes `batch` into `staging` (at least layout.total_bytes) as `layout` says, ids,
+// types and positions narrowed to int32; `factors` has factor_count values.
+void PackEncoderStaging(const EncoderBatch& batch, const EncoderStagingLayout& layout,
+                        absl::Span<const float> factors, uint8_t* staging);
 
 }  // namespace attnserve::core::cuda
 

@@ -156,12 +156,11 @@ void EncoderExecutor::Scatter(absl::Span<EncoderWork* const> batch, bool compute
 
 absl::StatusOr<std::unique_ptr<EncoderBatcher>> MakeEncoderBatcher(
     const BatchingOptions& options,
-    const std::function<absl::StatusOr<std::unique_ptr<core::TransformerEncoder>>()>&
+    const std::function<absl::StatusOr<std::unique_ptr<core::EncoderBackend>>()>&
         make_encoder) {
   return EncoderBatcher::Create(
       options, [&]() -> absl::StatusOr<std::unique_ptr<BatchExecutor<EncoderWork>>> {
-        absl::StatusOr<std::unique_ptr<core::TransformerEncoder>> encoder =
-            make_encoder();
+        absl::StatusOr<std::unique_ptr<core::EncoderBackend>> encoder = make_encoder();
         if (!encoder.ok()) return encoder.status();
         return std::make_unique<EncoderExecutor>(std::move(encoder).value());
       });

@@ -24,7 +24,7 @@ struct EncoderWork {
   std::vector<int64_t> lengths;      // n sequences
   // Empty, or [num_layers * num_heads] factors in [0, 1] (EncoderBatch::head_mask).
   std::vector<float> head_mask;
-  // Measure the heads (TransformerEncoder::Forward's statistics) into `statistics`,
+  // Measure the heads (EncoderBackend::Forward's statistics) into `statistics`,
   // [num_layers * num_heads]; always runs alone.
   bool head_statistics = false;
   // With head_statistics: also the first sequence's attention weights into

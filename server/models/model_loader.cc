@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/attention_backend.h"
 #include "core/attention_weights.h"
+#include "core/encoder_backend.h"
 #include "core/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -158,7 +159,7 @@ absl::StatusOr<std::string> ReadOptionalFile(const std::filesystem::path& path) 
   return text.str();
 }
 
-absl::Status WarmUpEncoder(core::TransformerEncoder& encoder) {
+absl::Status WarmUpEncoder(core::EncoderBackend& encoder) {
   const core::EncoderSpec& spec = encoder.spec();
   for (int64_t length : {int64_t{8}, int64_t{128}}) {
     length = std::min(length, spec.max_positions);
@@ -214,11 +215,6 @@ absl::StatusOr<std::vector<core::EncoderWeights::DenseWeights>> LoadDenseWeights
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
     const std::string& name, const std::filesystem::path& folder, v1::ModelConfig config,
     const ModelRegistry::Options& options) {
-  if (options.device.kind != core::DeviceKind::kCpu) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("encoder models run on the CPU in this version, not on ",
-                     core::DeviceName(options.device)));
-  }
   EncoderFiles files;
   ATTN_ASSIGN_OR_RETURN(files.config_json, ReadOptionalFile(folder / "config.json"));
   ATTN_ASSIGN_OR_RETURN(files.modules_json, ReadOptionalFile(folder / "modules.json"));
@@ -380,16 +376,17 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
 
   batching.clock = options.clock;
   if (options.make_observer) batching.observer = options.make_observer(info);
-  core::TransformerEncoder::Options encoder_options;
+  core::EncoderBackendOptions encoder_options;
   encoder_options.intra_op_threads = intra_op_threads;
+  encoder_options.allow_tf32 = options.allow_tf32;
   int made = 0;
   const auto make_encoder =
-      [&]() -> absl::StatusOr<std::unique_ptr<core::TransformerEncoder>> {
+      [&]() -> absl::StatusOr<std::unique_ptr<core::EncoderBackend>> {
     // The last instance takes the loaded weights themselves: no copy at the peak.
     const bool last = ++made == batching.instances;
-    ATTN_ASSIGN_OR_RETURN(
-        auto encoder, core::TransformerEncoder::Create(
-                          spec, last ? std::move(weights) : weights, encoder_options));
+    ATTN_ASSIGN_OR_RETURN(auto encoder, core::CreateEncoderBackend(
+                                            spec, last ? std::move(weights) : weights,
+                                            options.device, encoder_options));
     if (options.warm_up) ATTN_RETURN_IF_ERROR(WarmUpEncoder(*encoder));
     return encoder;
   };

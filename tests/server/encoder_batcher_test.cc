@@ -66,8 +66,8 @@ Golden ReadGolden() {
   return golden;
 }
 
-std::function<absl::StatusOr<std::unique_ptr<core::TransformerEncoder>>()> Factory() {
-  return []() -> absl::StatusOr<std::unique_ptr<core::TransformerEncoder>> {
+std::function<absl::StatusOr<std::unique_ptr<core::EncoderBackend>>()> Factory() {
+  return []() -> absl::StatusOr<std::unique_ptr<core::EncoderBackend>> {
     auto file = core::SafetensorsFile::Read(kData + "/encoder_tiny.weights.safetensors");
     if (!file.ok()) return file.status();
     auto weights = core::LoadBertWeights(*file, TinySpec());
