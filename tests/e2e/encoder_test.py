@@ -22,6 +22,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -420,6 +421,26 @@ class EncoderTest(unittest.TestCase):
         with self.assertRaises(Failure) as failure:
             self.encoder.send("v1", {"input_ids": ids}, model="mha-base")
         self.assertIn('model "mha-base" is an attention layer', failure.exception.message)
+
+    def test_on_a_gpu_start_up_names_what_the_gpu_lacks(self):
+        """--device=cuda:0 takes encoders through the same loader: a pre-LN one is
+        refused naming what the GPU does not compute (before any CUDA call), and
+        where there is no GPU a BERT one names the missing device."""
+        cases = [("megatron-tiny", ["pre-LN", "the CPU encoder has it"])]
+        if not os.path.exists("/dev/nvidia0"):
+            cases.append(("minilm", ["device cuda:0 is not available"]))
+        for model, words in cases:
+            with self.subTest(model=model), tempfile.TemporaryDirectory() as repository:
+                os.symlink(os.path.join(self.repository.name, model),
+                           os.path.join(repository, model))
+                run = subprocess.run([SERVER, f"--model_repository={repository}",
+                                      "--device=cuda:0", "--port=0", "--http_port=-1",
+                                      "--metrics_port=-1"],
+                                     capture_output=True, text=True, timeout=120)
+                self.assertNotEqual(run.returncode, 0)
+                self.assertIn(model, run.stderr)
+                for word in words:
+                    self.assertIn(word, run.stderr)
 
     def test_metadata_and_config_describe_the_encoder(self):
         with urllib.request.urlopen(f"{self.encoder.http}/v2/models/minilm", timeout=30) as r:
