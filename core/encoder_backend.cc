@@ -78,6 +78,12 @@ absl::Status CheckEncoderForward(const EncoderSpec& spec, const EncoderBatch& ba
         "head_mask has ", batch.head_mask.size(),
         " factors, expected num_layers * num_heads = ", spec.num_layers * heads));
   }
+  for (size_t i = 0; i < batch.head_mask.size(); ++i) {
+    if (!(batch.head_mask[i] >= 0.0f && batch.head_mask[i] <= 1.0f)) {
+      return Invalid(
+          absl::StrCat("head_mask[", i, "] must be in [0, 1], got ", batch.head_mask[i]));
+    }
+  }
   const bool from_hidden = !batch.hidden_states.empty();
   if (from_hidden) {
     if (!batch.token_ids.empty() || !batch.token_types.empty()) {

@@ -86,7 +86,8 @@ absl::StatusOr<std::unique_ptr<EncoderBackend>> CreateEncoderBackend(
 
 // The checks every encoder's Forward makes before any work: OK, or InvalidArgument
 // naming the field and the value (empty lengths, a length outside [1, max_positions],
-// an id or token type out of range, token ids with hidden states, or a size of
+// an id or token type out of range, a head_mask factor outside [0, 1], token ids with
+// hidden states, or a size of
 // head_mask, hidden_states, token_ids, token_types, pooled, hidden, statistics or
 // attention that does not match).
 absl::Status CheckEncoderForward(const EncoderSpec& spec, const EncoderBatch& batch,

@@ -134,6 +134,9 @@ absl::Status CudaAttentionImpl::Init(const AttentionWeights& weights) {
   ATTN_CUDA(cudaMemcpy(device_heads, model_head.data(),
                        model_head.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
             "upload the head map");
+  // The copies above ran on the legacy stream, which stream_ (non-blocking) does not
+  // wait for, and a pageable copy may return before its DMA ends.
+  ATTN_CUDA(cudaDeviceSynchronize(), "finish the upload");
   return absl::OkStatus();
 }
 

@@ -185,6 +185,9 @@ absl::Status CudaEncoderImpl::Init(EncoderWeights weights) {
   heads_.classifier_weight = std::move(weights.classifier_weight);
   heads_.classifier_bias = std::move(weights.classifier_bias);
   heads_.dense = std::move(weights.dense);
+  // The copies above ran on the legacy stream, which stream_ (non-blocking) does not
+  // wait for, and a pageable copy may return before its DMA ends.
+  ATTN_CUDA(cudaDeviceSynchronize(), "finish the upload");
   return absl::OkStatus();
 }
 
@@ -218,16 +221,6 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
   const int64_t tokens = layout.tokens;
   const int sequences = layout.sequences;
 
-  // Inputs: one host-to-device copy.
-  ATTN_ASSIGN_OR_RETURN(uint8_t * staging, host_input_.Reserve(layout.total_bytes));
-  PackEncoderStaging(batch, layout, factor_values_, staging);
-  ATTN_ASSIGN_OR_RETURN(uint8_t * input, input_.Reserve(layout.total_bytes));
-  ATTN_CUDA(cudaMemcpyAsync(input, staging, layout.total_bytes, cudaMemcpyHostToDevice,
-                            stream_),
-            "upload the batch");
-  const auto* cu = reinterpret_cast<const int32_t*>(input + layout.cu);
-  const auto* factors = reinterpret_cast<const float*>(input + layout.factors);
-
   const size_t plane = static_cast<size_t>(tokens * d) * sizeof(float);
   const size_t pooled_bytes =
       pooled.empty() ? 0 : Align(static_cast<size_t>(sequences * d) * sizeof(float));
@@ -253,109 +246,128 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
       uint8_t * inner,
       inner_.Reserve(static_cast<size_t>(tokens * spec_.ffn_dim) * compute_bytes_));
 
-  const float eps = spec_.layer_norm_eps;
-  if (layout.from_hidden) {
-    // Hidden states enter the first block as they are.
-    ATTN_CUDA(cudaMemcpyAsync(x, input + layout.hidden, plane, cudaMemcpyDeviceToDevice,
-                              stream_),
-              "place the hidden states");
-    if (narrow_copy != nullptr) {
-      ATTN_CUDA(LaunchConvert(x, ElementType::kF32, narrow_copy, ElementType::kBf16,
-                              tokens * d, stream_),
-                "narrow the hidden states");
-    }
-  } else {
-    EmbedArgs embed{reinterpret_cast<const int32_t*>(input + layout.ids),
-                    reinterpret_cast<const int32_t*>(input + layout.types),
-                    reinterpret_cast<const int32_t*>(input + layout.positions),
-                    word_.data(),
-                    word_type_,
-                    At(position_),
-                    At(type_),
-                    At(embedding_scale_),
-                    At(embedding_shift_),
-                    eps,
-                    tokens,
-                    static_cast<int>(d),
-                    x,
-                    narrow_copy};
-    ATTN_CUDA(LaunchEmbed(embed, stream_), "embed the tokens");
-  }
-  const int head_dim = static_cast<int>(spec_.AttentionSpec(0).head_dim());
-  const int64_t ffn = spec_.ffn_dim;
-  for (const Layer& layer : layers_) {
-    const int64_t width = layer.width;
-    // [Q K V] = x W_qkv^T + b_qkv, the query's 1/sqrt(head_dim) in W_qkv.
-    ATTN_RETURN_IF_ERROR(gemm_.Project(x_compute, d, tokens, d, At<uint8_t>(layer.qkv), d,
-                                       3 * width, qkv, compute_, 3 * width, false));
-    ATTN_CUDA(
-        LaunchBiasActivation(qkv, compute_, At(layer.qkv_bias), tokens,
-                             static_cast<int>(3 * width), Activation::kNone, stream_),
-        "add the attention's bias");
-    FusedAttentionArgs args{compute_,
-                            qkv,
-                            3 * width,
-                            qkv + width * compute_bytes_,
-                            3 * width,
-                            qkv + 2 * width * compute_bytes_,
-                            3 * width,
-                            context,
-                            width,
-                            cu,
-                            cu,
-                            factors + layer.first_factor,
-                            sequences,
-                            static_cast<int>(layer.heads.size()),
-                            head_dim,
-                            static_cast<int>(layout.max_length),
-                            /*causal=*/false};
-    if (TensorCoreAttentionFits(args)) {
-      ATTN_CUDA(
-          LaunchTensorCoreAttention(args, stream_, TensorCoreVariant::kLdmatrixV8Warps),
-          "run tensor-core attention");
-    } else {
-      ATTN_CUDA(LaunchFusedAttention(args, stream_), "run fused attention");
-    }
-    // x = LayerNorm(x + context W_out^T + b_out)
-    ATTN_RETURN_IF_ERROR(gemm_.Project(context, width, tokens, width,
-                                       At<uint8_t>(layer.out), width, d, attended,
-                                       ElementType::kF32, d, false));
-    ATTN_CUDA(LaunchAddLayerNorm({attended, At(layer.out_bias), x, At(layer.norm1_scale),
-                                  At(layer.norm1_shift), eps, tokens, static_cast<int>(d),
-                                  x, narrow_copy},
-                                 stream_),
-              "add and normalize the attention");
-    // x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2)
-    ATTN_RETURN_IF_ERROR(gemm_.Project(x_compute, d, tokens, d, At<uint8_t>(layer.ffn_in),
-                                       d, ffn, inner, compute_, ffn, false));
-    ATTN_CUDA(LaunchBiasActivation(inner, compute_, At(layer.ffn_in_bias), tokens,
-                                   static_cast<int>(ffn), ToActivation(spec_.activation),
-                                   stream_),
-              "activate the feed-forward network");
-    ATTN_RETURN_IF_ERROR(gemm_.Project(inner, ffn, tokens, ffn,
-                                       At<uint8_t>(layer.ffn_out), ffn, d, attended,
-                                       ElementType::kF32, d, false));
-    ATTN_CUDA(LaunchAddLayerNorm({attended, At(layer.ffn_out_bias), x,
-                                  At(layer.norm2_scale), At(layer.norm2_shift), eps,
-                                  tokens, static_cast<int>(d), x, narrow_copy},
-                                 stream_),
-              "add and normalize the feed-forward network");
-  }
-  if (!pooled.empty()) {
-    ATTN_CUDA(LaunchPool(x, cu, sequences, static_cast<int>(d), ToPoolMode(spec_),
-                         reinterpret_cast<float*>(results), stream_),
-              "pool the sequences");
-  }
-  // Results: the pooled rows and, when asked, the last hidden state, in one copy.
   const size_t download = hidden.empty() ? pooled_bytes : pooled_bytes + plane;
   uint8_t* host_results = nullptr;
   if (download > 0) {
     ATTN_ASSIGN_OR_RETURN(host_results, host_results_.Reserve(download));
-    ATTN_CUDA(
-        cudaMemcpyAsync(host_results, results, download, cudaMemcpyDeviceToHost, stream_),
-        "download the results");
   }
-  ATTN_CUDA(cudaStreamSynchronize(stream_), "run the batch");
+  ATTN_ASSIGN_OR_RETURN(uint8_t * input, input_.Reserve(layout.total_bytes));
+  ATTN_ASSIGN_OR_RETURN(uint8_t * staging, host_input_.Reserve(layout.total_bytes));
+  // Every buffer is held: from here on work is queued, and an error must wait for it
+  // before the staging buffer can be written again.
+  PackEncoderStaging(batch, layout, factor_values_, staging);
+  const absl::Status status = [&]() -> absl::Status {
+    ATTN_CUDA(cudaMemcpyAsync(input, staging, layout.total_bytes, cudaMemcpyHostToDevice,
+                              stream_),
+              "upload the batch");
+    const auto* cu = reinterpret_cast<const int32_t*>(input + layout.cu);
+    const auto* factors = reinterpret_cast<const float*>(input + layout.factors);
+    const float eps = spec_.layer_norm_eps;
+    if (layout.from_hidden) {
+      // Hidden states enter the first block as they are.
+      ATTN_CUDA(cudaMemcpyAsync(x, input + layout.hidden, plane, cudaMemcpyDeviceToDevice,
+                                stream_),
+                "place the hidden states");
+      if (narrow_copy != nullptr) {
+        ATTN_CUDA(LaunchConvert(x, ElementType::kF32, narrow_copy, ElementType::kBf16,
+                                tokens * d, stream_),
+                  "narrow the hidden states");
+      }
+    } else {
+      EmbedArgs embed{reinterpret_cast<const int32_t*>(input + layout.ids),
+                      reinterpret_cast<const int32_t*>(input + layout.types),
+                      reinterpret_cast<const int32_t*>(input + layout.positions),
+                      word_.data(),
+                      word_type_,
+                      At(position_),
+                      At(type_),
+                      At(embedding_scale_),
+                      At(embedding_shift_),
+                      eps,
+                      tokens,
+                      static_cast<int>(d),
+                      x,
+                      narrow_copy};
+      ATTN_CUDA(LaunchEmbed(embed, stream_), "embed the tokens");
+    }
+    const int head_dim = static_cast<int>(spec_.AttentionSpec(0).head_dim());
+    const int64_t ffn = spec_.ffn_dim;
+    for (const Layer& layer : layers_) {
+      const int64_t width = layer.width;
+      // [Q K V] = x W_qkv^T + b_qkv, the query's 1/sqrt(head_dim) in W_qkv.
+      ATTN_RETURN_IF_ERROR(gemm_.Project(x_compute, d, tokens, d, At<uint8_t>(layer.qkv),
+                                         d, 3 * width, qkv, compute_, 3 * width, false));
+      ATTN_CUDA(
+          LaunchBiasActivation(qkv, compute_, At(layer.qkv_bias), tokens,
+                               static_cast<int>(3 * width), Activation::kNone, stream_),
+          "add the attention's bias");
+      FusedAttentionArgs args{compute_,
+                              qkv,
+                              3 * width,
+                              qkv + width * compute_bytes_,
+                              3 * width,
+                              qkv + 2 * width * compute_bytes_,
+                              3 * width,
+                              context,
+                              width,
+                              cu,
+                              cu,
+                              factors + layer.first_factor,
+                              sequences,
+                              static_cast<int>(layer.heads.size()),
+                              head_dim,
+                              static_cast<int>(layout.max_length),
+                              /*causal=*/false};
+      if (TensorCoreAttentionFits(args)) {
+        ATTN_CUDA(
+            LaunchTensorCoreAttention(args, stream_, TensorCoreVariant::kLdmatrixV8Warps),
+            "run tensor-core attention");
+      } else {
+        ATTN_CUDA(LaunchFusedAttention(args, stream_), "run fused attention");
+      }
+      // x = LayerNorm(x + context W_out^T + b_out)
+      ATTN_RETURN_IF_ERROR(gemm_.Project(context, width, tokens, width,
+                                         At<uint8_t>(layer.out), width, d, attended,
+                                         ElementType::kF32, d, false));
+      ATTN_CUDA(LaunchAddLayerNorm({attended, At(layer.out_bias), x,
+                                    At(layer.norm1_scale), At(layer.norm1_shift), eps,
+                                    tokens, static_cast<int>(d), x, narrow_copy},
+                                   stream_),
+                "add and normalize the attention");
+      // x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2)
+      ATTN_RETURN_IF_ERROR(gemm_.Project(x_compute, d, tokens, d,
+                                         At<uint8_t>(layer.ffn_in), d, ffn, inner,
+                                         compute_, ffn, false));
+      ATTN_CUDA(LaunchBiasActivation(inner, compute_, At(layer.ffn_in_bias), tokens,
+                                     static_cast<int>(ffn),
+                                     ToActivation(spec_.activation), stream_),
+                "activate the feed-forward network");
+      ATTN_RETURN_IF_ERROR(gemm_.Project(inner, ffn, tokens, ffn,
+                                         At<uint8_t>(layer.ffn_out), ffn, d, attended,
+                                         ElementType::kF32, d, false));
+      ATTN_CUDA(LaunchAddLayerNorm({attended, At(layer.ffn_out_bias), x,
+                                    At(layer.norm2_scale), At(layer.norm2_shift), eps,
+                                    tokens, static_cast<int>(d), x, narrow_copy},
+                                   stream_),
+                "add and normalize the feed-forward network");
+    }
+    if (!pooled.empty()) {
+      ATTN_CUDA(LaunchPool(x, cu, sequences, static_cast<int>(d), ToPoolMode(spec_),
+                           reinterpret_cast<float*>(results), stream_),
+                "pool the sequences");
+    }
+    // Results: the pooled rows and, when asked, the last hidden state, in one copy.
+    if (download > 0) {
+      ATTN_CUDA(cudaMemcpyAsync(host_results, results, download, cudaMemcpyDeviceToHost,
+                                stream_),
+                "download the results");
+    }
+    return CudaError(cudaStreamSynchronize(stream_), "run the batch");
+  }();
+  if (!status.ok()) {
+    cudaStreamSynchronize(stream_);
+    return status;
+  }
   if (!hidden.empty()) std::memcpy(hidden.data(), host_results + pooled_bytes, plane);
   if (pooled.empty()) return absl::OkStatus();
   const auto* rows = reinterpret_cast<const float*>(host_results);

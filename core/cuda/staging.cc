@@ -100,10 +100,11 @@ absl::StatusOr<EncoderStagingLayout> PlanEncoderStaging(const EncoderBatch& batc
     layout.tokens += length;
     layout.max_length = std::max(layout.max_length, length);
   }
-  if (layout.tokens > kMax || static_cast<int64_t>(batch.lengths.size()) > kMax) {
+  if (layout.tokens > kMax || static_cast<int64_t>(batch.lengths.size()) >= kMax) {
     return absl::InvalidArgumentError(
         absl::StrCat("the batch has ", layout.tokens, " tokens in ", batch.lengths.size(),
-                     " sequences; the CUDA encoder takes at most ", kMax, " of each"));
+                     " sequences; the CUDA encoder takes at most ", kMax, " tokens and ",
+                     kMax - 1, " sequences"));
   }
   layout.sequences = static_cast<int>(batch.lengths.size());
   layout.from_hidden = !batch.hidden_states.empty();

@@ -205,6 +205,19 @@ TEST(EncoderStagingTest, PacksIdsTypesPositionsLengthsAndFactors) {
   EXPECT_EQ(back, states);
 }
 
+TEST(CheckEncoderForwardTest, HeadMaskFactorsOutsideZeroToOneAreRefusedByEveryDevice) {
+  const std::vector<int64_t> ids = {1, 2, 3}, lengths = {3};
+  for (const float bad : {-0.5f, 1.5f, std::nanf("")}) {
+    std::vector<float> mask(8, 1.0f);
+    mask[3] = bad;
+    EncoderBatch batch{ids, {}, lengths};
+    batch.head_mask = mask;
+    const absl::Status status = CheckEncoderForward(TinySpec(), batch, {}, {}, {}, {});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("head_mask[3] must be in [0, 1]"));
+  }
+}
+
 class CudaEncoderTest : public ::testing::Test {
  protected:
   void SetUp() override {
