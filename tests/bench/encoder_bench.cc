@@ -1,7 +1,8 @@
 // The encoder core alone, for `make bench-encoder`: a Hugging Face BERT folder (as the
 // server loads it) over a tokenized corpus, in batches of --batch consecutive
 // sentences packed without padding, on --threads OpenMP threads. Prints one JSON line:
-// the median sentences/s over --rounds passes, and every pass's figure.
+// the median sentences/s over --rounds passes, and every pass's figure. --device=cuda:N
+// runs the CUDA encoder instead (the GPU device check's speed rows).
 //
 // usage: encoder_bench --model_dir=DIR --ids=FILE --lengths=FILE [--batch=32]
 //                      [--threads=1] [--rounds=5] [--sentences=0 (all)]
@@ -21,9 +22,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/device.h"
+#include "core/encoder_backend.h"
 #include "core/safetensors.h"
 #include "core/status_macros.h"
-#include "core/transformer_encoder.h"
 #include "server/models/encoder_config.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face BERT folder (config.json, ...).");
@@ -35,6 +37,7 @@ ABSL_FLAG(int, rounds, 5, "Timed passes over the corpus (after one warm-up pass)
 ABSL_FLAG(int, sentences, 0, "Use the first N sentences; 0 = all.");
 ABSL_FLAG(std::string, precision, "fp32",
           "fp32 or bf16 (native bf16 where the CPU has it).");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda:N.");
 ABSL_FLAG(std::string, dump, "",
           "Write the pooled embeddings of the warm-up pass here (float32 [n, d]).");
 
@@ -87,9 +90,12 @@ int main(int argc, char** argv) {
   if (!file.ok()) return Fail(file.status());
   auto weights = attnserve::core::LoadBertWeights(*file, *spec);
   if (!weights.ok()) return Fail(weights.status());
-  attnserve::core::TransformerEncoder::Options options;
+  auto device = attnserve::core::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return Fail(device.status());
+  attnserve::core::EncoderBackendOptions options;
   options.intra_op_threads = absl::GetFlag(FLAGS_threads);
-  auto encoder = attnserve::core::TransformerEncoder::Create(*spec, *weights, options);
+  auto encoder =
+      attnserve::core::CreateEncoderBackend(*spec, *std::move(weights), *device, options);
   if (!encoder.ok()) return Fail(encoder.status());
 
   const std::vector<int64_t> ids = Int32s(absl::GetFlag(FLAGS_ids));
@@ -136,9 +142,10 @@ int main(int argc, char** argv) {
   std::sort(sorted.begin(), sorted.end());
   std::printf(
       "{\"batch\": %zu, \"threads\": %d, \"sentences\": %zu, "
-      "\"compute\": \"%s\", \"sentences_per_s\": %.2f, \"rounds\": [%s]}\n",
+      "\"device\": \"%s\", \"compute\": \"%s\", \"sentences_per_s\": %.2f, "
+      "\"rounds\": [%s]}\n",
       batch, absl::GetFlag(FLAGS_threads), lengths.size(),
-      (*encoder)->ComputePath().c_str(), sorted[sorted.size() / 2],
-      absl::StrJoin(rates, ", ").c_str());
+      (*encoder)->device_name().c_str(), (*encoder)->ComputePath().c_str(),
+      sorted[sorted.size() / 2], absl::StrJoin(rates, ", ").c_str());
   return 0;
 }

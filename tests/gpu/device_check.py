@@ -9,7 +9,11 @@ Steps, each printed with its figures and targets:
      F.scaled_dot_product_attention on the same GPU, at (B, L, d, h) = (32,128,512,8),
      (8,512,768,12), (1,4096,1024,16), in TFLOP/s and as a fraction of a measured bf16
      matmul peak;
-  3. the server end to end: attnserve --device=cuda:0 under attnbench, with the GPU's
+  3. encoders: cuda_encoder_test (the CUDA encoder against PyTorch's goldens), then
+     encoder_check.py (the CUDA encoder beside PyTorch on MiniLM-L6- and BERT-base-shaped
+     seeded checkpoints: numerics against float64, sentences/s against torch eager and
+     torch.compile);
+  4. the server end to end: attnserve --device=cuda:0 under attnbench, with the GPU's
      and the server process's CPU utilization sampled during the run; fp32 once more
      with --answer_threads=2 (responses built and sent off the compute threads).
 usage: device_check.py BIN_DIR REPO_DIR OUT_DIR
@@ -221,6 +225,18 @@ def server(precision, flags=(), name=None):
     results[name] = steps
 
 
+def encoders():
+    data = {"ATTNSERVE_TEST_DATA_DIR": os.path.join(REPO, "tests", "data")}
+    test = run("cuda_encoder_test", [os.path.join(BIN, "cuda_encoder_test")], 300, env=data)
+    for line in test.stdout.splitlines():
+        if "error vs PyTorch" in line or "FAILED" in line:
+            log("  ", line)
+    log("  ", test.stdout.strip().splitlines()[-1] if test.stdout.strip() else "")
+    check = subprocess.run([sys.executable, os.path.join(REPO, "tests/gpu/encoder_check.py"),
+                            BIN, os.path.join(OUT, "encoders")], text=True, timeout=420)
+    results["steps"]["encoder_check"] = check.returncode
+
+
 def memcheck():
     """compute-sanitizer's memcheck over a few fp32 and bf16 cases, where it runs."""
     try:
@@ -228,6 +244,10 @@ def memcheck():
                          os.path.join(BIN, "cuda_attention_test"),
                          "--gtest_filter=*MixedLengths/*:*Causal*/Fused*:*Pruned*/Auto*:"
                          "*WideHeads*/AutoFp32:*Cross*/MaterializedBf16"], 240)
+        run("memcheck_encoder", ["compute-sanitizer", "--tool", "memcheck",
+                                 "--error-exitcode", "1",
+                                 os.path.join(BIN, "cuda_encoder_test")], 240,
+            env={"ATTNSERVE_TEST_DATA_DIR": os.path.join(REPO, "tests", "data")})
     except FileNotFoundError:
         log("  compute-sanitizer: not on this machine")
     with open(os.path.join(OUT, "memcheck.log")) as out:
@@ -238,7 +258,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     log("== device:", smi("--query-gpu=name,memory.total,driver_version",
                           "--format=csv,noheader") or "nvidia-smi: none")
-    steps = {"correctness": correctness, "speed": speed,
+    steps = {"correctness": correctness, "encoders": encoders, "speed": speed,
              "server_bf16": lambda: server("bf16"), "server_fp32": lambda: server("fp32"),
              # Responses built and sent off the compute threads, beside server_fp32:
              # on the GPU compute leaves the CPU free, so this is where it can pay off.

@@ -11,7 +11,8 @@ trap 'rm -rf "${stage}"' EXIT
 mkdir -p "${stage}/bin" "${stage}/lib" "${carry}"
 binaries=("${build}/server/attnserve" "${build}/client/attnbench"
   "${build}/tests/core/cuda_attention_test" "${build}/tests/core/golden_test"
-  "${build}/tests/gpu/cuda_bench")
+  "${build}/tests/gpu/cuda_bench" "${build}/tests/core/cuda_encoder_test"
+  "${build}/tests/bench/encoder_bench")
 cp "${binaries[@]}" "${stage}/bin/"
 ldd "${binaries[@]}" | awk '/=> \// {print $3}' | sort -u |
   grep -vE '/(libc|libm|libdl|librt|libpthread|libstdc\+\+|libgcc_s|ld-linux-x86-64|libcuda|libcublas|libcublasLt|libcudart)\.so' |
