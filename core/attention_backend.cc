@@ -227,10 +227,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
       cuda::CreateCudaAttention(spec, weights, device.index, cuda_options));
   return std::unique_ptr<AttentionBackend>(std::move(attention));
 #else
-  return absl::UnavailableError(absl::StrCat(
-      "device ", DeviceName(device),
-      " is not available: this attnserve was built without CUDA (no nvcc at build "
-      "time, or ATTNSERVE_CUDA=off)"));
+  return NoCudaInThisBuild(device);
 #endif
 }
 

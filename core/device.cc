@@ -32,4 +32,11 @@ bool BuiltWithCuda() {
 #endif
 }
 
+absl::Status NoCudaInThisBuild(const Device& device) {
+  return absl::UnavailableError(absl::StrCat(
+      "device ", DeviceName(device),
+      " is not available: this attnserve was built without CUDA (no nvcc at build "
+      "time, or ATTNSERVE_CUDA=off)"));
+}
+
 }  // namespace attnserve::core

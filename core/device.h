@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -31,6 +32,10 @@ absl::StatusOr<Device> ParseDevice(absl::string_view name);
 // Whether this build has the CUDA backend (made where nvcc was found, ATTNSERVE_CUDA
 // not off).
 bool BuiltWithCuda();
+
+// Unavailable naming `device` and why this build has no backend for it (made without
+// nvcc, or with ATTNSERVE_CUDA=off).
+absl::Status NoCudaInThisBuild(const Device& device);
 
 }  // namespace attnserve::core
 

@@ -48,10 +48,7 @@ absl::StatusOr<std::unique_ptr<EncoderBackend>> CreateEncoderBackend(
       cuda::CreateCudaEncoder(spec, std::move(weights), device.index, cuda_options));
   return encoder;
 #else
-  return absl::UnavailableError(absl::StrCat(
-      "device ", DeviceName(device),
-      " is not available: this attnserve was built without CUDA (no nvcc at build "
-      "time, or ATTNSERVE_CUDA=off)"));
+  return NoCudaInThisBuild(device);
 #endif
 }
 

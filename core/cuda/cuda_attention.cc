@@ -34,8 +34,6 @@ class CudaAttentionImpl final : public CudaAttention {
     for (cudaEvent_t event : events_) {
       if (event != nullptr) cudaEventDestroy(event);
     }
-    if (cublas_ != nullptr) GetCublas().destroy(cublas_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init(const AttentionWeights& weights);
@@ -80,6 +78,8 @@ class CudaAttentionImpl final : public CudaAttention {
   CudaAttentionOptions options_;
   ElementType compute_;
   int64_t compute_bytes_;
+  // Declared before the buffers: released after them.
+  DeviceStream device_stream_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Gemm gemm_;
@@ -104,14 +104,12 @@ class CudaAttentionImpl final : public CudaAttention {
 };
 
 absl::Status CudaAttentionImpl::Init(const AttentionWeights& weights) {
-  ATTN_CUDA(cudaSetDevice(device_), absl::StrCat("select device cuda:", device_));
-  ATTN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-            "create a stream");
+  ATTN_RETURN_IF_ERROR(device_stream_.Init(device_));
+  stream_ = device_stream_.stream();
+  cublas_ = device_stream_.cublas();
   for (cudaEvent_t& event : events_) {
     ATTN_CUDA(cudaEventCreate(&event), "create an event");
   }
-  ATTN_CUBLAS(GetCublas().create(&cublas_), "create a handle");
-  ATTN_CUBLAS(GetCublas().set_stream(cublas_, stream_), "set its stream");
 
   gemm_.handle = cublas_;
   KeptHeadWeights kept = KeepHeads(spec_, weights);

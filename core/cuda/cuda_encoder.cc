@@ -60,8 +60,6 @@ class CudaEncoderImpl final : public EncoderBackend {
   ~CudaEncoderImpl() override {
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    if (cublas_ != nullptr) GetCublas().destroy(cublas_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Init(EncoderWeights weights);
@@ -105,6 +103,8 @@ class CudaEncoderImpl final : public EncoderBackend {
   const int device_;
   const ElementType compute_;
   const int64_t compute_bytes_;
+  // Declared before the buffers: released after them.
+  DeviceStream device_stream_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Gemm gemm_;
@@ -128,11 +128,9 @@ class CudaEncoderImpl final : public EncoderBackend {
 };
 
 absl::Status CudaEncoderImpl::Init(EncoderWeights weights) {
-  ATTN_CUDA(cudaSetDevice(device_), absl::StrCat("select device cuda:", device_));
-  ATTN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-            "create a stream");
-  ATTN_CUBLAS(GetCublas().create(&cublas_), "create a handle");
-  ATTN_CUBLAS(GetCublas().set_stream(cublas_, stream_), "set its stream");
+  ATTN_RETURN_IF_ERROR(device_stream_.Init(device_));
+  stream_ = device_stream_.stream();
+  cublas_ = device_stream_.cublas();
   gemm_.handle = cublas_;
 
   const bool narrow = compute_ == ElementType::kBf16;

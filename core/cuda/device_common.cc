@@ -55,6 +55,23 @@ absl::Status CublasError(cublasStatus_t status, absl::string_view what) {
       absl::StrCat("cuBLAS failed to ", what, ": ", GetCublas().status_string(status)));
 }
 
+DeviceStream::~DeviceStream() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (cublas_ != nullptr) GetCublas().destroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status DeviceStream::Init(int device) {
+  device_ = device;
+  ATTN_CUDA(cudaSetDevice(device), absl::StrCat("select device cuda:", device));
+  ATTN_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+            "create a stream");
+  ATTN_CUBLAS(GetCublas().create(&cublas_), "create a handle");
+  ATTN_CUBLAS(GetCublas().set_stream(cublas_, stream_), "set its stream");
+  return absl::OkStatus();
+}
+
 absl::Status CheckCudaDevice(int index) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);

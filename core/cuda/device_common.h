@@ -60,22 +60,26 @@ const Cublas& GetCublas();
 
 absl::Status CublasError(cublasStatus_t status, absl::string_view what);
 
-// Device memory that grows to the largest size asked for and keeps it.
-class DeviceBuffer {
+// Memory that grows to the largest size asked for and keeps it: on the device
+// (DeviceBuffer), or page-locked on the host (PinnedBuffer), so that copies run at
+// full speed and asynchronously.
+template <typename Memory>
+class GrowingBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
+  GrowingBuffer() = default;
+  GrowingBuffer(const GrowingBuffer&) = delete;
+  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
+  ~GrowingBuffer() {
+    if (data_ != nullptr) Memory::Free(data_);
   }
   absl::StatusOr<uint8_t*> Reserve(size_t bytes) {
     if (bytes <= capacity_) return data_;
-    if (data_ != nullptr) cudaFree(data_);
+    if (data_ != nullptr) Memory::Free(data_);
     data_ = nullptr;
     capacity_ = 0;
     void* data = nullptr;
-    ATTN_CUDA(cudaMalloc(&data, bytes), absl::StrCat("allocate ", bytes, " bytes"));
+    ATTN_CUDA(Memory::Allocate(&data, bytes),
+              absl::StrCat("allocate ", bytes, " bytes", Memory::kOf));
     data_ = static_cast<uint8_t*>(data);
     capacity_ = bytes;
     return data_;
@@ -87,32 +91,40 @@ class DeviceBuffer {
   uint8_t* data_ = nullptr;
   size_t capacity_ = 0;
 };
+struct DeviceMemory {
+  static cudaError_t Allocate(void** data, size_t bytes) {
+    return cudaMalloc(data, bytes);
+  }
+  static void Free(void* data) { cudaFree(data); }
+  static constexpr const char* kOf = "";
+};
+struct PinnedMemory {
+  static cudaError_t Allocate(void** data, size_t bytes) {
+    return cudaHostAlloc(data, bytes, cudaHostAllocDefault);
+  }
+  static void Free(void* data) { cudaFreeHost(data); }
+  static constexpr const char* kOf = " of pinned host memory";
+};
+using DeviceBuffer = GrowingBuffer<DeviceMemory>;
+using PinnedBuffer = GrowingBuffer<PinnedMemory>;
 
-// Page-locked host memory, so that copies run at full speed and asynchronously.
-class PinnedBuffer {
+// A non-blocking stream and a cuBLAS handle on it, made on one device; the stream is
+// drained before either is released.
+class DeviceStream {
  public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (data_ != nullptr) cudaFreeHost(data_);
-  }
-  absl::StatusOr<uint8_t*> Reserve(size_t bytes) {
-    if (bytes <= capacity_) return data_;
-    if (data_ != nullptr) cudaFreeHost(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-    void* data = nullptr;
-    ATTN_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault),
-              absl::StrCat("allocate ", bytes, " bytes of pinned host memory"));
-    data_ = static_cast<uint8_t*>(data);
-    capacity_ = bytes;
-    return data_;
-  }
+  DeviceStream() = default;
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+  ~DeviceStream();
+  // Selects `device` and makes both.
+  absl::Status Init(int device);
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return cublas_; }
 
  private:
-  uint8_t* data_ = nullptr;
-  size_t capacity_ = 0;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
 };
 
 // `bytes` rounded up to 256, the alignment of every block in a staging or weights buffer.

@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/encoder_golden.h"
 #include "tests/core/test_util.h"
 
 namespace attnserve::core {
@@ -49,27 +50,10 @@ EncoderSpec TinySpec() {
   return spec;
 }
 
-struct Golden {
-  std::vector<int64_t> token_ids, token_types, lengths;
-  std::vector<float> hidden, pooled;
-};
+using Golden = testing::EncoderGolden;
 
 Golden ReadGolden() {
-  Golden golden;
-  auto io = SafetensorsFile::Read(kData + "/encoder_tiny.io.safetensors");
-  EXPECT_TRUE(io.ok()) << io.status();
-  const auto floats = [&](const char* name) {
-    absl::StatusOr<std::vector<float>> values = io->ReadFloat32(name);
-    EXPECT_TRUE(values.ok()) << values.status();
-    return values.ok() ? *values : std::vector<float>();
-  };
-  for (const float id : floats("token_ids")) golden.token_ids.push_back(int64_t(id));
-  for (const float type : floats("token_types"))
-    golden.token_types.push_back(int64_t(type));
-  for (const float length : floats("lengths")) golden.lengths.push_back(int64_t(length));
-  golden.hidden = floats("hidden");
-  golden.pooled = floats("pooled");
-  return golden;
+  return testing::ReadEncoderGolden(kData + "/encoder_tiny.io.safetensors");
 }
 
 EncoderWeights TinyWeights(const EncoderSpec& spec) {
@@ -243,41 +227,12 @@ TEST_F(CudaEncoderTest, MatchesPyTorchOnAPackedBatch) {
   ASSERT_NE(encoder, nullptr);
   EXPECT_EQ(encoder->device_name(), "cuda:0");
   EXPECT_GT(encoder->device_memory_bytes(), 0);
-  std::vector<float> hidden(golden.hidden.size()), pooled(golden.pooled.size());
   for (int repeat = 0; repeat < 2; ++repeat) {  // the second reuses every buffer
-    ASSERT_TRUE(encoder
-                    ->Forward({golden.token_ids, golden.token_types, golden.lengths},
-                              absl::MakeSpan(pooled), absl::MakeSpan(hidden))
-                    .ok());
-    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(hidden), absl::MakeConstSpan(golden.hidden)),
-              kHiddenTolerance);
-    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
-              kPooledTolerance);
+    testing::ExpectBatchMatches(*encoder, golden, kHiddenTolerance, kPooledTolerance);
   }
   // Pooled alone (no hidden state downloaded), and each sequence alone.
-  std::fill(pooled.begin(), pooled.end(), 0.0f);
-  ASSERT_TRUE(encoder
-                  ->Forward({golden.token_ids, golden.token_types, golden.lengths},
-                            absl::MakeSpan(pooled), {})
-                  .ok());
-  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
-            kPooledTolerance);
-  int64_t first = 0;
-  for (size_t i = 0; i < golden.lengths.size(); ++i) {
-    const int64_t length = golden.lengths[i];
-    const std::vector<int64_t> ids(golden.token_ids.begin() + first,
-                                   golden.token_ids.begin() + first + length);
-    const std::vector<int64_t> types(golden.token_types.begin() + first,
-                                     golden.token_types.begin() + first + length);
-    const std::vector<int64_t> lengths = {length};
-    std::vector<float> one(64);
-    ASSERT_TRUE(encoder->Forward({ids, types, lengths}, absl::MakeSpan(one), {}).ok());
-    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(one),
-                         absl::MakeConstSpan(golden.pooled).subspan(i * 64, 64)),
-              kPooledTolerance)
-        << "sequence " << i;
-    first += length;
-  }
+  testing::ExpectBatchMatches(*encoder, golden, -1, kPooledTolerance);
+  testing::ExpectEachSequenceAloneMatches(*encoder, golden, 64, kPooledTolerance);
 }
 
 TEST_F(CudaEncoderTest, Bf16IsWithinTheCpusBf16Tolerance) {
@@ -310,13 +265,7 @@ TEST_F(CudaEncoderTest, HiddenStatesAndClsPooling) {
                   ->Forward({golden.token_ids, golden.token_types, golden.lengths},
                             absl::MakeSpan(pooled), {})
                   .ok());
-  int64_t first = 0;
-  for (size_t i = 0; i < golden.lengths.size(); ++i) {
-    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled).subspan(i * 64, 64),
-                         absl::MakeConstSpan(golden.hidden).subspan(first * 64, 64)),
-              kHiddenTolerance);
-    first += golden.lengths[i];
-  }
+  testing::ExpectRowsAreFirstTokens(pooled, golden, 64, kHiddenTolerance);
   // Hidden states in: the same pass on the CPU and the GPU.
   auto cpu = Make(spec, Device{});
   std::vector<float> on_cpu(pooled.size()), on_gpu(pooled.size());

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/core/encoder_golden.h"
 #include "tests/core/test_util.h"
 
 namespace attnserve::core {
@@ -70,21 +71,10 @@ std::vector<int64_t> Integers(const SafetensorsFile& file, const char* name) {
   return values;
 }
 
-struct Golden {
-  std::vector<int64_t> token_ids, token_types, lengths;
-  std::vector<float> hidden, pooled;
-};
+using Golden = testing::EncoderGolden;
 
 Golden ReadGolden(const std::string& name = "encoder_tiny.io.safetensors") {
-  Golden golden;
-  auto io = SafetensorsFile::Read(kData + "/" + name);
-  EXPECT_TRUE(io.ok()) << io.status();
-  golden.token_ids = Integers(*io, "token_ids");
-  golden.token_types = Integers(*io, "token_types");
-  golden.lengths = Integers(*io, "lengths");
-  golden.hidden = Floats(*io, "hidden");
-  golden.pooled = Floats(*io, "pooled");
-  return golden;
+  return testing::ReadEncoderGolden(kData + "/" + name);
 }
 
 std::unique_ptr<TransformerEncoder> TinyEncoder(const EncoderSpec& spec = TinySpec()) {
@@ -102,38 +92,14 @@ std::unique_ptr<TransformerEncoder> TinyEncoder(const EncoderSpec& spec = TinySp
 TEST(TransformerEncoderTest, MatchesPyTorchOnAPackedBatch) {
   const Golden golden = ReadGolden();
   auto encoder = TinyEncoder();
-  std::vector<float> hidden(golden.hidden.size()), pooled(golden.pooled.size());
-  ASSERT_TRUE(encoder
-                  ->Forward({golden.token_ids, golden.token_types, golden.lengths},
-                            absl::MakeSpan(pooled), absl::MakeSpan(hidden))
-                  .ok());
-  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(hidden), absl::MakeConstSpan(golden.hidden)),
-            kHiddenTolerance);
-  EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled), absl::MakeConstSpan(golden.pooled)),
-            kPooledTolerance);
+  testing::ExpectBatchMatches(*encoder, golden, kHiddenTolerance, kPooledTolerance);
 }
 
 TEST(TransformerEncoderTest, EachSequenceAloneGivesWhatItGaveInTheBatch) {
   // Packing must not leak between sequences: no padding, no cross-sequence attention.
   const Golden golden = ReadGolden();
   auto encoder = TinyEncoder();
-  const int64_t d = 64;
-  int64_t first = 0;
-  for (size_t i = 0; i < golden.lengths.size(); ++i) {
-    const int64_t length = golden.lengths[i];
-    const std::vector<int64_t> ids(golden.token_ids.begin() + first,
-                                   golden.token_ids.begin() + first + length);
-    const std::vector<int64_t> types(golden.token_types.begin() + first,
-                                     golden.token_types.begin() + first + length);
-    const std::vector<int64_t> lengths = {length};
-    std::vector<float> pooled(d);
-    ASSERT_TRUE(encoder->Forward({ids, types, lengths}, absl::MakeSpan(pooled), {}).ok());
-    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled),
-                         absl::MakeConstSpan(golden.pooled).subspan(i * d, d)),
-              kPooledTolerance)
-        << "sequence " << i;
-    first += length;
-  }
+  testing::ExpectEachSequenceAloneMatches(*encoder, golden, 64, kPooledTolerance);
 }
 
 TEST(TransformerEncoderTest, FirstSequencesAttentionIsWhatItsStatisticsSayOfIt) {
@@ -299,13 +265,7 @@ TEST(TransformerEncoderTest, ClsPoolingIsTheFirstTokensHiddenState) {
                   ->Forward({golden.token_ids, golden.token_types, golden.lengths},
                             absl::MakeSpan(pooled), {})
                   .ok());
-  int64_t first = 0;
-  for (size_t i = 0; i < golden.lengths.size(); ++i) {
-    EXPECT_LE(MaxAbsDiff(absl::MakeConstSpan(pooled).subspan(i * 64, 64),
-                         absl::MakeConstSpan(golden.hidden).subspan(first * 64, 64)),
-              kHiddenTolerance);
-    first += golden.lengths[i];
-  }
+  testing::ExpectRowsAreFirstTokens(pooled, golden, 64, kHiddenTolerance);
 }
 
 // As make_pre_ln_golden.py writes it: transformers' MegatronBertModel.
