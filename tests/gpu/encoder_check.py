@@ -11,18 +11,31 @@ names, mean pooling), a corpus of seeded token ids, and then:
   - speed, sentences/s, medians: 32 sentences of mixed lengths (8..128) per call, and
     one 512-token input per call; attnserve bf16 against torch bf16 (SDPA, padded
     batches with a key mask, as transformers runs BERT) with torch.compile off and on
-    (target: >= 1.0 each); fp32 (TF32 off on both sides) printed beside.
+    (target: >= 1.0 each); fp32 (TF32 off on both sides) printed beside;
+  - the servers (BERT-base shape, bf16): attnserve --device=cuda:0 (two instances)
+    against a Python HTTP server around the torch model (a batching thread: up to 64
+    requests at a time, padded), both over KServe v2 JSON, one sentence of 8..128
+    token ids per request from 64 closed-loop clients in 8 processes, with the GPU's
+    utilization sampled by nvidia-smi during attnserve's run (targets: attnserve >=
+    x1.5 the Python server; GPU busy >= 50%).
 usage: encoder_check.py BIN_DIR OUT_DIR  (prints its rows; writes encoder_check.json)
 ENCODER_CHECK_DEVICE=cpu runs the same steps on the CPU encoder and PyTorch's CPU, on
 fewer sentences: a dry run of this script where there is no GPU.
+ENCODER_CHECK_PARTS=numerics,servers (the default) chooses the parts.
 """
+import http.client
+import http.server
 import json
 import math
+import multiprocessing
 import os
+import queue
 import statistics
 import struct
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 
 import numpy as np
@@ -34,6 +47,7 @@ SHAPES = {"minilm-l6": (6, 384, 12, 1536), "bert-base": (12, 768, 12, 3072)}
 VOCAB, POSITIONS, EPS = 30522, 512, 1e-12
 DEVICE = os.environ.get("ENCODER_CHECK_DEVICE", "cuda")
 DRY = DEVICE == "cpu"
+PARTS = os.environ.get("ENCODER_CHECK_PARTS", "numerics,servers").split(",")
 results = {}
 
 
@@ -261,18 +275,186 @@ def check(name, layers, d, heads, ffn):
                 torch.cuda.empty_cache()
 
 
+def client_process(port, model, seed, seconds, threads, counts):
+    """`threads` closed-loop clients on one port for `seconds`; adds its count."""
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for _ in range(64):
+        n = int(rng.integers(8, 129))
+        ids = [101] + rng.integers(1000, VOCAB, n - 2).tolist() + [102]
+        bodies.append(json.dumps({"inputs": [
+            {"name": "input_ids", "shape": [1, n], "datatype": "INT64", "data": ids},
+            {"name": "attention_mask", "shape": [1, n], "datatype": "INT64",
+             "data": [1] * n}], "outputs": [{"name": "embedding"}]}).encode())
+    done = [0] * threads
+    end = time.time() + seconds
+    def loop(i):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        while time.time() < end:
+            connection.request("POST", f"/v2/models/{model}/infer", bodies[(i * 7 + done[i]) % 64],
+                               {"Content-Type": "application/json"})
+            reply = connection.getresponse()
+            reply.read()
+            if reply.status != 200:
+                raise RuntimeError(f"HTTP {reply.status}")
+            done[i] += 1
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    counts.put(sum(done))
+
+
+def load(port, model, seconds, processes=2 if DRY else 8, threads=4 if DRY else 8):
+    counts = multiprocessing.Queue()
+    workers = [multiprocessing.Process(target=client_process,
+                                       args=(port, model, seed, seconds, threads, counts))
+               for seed in range(processes)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    total = sum(counts.get() for _ in workers)
+    return total / seconds
+
+
+class TorchServer(http.server.ThreadingHTTPServer):
+    """The peer: KServe v2 JSON over HTTP around TorchBert, with a batching thread."""
+    daemon_threads = True
+    request_queue_size = 256  # 64 clients connect at once; the default backlog is 5
+
+    def __init__(self, port, model):
+        self.model, self.jobs = model, queue.Queue()
+        super().__init__(("127.0.0.1", port), TorchHandler)
+        threading.Thread(target=self.batch_loop, daemon=True).start()
+
+    def batch_loop(self):
+        while True:
+            jobs = [self.jobs.get()]
+            while len(jobs) < 64:
+                try:
+                    jobs.append(self.jobs.get(timeout=0.001))
+                except queue.Empty:
+                    break
+            L = max(len(ids) for ids, _ in jobs)
+            padded = torch.zeros((len(jobs), L), dtype=torch.long)
+            mask = torch.zeros((len(jobs), L), dtype=torch.long)
+            for i, (ids, _) in enumerate(jobs):
+                padded[i, :len(ids)], mask[i, :len(ids)] = torch.tensor(ids), 1
+            with torch.inference_mode():
+                out = self.model(padded.to(DEVICE), mask.to(DEVICE)).float().cpu().numpy()
+            for i, (_, answer) in enumerate(jobs):
+                answer.put(out[i])
+
+
+class TorchHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        ids = next(i["data"] for i in body["inputs"] if i["name"] == "input_ids")
+        answer = queue.Queue()
+        self.server.jobs.put((ids, answer))
+        embedding = answer.get()
+        data = json.dumps({"outputs": [{"name": "embedding", "datatype": "FP32",
+                                        "shape": [1, len(embedding)],
+                                        "data": embedding.tolist()}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def smi_utilization(samples, stop):
+    while not stop.is_set():
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu",
+                                  "--format=csv,noheader,nounits"], capture_output=True,
+                                 text=True, timeout=10).stdout.split()
+            if out:
+                samples.append(float(out[0]))
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        time.sleep(0.2)
+
+
+def servers(name, layers, d, heads, ffn, seconds=4 if DRY else 10):
+    folder = os.path.join(OUT, name)
+    tensors = make_checkpoint(folder, layers, d, heads, ffn, seed=layers * d)
+    repository = tempfile.mkdtemp()
+    os.symlink(folder, os.path.join(repository, name))
+    precision = "fp32" if DRY else "bf16"
+    with open(os.path.join(folder, "config.pbtxt"), "w") as out:
+        out.write(f"precision: PRECISION_{precision.upper()}\nencoder {{}}\n")
+    server = subprocess.Popen(
+        [os.path.join(BIN, "attnserve"), f"--model_repository={repository}",
+         "--builtin_model=false", f"--device={'cpu' if DRY else 'cuda:0'}",
+         "--host=127.0.0.1", "--port=0", "--http_port=18091", "--metrics_port=-1",
+         "--instances=2", "--max_batch_size=64", "--max_queue_delay=1ms"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    row = results.setdefault("servers", {})
+    try:
+        for line in server.stdout:
+            if "attnserve http on" in line:
+                break
+            if "startup_failed" in line:
+                raise RuntimeError(line.strip())
+        threading.Thread(target=lambda: [None for _ in server.stdout], daemon=True).start()
+        load(18091, name, 1)  # warm-up
+        samples, stop = [], threading.Event()
+        sampler = threading.Thread(target=smi_utilization, args=(samples, stop))
+        sampler.start()
+        ours = load(18091, name, seconds)
+        stop.set()
+        sampler.join()
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    busy = statistics.median(samples) if samples else float("nan")
+    model = TorchBert(tensors, layers, heads).to_device(
+        torch.float32 if DRY else torch.bfloat16)
+    peer = TorchServer(18092, model)
+    threading.Thread(target=peer.serve_forever, daemon=True).start()
+    try:
+        load(18092, name, 1)
+        theirs = load(18092, name, seconds)
+    finally:
+        peer.shutdown()
+        peer.server_close()
+    row[name] = {"precision": precision, "attnserve": ours, "python_torch": theirs,
+                 "gpu_busy_percent": busy}
+    ratio = ours / theirs
+    log(f"  servers {name} {precision} c{64 if not DRY else 8}: attnserve {ours:8.1f} sentences/s, Python + torch "
+        f"{theirs:8.1f} (x{ratio:.2f}) [target >= x1.5: {'PASS' if ratio >= 1.5 else 'FAIL'}]; "
+        f"GPU busy {busy:.0f}% (median of {len(samples)} samples) "
+        f"[target >= 50%: {'PASS' if busy >= 50 else 'FAIL'}]")
+
+
 def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     log(f"  torch {torch.__version__} on "
         f"{'the CPU (dry run)' if DRY else torch.cuda.get_device_name(0)}")
     failed = False
-    for name, shape in list(SHAPES.items())[:1 if DRY else None]:
+    for name, shape in list(SHAPES.items())[:0 if "numerics" not in PARTS else
+                                            1 if DRY else None]:
         try:
             check(name, *shape)
         except Exception as failure:
             log(f"  {name}: failed: {failure!r}"[:600])
             failed = True
+    try:
+        if "servers" in PARTS:
+            name = "minilm-l6" if DRY else "bert-base"
+            servers(name, *SHAPES[name])
+    except Exception as failure:
+        log(f"  servers: failed: {failure!r}"[:600])
+        failed = True
     with open(os.path.join(OUT, "encoder_check.json"), "w") as out:
         json.dump(results, out, indent=1)
     return 1 if failed else 0
