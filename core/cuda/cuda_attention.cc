@@ -21,16 +21,15 @@ class CudaAttentionImpl final : public CudaAttention {
       : spec_(spec),
         device_(device),
         options_(options),
-        compute_(spec.precision == Precision::kBf16 ? ElementType::kBf16
-                                                    : ElementType::kF32),
-        compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4) {
+        compute_(ComputeTypeOf(spec.precision)),
+        compute_bytes_(BytesOf(compute_)) {
     gemm_.compute = compute_;
     gemm_.allow_tf32 = options.allow_tf32;
   }
 
   ~CudaAttentionImpl() override {
     cudaSetDevice(device_);
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (stream() != nullptr) cudaStreamSynchronize(stream());
     for (cudaEvent_t event : events_) {
       if (event != nullptr) cudaEventDestroy(event);
     }
@@ -78,10 +77,7 @@ class CudaAttentionImpl final : public CudaAttention {
   CudaAttentionOptions options_;
   ElementType compute_;
   int64_t compute_bytes_;
-  // Declared before the buffers: released after them.
-  DeviceStream device_stream_;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  cudaStream_t stream() const { return device_stream_.stream(); }
   Gemm gemm_;
   // Before and after the upload, the attention step, the rest, the download.
   cudaEvent_t events_[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
@@ -101,17 +97,18 @@ class CudaAttentionImpl final : public CudaAttention {
   std::vector<float> factors_;
   int64_t computed_heads_ = 0;
   CudaTimings timings_;
+  // Last, so that it goes first: its stream is drained before the buffers above are
+  // freed.
+  DeviceStream device_stream_;
 };
 
 absl::Status CudaAttentionImpl::Init(const AttentionWeights& weights) {
   ATTN_RETURN_IF_ERROR(device_stream_.Init(device_));
-  stream_ = device_stream_.stream();
-  cublas_ = device_stream_.cublas();
   for (cudaEvent_t& event : events_) {
     ATTN_CUDA(cudaEventCreate(&event), "create an event");
   }
 
-  gemm_.handle = cublas_;
+  gemm_.handle = device_stream_.cublas();
   KeptHeadWeights kept = KeepHeads(spec_, weights);
   heads_ = kept.heads;
   width_ = kept.width;
@@ -132,7 +129,7 @@ absl::Status CudaAttentionImpl::Init(const AttentionWeights& weights) {
   ATTN_CUDA(cudaMemcpy(device_heads, model_head.data(),
                        model_head.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
             "upload the head map");
-  // The copies above ran on the legacy stream, which stream_ (non-blocking) does not
+  // The copies above ran on the legacy stream, which the stream (non-blocking) does not
   // wait for, and a pageable copy may return before its DMA ends.
   ATTN_CUDA(cudaDeviceSynchronize(), "finish the upload");
   return absl::OkStatus();
@@ -143,7 +140,7 @@ absl::Status CudaAttentionImpl::Project(const void* in, int64_t ld_in, int64_t r
                                         int64_t ld_weight, const float* bias,
                                         int64_t out_width, void* out,
                                         ElementType out_type, int64_t ld_out) {
-  ATTN_CUDA(LaunchFillRows(out, out_type, rows, out_width, ld_out, bias, stream_),
+  ATTN_CUDA(LaunchFillRows(out, out_type, rows, out_width, ld_out, bias, stream()),
             "broadcast a bias");
   return gemm_.Project(in, ld_in, rows, in_width, weight, ld_weight, out_width, out,
                        out_type, ld_out, /*accumulate=*/true);
@@ -187,7 +184,7 @@ absl::Status CudaAttentionImpl::Materialized(const AttentionBatch& batch,
     // scores_p = Q_p K_p^T per head p, [L_q, L_k] row-major: column-major
     // scores^T [L_k, L_q] = K_p Q_p^T.
     ATTN_CUBLAS(GetCublas().gemm_strided_batched(
-                    cublas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(key_length),
+                    gemm_.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(key_length),
                     static_cast<int>(query_length), static_cast<int>(head_dim), &alpha,
                     k_s, DataType(), static_cast<int>(ldk), head_dim, q_s, DataType(),
                     static_cast<int>(ldq), head_dim, &beta, scores, CUDA_R_32F,
@@ -204,10 +201,10 @@ absl::Status CudaAttentionImpl::Materialized(const AttentionBatch& batch,
                         query_length,
                         key_length,
                         causal};
-    ATTN_CUDA(LaunchSoftmax(softmax, stream_), "run the softmax");
+    ATTN_CUDA(LaunchSoftmax(softmax, stream()), "run the softmax");
     // context_p [L_q, head_dim] = P_p V_p: column-major context^T = V_p^T P_p^T.
     ATTN_CUBLAS(GetCublas().gemm_strided_batched(
-                    cublas_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(head_dim),
+                    gemm_.handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(head_dim),
                     static_cast<int>(query_length), static_cast<int>(key_length), &alpha,
                     v_s, DataType(), static_cast<int>(ldv), head_dim, probability_matrix,
                     DataType(), static_cast<int>(key_length), query_length * key_length,
@@ -262,11 +259,11 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
   ATTN_ASSIGN_OR_RETURN(uint8_t * staging, host_input_.Reserve(layout.total_bytes));
   PackStaging(batch, layout, factors_, staging);
   ATTN_ASSIGN_OR_RETURN(uint8_t * input, input_.Reserve(layout.total_bytes));
-  ATTN_CUDA(cudaEventRecord(events_[0], stream_), "record an event");
+  ATTN_CUDA(cudaEventRecord(events_[0], stream()), "record an event");
   ATTN_CUDA(cudaMemcpyAsync(input, staging, layout.total_bytes, cudaMemcpyHostToDevice,
-                            stream_),
+                            stream()),
             "upload the batch");
-  ATTN_CUDA(cudaEventRecord(events_[1], stream_), "record an event");
+  ATTN_CUDA(cudaEventRecord(events_[1], stream()), "record an event");
   const auto* factors = reinterpret_cast<const float*>(input + layout.factors);
 
   // Tokens in the compute precision: as they came, or converted on the device.
@@ -278,7 +275,7 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
         uint8_t * converted,
         buffer.Reserve(static_cast<size_t>(tokens * d) * compute_bytes_));
     ATTN_CUDA(
-        LaunchConvert(input + offset, given, converted, compute_, tokens * d, stream_),
+        LaunchConvert(input + offset, given, converted, compute_, tokens * d, stream()),
         "convert the tokens");
     return converted;
   };
@@ -332,7 +329,7 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
   if (weights_out != nullptr && heads < spec_.num_heads) {
     // The pruned heads' rows stay zero; the softmax writes every other one.
     ATTN_CUDA(cudaMemsetAsync(weights_out, 0, attention_weights.size() * sizeof(float),
-                              stream_),
+                              stream()),
               "clear the attention weights");
   }
   ATTN_RETURN_IF_ERROR(
@@ -372,7 +369,7 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
   if (weights_out != nullptr || (path == Path::kFused && head_dim > kFusedMaxHeadDim)) {
     path = Path::kMaterialized;
   }
-  ATTN_CUDA(cudaEventRecord(events_[2], stream_), "record an event");
+  ATTN_CUDA(cudaEventRecord(events_[2], stream()), "record an event");
   if (path == Path::kTensorCore) {
     using Kernel = CudaAttentionOptions::TensorCoreKernel;
     const TensorCoreVariant variant =
@@ -380,27 +377,27 @@ absl::Status CudaAttentionImpl::Forward(const AttentionBatch& batch,
         : options_.tensor_core_kernel == Kernel::kLdmatrixV8Warps
             ? TensorCoreVariant::kLdmatrixV8Warps
             : TensorCoreVariant::kTransposedV;
-    ATTN_CUDA(LaunchTensorCoreAttention(args, stream_, variant),
+    ATTN_CUDA(LaunchTensorCoreAttention(args, stream(), variant),
               "run tensor-core attention");
   } else if (path == Path::kFused) {
-    ATTN_CUDA(LaunchFusedAttention(args, stream_), "run fused attention");
+    ATTN_CUDA(LaunchFusedAttention(args, stream()), "run fused attention");
   } else {
     ATTN_RETURN_IF_ERROR(Materialized(batch, q, ldq, k, ldk, v, ldv, factors,
                                       options.causal, weights_out));
   }
-  ATTN_CUDA(cudaEventRecord(events_[3], stream_), "record an event");
+  ATTN_CUDA(cudaEventRecord(events_[3], stream()), "record an event");
   // out = context W_out^T + b_out, in f32.
   ATTN_RETURN_IF_ERROR(Project(context_.data(), width_, query_tokens, width_,
                                w + out_weight_, width_,
                                reinterpret_cast<const float*>(w + out_bias_offset_), d,
                                results, ElementType::kF32, d));
-  ATTN_CUDA(cudaEventRecord(events_[4], stream_), "record an event");
+  ATTN_CUDA(cudaEventRecord(events_[4], stream()), "record an event");
   ATTN_ASSIGN_OR_RETURN(uint8_t * host_results, host_results_.Reserve(results_bytes));
   ATTN_CUDA(cudaMemcpyAsync(host_results, results, results_bytes, cudaMemcpyDeviceToHost,
-                            stream_),
+                            stream()),
             "download the results");
-  ATTN_CUDA(cudaEventRecord(events_[5], stream_), "record an event");
-  ATTN_CUDA(cudaStreamSynchronize(stream_), "run the batch");
+  ATTN_CUDA(cudaEventRecord(events_[5], stream()), "record an event");
+  ATTN_CUDA(cudaStreamSynchronize(stream()), "run the batch");
   std::memcpy(output.data(), host_results, output_bytes);
   if (!attention_weights.empty()) {
     std::memcpy(attention_weights.data(), host_results + output_bytes,

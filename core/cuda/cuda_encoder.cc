@@ -50,16 +50,10 @@ class CudaEncoderImpl final : public EncoderBackend {
   CudaEncoderImpl(const EncoderSpec& spec, int device, const CudaEncoderOptions& options)
       : spec_(spec),
         device_(device),
-        compute_(spec.precision == Precision::kBf16 ? ElementType::kBf16
-                                                    : ElementType::kF32),
-        compute_bytes_(spec.precision == Precision::kBf16 ? 2 : 4) {
+        compute_(ComputeTypeOf(spec.precision)),
+        compute_bytes_(BytesOf(compute_)) {
     gemm_.compute = compute_;
     gemm_.allow_tf32 = options.allow_tf32;
-  }
-
-  ~CudaEncoderImpl() override {
-    cudaSetDevice(device_);
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
   }
 
   absl::Status Init(EncoderWeights weights);
@@ -103,10 +97,7 @@ class CudaEncoderImpl final : public EncoderBackend {
   const int device_;
   const ElementType compute_;
   const int64_t compute_bytes_;
-  // Declared before the buffers: released after them.
-  DeviceStream device_stream_;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  cudaStream_t stream() const { return device_stream_.stream(); }
   Gemm gemm_;
 
   // The word table in its own block (f32, or bf16 for a bf16 encoder); the position
@@ -125,24 +116,28 @@ class CudaEncoderImpl final : public EncoderBackend {
   // that one copy brings both back.
   DeviceBuffer input_, results_, narrow_x_, qkv_, context_, attended_, inner_;
   std::vector<float> factor_values_;
+  // Last, so that it goes first: its stream is drained before the buffers above are
+  // freed.
+  DeviceStream device_stream_;
 };
 
 absl::Status CudaEncoderImpl::Init(EncoderWeights weights) {
   ATTN_RETURN_IF_ERROR(device_stream_.Init(device_));
-  stream_ = device_stream_.stream();
-  cublas_ = device_stream_.cublas();
-  gemm_.handle = cublas_;
+  gemm_.handle = device_stream_.cublas();
 
   const bool narrow = compute_ == ElementType::kBf16;
   // The word table as it was loaded: f32 for fp32, bf16 bits for bf16.
-  const void* word = weights.word_embeddings != nullptr
-                         ? static_cast<const void*>(weights.word_embeddings->data())
-                         : weights.word_embeddings_bf16->data();
-  const size_t word_bytes = weights.word_embeddings != nullptr
-                                ? weights.word_embeddings->size() * sizeof(float)
-                                : weights.word_embeddings_bf16->size() * sizeof(uint16_t);
-  word_type_ =
-      weights.word_embeddings != nullptr ? ElementType::kF32 : ElementType::kBf16;
+  const void* word = weights.word_embeddings_bf16 != nullptr
+                         ? static_cast<const void*>(weights.word_embeddings_bf16->data())
+                         : weights.word_embeddings->data();
+  size_t word_bytes = 0;
+  if (weights.word_embeddings_bf16 != nullptr) {
+    word_type_ = ElementType::kBf16;
+    word_bytes = weights.word_embeddings_bf16->size() * sizeof(uint16_t);
+  } else {
+    word_type_ = ElementType::kF32;
+    word_bytes = weights.word_embeddings->size() * sizeof(float);
+  }
   ATTN_ASSIGN_OR_RETURN(uint8_t * device_word, word_.Reserve(word_bytes));
   ATTN_CUDA(cudaMemcpy(device_word, word, word_bytes, cudaMemcpyHostToDevice),
             "upload the word embeddings");
@@ -183,7 +178,7 @@ absl::Status CudaEncoderImpl::Init(EncoderWeights weights) {
   heads_.classifier_weight = std::move(weights.classifier_weight);
   heads_.classifier_bias = std::move(weights.classifier_bias);
   heads_.dense = std::move(weights.dense);
-  // The copies above ran on the legacy stream, which stream_ (non-blocking) does not
+  // The copies above ran on the legacy stream, which the stream (non-blocking) does not
   // wait for, and a pageable copy may return before its DMA ends.
   ATTN_CUDA(cudaDeviceSynchronize(), "finish the upload");
   return absl::OkStatus();
@@ -256,7 +251,7 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
   PackEncoderStaging(batch, layout, factor_values_, staging);
   const absl::Status status = [&]() -> absl::Status {
     ATTN_CUDA(cudaMemcpyAsync(input, staging, layout.total_bytes, cudaMemcpyHostToDevice,
-                              stream_),
+                              stream()),
               "upload the batch");
     const auto* cu = reinterpret_cast<const int32_t*>(input + layout.cu);
     const auto* factors = reinterpret_cast<const float*>(input + layout.factors);
@@ -264,11 +259,11 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
     if (layout.from_hidden) {
       // Hidden states enter the first block as they are.
       ATTN_CUDA(cudaMemcpyAsync(x, input + layout.hidden, plane, cudaMemcpyDeviceToDevice,
-                                stream_),
+                                stream()),
                 "place the hidden states");
       if (narrow_copy != nullptr) {
         ATTN_CUDA(LaunchConvert(x, ElementType::kF32, narrow_copy, ElementType::kBf16,
-                                tokens * d, stream_),
+                                tokens * d, stream()),
                   "narrow the hidden states");
       }
     } else {
@@ -286,10 +281,19 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
                       static_cast<int>(d),
                       x,
                       narrow_copy};
-      ATTN_CUDA(LaunchEmbed(embed, stream_), "embed the tokens");
+      ATTN_CUDA(LaunchEmbed(embed, stream()), "embed the tokens");
     }
     const int head_dim = static_cast<int>(spec_.AttentionSpec(0).head_dim());
     const int64_t ffn = spec_.ffn_dim;
+    // x = LayerNorm(x + attended + bias), x's bf16 copy written too.
+    const auto add_and_normalize = [&](size_t bias, size_t scale, size_t shift,
+                                       absl::string_view sublayer) {
+      return CudaError(
+          LaunchAddLayerNorm({attended, At(bias), x, At(scale), At(shift), eps, tokens,
+                              static_cast<int>(d), x, narrow_copy},
+                             stream()),
+          absl::StrCat("add and normalize ", sublayer));
+    };
     for (const Layer& layer : layers_) {
       const int64_t width = layer.width;
       // [Q K V] = x W_qkv^T + b_qkv, the query's 1/sqrt(head_dim) in W_qkv.
@@ -297,7 +301,7 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
                                          d, 3 * width, qkv, compute_, 3 * width, false));
       ATTN_CUDA(
           LaunchBiasActivation(qkv, compute_, At(layer.qkv_bias), tokens,
-                               static_cast<int>(3 * width), Activation::kNone, stream_),
+                               static_cast<int>(3 * width), Activation::kNone, stream()),
           "add the attention's bias");
       FusedAttentionArgs args{compute_,
                               qkv,
@@ -317,53 +321,48 @@ absl::Status CudaEncoderImpl::Forward(const EncoderBatch& batch, absl::Span<floa
                               static_cast<int>(layout.max_length),
                               /*causal=*/false};
       if (TensorCoreAttentionFits(args)) {
-        ATTN_CUDA(
-            LaunchTensorCoreAttention(args, stream_, TensorCoreVariant::kLdmatrixV8Warps),
-            "run tensor-core attention");
+        ATTN_CUDA(LaunchTensorCoreAttention(args, stream(),
+                                            TensorCoreVariant::kLdmatrixV8Warps),
+                  "run tensor-core attention");
       } else {
-        ATTN_CUDA(LaunchFusedAttention(args, stream_), "run fused attention");
+        ATTN_CUDA(LaunchFusedAttention(args, stream()), "run fused attention");
       }
       // x = LayerNorm(x + context W_out^T + b_out)
       ATTN_RETURN_IF_ERROR(gemm_.Project(context, width, tokens, width,
                                          At<uint8_t>(layer.out), width, d, attended,
                                          ElementType::kF32, d, false));
-      ATTN_CUDA(LaunchAddLayerNorm({attended, At(layer.out_bias), x,
-                                    At(layer.norm1_scale), At(layer.norm1_shift), eps,
-                                    tokens, static_cast<int>(d), x, narrow_copy},
-                                   stream_),
-                "add and normalize the attention");
+      ATTN_RETURN_IF_ERROR(add_and_normalize(layer.out_bias, layer.norm1_scale,
+                                             layer.norm1_shift, "the attention"));
       // x = LayerNorm(x + W_2 act(W_1 x + b_1) + b_2)
       ATTN_RETURN_IF_ERROR(gemm_.Project(x_compute, d, tokens, d,
                                          At<uint8_t>(layer.ffn_in), d, ffn, inner,
                                          compute_, ffn, false));
       ATTN_CUDA(LaunchBiasActivation(inner, compute_, At(layer.ffn_in_bias), tokens,
                                      static_cast<int>(ffn),
-                                     ToActivation(spec_.activation), stream_),
+                                     ToActivation(spec_.activation), stream()),
                 "activate the feed-forward network");
       ATTN_RETURN_IF_ERROR(gemm_.Project(inner, ffn, tokens, ffn,
                                          At<uint8_t>(layer.ffn_out), ffn, d, attended,
                                          ElementType::kF32, d, false));
-      ATTN_CUDA(LaunchAddLayerNorm({attended, At(layer.ffn_out_bias), x,
-                                    At(layer.norm2_scale), At(layer.norm2_shift), eps,
-                                    tokens, static_cast<int>(d), x, narrow_copy},
-                                   stream_),
-                "add and normalize the feed-forward network");
+      ATTN_RETURN_IF_ERROR(add_and_normalize(layer.ffn_out_bias, layer.norm2_scale,
+                                             layer.norm2_shift,
+                                             "the feed-forward network"));
     }
     if (!pooled.empty()) {
       ATTN_CUDA(LaunchPool(x, cu, sequences, static_cast<int>(d), ToPoolMode(spec_),
-                           reinterpret_cast<float*>(results), stream_),
+                           reinterpret_cast<float*>(results), stream()),
                 "pool the sequences");
     }
     // Results: the pooled rows and, when asked, the last hidden state, in one copy.
     if (download > 0) {
       ATTN_CUDA(cudaMemcpyAsync(host_results, results, download, cudaMemcpyDeviceToHost,
-                                stream_),
+                                stream()),
                 "download the results");
     }
-    return CudaError(cudaStreamSynchronize(stream_), "run the batch");
+    return CudaError(cudaStreamSynchronize(stream()), "run the batch");
   }();
   if (!status.ok()) {
-    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(stream());
     return status;
   }
   if (!hidden.empty()) std::memcpy(hidden.data(), host_results + pooled_bytes, plane);

@@ -127,6 +127,13 @@ class DeviceStream {
   cublasHandle_t cublas_ = nullptr;
 };
 
+// The element type a model of `precision` computes in on the GPU (fp32 or bf16), and
+// its size.
+inline ElementType ComputeTypeOf(Precision precision) {
+  return precision == Precision::kBf16 ? ElementType::kBf16 : ElementType::kF32;
+}
+inline int64_t BytesOf(ElementType type) { return type == ElementType::kBf16 ? 2 : 4; }
+
 // `bytes` rounded up to 256, the alignment of every block in a staging or weights buffer.
 inline size_t Align(size_t bytes) { return (bytes + 255) / 256 * 256; }
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cuda/device_helpers.cuh"
 #include "core/cuda/kernels.h"
 
 namespace attnserve::core::cuda {
@@ -15,17 +16,13 @@ constexpr int kActivationThreads = 256;
 constexpr int kPoolThreads = 128;
 
 __device__ __forceinline__ float LoadAs(const void* base, ElementType type, int64_t i) {
-  if (type == ElementType::kBf16) {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-  }
-  return static_cast<const float*>(base)[i];
+  return type == ElementType::kBf16 ? Load(static_cast<const __nv_bfloat16*>(base) + i)
+                                    : Load(static_cast<const float*>(base) + i);
 }
 
 // The sum of `value` over the block's threads (kNormThreads), on every thread.
 __device__ float BlockSum(float value, float* partial) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
+  value = WarpSum(value);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();  // `partial` may still be read by an earlier call
   if (lane == 0) partial[warp] = value;
@@ -35,12 +32,15 @@ __device__ float BlockSum(float value, float* partial) {
   return sum;
 }
 
-// LayerNorm of the row in `row` (shared, d values) into out (and out_compute), two
-// passes over the row as the CPU's LayerNorm does: the mean, then the variance of the
-// differences.
+// LayerNorm of the row in `row` (shared, d values) into row `r` of out (and of
+// out_compute, bf16, when not null), two passes over the row as the CPU's LayerNorm
+// does: the mean, then the variance of the differences.
 __device__ void NormRow(const float* row, int d, const float* scale, const float* shift,
-                        float eps, float* out, __nv_bfloat16* out_compute,
+                        float eps, int64_t r, float* out, void* out_compute,
                         float* partial) {
+  out += r * d;
+  __nv_bfloat16* narrow =
+      out_compute == nullptr ? nullptr : static_cast<__nv_bfloat16*>(out_compute) + r * d;
   float sum = 0.0f;
   for (int c = threadIdx.x; c < d; c += kNormThreads) sum += row[c];
   const float mean = BlockSum(sum, partial) / static_cast<float>(d);
@@ -54,7 +54,7 @@ __device__ void NormRow(const float* row, int d, const float* scale, const float
   for (int c = threadIdx.x; c < d; c += kNormThreads) {
     const float value = (row[c] - mean) * inverse * scale[c] + shift[c];
     out[c] = value;
-    if (out_compute != nullptr) out_compute[c] = __float2bfloat16_rn(value);
+    if (narrow != nullptr) Store(narrow + c, value);
   }
 }
 
@@ -75,10 +75,7 @@ __global__ void __launch_bounds__(kNormThreads) EmbedKernel(EmbedArgs args) {
     row[c] = value;
   }
   __syncthreads();
-  NormRow(row, d, args.scale, args.shift, args.eps, args.out + t * d,
-          args.out_compute == nullptr
-              ? nullptr
-              : static_cast<__nv_bfloat16*>(args.out_compute) + t * d,
+  NormRow(row, d, args.scale, args.shift, args.eps, t, args.out, args.out_compute,
           partial);
 }
 
@@ -95,10 +92,7 @@ __global__ void __launch_bounds__(kNormThreads) AddLayerNormKernel(AddNormArgs a
     row[c] = a[c] + residual[c] + (args.bias == nullptr ? 0.0f : args.bias[c]);
   }
   __syncthreads();
-  NormRow(row, d, args.scale, args.shift, args.eps, args.out + r * d,
-          args.out_compute == nullptr
-              ? nullptr
-              : static_cast<__nv_bfloat16*>(args.out_compute) + r * d,
+  NormRow(row, d, args.scale, args.shift, args.eps, r, args.out, args.out_compute,
           partial);
 }
 
@@ -122,18 +116,7 @@ __global__ void BiasActivationKernel(T* x, const float* bias, int64_t count, int
                                      Activation activation) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float value;
-    if constexpr (sizeof(T) == 2) {
-      value = __bfloat162float(x[i]);
-    } else {
-      value = x[i];
-    }
-    value = Activate(value + bias[i % cols], activation);
-    if constexpr (sizeof(T) == 2) {
-      x[i] = __float2bfloat16_rn(value);
-    } else {
-      x[i] = value;
-    }
+    Store(x + i, Activate(Load(x + i) + bias[i % cols], activation));
   }
 }
 
@@ -174,26 +157,24 @@ __global__ void PoolKernel(const float* hidden, const int32_t* cu, int d, PoolMo
   *to = static_cast<float>(sum / divisor);
 }
 
-int Blocks(int64_t count, int threads) {
-  const int64_t blocks = (count + threads - 1) / threads;
-  return static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+// One block of kNormThreads per row, the row's d floats in dynamic shared memory.
+template <typename Args>
+cudaError_t LaunchPerRow(void (*kernel)(Args), const Args& args, int64_t rows,
+                         cudaStream_t stream) {
+  if (args.d < 1 || args.d > kMaxNormWidth || rows < 1) return cudaErrorInvalidValue;
+  kernel<<<static_cast<unsigned>(rows), kNormThreads,
+           static_cast<size_t>(args.d) * sizeof(float), stream>>>(args);
+  return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t LaunchEmbed(const EmbedArgs& args, cudaStream_t stream) {
-  if (args.d < 1 || args.d > kMaxNormWidth || args.tokens < 1)
-    return cudaErrorInvalidValue;
-  EmbedKernel<<<static_cast<unsigned>(args.tokens), kNormThreads,
-                static_cast<size_t>(args.d) * sizeof(float), stream>>>(args);
-  return cudaGetLastError();
+  return LaunchPerRow(EmbedKernel, args, args.tokens, stream);
 }
 
 cudaError_t LaunchAddLayerNorm(const AddNormArgs& args, cudaStream_t stream) {
-  if (args.d < 1 || args.d > kMaxNormWidth || args.rows < 1) return cudaErrorInvalidValue;
-  AddLayerNormKernel<<<static_cast<unsigned>(args.rows), kNormThreads,
-                       static_cast<size_t>(args.d) * sizeof(float), stream>>>(args);
-  return cudaGetLastError();
+  return LaunchPerRow(AddLayerNormKernel, args, args.rows, stream);
 }
 
 cudaError_t LaunchBiasActivation(void* x, ElementType type, const float* bias,

@@ -4,38 +4,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cuda/device_helpers.cuh"
 #include "core/cuda/kernels.h"
 
 namespace attnserve::core::cuda {
 namespace {
-
-__device__ __forceinline__ float Load(const float* p) { return *p; }
-__device__ __forceinline__ float Load(const __nv_bfloat16* p) {
-  return __bfloat162float(*p);
-}
-__device__ __forceinline__ void Store(float* p, float value) { *p = value; }
-__device__ __forceinline__ void Store(__nv_bfloat16* p, float value) {
-  *p = __float2bfloat16_rn(value);
-}
-
-__device__ __forceinline__ float WarpMax(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  return value;
-}
-
-__device__ __forceinline__ float WarpSum(float value) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  }
-  return value;
-}
-
-int Blocks(int64_t count, int threads) {
-  const int64_t blocks = (count + threads - 1) / threads;
-  return static_cast<int>(blocks < 65535 * 16 ? blocks : 65535 * 16);
-}
 
 template <typename In, typename Out>
 __global__ void ConvertKernel(const In* in, Out* out, int64_t count) {

@@ -36,19 +36,7 @@ const std::string kData = std::getenv("ATTNSERVE_TEST_DATA_DIR") != nullptr
                               ? std::getenv("ATTNSERVE_TEST_DATA_DIR")
                               : ATTNSERVE_TEST_DATA_DIR;
 
-// As make_encoder_golden.py writes it: BERT, mean pooling, normalized.
-EncoderSpec TinySpec() {
-  EncoderSpec spec;
-  spec.num_layers = 2;
-  spec.d_model = 64;
-  spec.num_heads = 4;
-  spec.ffn_dim = 128;
-  spec.vocab_size = 100;
-  spec.max_positions = 64;
-  spec.pooling = EncoderSpec::Pooling::kMean;
-  spec.normalize = true;
-  return spec;
-}
+EncoderSpec TinySpec() { return testing::TinyEncoderSpec(); }
 
 using Golden = testing::EncoderGolden;
 

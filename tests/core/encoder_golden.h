@@ -16,6 +16,21 @@
 
 namespace attnserve::core::testing {
 
+// The golden's encoder: BERT (GELU, eps 1e-12, two token types), 2 layers of d 64 in 4
+// heads, feed-forward 128, 100 ids, 64 positions, mean pooling, L2-normalized.
+inline EncoderSpec TinyEncoderSpec() {
+  EncoderSpec spec;
+  spec.num_layers = 2;
+  spec.d_model = 64;
+  spec.num_heads = 4;
+  spec.ffn_dim = 128;
+  spec.vocab_size = 100;
+  spec.max_positions = 64;
+  spec.pooling = EncoderSpec::Pooling::kMean;
+  spec.normalize = true;
+  return spec;
+}
+
 struct EncoderGolden {
   std::vector<int64_t> token_ids, token_types, lengths;
   std::vector<float> hidden, pooled;

@@ -55,7 +55,7 @@ EncoderSpec SentenceSpec(int64_t num_layers, int64_t d_model, int64_t num_heads,
 }
 
 // As make_encoder_golden.py writes it.
-EncoderSpec TinySpec() { return SentenceSpec(2, 64, 4, 128, 100, 64); }
+EncoderSpec TinySpec() { return testing::TinyEncoderSpec(); }
 
 // The tensor `name` of `file` as float32 (empty, with a test failure, when unreadable).
 std::vector<float> Floats(const SafetensorsFile& file, const char* name) {

@@ -31,7 +31,6 @@ import multiprocessing
 import os
 import queue
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,10 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "client", "python"))
+from attnserve_export import write_safetensors  # noqa: E402
 
 BIN, OUT = sys.argv[1], sys.argv[2]
 SHAPES = {"minilm-l6": (6, 384, 12, 1536), "bert-base": (12, 768, 12, 3072)}
@@ -55,21 +58,16 @@ def log(*parts):
     print(*parts, flush=True)
 
 
-def write_safetensors(path, tensors):
-    header, offset, blobs = {}, 0, []
-    for name, array in tensors.items():
-        data = np.ascontiguousarray(array, dtype=np.float32).tobytes()
-        header[name] = {"dtype": "F32", "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for blob in blobs:
-            out.write(blob)
+CHECKPOINTS = {}
+
+
+def checkpoint(name, layers, d, heads, ffn):
+    """(folder, tensors) of the seeded checkpoint of this shape, written once."""
+    if name not in CHECKPOINTS:
+        folder = os.path.join(OUT, name)
+        CHECKPOINTS[name] = folder, make_checkpoint(folder, layers, d, heads, ffn,
+                                                    seed=layers * d)
+    return CHECKPOINTS[name]
 
 
 def make_checkpoint(folder, layers, d, heads, ffn, seed):
@@ -97,7 +95,8 @@ def make_checkpoint(folder, layers, d, heads, ffn, seed):
         t[p + "output.dense.bias"] = normal(d)
         norm(p + "output.LayerNorm", t)
     os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
-    write_safetensors(os.path.join(folder, "model.safetensors"), t)
+    write_safetensors(os.path.join(folder, "model.safetensors"),
+                      {name: torch.from_numpy(value) for name, value in t.items()})
     config = {"architectures": ["BertModel"], "model_type": "bert", "hidden_size": d,
               "num_hidden_layers": layers, "num_attention_heads": heads,
               "intermediate_size": ffn, "hidden_act": "gelu", "layer_norm_eps": EPS,
@@ -190,16 +189,19 @@ def synchronize():
         torch.cuda.synchronize()
 
 
+def pad(group):
+    """Sentences of ids as transformers takes them: [n, L] ids right-padded with 0,
+    and the mask."""
+    L = max(len(s) for s in group)
+    padded = torch.zeros((len(group), L), dtype=torch.long)
+    mask = torch.zeros((len(group), L), dtype=torch.long)
+    for i, s in enumerate(group):
+        padded[i, :len(s)], mask[i, :len(s)] = torch.as_tensor(s), 1
+    return padded, mask
+
+
 def torch_rate(model, ids, lengths, batch, rounds=1 if DRY else 5):
-    batches = []
-    for first in range(0, len(ids), batch):
-        group = ids[first:first + batch]
-        L = max(len(s) for s in group)
-        padded = np.zeros((len(group), L), np.int64)
-        mask = np.zeros((len(group), L), np.int64)
-        for i, s in enumerate(group):
-            padded[i, :len(s)], mask[i, :len(s)] = s, 1
-        batches.append((torch.tensor(padded), torch.tensor(mask)))
+    batches = [pad(ids[first:first + batch]) for first in range(0, len(ids), batch)]
     def one_pass():
         out = []
         for padded, mask in batches:  # ids in and embeddings out, as a server does
@@ -219,8 +221,7 @@ def torch_rate(model, ids, lengths, batch, rounds=1 if DRY else 5):
 
 
 def check(name, layers, d, heads, ffn):
-    folder = os.path.join(OUT, name)
-    tensors = make_checkpoint(folder, layers, d, heads, ffn, seed=layers * d)
+    folder, tensors = checkpoint(name, layers, d, heads, ffn)
     row = results.setdefault(name, {})
     for kind in ("mixed", "long"):
         ids, lengths, batch = corpus(kind, seed=len(name))
@@ -230,12 +231,7 @@ def check(name, layers, d, heads, ffn):
         with torch.inference_mode():
             reference = []
             for first in range(0, len(ids), batch):
-                group = ids[first:first + batch]
-                L = max(len(s) for s in group)
-                padded = torch.zeros((len(group), L), dtype=torch.long)
-                mask = torch.zeros((len(group), L), dtype=torch.long)
-                for i, s in enumerate(group):
-                    padded[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
+                padded, mask = pad(ids[first:first + batch])
                 reference.append(
                     ref_model(padded.to(DEVICE), mask.to(DEVICE)).cpu().numpy())
             reference = np.concatenate(reference)
@@ -337,11 +333,7 @@ class TorchServer(http.server.ThreadingHTTPServer):
                     jobs.append(self.jobs.get(timeout=0.001))
                 except queue.Empty:
                     break
-            L = max(len(ids) for ids, _ in jobs)
-            padded = torch.zeros((len(jobs), L), dtype=torch.long)
-            mask = torch.zeros((len(jobs), L), dtype=torch.long)
-            for i, (ids, _) in enumerate(jobs):
-                padded[i, :len(ids)], mask[i, :len(ids)] = torch.tensor(ids), 1
+            padded, mask = pad([ids for ids, _ in jobs])
             with torch.inference_mode():
                 out = self.model(padded.to(DEVICE), mask.to(DEVICE)).float().cpu().numpy()
             for i, (_, answer) in enumerate(jobs):
@@ -384,8 +376,7 @@ def smi_utilization(samples, stop):
 
 
 def servers(name, layers, d, heads, ffn, seconds=4 if DRY else 10):
-    folder = os.path.join(OUT, name)
-    tensors = make_checkpoint(folder, layers, d, heads, ffn, seed=layers * d)
+    folder, tensors = checkpoint(name, layers, d, heads, ffn)
     repository = tempfile.mkdtemp()
     os.symlink(folder, os.path.join(repository, name))
     precision = "fp32" if DRY else "bf16"
