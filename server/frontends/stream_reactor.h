@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnserve/v1/attention.pb.h"
+#include "core/thread_sanitizer.h"
 #include "grpcpp/grpcpp.h"
 #include "server/batching/attention_executor.h"
 #include "server/pipeline/request_pipeline.h"
@@ -66,6 +67,10 @@ class RefusedStream final : public grpc::ServerBidiReactor<Read, Write> {
 // (Complete returns); StartDraining holds one while it drains. The last Unref deletes.
 // Every method that touches the reactor after releasing mu_ holds a reference, so no
 // path can run on a deleted reactor.
+//
+// gRPC's core (not instrumented) orders each StartRead, StartWrite and Finish before the
+// callback it leads to, which may run on another of its threads; TsanHandOff before
+// each and TsanTakeOver first in each callback show that order to ThreadSanitizer.
 template <typename Protocol>
 class StreamReactor final
     : public grpc::ServerBidiReactor<typename Protocol::Read, typename Protocol::Write>,
@@ -106,6 +111,7 @@ class StreamReactor final
   }
 
   void OnReadDone(bool ok) override {
+    core::TsanTakeOver(this);
     if (!ok) {
       {
         absl::MutexLock lock(&mu_);
@@ -162,6 +168,7 @@ class StreamReactor final
   }
 
   void OnWriteDone(bool ok) override {
+    core::TsanTakeOver(this);
     Slot written;
     {
       absl::MutexLock lock(&mu_);
@@ -178,12 +185,14 @@ class StreamReactor final
   // (uninstrumented) library. The reference held here makes that order visible to
   // ThreadSanitizer through mu_: the last Unref, whichever runs it, deletes.
   void OnCancel() override {
+    core::TsanTakeOver(this);
     Ref();
     cancellation_->Cancel();
     Unref();
   }
 
   void OnDone() override {
+    core::TsanTakeOver(this);
     service_->UnregisterStream(this);
     service_->CallClosed();
     Unref();
@@ -251,6 +260,7 @@ class StreamReactor final
   // StartRead, decided under the lock with issuing_read_ set; no Finish is decided
   // until the read has been issued, so a read never starts after Finish.
   void IssueRead() {
+    core::TsanHandOff(this);
     this->StartRead(&read_);
     {
       absl::MutexLock lock(&mu_);
@@ -308,13 +318,17 @@ class StreamReactor final
       }
     }
     for (const Slot& slot : discarded) ReleaseHeld(slot);
-    if (write != nullptr) this->StartWrite(write);
+    if (write != nullptr) {
+      core::TsanHandOff(this);
+      this->StartWrite(write);
+    }
     if (finish) {
       if (service_->observer().on_rpc_handled) {
         service_->observer().on_rpc_handled(
             Protocol::kMethod, static_cast<absl::StatusCode>(finish_status.error_code()),
             absl::Now() - start_);
       }
+      core::TsanHandOff(this);
       this->Finish(finish_status);
     }
     if (read) IssueRead();
