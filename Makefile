@@ -70,7 +70,7 @@ TSAN_TARGETS := attnserve attnctl attnbench npy_test server_process_test batch_s
   batcher_test \
   host_resources_test attention_batcher_test attention_service_test batching_test \
   kserve_http_test kserve_service_test model_registry_test model_control_test metrics_test \
-  request_pipeline_test status_page_test tracing_test
+  request_pipeline_test status_page_test tracing_test tsan_handoff_probe
 test-tsan: tsan-build
 	cd $(TSAN_DIR) && TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 \
 	  ignore_noninstrumented_modules=1 suppressions=$(abspath tests/sanitizers/tsan.supp)" \
