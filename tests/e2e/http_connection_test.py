@@ -39,12 +39,23 @@ BODY = json.dumps({"inputs": [{"name": "query", "shape": [1, D], "datatype": "FP
 # kept-alive median and each other one. The stall this guards against cost 40 ms; a
 # kept-alive connection skips the connect and the accept, so it is no slower than a
 # fresh one when nothing stalls it. The same request over gRPC skips JSON, whose cost
-# grows under a sanitizer's slowdown and a loaded machine's: against it the gap may also
-# be as much as gRPC's own median (in a Release build, 1 ms is the larger; measured under
-# ThreadSanitizer: 1.29 ms kept-alive against 0.75 ms).
+# grows under a loaded machine's slowdown: against it the gap may also be as much as
+# gRPC's own median (in a Release build, 1 ms is the larger). Under a sanitizer JSON's
+# share grows with the load of the tests beside it (ThreadSanitizer, measured: 1.29 ms
+# kept-alive against 0.75 ms gRPC alone, 9.45 against 3.82 under `make test`'s -j2), so
+# there the check against gRPC allows half the stall: it still fails on the stall.
 ROUNDS = 41
 GAP_MS = 1.0
 GRPC_GAP_SHARE = 1.0
+STALL_MS = 40.0
+SANITIZED = os.environ.get("ATTNSERVE_SANITIZERS", "") != ""
+
+
+def grpc_gap_ms(grpc_p50):
+    """How far the kept-alive median may lie above gRPC's median `grpc_p50`."""
+    if SANITIZED:
+        return STALL_MS / 2
+    return max(GAP_MS, GRPC_GAP_SHARE * grpc_p50)
 
 
 def p50s(arms):
@@ -104,7 +115,7 @@ class KeepAliveTest(unittest.TestCase):
         infer(kept)
         self.assertEqual(kept.sock.getsockname()[1], port, "the connection was reopened")
         kept.close()
-        grpc_gap = max(GAP_MS, GRPC_GAP_SHARE * p50["gRPC"])
+        grpc_gap = grpc_gap_ms(p50["gRPC"])
         print("p50 " + ", ".join(f"{name} {value:.2f} ms" for name, value in p50.items())
               + f" (kept-alive at most {GAP_MS} ms above fresh, {grpc_gap:.2f} above gRPC)")
         self.assertLessEqual(p50["kept-alive"] - p50["fresh"], GAP_MS)
@@ -182,6 +193,9 @@ class GapCheckSelfTest(unittest.TestCase):
         print(f"stalling server: p50 kept-alive {p50['kept-alive']:.2f} ms, fresh "
               f"{p50['fresh']:.2f} ms")
         self.assertGreater(p50["kept-alive"] - p50["fresh"], GAP_MS)
+        # The stall also exceeds what a sanitizer build allows against gRPC, whose
+        # median is below a fresh connection's.
+        self.assertGreater(p50["kept-alive"] - p50["fresh"], STALL_MS / 2)
 
 
 class KeepAliveTimeoutTest(unittest.TestCase):
