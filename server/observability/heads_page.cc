@@ -257,8 +257,10 @@ std::string RenderHeadsPage(const HeadsView& view) {
       int64_t layers = 0, heads = 0;
       bool in_range = true;
       for (const v1::HeadStatistic& entry : measured.heads()) {
-        in_range &= entry.layer() >= 0 && entry.layer() < kMaxGridSide &&
-                    entry.head() >= 0 && entry.head() < kMaxGridSide;
+        // Checked before the + 1: a layer of INT64_MAX would overflow it.
+        in_range = entry.layer() >= 0 && entry.layer() < kMaxGridSide &&
+                   entry.head() >= 0 && entry.head() < kMaxGridSide;
+        if (!in_range) break;
         layers = std::max(layers, entry.layer() + 1);
         heads = std::max(heads, entry.head() + 1);
       }

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <thread>
@@ -164,6 +165,22 @@ TEST(HeadsPageTest, GridsCrossOutPrunedHeadsAndTokensAreEscaped) {
   view.query.head = 0;
   EXPECT_THAT(RenderHeadsPage(view),
               HasSubstr("the attention weights have the wrong size"));
+}
+
+TEST(HeadsPageTest, FiguresOutsideTheGridAreCalledMalformed) {
+  for (const int64_t layer : {int64_t{-1}, int64_t{1} << 40, INT64_MAX}) {
+    v1::HeadStatisticsResponse measured;
+    measured.set_model("m");
+    measured.add_heads();  // layer 0, head 0
+    measured.add_heads()->set_layer(layer);
+    HeadsView view;
+    view.encoders = {"m"};
+    view.query.model = "m";
+    view.measured = measured;
+    const std::string html = RenderHeadsPage(view);
+    EXPECT_THAT(html, HasSubstr("the server's figures are malformed")) << layer;
+    EXPECT_THAT(html, HasSubstr("m: 0 layers x 0 heads")) << layer;
+  }
 }
 
 // GET `path` from the metrics port: (status, body).
