@@ -113,6 +113,14 @@ std::string Grid(const Figure& figure, const v1::HeadStatisticsResponse& measure
 }
 
 // The picked head's weights over the first text's tokens: query rows, key columns.
+// Whether `bytes` hold `maps` float maps of length x length: the length bounded before it
+// is squared, then divided, not multiplied (maps * length^2 * 4 can pass INT64_MAX).
+bool HoldsMaps(int64_t bytes, int64_t maps, int64_t length) {
+  if (length < 1 || length > kMaxGridSide * kMaxGridSide) return false;
+  const int64_t per_map = length * length * static_cast<int64_t>(sizeof(float));
+  return bytes % per_map == 0 && bytes / per_map == maps;
+}
+
 std::string Heatmap(const v1::HeadStatisticsResponse& measured, int64_t layers,
                     int64_t heads, const HeadsQuery& query) {
   const v1::Tensor& attention = measured.attention();
@@ -121,9 +129,7 @@ std::string Heatmap(const v1::HeadStatisticsResponse& measured, int64_t layers,
     return "<p class=\"error\">the server returned no attention weights</p>";
   }
   const int64_t length = attention.shape(2);
-  if (length < 1 || length > kMaxGridSide * kMaxGridSide ||
-      static_cast<int64_t>(attention.raw().size()) !=
-          layers * heads * length * length * static_cast<int64_t>(sizeof(float))) {
+  if (!HoldsMaps(static_cast<int64_t>(attention.raw().size()), layers * heads, length)) {
     return "<p class=\"error\">the attention weights have the wrong size</p>";
   }
   if (query.layer >= layers || query.head >= heads) {
