@@ -112,7 +112,6 @@ std::string Grid(const Figure& figure, const v1::HeadStatisticsResponse& measure
   return svg + "</svg></figure>";
 }
 
-// The picked head's weights over the first text's tokens: query rows, key columns.
 // Whether `bytes` hold `maps` float maps of length x length: the length bounded before it
 // is squared, then divided, not multiplied (maps * length^2 * 4 can pass INT64_MAX).
 bool HoldsMaps(int64_t bytes, int64_t maps, int64_t length) {
@@ -121,6 +120,7 @@ bool HoldsMaps(int64_t bytes, int64_t maps, int64_t length) {
   return bytes % per_map == 0 && bytes / per_map == maps;
 }
 
+// The picked head's weights over the first text's tokens: query rows, key columns.
 std::string Heatmap(const v1::HeadStatisticsResponse& measured, int64_t layers,
                     int64_t heads, const HeadsQuery& query) {
   const v1::Tensor& attention = measured.attention();

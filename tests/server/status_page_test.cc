@@ -184,10 +184,11 @@ TEST(HeadsPageTest, FiguresOutsideTheGridAreCalledMalformed) {
 }
 
 TEST(HeadsPageTest, AttentionWhoseSizeOverflowsIsTheWrongSize) {
-  // 2 x 4096 heads of 2^24 x 2^24 weights: 2^63 bytes, one past INT64_MAX.
+  // 4 x 4096 heads of 2^24 x 2^24 weights: 2^64 bytes, which a product wraps to 0, the
+  // size of the empty weights sent.
   v1::HeadStatisticsResponse measured;
   measured.set_model("m");
-  for (int layer = 0; layer < 2; ++layer) {
+  for (int layer = 0; layer < 4; ++layer) {
     for (int head = 0; head < 4096; ++head) {
       v1::HeadStatistic* entry = measured.add_heads();
       entry->set_layer(layer);
@@ -196,10 +197,9 @@ TEST(HeadsPageTest, AttentionWhoseSizeOverflowsIsTheWrongSize) {
   }
   v1::Tensor* attention = measured.mutable_attention();
   for (const int64_t extent :
-       {int64_t{2}, int64_t{4096}, int64_t{1} << 24, int64_t{1} << 24}) {
+       {int64_t{4}, int64_t{4096}, int64_t{1} << 24, int64_t{1} << 24}) {
     attention->add_shape(extent);
   }
-  attention->set_raw(std::string(16, '\0'));
   HeadsView view;
   view.encoders = {"m"};
   view.query.model = "m";
