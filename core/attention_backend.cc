@@ -196,10 +196,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
     const ModelSpec& spec, const AttentionWeights& weights, const Device& device,
     const BackendOptions& options) {
   if (device.kind == DeviceKind::kCpu) {
-    if (device.index != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("device cpu:", device.index, " is not available: the CPU is cpu"));
-    }
+    ATTN_RETURN_IF_ERROR(CheckCpuIndex(device));
     ATTN_ASSIGN_OR_RETURN(const dnnl::engine engine, CreateCpuEngine());
     MultiHeadAttention::Options cpu_options;
     cpu_options.intra_op_threads = options.intra_op_threads;
@@ -207,11 +204,7 @@ absl::StatusOr<std::unique_ptr<AttentionBackend>> CreateBackend(
                           MultiHeadAttention::Create(spec, weights, engine, cpu_options));
     return std::unique_ptr<AttentionBackend>(std::move(attention));
   }
-  if (spec.precision == Precision::kInt8) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("precision int8 runs on the CPU only; device ", DeviceName(device),
-                     " runs fp32 and bf16"));
-  }
+  if (spec.precision == Precision::kInt8) return Int8IsCpuOnly(device);
   if (spec.num_kv_heads > 0 || spec.qk_norm || spec.head_size > 0) {
     return absl::UnimplementedError(absl::StrCat(
         spec.num_kv_heads > 0 ? "grouped-query attention (num_kv_heads)"

@@ -39,4 +39,18 @@ absl::Status NoCudaInThisBuild(const Device& device) {
       "time, or ATTNSERVE_CUDA=off)"));
 }
 
+absl::Status CheckCpuIndex(const Device& device) {
+  if (device.kind == DeviceKind::kCpu && device.index != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("device cpu:", device.index, " is not available: the CPU is cpu"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Int8IsCpuOnly(const Device& device) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("precision int8 runs on the CPU only; device ", DeviceName(device),
+                   " runs fp32 and bf16"));
+}
+
 }  // namespace attnserve::core

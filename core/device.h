@@ -37,6 +37,13 @@ bool BuiltWithCuda();
 // nvcc, or with ATTNSERVE_CUDA=off).
 absl::Status NoCudaInThisBuild(const Device& device);
 
+// OK unless `device` is a CPU other than cpu:0 (Unavailable naming it): what every
+// backend checks before building on the CPU.
+absl::Status CheckCpuIndex(const Device& device);
+
+// FailedPrecondition naming `device`: int8 models run on the CPU only.
+absl::Status Int8IsCpuOnly(const Device& device);
+
 }  // namespace attnserve::core
 
 #endif  // ATTNSERVE_CORE_DEVICE_H_

@@ -26,20 +26,13 @@ absl::StatusOr<std::unique_ptr<EncoderBackend>> CreateEncoderBackend(
     const EncoderSpec& spec, EncoderWeights weights, const Device& device,
     const EncoderBackendOptions& options) {
   if (device.kind == DeviceKind::kCpu) {
-    if (device.index != 0) {
-      return absl::UnavailableError(
-          absl::StrCat("device cpu:", device.index, " is not available: the CPU is cpu"));
-    }
+    ATTN_RETURN_IF_ERROR(CheckCpuIndex(device));
     ATTN_ASSIGN_OR_RETURN(std::unique_ptr<TransformerEncoder> encoder,
                           TransformerEncoder::Create(spec, std::move(weights), options));
     return std::unique_ptr<EncoderBackend>(std::move(encoder));
   }
   ATTN_RETURN_IF_ERROR(spec.Validate());
-  if (spec.precision == Precision::kInt8) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("precision int8 runs on the CPU only; device ", DeviceName(device),
-                     " runs fp32 and bf16"));
-  }
+  if (spec.precision == Precision::kInt8) return Int8IsCpuOnly(device);
 #ifdef ATTNSERVE_HAVE_CUDA
   cuda::CudaEncoderOptions cuda_options;
   cuda_options.allow_tf32 = options.allow_tf32;

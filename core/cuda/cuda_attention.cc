@@ -10,6 +10,7 @@
 #include "core/cuda/device_common.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/staging.h"
+#include "core/device.h"
 
 namespace attnserve::core::cuda {
 namespace {
@@ -447,8 +448,7 @@ absl::StatusOr<std::unique_ptr<CudaAttention>> CreateCudaAttention(
   ATTN_RETURN_IF_ERROR(spec.Validate());
   ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
   if (spec.precision == Precision::kInt8) {
-    return absl::FailedPreconditionError(
-        "precision int8 runs on the CPU only; CUDA devices run fp32 and bf16");
+    return Int8IsCpuOnly(Device{DeviceKind::kCuda, device_index});
   }
   if (spec.num_kv_heads > 0 || spec.qk_norm || spec.head_size > 0) {
     return absl::UnimplementedError(

@@ -11,6 +11,7 @@
 #include "core/cuda/device_common.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/staging.h"
+#include "core/device.h"
 #include "core/status_macros.h"
 
 namespace attnserve::core::cuda {
@@ -432,8 +433,7 @@ absl::StatusOr<std::unique_ptr<EncoderBackend>> CreateCudaEncoder(
   ATTN_RETURN_IF_ERROR(weights.CheckShapes(spec));
   ATTN_RETURN_IF_ERROR(CudaEncoderSupports(spec));
   if (spec.precision == Precision::kInt8) {
-    return absl::FailedPreconditionError(
-        "precision int8 runs on the CPU only; CUDA devices run fp32 and bf16");
+    return Int8IsCpuOnly(Device{DeviceKind::kCuda, device_index});
   }
   ATTN_RETURN_IF_ERROR(CheckCudaDevice(device_index));
   auto encoder = std::make_unique<CudaEncoderImpl>(spec, device_index, options);
