@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/encoder_family.h"
 #include "core/status_macros.h"
 #include "core/transformer_encoder.h"
 
@@ -220,7 +221,7 @@ void ClassifyToken(const EncoderSpec& spec, const EncoderWeights& weights,
     for (int64_t c = 0; c < d; ++c) sum += static_cast<double>(row[c]) * cls[c];
     // BERT's pooler and RoBERTa's head: tanh; ELECTRA's head: GELU (erf).
     pooled[r] =
-        static_cast<float>(spec.family == EncoderSpec::Family::kElectra
+        static_cast<float>(FamilyOf(spec.family).classifier.gelu
                                ? 0.5 * sum * (1.0 + std::erf(sum / std::sqrt(2.0)))
                                : std::tanh(sum));
   }

@@ -51,36 +51,8 @@ struct EncoderSpec {
   // Each token attends to itself and the tokens before it only (a decoder's causal
   // mask: the Qwen family's).
   bool causal = false;
-  // The checkpoint's family, which names its tensors (LoadBertWeights): BERT's
-  // (Megatron-BERT's with pre-LN), or DistilBERT's (post-LN, no token types:
-  // type_vocab_size 1, a zero table).
-  // RoBERTa's: BERT's names, positions after the padding index (position_offset),
-  // one token type, a classification head of classifier.dense + tanh +
-  // classifier.out_proj.
-  // ELECTRA's discriminator: BERT's names, no pooler, a classification head of
-  // classifier.dense + GELU + classifier.out_proj.
-  // MPNet's: its own names (attention.attn.q, ...), positions after the padding index,
-  // no token types, RoBERTa's classification head, and a relative position bias
-  // (relative_attention_buckets) added to every layer's attention scores.
-  // ModernBERT's: its own names (embeddings.tok_embeddings, layers.N.attn.Wqkv, ...),
-  // no position table (rotary positions: layer_attention) and no token types, a norm
-  // after the embeddings, pre-LN blocks of which the first has no attention norm, a
-  // gated feed-forward, a final norm, and biases only where the checkpoint has them.
-  // NomicBERT's (nomic-embed-text): BERT's embeddings without a position table (rotary
-  // positions), post-LN blocks of attn.Wqkv and attn.out_proj, a gated feed-forward
-  // (SwiGLU: act(mlp.fc12 x) * mlp.fc11 x, then mlp.fc2), norm1 and norm2, emb_ln after
-  // the embeddings, biases only where the checkpoint has them.
-  // GTE's (Alibaba's gte-base-en-v1.5 and gte-multilingual-base, model_type "new" on
-  // the Hub, "gte" in transformers): BERT's embeddings and token types without a position
-  // table (rotary positions), post-LN blocks of attention.qkv_proj and attention.o_proj,
-  // attn_ln and mlp_ln, a gated feed-forward (act(gate) * up from mlp.up_gate_proj
-  // [up; gate], then mlp.down_proj), biases where the checkpoint has them.
-  // Qwen's (Qwen2 and Qwen3, the decoders under Qwen3-Embedding and gte-Qwen): a causal
-  // decoder of embed_tokens, no position table (rotary positions) and no token types,
-  // pre-norm blocks of RMSNorms (input_layernorm, post_attention_layernorm) and a final
-  // norm, self_attn.q_proj / k_proj / v_proj (grouped-query) / o_proj, Qwen3's q_norm
-  // and k_norm, a SwiGLU feed-forward (down_proj(silu(gate_proj x) * up_proj x)),
-  // biases where the checkpoint has them (Qwen2's Q, K and V).
+  // The checkpoint's family: its row of the family table (core/encoder_family.h) names
+  // its tensors and says which options it sets and which heads it carries.
   enum class Family {
     kBert,
     kDistilBert,
@@ -206,9 +178,7 @@ struct EncoderSpec {
   ModelSpec AttentionSpec(int64_t layer) const;
   // Whether the embeddings are normalized before the first block: post-LN, and
   // ModernBERT's pre-LN.
-  bool embedding_norm() const {
-    return norm_placement == NormPlacement::kPost || family == Family::kModernBert;
-  }
+  bool embedding_norm() const;
   // InvalidArgument naming the first field out of its range.
   absl::Status Validate() const;
 };
@@ -270,52 +240,41 @@ struct EncoderWeights {
   absl::Status CheckShapes(const EncoderSpec& spec) const;
 };
 
-// The weights of a Hugging Face BERT checkpoint, by the names it uses
-// (`embeddings.word_embeddings.weight`, `encoder.layer.N.attention.self.query.weight`,
-// ...), or of a Megatron-BERT one for a pre-LN spec (`encoder.layer.N.attention.ln.*`,
-// `encoder.layer.N.ln.*`, `encoder.ln.*`), or of a DistilBERT one for its family
-// (`transformer.layer.N.attention.q_lin.*`, `sa_layer_norm`, `ffn.lin1`, ...; no token
-// type table: a zero one is made), each behind `prefix` (for example "bert." or
-// "distilbert." for a checkpoint saved from a task model). A layer with
-// checkpoint_pruned_heads has the smaller attention matrices prune_heads() saves ([kept *
-// head_dim, d] Q/K/V, [d, kept * head_dim] output); they are widened to the full layout,
-// the removed heads' rows and columns zero. Every tensor under the prefix is used, or
-// named in the error: InvalidArgument for a missing or unexpected tensor or a wrong
-// shape. F32 or BF16 tensors (BF16 widened). `embeddings.position_ids` (a buffer) is
-// ignored. With a classification head (spec.num_labels > 0) the pooler `pooler.dense.*`
-// under the prefix and `classifier.weight`/`classifier.bias` outside it (where
-// BertForSequenceClassification keeps them) are read; without one BertModel's pooler,
-// which no served pooling uses, is accepted and ignored. RoBERTa and ELECTRA: BERT's
-// names (behind "roberta." / "electra."), their head `classifier.dense.*` and
-// `classifier.out_proj.*` outside the prefix; RoBERTa's position table is read as
-// [position_offset + max_positions, d] and its first position_offset rows dropped.
-// The word-embedding table is kept in bf16 for a bf16 or int8 spec (rounded to nearest
-// even from F32), f32 otherwise. MPNet: `encoder.layer.N.attention.attn.{q,k,v,o}`,
-// `attention.LayerNorm`, BERT's feed-forward names, no token types, positions as
-// RoBERTa's, and `encoder.relative_attention_bias.weight` [relative_attention_buckets,
-// num_heads]; RoBERTa's head names. `weights.dense` (sentence-transformers' Dense
-// modules, in their own files) is left for the caller to fill. ModernBERT:
-// `embeddings.tok_embeddings`, `embeddings.norm`, `layers.N.attn_norm` (N > 0),
-// `layers.N.attn.Wqkv` (Q, K and V fused, [3d, d]), `layers.N.attn.Wo`,
-// `layers.N.mlp_norm`, `layers.N.mlp.Wi` ([2 ffn_dim, d]: input, then gate),
-// `layers.N.mlp.Wo`, `final_norm`, each `.weight` with its `.bias` when the checkpoint
-// has one (else zeros); the encoder behind "model." in a task model. NomicBERT (as
-// transformers saves it, and as the Hub's checkpoints carry it): BERT's
-// `embeddings.word_embeddings` and `embeddings.token_type_embeddings`, `emb_ln`,
-// `encoder.layers.N.attn.Wqkv` ([3d, d]), `attn.out_proj`, `norm1`, `mlp.fc11` (up),
-// `mlp.fc12` (gate), `mlp.fc2`, `norm2`, biases where present. A SPLADE head
-// (spec.sparse) is read outside the prefix: BERT's `cls.predictions.transform.dense.*`,
-// `cls.predictions.transform.LayerNorm.*`, `cls.predictions.bias` (or
-// `cls.predictions.decoder.bias`) and, when the checkpoint does not tie it to the word
-// embeddings, `cls.predictions.decoder.weight`; DistilBERT's `vocab_transform.*`,
-// `vocab_layer_norm.*`, `vocab_projector.bias` (and `vocab_projector.weight`).
-// Qwen (Qwen2Model / Qwen3Model, behind "model." in a task model): `embed_tokens`,
-// `layers.N.input_layernorm`, `layers.N.self_attn.{q,k,v,o}_proj` (biases where
-// present), Qwen3's `layers.N.self_attn.{q,k}_norm` (spec.qk_norm),
-// `layers.N.post_attention_layernorm`, `layers.N.mlp.{gate,up,down}_proj`, `norm`.
+// The weights of a Hugging Face checkpoint of spec.family, by the names its row of the
+// family table gives (core/encoder_family.h: BERT's `embeddings.word_embeddings.weight`,
+// `encoder.layer.N.attention.self.query.weight`, ...; Megatron-BERT's for a pre-LN BERT
+// spec), each behind `prefix` (for example "bert." for a checkpoint saved from a task
+// model: EncoderPrefix finds it), read by the row's block layout. Every tensor under the
+// prefix is used, or named in the error: InvalidArgument for a missing or unexpected
+// tensor or a wrong shape, and for what the row cannot carry (a classification head,
+// pruned heads outside BERT's layout) before any tensor is read. F32 or BF16 tensors
+// (BF16 widened); the word-embedding table is kept in bf16 for a bf16 or int8 spec
+// (rounded to nearest even from F32), f32 otherwise. Biases are required in BERT's
+// layout and zeros where the other layouts' checkpoints leave them out; RMSNorms have
+// no shift. A layer with checkpoint_pruned_heads has the smaller attention matrices
+// prune_heads() saves ([kept * head_dim, d] Q/K/V, [d, kept * head_dim] output); they
+// are widened to the full layout, the removed heads' rows and columns zero. The
+// position table is read as [position_offset + max_positions, d] and its first
+// position_offset rows dropped (RoBERTa's and MPNet's padding index). The token-type
+// table is a zero one where the family has none (or, GTE's, where the file has none).
+// With a classification head (spec.num_labels > 0): BERT's pooler under the prefix and
+// `classifier.*` outside it, or RoBERTa's `classifier.dense.*` and
+// `classifier.out_proj.*` outside it; without one, BertModel's pooler, which no served
+// pooling uses, is accepted and ignored, as is `embeddings.position_ids` (a buffer).
+// A SPLADE head (spec.sparse) is read outside the prefix by the row's masked-LM names
+// (BERT's `cls.predictions.*`, DistilBERT's `vocab_transform`, `vocab_layer_norm`,
+// `vocab_projector`), its decoder tied to the word embeddings when the checkpoint has
+// none of its own. `weights.dense` (sentence-transformers' Dense modules, in their own
+// files) is left for the caller to fill.
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix = "");
+
+// The prefix `file` keeps the encoder of `spec`'s family behind: "" when its word
+// embeddings are at the top, the family's task prefix ("bert.", "roberta.", ...) when
+// they are there only (a checkpoint saved from a task model such as
+// BertForSequenceClassification), else "" (LoadBertWeights then names what is missing).
+std::string EncoderPrefix(const SafetensorsFile& file, const EncoderSpec& spec);
 
 // MPNet's bucket (in [0, 32)) for a key `offset` = j - i tokens from its query, as
 // transformers' MPNetEncoder.relative_position_bucket computes it (in float32, as

@@ -10,7 +10,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "core/bfloat16.h"
+#include "core/encoder_family.h"
 #include "core/multi_head_attention.h"
 #include "core/primitive_cache.h"
 #include "core/quantization.h"
@@ -135,7 +137,8 @@ absl::Status EncoderSpec::Validate() const {
     return Invalid(
         absl::StrCat("position_offset must be in [0, 2^20], got ", position_offset));
   }
-  const int64_t buckets = family == Family::kMpnet ? kMpnetBuckets : 0;
+  const EncoderFamily& row = FamilyOf(family);
+  const int64_t buckets = row.relative_attention_buckets;
   if (relative_attention_buckets != buckets) {
     return Invalid(absl::StrCat("relative_attention_buckets must be ", buckets,
                                 " for this family, got ", relative_attention_buckets));
@@ -159,9 +162,11 @@ absl::Status EncoderSpec::Validate() const {
                                   : !dense.empty() ? "dense layers"
                                                    : "normalize"));
     }
-    if (family != Family::kBert && family != Family::kDistilBert) {
-      return Invalid(
-          "a SPLADE head (sparse) is served for BERT and DistilBERT checkpoints only");
+    if (!row.has_masked_lm()) {
+      return Invalid(absl::StrCat(
+          "a SPLADE head (sparse) is served for ",
+          FamilyNames([](const EncoderFamily& f) { return f.has_masked_lm(); }),
+          " checkpoints only"));
     }
     if (norm_placement != NormPlacement::kPost) {
       return Invalid("a SPLADE head (sparse) is served for post-LN encoders only");
@@ -197,27 +202,28 @@ absl::Status EncoderSpec::Validate() const {
       }
     }
   }
-  if (family == Family::kModernBert &&
-      (norm_placement != NormPlacement::kPre || absolute_positions || !gated_ffn)) {
-    return Invalid(
-        "a ModernBERT encoder is pre-LN with a gated feed-forward and no position table");
-  }
   if (activation == Activation::kSilu && !gated_ffn) {
     return Invalid("activation SiLU is served in a gated feed-forward (SwiGLU) only");
   }
-  if ((family == Family::kNomicBert || family == Family::kGte) &&
-      (norm_placement != NormPlacement::kPost || absolute_positions || !gated_ffn)) {
+  // What the family's blocks are: its norm placements, norm, mask and positions.
+  if (norm != row.norm || causal != row.causal) {
     return Invalid(absl::StrCat(
-        "a ", family == Family::kGte ? "GTE" : "NomicBERT",
-        " encoder is post-LN with a gated feed-forward and no position table"));
+        "RMSNorm and a causal mask are served in the ",
+        FamilyNames([](const EncoderFamily& f) { return f.norm == Norm::kRms; }),
+        " family only"));
   }
-  const bool qwen = family == Family::kQwen;
-  if ((!qwen && (norm == Norm::kRms || causal)) ||
-      (qwen && (norm != Norm::kRms || !causal || norm_placement != NormPlacement::kPre ||
-                absolute_positions || !gated_ffn || type_vocab_size != 1))) {
-    return Invalid(
-        "RMSNorm and a causal mask are served in the Qwen family only, which is pre-norm "
-        "with a gated feed-forward, no position table and one token type");
+  if (!row.Allows(norm_placement) || (row.rotary && (absolute_positions || !gated_ffn))) {
+    return Invalid(absl::StrCat(
+        "a ", row.name, " encoder is ",
+        row.Allows(NormPlacement::kPost) ? "post-LN" : "pre-LN",
+        row.norm == Norm::kRms ? " (RMSNorm" : "", row.causal ? ", causal" : "",
+        row.norm == Norm::kRms ? ")" : "",
+        row.rotary ? " with a gated feed-forward and no position table" : ""));
+  }
+  if (row.token_types == EncoderFamily::TokenTypes::kNone && type_vocab_size != 1) {
+    return Invalid(absl::StrCat("type_vocab_size must be 1 for a ", row.name,
+                                " encoder (it has no token types), got ",
+                                type_vocab_size));
   }
   if (head_size == 0 && d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
@@ -365,7 +371,7 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
     }
     // ModernBERT's first block reads its input without a norm.
     const int64_t attention_norm =
-        spec.family == EncoderSpec::Family::kModernBert && i == 0 ? 0 : d;
+        FamilyOf(spec.family).first_block_without_attention_norm && i == 0 ? 0 : d;
     ATTN_RETURN_IF_ERROR(CheckSize(layer.attention_norm_scale, attention_norm,
                                    at + "attention_norm_scale"));
     ATTN_RETURN_IF_ERROR(CheckSize(layer.attention_norm_shift, attention_norm,
@@ -382,156 +388,6 @@ absl::Status EncoderWeights::CheckShapes(const EncoderSpec& spec) const {
   }
   return absl::OkStatus();
 }
-
-namespace {
-
-// Where a family's checkpoint keeps each tensor (names under the prefix; a layer's
-// after `layer` + N + "."). Empty: the family has no such tensor.
-struct TensorNames {
-  const char* family;
-  const char* token_types;
-  const char* embedding_norm;  // post-LN
-  const char* final_norm;      // pre-LN
-  const char* layer;
-  const char* query;
-  const char* key;
-  const char* value;
-  const char* attention_out;
-  const char* attention_norm;
-  const char* ffn_in;
-  const char* ffn_out;
-  const char* output_norm;
-};
-
-constexpr TensorNames kBertNames = {"BERT",
-                                    "embeddings.token_type_embeddings.weight",
-                                    "embeddings.LayerNorm.",
-                                    "",
-                                    "encoder.layer.",
-                                    "attention.self.query.",
-                                    "attention.self.key.",
-                                    "attention.self.value.",
-                                    "attention.output.dense.",
-                                    "attention.output.LayerNorm.",
-                                    "intermediate.dense.",
-                                    "output.dense.",
-                                    "output.LayerNorm."};
-constexpr TensorNames kMegatronBertNames = {"Megatron-BERT",
-                                            "embeddings.token_type_embeddings.weight",
-                                            "",
-                                            "encoder.ln.",
-                                            "encoder.layer.",
-                                            "attention.self.query.",
-                                            "attention.self.key.",
-                                            "attention.self.value.",
-                                            "attention.output.dense.",
-                                            "attention.ln.",
-                                            "intermediate.dense.",
-                                            "output.dense.",
-                                            "ln."};
-constexpr TensorNames kDistilBertNames = {"DistilBERT",
-                                          "",
-                                          "embeddings.LayerNorm.",
-                                          "",
-                                          "transformer.layer.",
-                                          "attention.q_lin.",
-                                          "attention.k_lin.",
-                                          "attention.v_lin.",
-                                          "attention.out_lin.",
-                                          "sa_layer_norm.",
-                                          "ffn.lin1.",
-                                          "ffn.lin2.",
-                                          "output_layer_norm."};
-
-constexpr TensorNames kMpnetNames = {"MPNet",
-                                     "",
-                                     "embeddings.LayerNorm.",
-                                     "",
-                                     "encoder.layer.",
-                                     "attention.attn.q.",
-                                     "attention.attn.k.",
-                                     "attention.attn.v.",
-                                     "attention.attn.o.",
-                                     "attention.LayerNorm.",
-                                     "intermediate.dense.",
-                                     "output.dense.",
-                                     "output.LayerNorm."};
-
-// ModernBERT's (LoadModernBertBlocks reads its blocks; Q, K and V are one tensor).
-constexpr TensorNames kModernBertNames = {
-    "ModernBERT", "",           "embeddings.norm.", "final_norm.", "layers.",  "", "", "",
-    "attn.Wo.",   "attn_norm.", "mlp.Wi.",          "mlp.Wo.",     "mlp_norm."};
-
-// NomicBERT's as transformers saves them (the Hub's layout; LoadRotaryPostLnBlocks reads
-// the blocks): BERT's embeddings and token types, emb_ln after them.
-constexpr TensorNames kNomicBertNames = {"NomicBERT",
-                                         "embeddings.token_type_embeddings.weight",
-                                         "emb_ln.",
-                                         "",
-                                         "encoder.layers.",
-                                         "attn.Wqkv.",
-                                         "",
-                                         "",
-                                         "attn.out_proj.",
-                                         "norm1.",
-                                         "",
-                                         "mlp.fc2.",
-                                         "norm2."};
-
-// GTE's (gte-base-en-v1.5, gte-multilingual-base: the Hub's layout, which transformers
-// also saves; LoadRotaryPostLnBlocks reads the blocks): Q, K and V fused, the
-// feed-forward's first product fused as [up; gate].
-constexpr TensorNames kGteNames = {"GTE",
-                                   "embeddings.token_type_embeddings.weight",
-                                   "embeddings.LayerNorm.",
-                                   "",
-                                   "encoder.layer.",
-                                   "attention.qkv_proj.",
-                                   "",
-                                   "",
-                                   "attention.o_proj.",
-                                   "attn_ln.",
-                                   "mlp.up_gate_proj.",
-                                   "mlp.down_proj.",
-                                   "mlp_ln."};
-
-// Qwen2's and Qwen3's (LoadQwenBlocks reads the blocks): no token types.
-constexpr TensorNames kQwenNames = {"Qwen",
-                                    "",
-                                    "",
-                                    "norm.",
-                                    "layers.",
-                                    "self_attn.q_proj.",
-                                    "self_attn.k_proj.",
-                                    "self_attn.v_proj.",
-                                    "self_attn.o_proj.",
-                                    "input_layernorm.",
-                                    "",
-                                    "mlp.down_proj.",
-                                    "post_attention_layernorm."};
-
-// `names` under another family's name (RoBERTa's and ELECTRA's tensors are BERT's).
-constexpr TensorNames Renamed(TensorNames names, const char* family) {
-  names.family = family;
-  return names;
-}
-constexpr TensorNames kRobertaNames = Renamed(kBertNames, "RoBERTa");
-constexpr TensorNames kElectraNames = Renamed(kBertNames, "ELECTRA");
-
-const TensorNames& NamesOf(const EncoderSpec& spec) {
-  if (spec.family == EncoderSpec::Family::kDistilBert) return kDistilBertNames;
-  if (spec.family == EncoderSpec::Family::kRoberta) return kRobertaNames;
-  if (spec.family == EncoderSpec::Family::kElectra) return kElectraNames;
-  if (spec.family == EncoderSpec::Family::kMpnet) return kMpnetNames;
-  if (spec.family == EncoderSpec::Family::kModernBert) return kModernBertNames;
-  if (spec.family == EncoderSpec::Family::kNomicBert) return kNomicBertNames;
-  if (spec.family == EncoderSpec::Family::kGte) return kGteNames;
-  if (spec.family == EncoderSpec::Family::kQwen) return kQwenNames;
-  return spec.norm_placement == EncoderSpec::NormPlacement::kPre ? kMegatronBertNames
-                                                                 : kBertNames;
-}
-
-}  // namespace
 
 int64_t MpnetRelativeBucket(int64_t offset) {
   constexpr int64_t kHalf = EncoderSpec::kMpnetBuckets / 2;  // per direction
@@ -551,454 +407,454 @@ int64_t MpnetRelativeBucket(int64_t offset) {
   return base + std::min<int64_t>(kExact + static_cast<int64_t>(scaled), kHalf - 1);
 }
 
-// `name` + "weight" of `shape`, and its bias ([shape[0]]) when the checkpoint has one
-// (`has`), else zeros: ModernBERT's and NomicBERT's configs leave biases out
-// (ModernBERT's attention_bias, mlp_bias, norm_bias; NomicBERT's qkv_proj_bias,
-// mlp_fc1_bias, ...). `read` reads and marks a tensor used.
-template <typename Has, typename Read>
-absl::Status ReadWithBias(const Has& has, const Read& read, const std::string& name,
-                          std::vector<int64_t> shape, std::vector<float>* weight,
-                          std::vector<float>* bias) {
-  const int64_t out = shape[0];
-  ATTN_ASSIGN_OR_RETURN(*weight, read(name + "weight", std::move(shape)));
-  if (has(name + "bias")) {
-    ATTN_ASSIGN_OR_RETURN(*bias, read(name + "bias", {out}));
-  } else {
-    bias->assign(static_cast<size_t>(out), 0.0f);
+namespace {
+
+// Reads one checkpoint's tensors as a family's row names them, under a prefix, and
+// keeps the names it read so that LoadBertWeights can refuse any other.
+class CheckpointReader {
+ public:
+  CheckpointReader(const SafetensorsFile& file, const EncoderSpec& spec,
+                   absl::string_view prefix)
+      : file_(file),
+        spec_(spec),
+        row_(FamilyOf(spec.family)),
+        names_(row_.NamesFor(spec.norm_placement)),
+        prefix_(prefix) {}
+
+  const EncoderFamily& row() const { return row_; }
+  const TensorNames& names() const { return names_; }
+  const std::vector<std::string>& used() const { return used_; }
+
+  // Whether the checkpoint has `name` under the prefix.
+  bool Has(absl::string_view name) const {
+    return file_.Find(absl::StrCat(prefix_, name)) != nullptr;
+  }
+  // The full name of tensor `name` (under the prefix unless `outside`), marked used, or
+  // the error naming it.
+  absl::StatusOr<std::string> Locate(absl::string_view name, bool outside = false) {
+    std::string full = outside ? std::string(name) : absl::StrCat(prefix_, name);
+    if (file_.Find(full) == nullptr) {
+      const bool pre = &names_ != &row_.names;
+      return Invalid(
+          absl::StrCat("missing tensor ", full, " (a ", row_.name, pre ? " (pre-LN)" : "",
+                       " checkpoint with ", spec_.num_layers, " layers",
+                       spec_.num_labels > 0 ? " and a classification head"
+                       : spec_.sparse != EncoderSpec::Sparse::kNone ? " and a SPLADE head"
+                                                                    : "",
+                       " names it)"));
+    }
+    used_.push_back(full);
+    return full;
+  }
+  // Tensor `name` with `shape`, as float32.
+  absl::StatusOr<std::vector<float>> Read(absl::string_view name,
+                                          std::vector<int64_t> shape,
+                                          bool outside = false) {
+    ATTN_ASSIGN_OR_RETURN(const std::string full, Locate(name, outside));
+    return file_.ReadFloat32(full, shape);
+  }
+  // `name` + "weight" of `shape` and its bias ([shape[0]]): required in BERT's layout,
+  // zeros where the others' checkpoint has none (ModernBERT's attention_bias, mlp_bias,
+  // norm_bias; NomicBERT's qkv_proj_bias, mlp_fc1_bias, ...).
+  absl::Status Linear(absl::string_view name, std::vector<int64_t> shape,
+                      std::vector<float>* weight, std::vector<float>* bias) {
+    const int64_t out = shape[0];
+    ATTN_ASSIGN_OR_RETURN(*weight, Read(absl::StrCat(name, "weight"), std::move(shape)));
+    const std::string bias_name = absl::StrCat(name, "bias");
+    if (row_.layout == BlockLayout::kBert || Has(bias_name)) {
+      ATTN_ASSIGN_OR_RETURN(*bias, Read(bias_name, {out}));
+    } else {
+      bias->assign(static_cast<size_t>(out), 0.0f);
+    }
+    return absl::OkStatus();
+  }
+  // A norm of width d: LayerNorm's scale and shift, or RMSNorm's scale (shift zeros).
+  absl::Status Norm(absl::string_view name, std::vector<float>* scale,
+                    std::vector<float>* shift) {
+    if (row_.norm == EncoderSpec::Norm::kLayerNorm) {
+      return Linear(name, {spec_.d_model}, scale, shift);
+    }
+    ATTN_ASSIGN_OR_RETURN(*scale, Read(absl::StrCat(name, "weight"), {spec_.d_model}));
+    shift->assign(static_cast<size_t>(spec_.d_model), 0.0f);
+    return absl::OkStatus();
+  }
+  const SafetensorsFile& file() const { return file_; }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  const SafetensorsFile& file_;
+  const EncoderSpec& spec_;
+  const EncoderFamily& row_;
+  const TensorNames& names_;
+  const std::string prefix_;
+  std::vector<std::string> used_;
+};
+
+// Appends `from` to `to`.
+void Append(const std::vector<float>& from, std::vector<float>* to) {
+  to->insert(to->end(), from.begin(), from.end());
+}
+
+// A gated feed-forward's first product, fused as [gate (activated); up], the order the
+// encoder's gate reads: from one tensor (ModernBERT's mlp.Wi in that order, GTE's
+// [up; gate] with its halves swapped) or from two (gate, then up).
+absl::Status ReadGatedFfnIn(CheckpointReader& reader, const std::string& at,
+                            const EncoderSpec& spec, EncoderLayerWeights* layer) {
+  const TensorNames& names = reader.names();
+  const int64_t d = spec.d_model;
+  if (*names.ffn_in != '\0') {
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_in, {2 * spec.ffn_dim, d},
+                                       &layer->ffn_in_weight, &layer->ffn_in_bias));
+    if (reader.row().ffn_in_up_first) {
+      const auto half = static_cast<std::ptrdiff_t>(spec.ffn_dim);
+      std::rotate(layer->ffn_in_weight.begin(), layer->ffn_in_weight.begin() + half * d,
+                  layer->ffn_in_weight.end());
+      std::rotate(layer->ffn_in_bias.begin(), layer->ffn_in_bias.begin() + half,
+                  layer->ffn_in_bias.end());
+    }
+    return absl::OkStatus();
+  }
+  for (const char* part : {names.ffn_gate, names.ffn_up}) {
+    std::vector<float> weight, bias;
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + part, {spec.ffn_dim, d}, &weight, &bias));
+    Append(weight, &layer->ffn_in_weight);
+    Append(bias, &layer->ffn_in_bias);
   }
   return absl::OkStatus();
 }
 
-// ModernBERT's norms and blocks, by `names` (kModernBertNames), biases by ReadWithBias.
-template <typename Has, typename Read>
-absl::Status LoadModernBertBlocks(const EncoderSpec& spec, const TensorNames& names,
-                                  const Has& has, const Read& read,
-                                  EncoderWeights* weights) {
+// BERT's layout: the norm before the blocks (post-LN: after the embeddings) or after
+// them (pre-LN), read first; Q, K and V apart. A layer with checkpoint_pruned_heads
+// holds only the heads it kept, in order: a pruned one's rows (Q, K, V) and columns
+// (output) are absent, and stay zero here.
+absl::Status LoadBertBlocks(const EncoderSpec& spec, CheckpointReader& reader,
+                            EncoderWeights* weights) {
+  const TensorNames& names = reader.names();
   const int64_t d = spec.d_model;
-  const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
-                                  std::vector<float>* weight, std::vector<float>* bias) {
-    return ReadWithBias(has, read, name, std::move(shape), weight, bias);
-  };
-  ATTN_RETURN_IF_ERROR(read_with_bias(names.embedding_norm, {d},
-                                      &weights->embedding_norm_scale,
-                                      &weights->embedding_norm_shift));
+  const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
+  ATTN_RETURN_IF_ERROR(pre ? reader.Norm(names.final_norm, &weights->final_norm_scale,
+                                         &weights->final_norm_shift)
+                           : reader.Norm(names.embedding_norm,
+                                         &weights->embedding_norm_scale,
+                                         &weights->embedding_norm_shift));
+  const int64_t head_dim = d / spec.num_heads;
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const std::string at = absl::StrCat(names.layer, n, ".");
     EncoderLayerWeights layer;
-    if (n > 0) {  // the first block reads the normed embeddings as they are
-      ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_norm, {d},
-                                          &layer.attention_norm_scale,
-                                          &layer.attention_norm_shift));
-    }
-    // Wqkv's rows: Q's heads, then K's, then V's (transformers views it [3, h, d/h]).
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + "attn.Wqkv.", {3 * d, d},
-                                        &layer.attention.in_proj_weight,
-                                        &layer.attention.in_proj_bias));
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out, {d, d},
-                                        &layer.attention.out_proj_weight,
-                                        &layer.attention.out_proj_bias));
-    ATTN_RETURN_IF_ERROR(read_with_bias(
-        at + names.output_norm, {d}, &layer.output_norm_scale, &layer.output_norm_shift));
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_in, {2 * spec.ffn_dim, d},
-                                        &layer.ffn_in_weight, &layer.ffn_in_bias));
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
-                                        &layer.ffn_out_weight, &layer.ffn_out_bias));
-    weights->layers.push_back(std::move(layer));
-  }
-  return read_with_bias(names.final_norm, {d}, &weights->final_norm_scale,
-                        &weights->final_norm_shift);
-}
-
-// NomicBERT's and GTE's norms and post-LN blocks, by `names` (kNomicBertNames,
-// kGteNames; names.query: Q, K and V fused), biases by ReadWithBias. The gated
-// feed-forward's first product is fused as [gate (activated); up], the order the
-// encoder's gate reads: from NomicBERT's mlp.fc12 (gate) and mlp.fc11 (up), or from
-// GTE's names.ffn_in [up; gate] with its halves swapped.
-template <typename Has, typename Read>
-absl::Status LoadRotaryPostLnBlocks(const EncoderSpec& spec, const TensorNames& names,
-                                    const Has& has, const Read& read,
-                                    EncoderWeights* weights) {
-  const int64_t d = spec.d_model;
-  const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
-                                  std::vector<float>* weight, std::vector<float>* bias) {
-    return ReadWithBias(has, read, name, std::move(shape), weight, bias);
-  };
-  ATTN_RETURN_IF_ERROR(read_with_bias(names.embedding_norm, {d},
-                                      &weights->embedding_norm_scale,
-                                      &weights->embedding_norm_shift));
-  for (int64_t n = 0; n < spec.num_layers; ++n) {
-    const std::string at = absl::StrCat(names.layer, n, ".");
-    EncoderLayerWeights layer;
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.query, {3 * d, d},
-                                        &layer.attention.in_proj_weight,
-                                        &layer.attention.in_proj_bias));
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out, {d, d},
-                                        &layer.attention.out_proj_weight,
-                                        &layer.attention.out_proj_bias));
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_norm, {d},
-                                        &layer.attention_norm_scale,
-                                        &layer.attention_norm_shift));
-    if (*names.ffn_in != '\0') {
-      ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_in, {2 * spec.ffn_dim, d},
-                                          &layer.ffn_in_weight, &layer.ffn_in_bias));
-      const auto half = static_cast<std::ptrdiff_t>(spec.ffn_dim);
-      std::rotate(layer.ffn_in_weight.begin(), layer.ffn_in_weight.begin() + half * d,
-                  layer.ffn_in_weight.end());
-      std::rotate(layer.ffn_in_bias.begin(), layer.ffn_in_bias.begin() + half,
-                  layer.ffn_in_bias.end());
-    } else {
-      for (const char* part : {"mlp.fc12.", "mlp.fc11."}) {  // gate, then up
-        std::vector<float> weight, bias;
-        ATTN_RETURN_IF_ERROR(
-            read_with_bias(at + part, {spec.ffn_dim, d}, &weight, &bias));
-        layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(),
-                                   weight.end());
-        layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
+    std::vector<int64_t> stored;
+    const absl::Span<const int64_t> absent =
+        spec.checkpoint_pruned_heads.empty()
+            ? absl::Span<const int64_t>()
+            : absl::Span<const int64_t>(spec.checkpoint_pruned_heads[n]);
+    for (int64_t head = 0; head < spec.num_heads; ++head) {
+      if (std::find(absent.begin(), absent.end(), head) == absent.end()) {
+        stored.push_back(head);
       }
     }
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
-                                        &layer.ffn_out_weight, &layer.ffn_out_bias));
-    ATTN_RETURN_IF_ERROR(read_with_bias(
-        at + names.output_norm, {d}, &layer.output_norm_scale, &layer.output_norm_shift));
+    const auto width = static_cast<int64_t>(stored.size()) * head_dim;
+    layer.attention.in_proj_weight.assign(static_cast<size_t>(3 * d * d), 0.0f);
+    layer.attention.in_proj_bias.assign(static_cast<size_t>(3 * d), 0.0f);
+    for (int64_t part = 0; part < 3; ++part) {
+      const char* name = part == 0 ? names.query : part == 1 ? names.key : names.value;
+      std::vector<float> weight, bias;
+      ATTN_RETURN_IF_ERROR(reader.Linear(at + name, {width, d}, &weight, &bias));
+      for (size_t i = 0; i < stored.size(); ++i) {
+        const int64_t row = part * d + stored[i] * head_dim;  // in [3d, d]
+        std::copy_n(&weight[i * head_dim * d], head_dim * d,
+                    &layer.attention.in_proj_weight[row * d]);
+        std::copy_n(&bias[i * head_dim], head_dim, &layer.attention.in_proj_bias[row]);
+      }
+    }
+    std::vector<float> out_weight;
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.attention_out, {d, width}, &out_weight,
+                                       &layer.attention.out_proj_bias));
+    layer.attention.out_proj_weight.assign(static_cast<size_t>(d * d), 0.0f);
+    for (int64_t row = 0; row < d; ++row) {
+      for (size_t i = 0; i < stored.size(); ++i) {
+        std::copy_n(&out_weight[row * width + i * head_dim], head_dim,
+                    &layer.attention.out_proj_weight[row * d + stored[i] * head_dim]);
+      }
+    }
+    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.attention_norm,
+                                     &layer.attention_norm_scale,
+                                     &layer.attention_norm_shift));
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_in, {spec.ffn_dim, d},
+                                       &layer.ffn_in_weight, &layer.ffn_in_bias));
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_out, {d, spec.ffn_dim},
+                                       &layer.ffn_out_weight, &layer.ffn_out_bias));
+    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.output_norm, &layer.output_norm_scale,
+                                     &layer.output_norm_shift));
     weights->layers.push_back(std::move(layer));
   }
   return absl::OkStatus();
 }
 
-// Qwen's blocks and final norm, by `names` (kQwenNames), biases by ReadWithBias: the
-// RMSNorms' shifts are zeros; Q, K and V fused in AttentionWeights' layout; the
-// feed-forward's first product fused as [gate_proj (activated); up_proj].
-template <typename Has, typename Read>
-absl::Status LoadQwenBlocks(const EncoderSpec& spec, const TensorNames& names,
-                            const Has& has, const Read& read, EncoderWeights* weights) {
+// The fused layout (ModernBERT, NomicBERT, GTE): a norm after the embeddings; blocks of
+// Q, K and V fused ([3d, d]: Q's heads, then K's, then V's), a gated feed-forward; the
+// final norm where the row names one (ModernBERT, pre-LN). ModernBERT's first block
+// reads the normed embeddings without an attention norm.
+absl::Status LoadFusedQkvBlocks(const EncoderSpec& spec, CheckpointReader& reader,
+                                EncoderWeights* weights) {
+  const TensorNames& names = reader.names();
   const int64_t d = spec.d_model;
-  const ModelSpec attention = spec.AttentionSpec(0);
-  const auto read_with_bias = [&](const std::string& name, std::vector<int64_t> shape,
-                                  std::vector<float>* weight, std::vector<float>* bias) {
-    return ReadWithBias(has, read, name, std::move(shape), weight, bias);
-  };
-  const auto rms_norm = [&](const std::string& name, std::vector<float>* scale,
-                            std::vector<float>* shift) -> absl::Status {
-    ATTN_ASSIGN_OR_RETURN(*scale, read(name + "weight", {d}));
-    shift->assign(static_cast<size_t>(d), 0.0f);
-    return absl::OkStatus();
-  };
+  ATTN_RETURN_IF_ERROR(reader.Norm(names.embedding_norm, &weights->embedding_norm_scale,
+                                   &weights->embedding_norm_shift));
   for (int64_t n = 0; n < spec.num_layers; ++n) {
     const std::string at = absl::StrCat(names.layer, n, ".");
     EncoderLayerWeights layer;
-    ATTN_RETURN_IF_ERROR(rms_norm(at + names.attention_norm, &layer.attention_norm_scale,
-                                  &layer.attention_norm_shift));
+    if (n > 0 || !reader.row().first_block_without_attention_norm) {
+      ATTN_RETURN_IF_ERROR(reader.Norm(at + names.attention_norm,
+                                       &layer.attention_norm_scale,
+                                       &layer.attention_norm_shift));
+    }
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.qkv, {3 * d, d},
+                                       &layer.attention.in_proj_weight,
+                                       &layer.attention.in_proj_bias));
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.attention_out, {d, d},
+                                       &layer.attention.out_proj_weight,
+                                       &layer.attention.out_proj_bias));
+    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.output_norm, &layer.output_norm_scale,
+                                     &layer.output_norm_shift));
+    ATTN_RETURN_IF_ERROR(ReadGatedFfnIn(reader, at, spec, &layer));
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_out, {d, spec.ffn_dim},
+                                       &layer.ffn_out_weight, &layer.ffn_out_bias));
+    weights->layers.push_back(std::move(layer));
+  }
+  if (*names.final_norm == '\0') return absl::OkStatus();
+  return reader.Norm(names.final_norm, &weights->final_norm_scale,
+                     &weights->final_norm_shift);
+}
+
+// The decoder layout (Qwen2, Qwen3): pre-norm blocks of Q, K and V apart (grouped-query
+// widths) fused in AttentionWeights' layout, Qwen3's per-head Q and K norms, a gated
+// feed-forward; a final norm.
+absl::Status LoadDecoderBlocks(const EncoderSpec& spec, CheckpointReader& reader,
+                               EncoderWeights* weights) {
+  const TensorNames& names = reader.names();
+  const int64_t d = spec.d_model;
+  const ModelSpec attention = spec.AttentionSpec(0);
+  for (int64_t n = 0; n < spec.num_layers; ++n) {
+    const std::string at = absl::StrCat(names.layer, n, ".");
+    EncoderLayerWeights layer;
+    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.attention_norm,
+                                     &layer.attention_norm_scale,
+                                     &layer.attention_norm_shift));
     AttentionWeights& fused = layer.attention;
     for (const auto& [name, rows] :
          {std::pair<const char*, int64_t>{names.query, attention.q_width()},
           {names.key, attention.kv_width()},
           {names.value, attention.kv_width()}}) {
       std::vector<float> weight, bias;
-      ATTN_RETURN_IF_ERROR(read_with_bias(at + name, {rows, d}, &weight, &bias));
-      fused.in_proj_weight.insert(fused.in_proj_weight.end(), weight.begin(),
-                                  weight.end());
-      fused.in_proj_bias.insert(fused.in_proj_bias.end(), bias.begin(), bias.end());
+      ATTN_RETURN_IF_ERROR(reader.Linear(at + name, {rows, d}, &weight, &bias));
+      Append(weight, &fused.in_proj_weight);
+      Append(bias, &fused.in_proj_bias);
     }
     if (spec.qk_norm) {
       ATTN_ASSIGN_OR_RETURN(fused.query_norm_weight,
-                            read(at + "self_attn.q_norm.weight", {attention.head_dim()}));
+                            reader.Read(absl::StrCat(at, names.query_norm, "weight"),
+                                        {attention.head_dim()}));
       ATTN_ASSIGN_OR_RETURN(fused.key_norm_weight,
-                            read(at + "self_attn.k_norm.weight", {attention.head_dim()}));
+                            reader.Read(absl::StrCat(at, names.key_norm, "weight"),
+                                        {attention.head_dim()}));
     }
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.attention_out,
-                                        {d, attention.q_width()}, &fused.out_proj_weight,
-                                        &fused.out_proj_bias));
-    ATTN_RETURN_IF_ERROR(rms_norm(at + names.output_norm, &layer.output_norm_scale,
-                                  &layer.output_norm_shift));
-    for (const char* part : {"mlp.gate_proj.", "mlp.up_proj."}) {
-      std::vector<float> weight, bias;
-      ATTN_RETURN_IF_ERROR(read_with_bias(at + part, {spec.ffn_dim, d}, &weight, &bias));
-      layer.ffn_in_weight.insert(layer.ffn_in_weight.end(), weight.begin(), weight.end());
-      layer.ffn_in_bias.insert(layer.ffn_in_bias.end(), bias.begin(), bias.end());
-    }
-    ATTN_RETURN_IF_ERROR(read_with_bias(at + names.ffn_out, {d, spec.ffn_dim},
-                                        &layer.ffn_out_weight, &layer.ffn_out_bias));
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.attention_out, {d, attention.q_width()},
+                                       &fused.out_proj_weight, &fused.out_proj_bias));
+    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.output_norm, &layer.output_norm_scale,
+                                     &layer.output_norm_shift));
+    ATTN_RETURN_IF_ERROR(ReadGatedFfnIn(reader, at, spec, &layer));
+    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_out, {d, spec.ffn_dim},
+                                       &layer.ffn_out_weight, &layer.ffn_out_bias));
     weights->layers.push_back(std::move(layer));
   }
-  return rms_norm(names.final_norm, &weights->final_norm_scale,
-                  &weights->final_norm_shift);
+  return reader.Norm(names.final_norm, &weights->final_norm_scale,
+                     &weights->final_norm_shift);
 }
 
-// The SPLADE head of a BERT or DistilBERT masked-LM checkpoint, outside the prefix
-// (LoadBertWeights's comment names the tensors). `read` reads and marks a tensor used.
-template <typename Read>
-absl::Status LoadSpladeHead(const SafetensorsFile& file, const EncoderSpec& spec,
-                            EncoderWeights* weights, const Read& read,
-                            std::vector<std::string>* used) {
+// The embeddings: the word table (f32, or bf16 for a bf16 or int8 spec: half the memory
+// of the biggest tensor of a small multilingual model), the learned position table
+// without its first position_offset rows (RoBERTa's padding index and those before it
+// are never read), and the token types (a zero one where the family has none).
+absl::Status LoadEmbeddings(const EncoderSpec& spec, CheckpointReader& reader,
+                            EncoderWeights* weights) {
+  const TensorNames& names = reader.names();
   const int64_t d = spec.d_model;
-  const bool bert = spec.family == EncoderSpec::Family::kBert;
-  const std::string transform =
-      bert ? "cls.predictions.transform.dense." : "vocab_transform.";
-  const std::string norm =
-      bert ? "cls.predictions.transform.LayerNorm." : "vocab_layer_norm.";
-  const std::string decoder = bert ? "cls.predictions.decoder." : "vocab_projector.";
+  const std::string table = absl::StrCat(names.word_embeddings, "weight");
+  if (spec.precision == Precision::kFp32) {
+    ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
+                          reader.Read(table, {spec.vocab_size, d}));
+    weights->word_embeddings =
+        std::make_shared<const std::vector<float>>(std::move(word_embeddings));
+  } else {
+    ATTN_ASSIGN_OR_RETURN(const std::string full, reader.Locate(table));
+    ATTN_ASSIGN_OR_RETURN(std::vector<uint16_t> word_embeddings,
+                          reader.file().ReadBfloat16(full, {spec.vocab_size, d}));
+    weights->word_embeddings_bf16 =
+        std::make_shared<const std::vector<uint16_t>>(std::move(word_embeddings));
+  }
+  if (spec.absolute_positions) {
+    ATTN_ASSIGN_OR_RETURN(weights->position_embeddings,
+                          reader.Read(absl::StrCat(names.position_embeddings, "weight"),
+                                      {spec.position_offset + spec.max_positions, d}));
+    weights->position_embeddings.erase(
+        weights->position_embeddings.begin(),
+        weights->position_embeddings.begin() + spec.position_offset * d);
+  }
+  const std::string types = absl::StrCat(names.token_types, "weight");
+  const EncoderFamily::TokenTypes kind = reader.row().token_types;
+  if (kind == EncoderFamily::TokenTypes::kNone ||
+      (kind == EncoderFamily::TokenTypes::kOptional && spec.type_vocab_size == 1 &&
+       !reader.Has(types))) {
+    // One type of zeros (type_vocab_size is 1: EncoderSpec::Validate).
+    weights->token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
+    return absl::OkStatus();
+  }
+  ATTN_ASSIGN_OR_RETURN(weights->token_type_embeddings,
+                        reader.Read(types, {spec.type_vocab_size, d}));
+  return absl::OkStatus();
+}
+
+// The classification head the row names: BERT's pooler (under the prefix) and
+// classifier, or RoBERTa's classifier.dense and classifier.out_proj (outside it).
+absl::Status LoadClassifier(const EncoderSpec& spec, CheckpointReader& reader,
+                            EncoderWeights* weights) {
+  const ClassifierHead& head = reader.row().classifier;
+  const int64_t d = spec.d_model;
+  const bool outside = !head.pooler;
+  const std::string dense = head.pooler ? reader.names().pooler : head.dense;
+  ATTN_ASSIGN_OR_RETURN(weights->pooler_weight,
+                        reader.Read(dense + "weight", {d, d}, outside));
+  ATTN_ASSIGN_OR_RETURN(weights->pooler_bias, reader.Read(dense + "bias", {d}, outside));
+  ATTN_ASSIGN_OR_RETURN(
+      weights->classifier_weight,
+      reader.Read(absl::StrCat(head.classifier, "weight"), {spec.num_labels, d}, true));
+  ATTN_ASSIGN_OR_RETURN(
+      weights->classifier_bias,
+      reader.Read(absl::StrCat(head.classifier, "bias"), {spec.num_labels}, true));
+  return absl::OkStatus();
+}
+
+// The SPLADE head of a masked-LM checkpoint, outside the prefix, by the row's names
+// (LoadBertWeights's comment names BERT's and DistilBERT's).
+absl::Status LoadSpladeHead(const EncoderSpec& spec, CheckpointReader& reader,
+                            EncoderWeights* weights) {
+  const MaskedLmHead& head = reader.row().masked_lm;
+  const SafetensorsFile& file = reader.file();
+  const int64_t d = spec.d_model;
+  const std::string transform = head.transform, norm = head.norm, decoder = head.decoder;
   ATTN_ASSIGN_OR_RETURN(weights->mlm_transform_weight,
-                        read(transform + "weight", {d, d}, true));
-  ATTN_ASSIGN_OR_RETURN(weights->mlm_transform_bias, read(transform + "bias", {d}, true));
-  ATTN_ASSIGN_OR_RETURN(weights->mlm_norm_scale, read(norm + "weight", {d}, true));
-  ATTN_ASSIGN_OR_RETURN(weights->mlm_norm_shift, read(norm + "bias", {d}, true));
+                        reader.Read(transform + "weight", {d, d}, true));
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_transform_bias,
+                        reader.Read(transform + "bias", {d}, true));
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_norm_scale, reader.Read(norm + "weight", {d}, true));
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_norm_shift, reader.Read(norm + "bias", {d}, true));
   // BERT keeps the decoder's bias as cls.predictions.bias; some conversions store it
   // (the same tensor) as the decoder's too.
-  const std::string bias = bert && file.Find("cls.predictions.bias") != nullptr
-                               ? "cls.predictions.bias"
+  const bool elsewhere = *head.decoder_bias != '\0';
+  const std::string bias = elsewhere && file.Find(head.decoder_bias) != nullptr
+                               ? head.decoder_bias
                                : decoder + "bias";
-  ATTN_ASSIGN_OR_RETURN(weights->mlm_decoder_bias, read(bias, {spec.vocab_size}, true));
-  if (bert && file.Find(decoder + "bias") != nullptr && bias != decoder + "bias") {
+  ATTN_ASSIGN_OR_RETURN(weights->mlm_decoder_bias,
+                        reader.Read(bias, {spec.vocab_size}, true));
+  if (elsewhere && file.Find(decoder + "bias") != nullptr && bias != decoder + "bias") {
     ATTN_ASSIGN_OR_RETURN(const std::vector<float> copy,
-                          read(decoder + "bias", {spec.vocab_size}, true));
+                          reader.Read(decoder + "bias", {spec.vocab_size}, true));
     if (copy != weights->mlm_decoder_bias) {
-      return Invalid(absl::StrCat("cls.predictions.bias and ", decoder,
+      return Invalid(absl::StrCat(head.decoder_bias, " and ", decoder,
                                   "bias must be the same tensor (the decoder's bias)"));
     }
   }
   if (file.Find(decoder + "weight") != nullptr) {
     ATTN_ASSIGN_OR_RETURN(std::vector<float> own,
-                          read(decoder + "weight", {spec.vocab_size, d}, true));
+                          reader.Read(decoder + "weight", {spec.vocab_size, d}, true));
     weights->mlm_decoder = std::make_shared<const std::vector<float>>(std::move(own));
   } else if (weights->word_embeddings != nullptr) {
     weights->mlm_decoder = weights->word_embeddings;  // tied
   } else {
     // Tied, but the table is kept in bf16: the decoder reads an f32 copy.
-    const auto table = std::find_if(used->begin(), used->end(), [](const std::string& n) {
-      return absl::EndsWith(n, "embeddings.word_embeddings.weight");
-    });
-    ATTN_ASSIGN_OR_RETURN(std::vector<float> copy,
-                          file.ReadFloat32(*table, {spec.vocab_size, d}));
+    ATTN_ASSIGN_OR_RETURN(
+        std::vector<float> copy,
+        file.ReadFloat32(
+            absl::StrCat(reader.prefix(), reader.names().word_embeddings, "weight"),
+            {spec.vocab_size, d}));
     weights->mlm_decoder = std::make_shared<const std::vector<float>>(std::move(copy));
   }
   return absl::OkStatus();
+}
+
+// What the row cannot load, refused before any tensor is read.
+absl::Status CheckServedByRow(const EncoderSpec& spec, const EncoderFamily& row) {
+  if (spec.num_labels > 0 && !row.has_classifier()) {
+    return Invalid(absl::StrCat(
+        "a ", row.name, " classification head is not served (served: ",
+        FamilyNames([](const EncoderFamily& f) { return f.has_classifier(); }), ")"));
+  }
+  if (row.layout != BlockLayout::kBert && !spec.checkpoint_pruned_heads.empty()) {
+    return Invalid(absl::StrCat("checkpoint_pruned_heads: a ", row.name,
+                                " checkpoint with heads removed is not served"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncoderPrefix(const SafetensorsFile& file, const EncoderSpec& spec) {
+  const EncoderFamily& row = FamilyOf(spec.family);
+  const std::string table =
+      absl::StrCat(row.NamesFor(spec.norm_placement).word_embeddings, "weight");
+  if (file.Find(table) == nullptr &&
+      file.Find(absl::StrCat(row.task_prefix, table)) != nullptr) {
+    return row.task_prefix;
+  }
+  return "";
 }
 
 absl::StatusOr<EncoderWeights> LoadBertWeights(const SafetensorsFile& file,
                                                const EncoderSpec& spec,
                                                absl::string_view prefix) {
   ATTN_RETURN_IF_ERROR(spec.Validate());
-  const TensorNames& names = NamesOf(spec);
-  const int64_t d = spec.d_model;
-  std::vector<std::string> used;
-  // The tensor `name` (under the prefix unless `outside`) with `shape`, as float32.
-  // The full name of tensor `name` (under the prefix unless `outside`), marked used,
-  // or the error naming it.
-  const auto locate = [&](const std::string& name,
-                          bool outside) -> absl::StatusOr<std::string> {
-    std::string full = outside ? name : absl::StrCat(prefix, name);
-    if (file.Find(full) == nullptr) {
-      return Invalid(absl::StrCat("missing tensor ", full, " (a ", names.family,
-                                  " checkpoint with ", spec.num_layers, " layers",
-                                  spec.num_labels > 0 ? " and a classification head"
-                                  : spec.sparse != EncoderSpec::Sparse::kNone
-                                      ? " and a SPLADE head"
-                                      : "",
-                                  " names it)"));
-    }
-    used.push_back(full);
-    return full;
-  };
-  const auto read = [&](const std::string& name, std::vector<int64_t> shape,
-                        bool outside = false) -> absl::StatusOr<std::vector<float>> {
-    ATTN_ASSIGN_OR_RETURN(const std::string full, locate(name, outside));
-    return file.ReadFloat32(full, shape);
-  };
+  CheckpointReader reader(file, spec, prefix);
+  const EncoderFamily& row = reader.row();
+  ATTN_RETURN_IF_ERROR(CheckServedByRow(spec, row));
   EncoderWeights weights;
-  const bool modern = spec.family == EncoderSpec::Family::kModernBert;
-  const bool nomic = spec.family == EncoderSpec::Family::kNomicBert;
-  const bool qwen = spec.family == EncoderSpec::Family::kQwen;
-  const bool gte = spec.family == EncoderSpec::Family::kGte;
-  const bool rotary_family = modern || nomic || qwen || gte;
-  // The rotary families' loaders read no classification head and no pruned blocks.
-  if (rotary_family && spec.num_labels > 0) {
-    return Invalid(
-        absl::StrCat("a ", names.family, " classification head is not served"));
-  }
-  if (rotary_family && !spec.checkpoint_pruned_heads.empty()) {
-    return Invalid(absl::StrCat("checkpoint_pruned_heads: a ", names.family,
-                                " checkpoint with heads removed is not served"));
-  }
-  const std::string table = modern ? "embeddings.tok_embeddings.weight"
-                            : qwen ? "embed_tokens.weight"
-                                   : "embeddings.word_embeddings.weight";
-  if (spec.precision == Precision::kFp32) {
-    ATTN_ASSIGN_OR_RETURN(std::vector<float> word_embeddings,
-                          read(table, {spec.vocab_size, d}));
-    weights.word_embeddings =
-        std::make_shared<const std::vector<float>>(std::move(word_embeddings));
-  } else {
-    // Half the memory of the biggest tensor of a small multilingual model.
-    ATTN_ASSIGN_OR_RETURN(const std::string full, locate(table, false));
-    ATTN_ASSIGN_OR_RETURN(std::vector<uint16_t> word_embeddings,
-                          file.ReadBfloat16(full, {spec.vocab_size, d}));
-    weights.word_embeddings_bf16 =
-        std::make_shared<const std::vector<uint16_t>>(std::move(word_embeddings));
-  }
-  // RoBERTa's first rows (the padding index and those before it) are never read.
-  if (spec.absolute_positions) {
-    ATTN_ASSIGN_OR_RETURN(weights.position_embeddings,
-                          read("embeddings.position_embeddings.weight",
-                               {spec.position_offset + spec.max_positions, d}));
-    weights.position_embeddings.erase(
-        weights.position_embeddings.begin(),
-        weights.position_embeddings.begin() + spec.position_offset * d);
-  }
-  const auto has = [&](const std::string& name) {
-    return file.Find(absl::StrCat(prefix, name)) != nullptr;
-  };
-  if (gte && spec.type_vocab_size == 1 && !has(names.token_types)) {
-    // gte-base-en-v1.5 (type_vocab_size 0): no table, one type of zeros.
-    weights.token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
-  } else if (*names.token_types != '\0') {
-    ATTN_ASSIGN_OR_RETURN(weights.token_type_embeddings,
-                          read(names.token_types, {spec.type_vocab_size, d}));
-  } else if (spec.type_vocab_size != 1) {
-    return Invalid(absl::StrCat("type_vocab_size must be 1 for a ", names.family,
-                                " checkpoint (it has no token types), got ",
-                                spec.type_vocab_size));
-  } else {
-    weights.token_type_embeddings.assign(static_cast<size_t>(d), 0.0f);
-  }
-  if (modern) {
-    ATTN_RETURN_IF_ERROR(LoadModernBertBlocks(spec, names, has, read, &weights));
-  } else if (nomic || gte) {
-    ATTN_RETURN_IF_ERROR(LoadRotaryPostLnBlocks(spec, names, has, read, &weights));
-  } else if (qwen) {
-    ATTN_RETURN_IF_ERROR(LoadQwenBlocks(spec, names, has, read, &weights));
-  } else {
-    // Where a checkpoint keeps its norms: BERT's after each residual add, Megatron-BERT's
-    // (pre-LN) before each sublayer and after the last block.
-    const bool pre = spec.norm_placement == EncoderSpec::NormPlacement::kPre;
-    const std::string norm = pre ? names.final_norm : names.embedding_norm;
-    std::vector<float>& norm_scale =
-        pre ? weights.final_norm_scale : weights.embedding_norm_scale;
-    std::vector<float>& norm_shift =
-        pre ? weights.final_norm_shift : weights.embedding_norm_shift;
-    if (norm.empty()) {
-      return Invalid(absl::StrCat("a ", names.family, " checkpoint has no ",
-                                  pre ? "pre-LN" : "post-LN", " blocks"));
-    }
-    ATTN_ASSIGN_OR_RETURN(norm_scale, read(norm + "weight", {d}));
-    ATTN_ASSIGN_OR_RETURN(norm_shift, read(norm + "bias", {d}));
-    for (int64_t n = 0; n < spec.num_layers; ++n) {
-      const std::string at = absl::StrCat(names.layer, n, ".");
-      EncoderLayerWeights layer;
-      // The heads this checkpoint holds, in order: a pruned one's rows (Q, K, V) and
-      // columns (output) are absent, and stay zero here.
-      std::vector<int64_t> stored;
-      const absl::Span<const int64_t> absent =
-          spec.checkpoint_pruned_heads.empty()
-              ? absl::Span<const int64_t>()
-              : absl::Span<const int64_t>(spec.checkpoint_pruned_heads[n]);
-      for (int64_t head = 0; head < spec.num_heads; ++head) {
-        if (std::find(absent.begin(), absent.end(), head) == absent.end()) {
-          stored.push_back(head);
-        }
-      }
-      const int64_t head_dim = d / spec.num_heads;
-      const auto width = static_cast<int64_t>(stored.size()) * head_dim;
-      layer.attention.in_proj_weight.assign(static_cast<size_t>(3 * d * d), 0.0f);
-      layer.attention.in_proj_bias.assign(static_cast<size_t>(3 * d), 0.0f);
-      for (int64_t part = 0; part < 3; ++part) {
-        const char* name = part == 0 ? names.query : part == 1 ? names.key : names.value;
-        ATTN_ASSIGN_OR_RETURN(std::vector<float> weight,
-                              read(absl::StrCat(at, name, "weight"), {width, d}));
-        ATTN_ASSIGN_OR_RETURN(std::vector<float> bias,
-                              read(absl::StrCat(at, name, "bias"), {width}));
-        for (size_t i = 0; i < stored.size(); ++i) {
-          const int64_t row = part * d + stored[i] * head_dim;  // in [3d, d]
-          std::copy_n(&weight[i * head_dim * d], head_dim * d,
-                      &layer.attention.in_proj_weight[row * d]);
-          std::copy_n(&bias[i * head_dim], head_dim, &layer.attention.in_proj_bias[row]);
-        }
-      }
-      ATTN_ASSIGN_OR_RETURN(
-          std::vector<float> out_weight,
-          read(absl::StrCat(at, names.attention_out, "weight"), {d, width}));
-      layer.attention.out_proj_weight.assign(static_cast<size_t>(d * d), 0.0f);
-      for (int64_t row = 0; row < d; ++row) {
-        for (size_t i = 0; i < stored.size(); ++i) {
-          std::copy_n(&out_weight[row * width + i * head_dim], head_dim,
-                      &layer.attention.out_proj_weight[row * d + stored[i] * head_dim]);
-        }
-      }
-      ATTN_ASSIGN_OR_RETURN(layer.attention.out_proj_bias,
-                            read(absl::StrCat(at, names.attention_out, "bias"), {d}));
-      ATTN_ASSIGN_OR_RETURN(layer.attention_norm_scale,
-                            read(absl::StrCat(at, names.attention_norm, "weight"), {d}));
-      ATTN_ASSIGN_OR_RETURN(layer.attention_norm_shift,
-                            read(absl::StrCat(at, names.attention_norm, "bias"), {d}));
-      ATTN_ASSIGN_OR_RETURN(
-          layer.ffn_in_weight,
-          read(absl::StrCat(at, names.ffn_in, "weight"), {spec.ffn_dim, d}));
-      ATTN_ASSIGN_OR_RETURN(layer.ffn_in_bias,
-                            read(absl::StrCat(at, names.ffn_in, "bias"), {spec.ffn_dim}));
-      ATTN_ASSIGN_OR_RETURN(
-          layer.ffn_out_weight,
-          read(absl::StrCat(at, names.ffn_out, "weight"), {d, spec.ffn_dim}));
-      ATTN_ASSIGN_OR_RETURN(layer.ffn_out_bias,
-                            read(absl::StrCat(at, names.ffn_out, "bias"), {d}));
-      ATTN_ASSIGN_OR_RETURN(layer.output_norm_scale,
-                            read(absl::StrCat(at, names.output_norm, "weight"), {d}));
-      ATTN_ASSIGN_OR_RETURN(layer.output_norm_shift,
-                            read(absl::StrCat(at, names.output_norm, "bias"), {d}));
-      weights.layers.push_back(std::move(layer));
-    }
+  ATTN_RETURN_IF_ERROR(LoadEmbeddings(spec, reader, &weights));
+  switch (row.layout) {
+    case BlockLayout::kBert:
+      ATTN_RETURN_IF_ERROR(LoadBertBlocks(spec, reader, &weights));
+      break;
+    case BlockLayout::kFusedQkv:
+      ATTN_RETURN_IF_ERROR(LoadFusedQkvBlocks(spec, reader, &weights));
+      break;
+    case BlockLayout::kDecoder:
+      ATTN_RETURN_IF_ERROR(LoadDecoderBlocks(spec, reader, &weights));
+      break;
   }
   if (spec.relative_attention_buckets > 0) {
-    ATTN_ASSIGN_OR_RETURN(weights.relative_attention_bias,
-                          read("encoder.relative_attention_bias.weight",
-                               {spec.relative_attention_buckets, spec.num_heads}));
+    ATTN_ASSIGN_OR_RETURN(
+        weights.relative_attention_bias,
+        reader.Read(absl::StrCat(reader.names().relative_attention_bias, "weight"),
+                    {spec.relative_attention_buckets, spec.num_heads}));
   }
-  // Families whose head is RoBERTa's classifier.dense + classifier.out_proj.
-  const bool roberta_head = spec.family == EncoderSpec::Family::kRoberta ||
-                            spec.family == EncoderSpec::Family::kElectra ||
-                            spec.family == EncoderSpec::Family::kMpnet;
-  if (spec.num_labels > 0 && roberta_head) {
-    // RobertaClassificationHead: dense + tanh over <s>, then out_proj; the same
-    // computation as BERT's pooler and classifier, under other names. MPNet's is the
-    // same; ElectraClassificationHead: the same names, GELU for the tanh.
-    ATTN_ASSIGN_OR_RETURN(weights.pooler_weight,
-                          read("classifier.dense.weight", {d, d}, true));
-    ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("classifier.dense.bias", {d}, true));
-    ATTN_ASSIGN_OR_RETURN(weights.classifier_weight,
-                          read("classifier.out_proj.weight", {spec.num_labels, d}, true));
-    ATTN_ASSIGN_OR_RETURN(weights.classifier_bias,
-                          read("classifier.out_proj.bias", {spec.num_labels}, true));
-  } else if (spec.num_labels > 0) {
-    if (spec.family != EncoderSpec::Family::kBert) {
-      return Invalid(absl::StrCat("a ", names.family,
-                                  " classification head is not served (served: BERT's "
-                                  "pooler and classifier, RoBERTa's classifier)"));
-    }
-    ATTN_ASSIGN_OR_RETURN(weights.pooler_weight, read("pooler.dense.weight", {d, d}));
-    ATTN_ASSIGN_OR_RETURN(weights.pooler_bias, read("pooler.dense.bias", {d}));
-    ATTN_ASSIGN_OR_RETURN(weights.classifier_weight,
-                          read("classifier.weight", {spec.num_labels, d}, true));
-    ATTN_ASSIGN_OR_RETURN(weights.classifier_bias,
-                          read("classifier.bias", {spec.num_labels}, true));
-  }
+  if (spec.num_labels > 0) ATTN_RETURN_IF_ERROR(LoadClassifier(spec, reader, &weights));
   if (spec.sparse != EncoderSpec::Sparse::kNone) {
-    ATTN_RETURN_IF_ERROR(LoadSpladeHead(file, spec, &weights, read, &used));
+    ATTN_RETURN_IF_ERROR(LoadSpladeHead(spec, reader, &weights));
   }
   // Every other tensor under the prefix is an error naming it: a checkpoint of another
   // architecture (or with more layers) must not load as if it were this one.
+  const TensorNames& names = reader.names();
+  const bool pooler_unused = spec.num_labels == 0 || !row.classifier.pooler;
   for (const std::string& name : file.Names()) {
     if (!absl::StartsWith(name, prefix)) continue;
+    const std::vector<std::string>& used = reader.used();
     if (std::find(used.begin(), used.end(), name) != used.end()) continue;
     const absl::string_view local = absl::string_view(name).substr(prefix.size());
-    // A buffer, not a weight; and BertModel's [CLS] pooler (a dense layer + tanh), which
-    // every BertModel checkpoint carries and no pooling served here uses.
-    // RoBERTa's and ELECTRA's heads read no pooler either (some conversions keep one).
-    const bool pooler_unused = spec.num_labels == 0 || roberta_head;
-    if (local == "embeddings.position_ids" ||
-        (pooler_unused &&
-         (local == "pooler.dense.weight" || local == "pooler.dense.bias"))) {
+    absl::string_view pooler_part = local;
+    if (local == names.position_ids ||
+        (pooler_unused && absl::ConsumePrefix(&pooler_part, names.pooler) &&
+         (pooler_part == "weight" || pooler_part == "bias"))) {
       continue;
     }
-    return Invalid(absl::StrCat("unexpected tensor ", name, ": not part of a ",
-                                names.family, " encoder of ", spec.num_layers,
+    return Invalid(absl::StrCat("unexpected tensor ", name, ": not part of a ", row.name,
+                                " encoder of ", spec.num_layers,
                                 " layers (set a prefix to load the encoder alone)"));
   }
   return weights;

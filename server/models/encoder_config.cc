@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/encoder_family.h"
 #include "core/json_values.h"
 #include "core/status_macros.h"
 #include "core/unicode_text.h"
@@ -155,64 +156,13 @@ absl::Status ApplyPrunedHeads(const Json& json, v1::EncoderConfig* encoder) {
   return absl::OkStatus();
 }
 
-// How a family's config.json names its sizes (Hugging Face's BertConfig and
-// DistilBertConfig).
-struct ConfigKeys {
-  const char* hidden;
-  const char* heads;
-  const char* layers;
-  const char* ffn;
-  const char* activation;
-  bool token_types;  // type_vocab_size; without, the model has one type (a zero table)
-  // transformers' defaults for a key config.json leaves out.
-  int64_t default_layers;
-  int64_t default_vocab;
+// What a family's layer reader is given besides config.json.
+struct LayerShape {
+  absl::string_view model_type;
+  int64_t layers = 0;
+  int64_t d_model = 0;
+  int64_t heads = 0;
 };
-constexpr ConfigKeys kBertKeys = {"hidden_size",
-                                  "num_attention_heads",
-                                  "num_hidden_layers",
-                                  "intermediate_size",
-                                  "hidden_act",
-                                  true,
-                                  12,
-                                  30522};
-constexpr ConfigKeys kDistilBertKeys = {"dim",        "n_heads", "n_layers", "hidden_dim",
-                                        "activation", false,     6,          30522};
-constexpr ConfigKeys kMpnetKeys = {"hidden_size",
-                                   "num_attention_heads",
-                                   "num_hidden_layers",
-                                   "intermediate_size",
-                                   "hidden_act",
-                                   false,
-                                   12,
-                                   30527};
-
-constexpr ConfigKeys kModernBertKeys = {"hidden_size",
-                                        "num_attention_heads",
-                                        "num_hidden_layers",
-                                        "intermediate_size",
-                                        "hidden_activation",
-                                        false,
-                                        22,
-                                        50368};
-
-constexpr ConfigKeys kQwenKeys = {"hidden_size",
-                                  "num_attention_heads",
-                                  "num_hidden_layers",
-                                  "intermediate_size",
-                                  "hidden_act",
-                                  false,
-                                  28,
-                                  151936};
-
-constexpr ConfigKeys kGteKeys = {"hidden_size",
-                                 "num_attention_heads",
-                                 "num_hidden_layers",
-                                 "intermediate_size",
-                                 "hidden_act",
-                                 true,
-                                 12,
-                                 250048};
 
 // A finite rope_theta > 0 from `value` (`field` names it).
 absl::StatusOr<double> RopeTheta(const Json& value, absl::string_view field) {
@@ -248,8 +198,9 @@ absl::Status ReadRopeParameters(const Json& entry, absl::string_view path,
 // base. transformers 5 writes layer_types and rope_parameters; earlier configs (the
 // Hub's) global_attn_every_n_layers (layer n is global when n is a multiple of it),
 // local_attention (the window's full width) and global_rope_theta / local_rope_theta.
-absl::Status ApplyModernBertLayers(const Json& json, int64_t layers,
+absl::Status ApplyModernBertLayers(const Json& json, const LayerShape& shape,
                                    v1::EncoderConfig* encoder) {
+  const int64_t layers = shape.layers;
   constexpr absl::string_view kFile = "config.json";
   ATTN_ASSIGN_OR_RETURN(const int64_t local_attention,
                         Count(json, "local_attention", 128, kFile));
@@ -310,8 +261,7 @@ absl::Status ApplyModernBertLayers(const Json& json, int64_t layers,
 // is refused by name. A config with transformers' keys is left as it is.
 absl::Status NomicBertKeys(Json* json) {
   constexpr absl::string_view kFile = "config.json";
-  if (!json->is_object() || json->value("model_type", "") != "nomic_bert" ||
-      !json->contains("n_embd")) {
+  if (!json->contains("n_embd")) {
     return absl::OkStatus();
   }
   for (const auto& [hub, native] :
@@ -363,7 +313,7 @@ absl::Status NomicBertKeys(Json* json) {
 
 // NomicBERT's layers: every one global, with rope_parameters' rope_theta (default
 // rope_type only) and the Hub's rotary_emb_interleaved.
-absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
+absl::Status ApplyNomicBertLayers(const Json& json, const LayerShape& shape,
                                   v1::EncoderConfig* encoder) {
   constexpr absl::string_view kFile = "config.json";
   double theta = 1000.0;  // NomicBertConfig's default
@@ -373,7 +323,7 @@ absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
   }
   ATTN_ASSIGN_OR_RETURN(const bool interleaved,
                         Flag(json, "rotary_emb_interleaved", kFile));
-  for (int64_t n = 0; n < layers; ++n) {
+  for (int64_t n = 0; n < shape.layers; ++n) {
     v1::EncoderConfig::LayerAttention* layer = encoder->add_layer_attention();
     layer->set_rope_theta(theta);
     layer->set_rotary_interleaved(interleaved);
@@ -387,8 +337,10 @@ absl::Status ApplyNomicBertLayers(const Json& json, int64_t layers,
 // rope_type only; the key/value heads (num_key_value_heads) and the heads' width
 // (head_dim: Qwen3's, default 128; Qwen2's hidden_size / num_attention_heads); Qwen3's
 // q_norm and k_norm.
-absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64_t d,
-                             int64_t heads, v1::EncoderConfig* encoder) {
+absl::Status ApplyQwenLayers(const Json& json, const LayerShape& shape,
+                             v1::EncoderConfig* encoder) {
+  const bool qwen3 = shape.model_type != "qwen2";
+  const int64_t layers = shape.layers, d = shape.d_model, heads = shape.heads;
   constexpr absl::string_view kFile = "config.json";
   if (const auto it = json.find("is_causal");
       it != json.end() && it->is_boolean() && !it->get<bool>()) {
@@ -460,8 +412,10 @@ absl::Status ApplyQwenLayers(const Json& json, bool qwen3, int64_t layers, int64
 // fixed NTK scaling (rope_scaling {"type": "ntk", "factor": f}); what the Hub's code
 // offers beyond that (mixed NTK, another scaling, RMSNorm, log-n attention scaling,
 // separate Q/K/V projections) is refused by name.
-absl::Status ApplyGteLayers(const Json& json, bool hub, int64_t layers,
+absl::Status ApplyGteLayers(const Json& json, const LayerShape& shape,
                             v1::EncoderConfig* encoder) {
+  const bool hub = shape.model_type == "new";
+  const int64_t layers = shape.layers;
   constexpr absl::string_view kFile = "config.json";
   double theta = hub ? 10000.0 : 160000.0;
   if (const auto it = json.find("rope_theta"); it != json.end() && !it->is_null()) {
@@ -514,144 +468,102 @@ absl::Status ApplyGteLayers(const Json& json, bool hub, int64_t layers,
   return absl::OkStatus();
 }
 
-absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
-  constexpr absl::string_view kFile = "config.json";
-  if (!json.is_object()) return Invalid("config.json: must be a JSON object");
-  ATTN_ASSIGN_OR_RETURN(const std::string model_type,
-                        Text(json, "model_type", "bert", kFile));
-  using Placement = v1::EncoderConfig::NormPlacement;
-  using Family = v1::EncoderConfig::Family;
-  Placement placement = v1::EncoderConfig::NORM_PLACEMENT_POST;
-  Family family = v1::EncoderConfig::FAMILY_BERT;
-  if (model_type == "megatron-bert") {
-    placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
-  } else if (model_type == "distilbert") {
-    family = v1::EncoderConfig::FAMILY_DISTILBERT;
-  } else if (model_type == "roberta" || model_type == "xlm-roberta" ||
-             model_type == "camembert") {
-    family = v1::EncoderConfig::FAMILY_ROBERTA;
-  } else if (model_type == "electra") {
-    family = v1::EncoderConfig::FAMILY_ELECTRA;
-  } else if (model_type == "mpnet") {
-    family = v1::EncoderConfig::FAMILY_MPNET;
-  } else if (model_type == "modernbert") {
-    family = v1::EncoderConfig::FAMILY_MODERNBERT;
-    placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
-  } else if (model_type == "nomic_bert") {
-    family = v1::EncoderConfig::FAMILY_NOMIC_BERT;
-  } else if (model_type == "gte" || model_type == "new") {
-    family = v1::EncoderConfig::FAMILY_GTE;
-  } else if (model_type == "qwen2" || model_type == "qwen3") {
-    family = v1::EncoderConfig::FAMILY_QWEN;
-    placement = v1::EncoderConfig::NORM_PLACEMENT_PRE;
-  } else if (model_type != "bert") {
-    return Invalid(absl::StrCat(
-        "config.json: model_type \"", model_type,
-        "\" is not served (served: \"bert\", \"megatron-bert\", \"distilbert\", "
-        "\"roberta\", \"xlm-roberta\", \"camembert\", \"electra\", \"mpnet\", "
-        "\"modernbert\", \"nomic_bert\", \"gte\", \"new\", \"qwen2\" and \"qwen3\": "
-        "learned absolute positions (MPNet's with its relative position bias) or rotary "
-        "ones, post-LN or pre-LN blocks, Hugging Face's BertModel, MegatronBertModel, "
-        "DistilBertModel, RobertaModel, ElectraModel, MPNetModel, ModernBertModel, "
-        "NomicBertModel, GteModel (and the Hub's NewModel), Qwen2Model and Qwen3Model "
-        "tensor names)"));
+// The config.json side of the families whose layers differ (rotary positions, windows,
+// grouped-query heads): a reader of each one's keys into layer_attention (and Qwen's
+// heads), and, for NomicBERT, the rewrite of the Hub's keys into transformers' first.
+// Every rotary row of the family table has one (encoder_config_test walks the table).
+struct FamilyConfigReader {
+  core::EncoderSpec::Family family;
+  absl::Status (*keys)(Json* json);  // nullptr: transformers' keys only
+  absl::Status (*layers)(const Json& json, const LayerShape& shape,
+                         v1::EncoderConfig* encoder);
+};
+constexpr FamilyConfigReader kConfigReaders[] = {
+    {core::EncoderSpec::Family::kModernBert, nullptr, ApplyModernBertLayers},
+    {core::EncoderSpec::Family::kNomicBert, NomicBertKeys, ApplyNomicBertLayers},
+    {core::EncoderSpec::Family::kQwen, nullptr, ApplyQwenLayers},
+    {core::EncoderSpec::Family::kGte, nullptr, ApplyGteLayers},
+};
+
+const FamilyConfigReader* ConfigReaderOf(core::EncoderSpec::Family family) {
+  for (const FamilyConfigReader& reader : kConfigReaders) {
+    if (reader.family == family) return &reader;
   }
-  v1::EncoderConfig* encoder = config->mutable_encoder();
-  if (!json.contains("model_type") &&
-      encoder->norm_placement() != v1::EncoderConfig::NORM_PLACEMENT_UNSPECIFIED) {
-    placement = encoder->norm_placement();  // no model_type to check it against
-  } else if (encoder->norm_placement() != v1::EncoderConfig::NORM_PLACEMENT_UNSPECIFIED &&
-             encoder->norm_placement() != placement) {
-    return Invalid(
-        absl::StrCat("encoder.norm_placement is ",
-                     v1::EncoderConfig::NormPlacement_Name(encoder->norm_placement()),
-                     " in config.pbtxt but config.json's model_type \"", model_type,
-                     "\" has ", v1::EncoderConfig::NormPlacement_Name(placement)));
-  }
-  encoder->set_norm_placement(placement);
-  if (!json.contains("model_type") &&
-      encoder->family() != v1::EncoderConfig::FAMILY_UNSPECIFIED) {
-    family = encoder->family();
-  } else if (encoder->family() != v1::EncoderConfig::FAMILY_UNSPECIFIED &&
-             encoder->family() != family) {
+  return nullptr;
+}
+
+// The family and norm placement config.json's model_type names (absent: what
+// config.pbtxt says, else BERT's), checked against config.pbtxt's encoder.family and
+// norm_placement, and set there. `model_type` is "" when config.json has none.
+absl::StatusOr<const core::EncoderFamily*> ResolveFamily(absl::string_view model_type,
+                                                         v1::EncoderConfig* encoder) {
+  using Placement = core::EncoderSpec::NormPlacement;
+  const core::EncoderFamily* row = core::FamilyOfModelType(model_type);
+  const core::EncoderFamily* named = core::FamilyOfProtoValue(encoder->family());
+  if (model_type.empty()) {
+    row = named != nullptr ? named : &core::DefaultFamily();
+  } else if (row == nullptr) {
+    return Invalid(absl::StrCat("config.json: model_type \"", model_type,
+                                "\" is not served (served: ", core::ServedModelTypes(),
+                                ")"));
+  } else if (named != nullptr && named != row) {
     return Invalid(absl::StrCat(
         "encoder.family is ", v1::EncoderConfig::Family_Name(encoder->family()),
         " in config.pbtxt but config.json's model_type is \"", model_type, "\""));
   }
+  const v1::EncoderConfig::Family family =
+      static_cast<v1::EncoderConfig::Family>(row->proto_value);
   encoder->set_family(family);
-  // Qwen2 and Qwen3, the Hub's GTE and transformers' differ in defaults only
-  // config.json's model_type tells apart.
-  if (!json.contains("model_type") && (family == v1::EncoderConfig::FAMILY_QWEN ||
-                                       family == v1::EncoderConfig::FAMILY_GTE)) {
+  if (model_type.empty() && row->model_type_required) {
+    std::vector<std::string> names;
+    for (const auto& type : row->model_types) {
+      names.push_back(absl::StrCat("\"", type.name, "\""));
+    }
     return Invalid(absl::StrCat("config.json: model_type is required for ",
-                                v1::EncoderConfig::Family_Name(family),
-                                " (\"qwen2\" or \"qwen3\"; \"new\" or \"gte\")"));
+                                v1::EncoderConfig::Family_Name(family), " (",
+                                absl::StrJoin(names, " or "), ")"));
   }
-  // Only BERT's family comes pre-LN (Megatron-BERT), and ModernBERT only pre-LN; the
-  // others' names have no final norm to read.
-  const bool modern = family == v1::EncoderConfig::FAMILY_MODERNBERT;
-  const bool qwen = family == v1::EncoderConfig::FAMILY_QWEN;
-  const bool gte = family == v1::EncoderConfig::FAMILY_GTE;
-  if (family != v1::EncoderConfig::FAMILY_BERT && !modern && !qwen &&
-      placement != v1::EncoderConfig::NORM_PLACEMENT_POST) {
-    return Invalid(
-        absl::StrCat("encoder.norm_placement: ", v1::EncoderConfig::Family_Name(family),
-                     "'s blocks are post-LN"));
+  // The model_type's placement (absent: the family's own model_type's).
+  Placement placement = row->model_types.front().placement;
+  for (const core::EncoderFamily::ModelType& type : row->model_types) {
+    if (model_type == type.name) placement = type.placement;
   }
-  const ConfigKeys& keys = family == v1::EncoderConfig::FAMILY_DISTILBERT
-                               ? kDistilBertKeys
-                           : family == v1::EncoderConfig::FAMILY_MPNET ? kMpnetKeys
-                           : modern                                    ? kModernBertKeys
-                           : qwen                                      ? kQwenKeys
-                           : gte                                       ? kGteKeys
-                                                                       : kBertKeys;
-  // GTE's positions are rotary (the Hub's config says "rope").
-  const char* served_positions = gte ? "rope" : "absolute";
-  ATTN_ASSIGN_OR_RETURN(const std::string positions,
-                        Text(json, "position_embedding_type", served_positions, kFile));
-  if (positions != served_positions) {
-    return Invalid(absl::StrCat("config.json: position_embedding_type \"", positions,
-                                "\" is not served (served: \"", served_positions, "\")"));
+  const auto to_proto = [](Placement value) {
+    return value == Placement::kPre ? v1::EncoderConfig::NORM_PLACEMENT_PRE
+                                    : v1::EncoderConfig::NORM_PLACEMENT_POST;
+  };
+  const v1::EncoderConfig::NormPlacement pbtxt = encoder->norm_placement();
+  if (pbtxt != v1::EncoderConfig::NORM_PLACEMENT_UNSPECIFIED) {
+    const Placement asked = pbtxt == v1::EncoderConfig::NORM_PLACEMENT_PRE
+                                ? Placement::kPre
+                                : Placement::kPost;
+    if (model_type.empty()) {
+      placement = asked;  // no model_type to check it against
+    } else if (asked != placement) {
+      return Invalid(absl::StrCat(
+          "encoder.norm_placement is ", v1::EncoderConfig::NormPlacement_Name(pbtxt),
+          " in config.pbtxt but config.json's model_type \"", model_type, "\" has ",
+          v1::EncoderConfig::NormPlacement_Name(to_proto(placement))));
+    }
   }
-  ATTN_ASSIGN_OR_RETURN(const bool decoder, Flag(json, "is_decoder", kFile));
-  ATTN_ASSIGN_OR_RETURN(const bool cross, Flag(json, "add_cross_attention", kFile));
-  if (decoder || cross) {
-    return Invalid(
-        "config.json: is_decoder / add_cross_attention: decoders are not "
-        "served, only encoders");
+  if (!row->Allows(placement)) {
+    return Invalid(absl::StrCat(
+        "encoder.norm_placement: ", v1::EncoderConfig::Family_Name(family),
+        "'s blocks are ", row->Allows(Placement::kPre) ? "pre-LN" : "post-LN"));
   }
-  ATTN_ASSIGN_OR_RETURN(const int64_t d, Count(json, keys.hidden, 768, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t heads, Count(json, keys.heads, 12, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t layers,
-                        Count(json, keys.layers, keys.default_layers, kFile));
-  ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, keys.ffn, 3072, kFile));
-  const bool nomic = family == v1::EncoderConfig::FAMILY_NOMIC_BERT;
-  ATTN_ASSIGN_OR_RETURN(int64_t positions_count, Count(json, "max_position_embeddings",
-                                                       modern  ? 8192
-                                                       : nomic ? 2048
-                                                       : qwen  ? 32768
-                                                       : gte   ? 8192
-                                                               : 512,
-                                                       kFile));
-  if ((modern || nomic || qwen || gte) && encoder->layer_attention_size() > 0) {
-    return Invalid(
-        "encoder.layer_attention is read from config.json; leave it unset in "
-        "config.pbtxt");
-  }
-  if (modern) ATTN_RETURN_IF_ERROR(ApplyModernBertLayers(json, layers, encoder));
-  if (nomic) ATTN_RETURN_IF_ERROR(ApplyNomicBertLayers(json, layers, encoder));
-  if (gte) {
-    ATTN_RETURN_IF_ERROR(ApplyGteLayers(json, model_type == "new", layers, encoder));
-  }
-  if (qwen) {
-    ATTN_RETURN_IF_ERROR(
-        ApplyQwenLayers(json, model_type != "qwen2", layers, d, heads, encoder));
-  }
-  // RoBERTa's positions start after the padding index: the rows up to it are never
-  // used (514 rows serve 512 tokens).
-  int64_t position_offset = 0;
-  if (family == v1::EncoderConfig::FAMILY_ROBERTA) {
-    int64_t padding = 1;
+  encoder->set_norm_placement(to_proto(placement));
+  return row;
+}
+
+// RoBERTa's and MPNet's positions start after the padding index: the rows up to it are
+// never used (514 rows serve 512 tokens). Sets encoder.position_offset and takes it
+// from `*positions`.
+absl::Status ApplyPositionOffset(const Json& json, const core::EncoderFamily& row,
+                                 int64_t* positions, v1::EncoderConfig* encoder) {
+  int64_t offset = row.fixed_position_offset;
+  int64_t padding = offset - 1;
+  if (row.positions_after_pad_token) {
+    padding = 1;
     if (const auto it = json.find("pad_token_id"); it != json.end()) {
       const std::optional<int64_t> value = core::JsonInt64(*it);
       if (!value || *value < 0 || *value >= (int64_t{1} << 20)) {
@@ -661,107 +573,99 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
       }
       padding = *value;
     }
-    position_offset = padding + 1;
-    if (positions_count <= position_offset) {
-      return Invalid(absl::StrCat("config.json: max_position_embeddings ",
-                                  positions_count,
-                                  " leaves no position after pad_token_id ", padding,
-                                  " (RoBERTa's positions start at pad_token_id + 1)"));
-    }
-    positions_count -= position_offset;
+    offset = padding + 1;
   }
-  if (family == v1::EncoderConfig::FAMILY_MPNET) {
-    // MPNetEmbeddings numbers positions after its padding index, 1 whatever
-    // pad_token_id says; and MPNetEncoder buckets offsets into 32 (its
-    // relative_position_bucket's default, whatever the config says): a table of
-    // another size would be read differently.
-    position_offset = 2;
-    if (positions_count <= position_offset) {
-      return Invalid(absl::StrCat("config.json: max_position_embeddings ",
-                                  positions_count,
-                                  " leaves no position after MPNet's padding index 1"));
-    }
-    positions_count -= position_offset;
+  if (offset > 0 && *positions <= offset) {
+    return Invalid(absl::StrCat(
+        "config.json: max_position_embeddings ", *positions, " leaves no position after ",
+        row.positions_after_pad_token
+            ? absl::StrCat("pad_token_id ", padding, " (", row.name,
+                           "'s positions start at pad_token_id + 1)")
+            : absl::StrCat(row.name, "'s padding index ", padding)));
+  }
+  *positions -= offset;
+  encoder->set_position_offset(offset);
+  return absl::OkStatus();
+}
+
+// What config.json says of the row's options that only some families have: MPNet's
+// relative position buckets, ELECTRA's embedding size, the positions' type.
+absl::Status CheckFamilyKeys(const Json& json, const core::EncoderFamily& row) {
+  constexpr absl::string_view kFile = "config.json";
+  ATTN_ASSIGN_OR_RETURN(
+      const std::string positions,
+      Text(json, "position_embedding_type", row.position_embedding_type, kFile));
+  if (positions != row.position_embedding_type) {
+    return Invalid(absl::StrCat("config.json: position_embedding_type \"", positions,
+                                "\" is not served (served: \"",
+                                row.position_embedding_type, "\")"));
+  }
+  if (row.relative_attention_buckets > 0) {
+    // MPNetEncoder buckets offsets into 32 (its relative_position_bucket's default,
+    // whatever the config says): a table of another size would be read differently.
     ATTN_ASSIGN_OR_RETURN(const int64_t buckets,
                           Count(json, "relative_attention_num_buckets",
-                                core::EncoderSpec::kMpnetBuckets, kFile));
-    if (buckets != core::EncoderSpec::kMpnetBuckets) {
+                                row.relative_attention_buckets, kFile));
+    if (buckets != row.relative_attention_buckets) {
       return Invalid(absl::StrCat("config.json: relative_attention_num_buckets ", buckets,
-                                  " is not served (MPNetEncoder buckets offsets into ",
-                                  core::EncoderSpec::kMpnetBuckets,
+                                  " is not served (", row.name, " buckets offsets into ",
+                                  row.relative_attention_buckets,
                                   " whatever the table holds)"));
     }
   }
-  encoder->set_position_offset(position_offset);
-  if (family == v1::EncoderConfig::FAMILY_ELECTRA) {
-    ATTN_ASSIGN_OR_RETURN(const int64_t hidden, Count(json, keys.hidden, 768, kFile));
+  if (row.embedding_size_is_hidden) {
+    ATTN_ASSIGN_OR_RETURN(const int64_t hidden, Count(json, row.hidden_key, 768, kFile));
     ATTN_ASSIGN_OR_RETURN(const int64_t embedding,
                           Count(json, "embedding_size", hidden, kFile));
     if (embedding != hidden) {
       return Invalid(absl::StrCat(
           "config.json: embedding_size ", embedding, " differs from hidden_size ", hidden,
-          ": ELECTRA's embeddings_project (a generator-sized embedding) is not served"));
+          ": ", row.name,
+          "'s embeddings_project (a generator-sized embedding) is not served"));
     }
   }
-  ATTN_ASSIGN_OR_RETURN(const int64_t vocab,
-                        Count(json, "vocab_size", keys.default_vocab, kFile));
-  int64_t types = 1;
-  if (gte && json.contains("type_vocab_size") && json["type_vocab_size"] == 0) {
-    // gte-base-en-v1.5: no token type table, served as one type of zeros.
-  } else if (keys.token_types) {
-    ATTN_ASSIGN_OR_RETURN(types, Count(json, "type_vocab_size", gte ? 1 : 2, kFile));
+  ATTN_ASSIGN_OR_RETURN(const bool decoder, Flag(json, "is_decoder", kFile));
+  ATTN_ASSIGN_OR_RETURN(const bool cross, Flag(json, "add_cross_attention", kFile));
+  if (decoder || cross) {
+    return Invalid(
+        "config.json: is_decoder / add_cross_attention: decoders are not "
+        "served, only encoders");
   }
-  int64_t value = config->d_model();
-  ATTN_RETURN_IF_ERROR(Merge(d, "d_model", &value));
-  config->set_d_model(value);
-  value = config->num_heads();
-  ATTN_RETURN_IF_ERROR(Merge(heads, "num_heads", &value));
-  config->set_num_heads(value);
-  value = encoder->num_layers();
-  ATTN_RETURN_IF_ERROR(Merge(layers, "encoder.num_layers", &value));
-  encoder->set_num_layers(value);
-  value = encoder->ffn_dim();
-  ATTN_RETURN_IF_ERROR(Merge(ffn, "encoder.ffn_dim", &value));
-  encoder->set_ffn_dim(value);
-  value = encoder->max_positions();
-  ATTN_RETURN_IF_ERROR(Merge(positions_count, "encoder.max_positions", &value));
-  encoder->set_max_positions(value);
-  value = encoder->vocab_size();
-  ATTN_RETURN_IF_ERROR(Merge(vocab, "encoder.vocab_size", &value));
-  encoder->set_vocab_size(value);
-  value = encoder->type_vocab_size();
-  ATTN_RETURN_IF_ERROR(Merge(types, "encoder.type_vocab_size", &value));
-  encoder->set_type_vocab_size(value);
+  return absl::OkStatus();
+}
+
+// The feed-forward's activation and the norms' epsilon, by the row's keys and defaults,
+// where config.pbtxt leaves them unset.
+absl::Status ApplyActivationAndEps(const Json& json, const core::EncoderFamily& row,
+                                   v1::EncoderConfig* encoder) {
+  constexpr absl::string_view kFile = "config.json";
   if (encoder->activation() == v1::EncoderConfig::ACTIVATION_UNSPECIFIED) {
-    // Qwen2Config's and Qwen3Config's default is silu.
     ATTN_ASSIGN_OR_RETURN(const std::string act,
-                          Text(json, keys.activation, qwen ? "silu" : "gelu", kFile));
+                          Text(json, row.activation_key, row.default_activation, kFile));
     if (act == "gelu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU);
     } else if (act == "gelu_new" || act == "gelu_pytorch_tanh") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_GELU_TANH);
     } else if (act == "relu") {
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_RELU);
-    } else if ((act == "silu" || act == "swish") && (nomic || qwen)) {
+    } else if ((act == "silu" || act == "swish") && row.silu) {
       // SiLU in a gated feed-forward (SwiGLU) only: where the goldens check it.
       encoder->set_activation(v1::EncoderConfig::ACTIVATION_SILU);
     } else {
       return Invalid(absl::StrCat(
-          "config.json: ", keys.activation, " \"", act,
-          "\" is not served (served: gelu, gelu_new, "
-          "gelu_pytorch_tanh, relu; silu in NomicBERT's and Qwen's SwiGLU)"));
+          "config.json: ", row.activation_key, " \"", act,
+          "\" is not served (served: gelu, gelu_new, gelu_pytorch_tanh, relu; silu in ",
+          core::FamilyNames([](const core::EncoderFamily& f) { return f.silu; }),
+          "'s SwiGLU)"));
     }
   }
-  ATTN_RETURN_IF_ERROR(ApplyPrunedHeads(json, encoder));
   if (encoder->layer_norm_eps() == 0.0f) {
-    // ModernBERT names it norm_eps (default 1e-5), Qwen rms_norm_eps (1e-6).
-    const char* key = modern ? "norm_eps" : qwen ? "rms_norm_eps" : "layer_norm_eps";
-    const auto it = json.find(key);
-    double eps = modern ? 1e-5 : qwen ? 1e-6 : 1e-12;
+    const auto it = json.find(row.eps_key);
+    double eps = row.default_eps;
     if (it != json.end()) {
       const std::optional<double> number = core::JsonNumber(*it);
       if (!number || !(*number > 0.0) || *number > 1.0) {
-        return Invalid(absl::StrCat("config.json: ", key,
+        return Invalid(absl::StrCat("config.json: ", row.eps_key,
                                     " must be a number in (0, 1], got ", Shown(*it)));
       }
       eps = *number;
@@ -769,6 +673,99 @@ absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
     encoder->set_layer_norm_eps(static_cast<float>(eps));
   }
   return absl::OkStatus();
+}
+
+// The sizes by the row's keys and defaults, merged with what config.pbtxt sets.
+absl::Status ApplySizes(const Json& json, const core::EncoderFamily& row,
+                        const LayerShape& shape, int64_t positions,
+                        v1::ModelConfig* config) {
+  constexpr absl::string_view kFile = "config.json";
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  ATTN_ASSIGN_OR_RETURN(const int64_t ffn, Count(json, row.ffn_key, 3072, kFile));
+  ATTN_ASSIGN_OR_RETURN(const int64_t vocab,
+                        Count(json, "vocab_size", row.default_vocab, kFile));
+  int64_t types = 1;
+  if (row.token_types == core::EncoderFamily::TokenTypes::kOptional &&
+      json.contains("type_vocab_size") && json["type_vocab_size"] == 0) {
+    // gte-base-en-v1.5: no token type table, served as one type of zeros.
+  } else if (row.token_types != core::EncoderFamily::TokenTypes::kNone) {
+    ATTN_ASSIGN_OR_RETURN(types,
+                          Count(json, "type_vocab_size", row.default_types, kFile));
+  }
+  int64_t value = config->d_model();
+  ATTN_RETURN_IF_ERROR(Merge(shape.d_model, "d_model", &value));
+  config->set_d_model(value);
+  value = config->num_heads();
+  ATTN_RETURN_IF_ERROR(Merge(shape.heads, "num_heads", &value));
+  config->set_num_heads(value);
+  const struct {
+    int64_t from_file;
+    const char* name;
+    int64_t (v1::EncoderConfig::*get)() const;
+    void (v1::EncoderConfig::*set)(int64_t);
+  } fields[] = {
+      {shape.layers, "encoder.num_layers", &v1::EncoderConfig::num_layers,
+       &v1::EncoderConfig::set_num_layers},
+      {ffn, "encoder.ffn_dim", &v1::EncoderConfig::ffn_dim,
+       &v1::EncoderConfig::set_ffn_dim},
+      {positions, "encoder.max_positions", &v1::EncoderConfig::max_positions,
+       &v1::EncoderConfig::set_max_positions},
+      {vocab, "encoder.vocab_size", &v1::EncoderConfig::vocab_size,
+       &v1::EncoderConfig::set_vocab_size},
+      {types, "encoder.type_vocab_size", &v1::EncoderConfig::type_vocab_size,
+       &v1::EncoderConfig::set_type_vocab_size},
+  };
+  for (const auto& field : fields) {
+    value = (encoder->*field.get)();
+    ATTN_RETURN_IF_ERROR(Merge(field.from_file, field.name, &value));
+    (encoder->*field.set)(value);
+  }
+  return absl::OkStatus();
+}
+
+// config.json's architecture into config->encoder, by its family's row.
+absl::Status ApplyArchitecture(const Json& json, v1::ModelConfig* config) {
+  constexpr absl::string_view kFile = "config.json";
+  if (!json.is_object()) return Invalid("config.json: must be a JSON object");
+  ATTN_ASSIGN_OR_RETURN(const std::string model_type,
+                        Text(json, "model_type", "", kFile));
+  v1::EncoderConfig* encoder = config->mutable_encoder();
+  ATTN_ASSIGN_OR_RETURN(const core::EncoderFamily* row,
+                        ResolveFamily(model_type, encoder));
+  ATTN_RETURN_IF_ERROR(CheckFamilyKeys(json, *row));
+  LayerShape shape;
+  shape.model_type = model_type;
+  ATTN_ASSIGN_OR_RETURN(shape.d_model, Count(json, row->hidden_key, 768, kFile));
+  ATTN_ASSIGN_OR_RETURN(shape.heads, Count(json, row->heads_key, 12, kFile));
+  ATTN_ASSIGN_OR_RETURN(shape.layers,
+                        Count(json, row->layers_key, row->default_layers, kFile));
+  ATTN_ASSIGN_OR_RETURN(int64_t positions, Count(json, "max_position_embeddings",
+                                                 row->default_max_positions, kFile));
+  if (const FamilyConfigReader* reader = ConfigReaderOf(row->id)) {
+    if (encoder->layer_attention_size() > 0) {
+      return Invalid(
+          "encoder.layer_attention is read from config.json; leave it unset in "
+          "config.pbtxt");
+    }
+    ATTN_RETURN_IF_ERROR(reader->layers(json, shape, encoder));
+  }
+  ATTN_RETURN_IF_ERROR(ApplyPositionOffset(json, *row, &positions, encoder));
+  ATTN_RETURN_IF_ERROR(ApplySizes(json, *row, shape, positions, config));
+  ATTN_RETURN_IF_ERROR(ApplyActivationAndEps(json, *row, encoder));
+  return ApplyPrunedHeads(json, encoder);
+}
+
+// Rewrites another dialect's config.json keys into transformers' (the Hub's
+// nomic-embed-text), where the model_type's family has such a rewrite.
+absl::Status FamilyKeys(Json* json) {
+  if (!json->is_object()) return absl::OkStatus();
+  const auto it = json->find("model_type");
+  if (it == json->end() || !it->is_string()) return absl::OkStatus();
+  const core::EncoderFamily* row = core::FamilyOfModelType(it->get<std::string>());
+  if (row == nullptr) return absl::OkStatus();
+  const FamilyConfigReader* reader = ConfigReaderOf(row->id);
+  if (reader == nullptr || reader->keys == nullptr) return absl::OkStatus();
+  return reader->keys(json);
 }
 
 // The served modules of modules.json: sentence-transformers' Transformer, Pooling, Dense
@@ -1340,7 +1337,7 @@ absl::Status ResolveEncoderConfig(const EncoderFiles& files, v1::ModelConfig* co
     ATTN_ASSIGN_OR_RETURN(architecture, Parse(files.config_json, "config.json"));
   }
   try {
-    ATTN_RETURN_IF_ERROR(NomicBertKeys(&architecture));
+    ATTN_RETURN_IF_ERROR(FamilyKeys(&architecture));
     ATTN_RETURN_IF_ERROR(ApplyArchitecture(architecture, config));
     ATTN_RETURN_IF_ERROR(ApplyTask(architecture, files, config));
     ATTN_RETURN_IF_ERROR(ApplySentenceTransformers(files, config));
@@ -1376,42 +1373,14 @@ absl::StatusOr<core::EncoderSpec> EncoderSpecFromConfig(const v1::ModelConfig& c
   spec.norm_placement = encoder.norm_placement() == v1::EncoderConfig::NORM_PLACEMENT_PRE
                             ? core::EncoderSpec::NormPlacement::kPre
                             : core::EncoderSpec::NormPlacement::kPost;
-  switch (encoder.family()) {
-    case v1::EncoderConfig::FAMILY_DISTILBERT:
-      spec.family = core::EncoderSpec::Family::kDistilBert;
-      break;
-    case v1::EncoderConfig::FAMILY_ROBERTA:
-      spec.family = core::EncoderSpec::Family::kRoberta;
-      break;
-    case v1::EncoderConfig::FAMILY_ELECTRA:
-      spec.family = core::EncoderSpec::Family::kElectra;
-      break;
-    case v1::EncoderConfig::FAMILY_MPNET:
-      spec.family = core::EncoderSpec::Family::kMpnet;
-      spec.relative_attention_buckets = core::EncoderSpec::kMpnetBuckets;
-      break;
-    case v1::EncoderConfig::FAMILY_MODERNBERT:
-      spec.family = core::EncoderSpec::Family::kModernBert;
-      break;
-    case v1::EncoderConfig::FAMILY_NOMIC_BERT:
-      spec.family = core::EncoderSpec::Family::kNomicBert;
-      break;
-    case v1::EncoderConfig::FAMILY_GTE:
-      spec.family = core::EncoderSpec::Family::kGte;
-      break;
-    case v1::EncoderConfig::FAMILY_QWEN:
-      spec.family = core::EncoderSpec::Family::kQwen;
-      spec.norm = core::EncoderSpec::Norm::kRms;
-      spec.causal = true;
-      break;
-    default:
-      spec.family = core::EncoderSpec::Family::kBert;
-  }
-  // The rotary families: positions from layer_attention, a gated feed-forward.
-  if (spec.family == core::EncoderSpec::Family::kModernBert ||
-      spec.family == core::EncoderSpec::Family::kNomicBert ||
-      spec.family == core::EncoderSpec::Family::kGte ||
-      spec.family == core::EncoderSpec::Family::kQwen) {
+  // The family's row sets what every checkpoint of it is (FAMILY_UNSPECIFIED: BERT's).
+  const core::EncoderFamily* row = core::FamilyOfProtoValue(encoder.family());
+  if (row == nullptr) row = &core::DefaultFamily();
+  spec.family = row->id;
+  spec.relative_attention_buckets = row->relative_attention_buckets;
+  spec.norm = row->norm;
+  spec.causal = row->causal;
+  if (row->rotary) {  // positions from layer_attention, a gated feed-forward
     spec.absolute_positions = false;
     spec.gated_ffn = true;
   }

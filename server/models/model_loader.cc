@@ -262,43 +262,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadEncoderModel(
                           core::SafetensorsFile::Read((folder / weights_file).string()));
     // Saved from a task model (BertForSequenceClassification, DistilBertForMaskedLM,
     // ...): the encoder's tensors behind its base model's name.
-    const char* base = "bert.";
-    switch (spec.family) {
-      case core::EncoderSpec::Family::kDistilBert:
-        base = "distilbert.";
-        break;
-      case core::EncoderSpec::Family::kRoberta:
-        base = "roberta.";
-        break;
-      case core::EncoderSpec::Family::kElectra:
-        base = "electra.";
-        break;
-      case core::EncoderSpec::Family::kMpnet:
-        base = "mpnet.";
-        break;
-      case core::EncoderSpec::Family::kModernBert:
-        base = "model.";
-        break;
-      case core::EncoderSpec::Family::kQwen:
-        base = "model.";
-        break;
-      case core::EncoderSpec::Family::kGte:
-        base = "new.";
-        break;
-      case core::EncoderSpec::Family::kNomicBert:  // as NomicBertModel saves it
-        break;
-      case core::EncoderSpec::Family::kBert:
-        break;
-    }
-    const char* table = spec.family == core::EncoderSpec::Family::kModernBert
-                            ? "embeddings.tok_embeddings.weight"
-                        : spec.family == core::EncoderSpec::Family::kQwen
-                            ? "embed_tokens.weight"
-                            : "embeddings.word_embeddings.weight";
-    if (prefix.empty() && file.Find(table) == nullptr &&
-        file.Find(absl::StrCat(base, table)) != nullptr) {
-      prefix = base;
-    }
+    if (prefix.empty()) prefix = core::EncoderPrefix(file, spec);
     ATTN_ASSIGN_OR_RETURN(weights, core::LoadBertWeights(file, spec, prefix));
   }
   ATTN_ASSIGN_OR_RETURN(weights.dense, LoadDenseWeights(folder, config.encoder()));
