@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "cli/help.h"
-#include "core/device.h"
+#include "core/base/device.h"
 #include "server/attention_server.h"
 #include "server/batching/thread_scheduling.h"
 #include "server/models/host_resources.h"

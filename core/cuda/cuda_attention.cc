@@ -7,10 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/device.h"
 #include "core/cuda/device_common.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/staging.h"
-#include "core/device.h"
 
 namespace attnserve::core::cuda {
 namespace {

@@ -3,7 +3,7 @@
 // context products over materialized scores; core/cuda/kernels.cu holds fused
 // online-softmax kernels (scores never stored) over the packed sequences, on tensor
 // cores for bf16. Includes no CUDA header: the server reaches it through
-// core/attention_backend.h.
+// core/attention/attention_backend.h.
 #ifndef ATTNSERVE_CORE_CUDA_CUDA_ATTENTION_H_
 #define ATTNSERVE_CORE_CUDA_CUDA_ATTENTION_H_
 
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/attention_backend.h"
+#include "core/attention/attention_backend.h"
 
 namespace attnserve::core::cuda {
 

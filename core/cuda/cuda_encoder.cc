@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/device.h"
+#include "core/base/status_macros.h"
 #include "core/cuda/device_common.h"
 #include "core/cuda/kernels.h"
 #include "core/cuda/staging.h"
-#include "core/device.h"
-#include "core/status_macros.h"
 
 namespace attnserve::core::cuda {
 namespace {

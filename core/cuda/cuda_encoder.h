@@ -6,9 +6,9 @@
 // positions, lengths, head factors) and one download of the pooled rows (and the last
 // hidden state when asked) per Forward. sentence-transformers' Dense and Normalize and
 // the classification head run on the host on those rows, with the CPU encoder's code
-// (core/encoder_backend.h). Head statistics and attention weights come from the CPU
-// encoder only: asked of this one, Forward answers Unimplemented. Includes no CUDA
-// header: the server reaches it through core/encoder_backend.h.
+// (core/encoder/encoder_backend.h). Head statistics and attention weights come from the
+// CPU encoder only: asked of this one, Forward answers Unimplemented. Includes no CUDA
+// header: the server reaches it through core/encoder/encoder_backend.h.
 #ifndef ATTNSERVE_CORE_CUDA_CUDA_ENCODER_H_
 #define ATTNSERVE_CORE_CUDA_CUDA_ENCODER_H_
 
@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/encoder_backend.h"
-#include "core/encoder_spec.h"
+#include "core/encoder/encoder_backend.h"
+#include "core/encoder/encoder_spec.h"
 
 namespace attnserve::core::cuda {
 

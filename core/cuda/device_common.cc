@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "core/bfloat16.h"
+#include "core/base/bfloat16.h"
 
 namespace attnserve::core::cuda {
 

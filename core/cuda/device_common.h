@@ -18,10 +18,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "core/attention_weights.h"
+#include "core/attention/attention_weights.h"
+#include "core/attention/model_spec.h"
+#include "core/base/status_macros.h"
 #include "core/cuda/kernels.h"
-#include "core/model_spec.h"
-#include "core/status_macros.h"
 
 namespace attnserve::core::cuda {
 

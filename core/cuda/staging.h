@@ -10,8 +10,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/attention_backend.h"
-#include "core/encoder_spec.h"
+#include "core/attention/attention_backend.h"
+#include "core/encoder/encoder_spec.h"
 
 namespace attnserve::core::cuda {
 

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/attention_backend.h"
+#include "core/attention/attention_backend.h"
 #include "server/batching/attention_work.h"
 #include "server/batching/batcher.h"
 

@@ -3,7 +3,7 @@
 #include <cstring>
 #include <utility>
 
-#include "core/bfloat16.h"
+#include "core/base/bfloat16.h"
 
 namespace attnserve::server {
 

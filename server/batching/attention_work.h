@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/attention_backend.h"
+#include "core/attention/attention_backend.h"
 
 namespace attnserve::server {
 

@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/encoder_backend.h"
+#include "core/encoder/encoder_backend.h"
 #include "server/batching/batcher.h"
 #include "server/batching/encoder_work.h"
 

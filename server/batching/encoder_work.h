@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "core/transformer_encoder.h"
+#include "core/encoder/transformer_encoder.h"
 
 namespace attnserve::server {
 

@@ -14,7 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/frontends/embeddings_api.h"
 #include "server/frontends/rerank_api.h"
 

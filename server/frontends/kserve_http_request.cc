@@ -11,9 +11,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "core/bfloat16.h"
-#include "core/json_values.h"
-#include "core/status_macros.h"
+#include "core/base/bfloat16.h"
+#include "core/base/json_values.h"
+#include "core/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve::server {
@@ -62,7 +62,7 @@ const Json* Member(const Json& object, const char* key) {
   return it == object.end() ? nullptr : &*it;
 }
 
-// Values are read only through get_ptr (core/json_values.h), which answers null for
+// Values are read only through get_ptr (core/base/json_values.h), which answers null for
 // another type: nothing here can throw (nlohmann's converting accessors do on a wrong
 // type).
 

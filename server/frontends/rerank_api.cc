@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/json_values.h"
-#include "core/status_macros.h"
+#include "core/base/json_values.h"
+#include "core/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_http_request.h"
 

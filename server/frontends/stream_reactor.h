@@ -15,7 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "attnserve/v1/attention.pb.h"
-#include "core/thread_sanitizer.h"
+#include "core/base/thread_sanitizer.h"
 #include "grpcpp/grpcpp.h"
 #include "server/batching/attention_executor.h"
 #include "server/pipeline/request_pipeline.h"

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "server/frontends/kserve_http_request.h"
 #include "server/pipeline/proto_convert.h"

@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "server/models/model_registry.h"
 
 namespace attnserve::server {

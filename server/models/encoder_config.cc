@@ -12,10 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/encoder_family.h"
-#include "core/json_values.h"
-#include "core/status_macros.h"
-#include "core/unicode_text.h"
+#include "core/base/json_values.h"
+#include "core/base/status_macros.h"
+#include "core/encoder/encoder_family.h"
+#include "core/text/unicode_text.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve::server {

@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention.pb.h"
-#include "core/transformer_encoder.h"
+#include "core/encoder/transformer_encoder.h"
 
 namespace attnserve::server {
 

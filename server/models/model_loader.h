@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "attnserve/v1/attention.pb.h"
-#include "core/model_spec.h"
+#include "core/attention/model_spec.h"
 #include "server/models/model_registry.h"
 #include "server/models/model_repository.h"
 

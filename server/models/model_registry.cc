@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/models/model_loader.h"
 #include "server/models/model_repository.h"
 

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "attnserve/v1/attention.pb.h"
-#include "core/model_spec.h"
+#include "core/attention/model_spec.h"
 #include "google/protobuf/descriptor.h"
 #include "inference/grpc_service.pb.h"
 #include "prometheus/collectable.h"

@@ -18,7 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.pb.h"
-#include "core/attention_backend.h"
+#include "core/attention/attention_backend.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"

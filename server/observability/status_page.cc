@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/model_spec.h"
+#include "core/attention/model_spec.h"
 #include "server/models/model_loader.h"
 #include "server/models/model_registry.h"
 

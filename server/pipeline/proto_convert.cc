@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/bfloat16.h"
-#include "core/status_macros.h"
-#include "core/unicode_text.h"
+#include "core/base/bfloat16.h"
+#include "core/base/status_macros.h"
+#include "core/text/unicode_text.h"
 
 namespace attnserve::server {
 

@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "core/attention_weights.h"
-#include "core/device.h"
-#include "core/multi_head_attention.h"
+#include "core/attention/attention_weights.h"
+#include "core/attention/multi_head_attention.h"
+#include "core/base/device.h"
 #include "dnnl.hpp"
 
 namespace attnserve::core {

@@ -22,10 +22,10 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/device.h"
-#include "core/encoder_backend.h"
-#include "core/safetensors.h"
-#include "core/status_macros.h"
+#include "core/base/device.h"
+#include "core/base/status_macros.h"
+#include "core/encoder/encoder_backend.h"
+#include "core/io/safetensors.h"
 #include "server/models/encoder_config.h"
 
 ABSL_FLAG(std::string, model_dir, "", "Hugging Face BERT folder (config.json, ...).");

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tokenizer.h"
+#include "core/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {

@@ -1,4 +1,4 @@
-#include "core/attention_weights.h"
+#include "core/attention/attention_weights.h"
 
 #include <cstdio>
 #include <cstring>

@@ -10,12 +10,12 @@
 #include <tuple>
 #include <vector>
 
-#include "core/attention_weights.h"
-#include "core/bfloat16.h"
+#include "core/attention/attention_weights.h"
+#include "core/base/bfloat16.h"
 #include "core/cuda/staging.h"
-#include "core/reference_attention.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/reference_attention.h"
 #include "tests/core/test_util.h"
 
 namespace attnserve::core::cuda {

@@ -16,9 +16,9 @@
 
 #include "core/cuda/cuda_attention.h"
 #include "core/cuda/staging.h"
-#include "core/encoder_backend.h"
-#include "core/safetensors.h"
-#include "core/transformer_encoder.h"
+#include "core/encoder/encoder_backend.h"
+#include "core/encoder/transformer_encoder.h"
+#include "core/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -1,7 +1,7 @@
-#include "core/device.h"
+#include "core/base/device.h"
 
-#include "core/attention_backend.h"
-#include "core/attention_weights.h"
+#include "core/attention/attention_backend.h"
+#include "core/attention/attention_weights.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "core/encoder_backend.h"
-#include "core/encoder_spec.h"
-#include "core/safetensors.h"
+#include "core/encoder/encoder_backend.h"
+#include "core/encoder/encoder_spec.h"
+#include "core/io/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 

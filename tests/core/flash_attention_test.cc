@@ -4,7 +4,7 @@
 // key blocks, several sequences of different lengths in one call, one and two threads.
 // The vector unit is the host's, or the one ONEDNN_MAX_CPU_ISA caps it to
 // (tests/core/CMakeLists.txt runs this file again at AVX2 and at SSE4.1).
-#include "core/flash_attention.h"
+#include "core/attention/flash_attention.h"
 
 #include <algorithm>
 #include <cmath>

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "core/attention_backend.h"
-#include "core/attention_weights.h"
-#include "core/device.h"
-#include "core/multi_head_attention.h"
-#include "core/safetensors.h"
+#include "core/attention/attention_backend.h"
+#include "core/attention/attention_weights.h"
+#include "core/attention/multi_head_attention.h"
+#include "core/base/device.h"
+#include "core/io/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/core/test_util.h"
 

@@ -1,4 +1,4 @@
-#include "core/model_spec.h"
+#include "core/attention/model_spec.h"
 
 #include <vector>
 

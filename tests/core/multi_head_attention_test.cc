@@ -1,4 +1,4 @@
-#include "core/multi_head_attention.h"
+#include "core/attention/multi_head_attention.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,11 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/bfloat16.h"
-#include "core/device.h"
-#include "core/reference_attention.h"
+#include "core/base/bfloat16.h"
+#include "core/base/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/core/reference_attention.h"
 #include "tests/core/test_util.h"
 
 namespace attnserve::core {

@@ -12,7 +12,7 @@
 //   tests/data and all-MiniLM-L6-v2's (tokenizer.json and vocab.txt), both
 //   implementations, against tests/data/tokenize.golden.json
 //   (tests/tools/make_tokenize_golden.py).
-#include "core/pipeline_tokenizer.h"
+#include "core/text/pipeline_tokenizer.h"
 
 #include <filesystem>
 #include <fstream>
@@ -23,8 +23,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "core/tokenizer.h"
-#include "core/wordpiece_tokenizer.h"
+#include "core/text/tokenizer.h"
+#include "core/text/wordpiece_tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

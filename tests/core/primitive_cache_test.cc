@@ -1,4 +1,4 @@
-#include "core/primitive_cache.h"
+#include "core/attention/primitive_cache.h"
 
 #include "gtest/gtest.h"
 

@@ -1,4 +1,4 @@
-#include "core/quantization.h"
+#include "core/attention/quantization.h"
 
 #include <cmath>
 #include <cstdint>

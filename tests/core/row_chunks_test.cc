@@ -1,11 +1,11 @@
-#include "core/row_chunks.h"
+#include "core/base/row_chunks.h"
 
 #include <cstdint>
 #include <cstring>
 #include <set>
 #include <vector>
 
-#include "core/scratch_buffer.h"
+#include "core/base/scratch_buffer.h"
 #include "gtest/gtest.h"
 
 namespace attnserve::core {

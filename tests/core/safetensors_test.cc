@@ -1,4 +1,4 @@
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/bfloat16.h"
+#include "core/base/bfloat16.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -4,7 +4,7 @@
 // tests/tools/make_encoder_golden.py; a pre-LN one (Megatron-BERT) made and run by
 // Hugging Face transformers (tests/tools/make_pre_ln_golden.py); plus the loader's
 // refusals and bad inputs.
-#include "core/transformer_encoder.h"
+#include "core/encoder/transformer_encoder.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/bfloat16.h"
-#include "core/safetensors.h"
+#include "core/base/bfloat16.h"
+#include "core/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

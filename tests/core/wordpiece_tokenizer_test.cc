@@ -2,7 +2,7 @@
 // (tests/tools/make_tokenizer_golden.py): every code point through the normalizer and
 // pre-tokenizer, 14,000+ real texts in many scripts, and an adversarial set, with
 // all-MiniLM-L6-v2's tokenizer.json from the project venv.
-#include "core/wordpiece_tokenizer.h"
+#include "core/text/wordpiece_tokenizer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "core/wordpiece_tokenizer.h"
+#include "core/text/wordpiece_tokenizer.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/frontends/embeddings_api.h"
 #include "server/frontends/tokenize_api.h"

@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "absl/strings/string_view.h"
-#include "core/model_spec.h"
-#include "core/transformer_encoder.h"
+#include "core/attention/model_spec.h"
+#include "core/encoder/transformer_encoder.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/frontends/kserve_convert.h"
 #include "server/frontends/kserve_http_request.h"

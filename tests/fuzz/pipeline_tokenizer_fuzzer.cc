@@ -24,8 +24,8 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/string_view.h"
-#include "core/pipeline_tokenizer.h"
-#include "core/unicode_text.h"
+#include "core/text/pipeline_tokenizer.h"
+#include "core/text/unicode_text.h"
 
 namespace {
 

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "attnserve/v1/attention.pb.h"
-#include "core/model_spec.h"
-#include "core/transformer_encoder.h"
-#include "core/wordpiece_tokenizer.h"
+#include "core/attention/model_spec.h"
+#include "core/encoder/transformer_encoder.h"
+#include "core/text/wordpiece_tokenizer.h"
 #include "google/protobuf/stubs/logging.h"
 #include "server/pipeline/proto_convert.h"
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/safetensors.h"
+#include "core/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto file = attnserve::core::SafetensorsFile::Parse(

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "core/wordpiece_tokenizer.h"
+#include "core/text/wordpiece_tokenizer.h"
 
 namespace {
 

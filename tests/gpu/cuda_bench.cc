@@ -14,7 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "core/attention_weights.h"
+#include "core/attention/attention_weights.h"
 #include "core/cuda/cuda_attention.h"
 #include "tests/core/test_util.h"
 

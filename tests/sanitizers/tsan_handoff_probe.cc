@@ -1,5 +1,6 @@
-// Shows that TsanHandOff/TsanTakeOver (core/thread_sanitizer.h) state a happens-before
-// edge that ThreadSanitizer otherwise cannot see. Built in TSan builds only.
+// Shows that TsanHandOff/TsanTakeOver (core/base/thread_sanitizer.h) state a
+// happens-before edge that ThreadSanitizer otherwise cannot see. Built in TSan builds
+// only.
 //
 //   tsan_handoff_probe annotated   one thread writes a value and hands it to another
 //                                  over a relaxed flag (which orders nothing for TSan),
@@ -11,7 +12,7 @@
 #include <cstring>
 #include <thread>
 
-#include "core/thread_sanitizer.h"
+#include "core/base/thread_sanitizer.h"
 
 namespace {
 

@@ -4,10 +4,10 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "core/attention_weights.h"
-#include "core/bfloat16.h"
-#include "core/device.h"
-#include "core/multi_head_attention.h"
+#include "core/attention/attention_weights.h"
+#include "core/attention/multi_head_attention.h"
+#include "core/base/bfloat16.h"
+#include "core/base/device.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/batching/attention_executor.h"

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
-#include "core/safetensors.h"
-#include "core/transformer_encoder.h"
+#include "core/encoder/transformer_encoder.h"
+#include "core/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/batching/encoder_executor.h"

@@ -1,6 +1,6 @@
-// The family table (core/encoder_family.h) walked row by row: each row is complete, its
-// proto value is attention.proto's, each of its model_types resolves to it through the
-// config reader, and each golden checkpoint of the family loads through it.
+// The family table (core/encoder/encoder_family.h) walked row by row: each row is
+// complete, its proto value is attention.proto's, each of its model_types resolves to it
+// through the config reader, and each golden checkpoint of the family loads through it.
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "attnserve/v1/attention.pb.h"
-#include "core/encoder_family.h"
-#include "core/safetensors.h"
+#include "core/encoder/encoder_family.h"
+#include "core/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/models/encoder_config.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/bfloat16.h"
+#include "core/base/bfloat16.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/multi_head_attention.h"
-#include "core/safetensors.h"
+#include "core/attention/multi_head_attention.h"
+#include "core/io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/test_server.h"

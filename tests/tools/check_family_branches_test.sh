@@ -6,7 +6,7 @@ set -euo pipefail
 root="$(cd "${1:-.}" && pwd)"
 scratch="$(mktemp -d)"
 trap 'rm -rf "${scratch}"' EXIT
-for branch in "core/transformer_encoder.cc:if (spec.family == EncoderSpec::Family::kGte) {}" \
+for branch in "core/encoder/transformer_encoder.cc:if (spec.family == EncoderSpec::Family::kGte) {}" \
               "server/models/encoder_config.cc:bool gte = f == v1::EncoderConfig::FAMILY_GTE;"; do
   copy="${scratch}/copy"
   rm -rf "${copy}"
