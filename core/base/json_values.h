@@ -4,13 +4,46 @@
 #ifndef ATTNSERVE_CORE_BASE_JSON_VALUES_H_
 #define ATTNSERVE_CORE_BASE_JSON_VALUES_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
 
+#include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 
 namespace attnserve::core {
+
+// The deepest nesting of arrays and objects in the JSON `text`, counting only brackets
+// outside strings; stops counting once past `limit`. Parsers check it before parsing
+// (nlohmann's recurses) to refuse a body nested past their limit by name.
+inline int JsonNestingDepth(absl::string_view text, int limit) {
+  int depth = 0;
+  int deepest = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 // Any JSON number as a double; nullopt for anything else.
 inline std::optional<double> JsonNumber(const nlohmann::json& value) {

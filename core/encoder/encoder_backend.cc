@@ -200,13 +200,14 @@ void FinishEmbedding(const EncoderSpec& spec, const EncoderWeights& weights,
     }
     row->swap(*scratch);
   }
-  if (spec.normalize) {
-    double norm = 0.0;
-    for (const float value : *row) norm += static_cast<double>(value) * value;
-    // sentence-transformers' Normalize divides by max(norm, 1e-12).
-    const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
-    for (float& value : *row) value = static_cast<float>(value * scale);
-  }
+  if (spec.normalize) NormalizeL2(absl::MakeSpan(*row));
+}
+
+void NormalizeL2(absl::Span<float> row) {
+  double norm = 0.0;
+  for (const float value : row) norm += static_cast<double>(value) * value;
+  const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
+  for (float& value : row) value = static_cast<float>(value * scale);
 }
 
 void ClassifyToken(const EncoderSpec& spec, const EncoderWeights& weights,

@@ -102,6 +102,10 @@ absl::Status CheckEncoderForward(const EncoderSpec& spec, const EncoderBatch& ba
 // into out [d].
 void PoolTokens(EncoderSpec::Pooling pooling, const float* tokens, int64_t length,
                 int64_t d, float* out);
+// `row` scaled to unit L2 norm as sentence-transformers' Normalize does: divided by
+// max(||row||, 1e-12), the squares summed in double. The one place the rule lives:
+// the spec's Normalize and a request's `normalize` both call it.
+void NormalizeL2(absl::Span<float> row);
 // A pooled row made the embedding: sentence-transformers' Dense layers in order, then
 // Normalize when the spec says so. `row` holds d_model values in and
 // spec.pooled_width() out; `scratch` is working space.

@@ -22,12 +22,7 @@ void ServeEmbedding(const float* pooled, int64_t n, int64_t d, EncoderWork* work
   std::vector<float> row(static_cast<size_t>(kept));
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(row.data(), pooled + i * d, row_bytes);
-    if (work->normalize) {
-      double norm = 0.0;
-      for (const float value : row) norm += static_cast<double>(value) * value;
-      const double scale = 1.0 / std::max(std::sqrt(norm), 1e-12);
-      for (float& value : row) value = static_cast<float>(value * scale);
-    }
+    if (work->normalize) core::NormalizeL2(absl::MakeSpan(row));
     work->embedding.append(reinterpret_cast<const char*>(row.data()), row_bytes);
   }
 }

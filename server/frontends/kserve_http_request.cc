@@ -26,36 +26,6 @@ absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
 
-// The deepest nesting of arrays and objects in `text`, counting only brackets outside
-// strings; stops counting once past `limit`.
-int NestingDepth(absl::string_view text, int limit) {
-  int depth = 0;
-  int deepest = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      deepest = std::max(deepest, ++depth);
-      if (deepest > limit) return deepest;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return deepest;
-}
-
 // The member `key` of `object` (an object), or null when absent.
 const Json* Member(const Json& object, const char* key) {
   const auto it = object.find(key);
@@ -431,7 +401,8 @@ absl::Status HeadMaskAt(const Json& value, v1::EncodeRequest* encode) {
 }
 
 absl::StatusOr<Json> ParseJsonBody(absl::string_view text) {
-  if (const int depth = NestingDepth(text, kMaxJsonDepth); depth > kMaxJsonDepth) {
+  if (const int depth = core::JsonNestingDepth(text, kMaxJsonDepth);
+      depth > kMaxJsonDepth) {
     return Invalid(
         absl::StrCat("the JSON body nests more than ", kMaxJsonDepth, " levels deep"));
   }

@@ -33,26 +33,8 @@ absl::Status Invalid(absl::string_view message) {
 constexpr int kMaxDepth = 32;
 
 absl::StatusOr<Json> Parse(const std::string& text, absl::string_view file) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxDepth) {
-        return Invalid(absl::StrCat(file, ": nested deeper than ", kMaxDepth, " levels"));
-      }
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
+  if (core::JsonNestingDepth(text, kMaxDepth) > kMaxDepth) {
+    return Invalid(absl::StrCat(file, ": nested deeper than ", kMaxDepth, " levels"));
   }
   Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Invalid(absl::StrCat(file, ": not valid JSON"));
