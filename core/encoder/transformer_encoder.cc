@@ -119,6 +119,115 @@ void RmsNormRows(int64_t rows, int64_t width, float eps, const float* from,
   }
 }
 
+// The heads after the pooling: Dense layers, a classification head, a SPLADE head.
+absl::Status CheckHeadsOnTop(const EncoderSpec& spec, const EncoderFamily& row) {
+  int64_t width = spec.d_model;
+  for (size_t i = 0; i < spec.dense.size(); ++i) {
+    if (spec.num_labels > 0)
+      return Invalid("dense layers cannot follow a classification head");
+    if (spec.dense[i].in_features != width || spec.dense[i].out_features < 1 ||
+        spec.dense[i].out_features > EncoderSpec::kMaxDenseWidth) {
+      return Invalid(absl::StrCat("dense[", i, "] must take ", width,
+                                  " features and give 1 to ", EncoderSpec::kMaxDenseWidth,
+                                  ", got ", spec.dense[i].in_features, " -> ",
+                                  spec.dense[i].out_features));
+    }
+    width = spec.dense[i].out_features;
+  }
+  if (spec.sparse != EncoderSpec::Sparse::kNone) {
+    if (spec.num_labels > 0 || !spec.dense.empty() || spec.normalize) {
+      return Invalid(absl::StrCat("a SPLADE head (sparse) takes no ",
+                                  spec.num_labels > 0   ? "classification head"
+                                  : !spec.dense.empty() ? "dense layers"
+                                                        : "normalize"));
+    }
+    if (!row.has_masked_lm()) {
+      return Invalid(absl::StrCat(
+          "a SPLADE head (sparse) is served for ",
+          FamilyNames([](const EncoderFamily& f) { return f.has_masked_lm(); }),
+          " checkpoints only"));
+    }
+    if (spec.norm_placement != EncoderSpec::NormPlacement::kPost) {
+      return Invalid("a SPLADE head (sparse) is served for post-LN encoders only");
+    }
+  } else if (spec.sparse_log_twice) {
+    return Invalid("sparse_log_twice applies to a SPLADE head (sparse) only");
+  }
+  return absl::OkStatus();
+}
+
+// Each layer's attention options: every layer or none, windows in range, rotary
+// frequencies finite and at most half a head.
+absl::Status CheckLayerAttention(const EncoderSpec& spec) {
+  if (!spec.layer_attention.empty() &&
+      static_cast<int64_t>(spec.layer_attention.size()) != spec.num_layers) {
+    return Invalid(absl::StrCat("layer_attention must list every one of the ",
+                                spec.num_layers, " layers or none, got ",
+                                spec.layer_attention.size()));
+  }
+  for (size_t layer = 0; layer < spec.layer_attention.size(); ++layer) {
+    const EncoderSpec::LayerAttention& attention = spec.layer_attention[layer];
+    if (attention.window < 0 || attention.window > spec.max_positions) {
+      return Invalid(absl::StrCat("layer_attention[", layer, "].window must be in [0, ",
+                                  spec.max_positions, "], got ", attention.window));
+    }
+    const int64_t head_dim = spec.head_size > 0   ? spec.head_size
+                             : spec.num_heads > 0 ? spec.d_model / spec.num_heads
+                                                  : 0;
+    if (static_cast<int64_t>(attention.rotary_inv_freq.size()) * 2 > head_dim) {
+      return Invalid(absl::StrCat("layer_attention[", layer, "].rotary_inv_freq has ",
+                                  attention.rotary_inv_freq.size(),
+                                  " frequencies, more than half the head size ",
+                                  head_dim));
+    }
+    for (const float value : attention.rotary_inv_freq) {
+      if (!std::isfinite(value) || value < 0.0f) {
+        return Invalid(
+            absl::StrCat("layer_attention[", layer,
+                         "].rotary_inv_freq must hold finite values >= 0, got ", value));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What the family's row says its encoders are: relative buckets, norm placements, norm,
+// mask, positions and token types.
+absl::Status CheckAgainstFamily(const EncoderSpec& spec, const EncoderFamily& row) {
+  const int64_t buckets = row.relative_attention_buckets;
+  if (spec.relative_attention_buckets != buckets) {
+    return Invalid(absl::StrCat("relative_attention_buckets must be ", buckets,
+                                " for this family, got ",
+                                spec.relative_attention_buckets));
+  }
+  if (spec.activation == EncoderSpec::Activation::kSilu && !spec.gated_ffn) {
+    return Invalid("activation SiLU is served in a gated feed-forward (SwiGLU) only");
+  }
+  // What the family's blocks are: its norm placements, norm, mask and positions.
+  if (spec.norm != row.norm || spec.causal != row.causal) {
+    return Invalid(absl::StrCat("RMSNorm and a causal mask are served in the ",
+                                FamilyNames([](const EncoderFamily& f) {
+                                  return f.norm == EncoderSpec::Norm::kRms;
+                                }),
+                                " family only"));
+  }
+  if (!row.Allows(spec.norm_placement) ||
+      (row.rotary && (spec.absolute_positions || !spec.gated_ffn))) {
+    return Invalid(absl::StrCat(
+        "a ", row.name, " encoder is ",
+        row.Allows(EncoderSpec::NormPlacement::kPost) ? "post-LN" : "pre-LN",
+        row.norm == EncoderSpec::Norm::kRms ? " (RMSNorm" : "",
+        row.causal ? ", causal" : "", row.norm == EncoderSpec::Norm::kRms ? ")" : "",
+        row.rotary ? " with a gated feed-forward and no position table" : ""));
+  }
+  if (row.token_types == EncoderFamily::TokenTypes::kNone && spec.type_vocab_size != 1) {
+    return Invalid(absl::StrCat("type_vocab_size must be 1 for a ", row.name,
+                                " encoder (it has no token types), got ",
+                                spec.type_vocab_size));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status EncoderSpec::Validate() const {
@@ -138,93 +247,9 @@ absl::Status EncoderSpec::Validate() const {
         absl::StrCat("position_offset must be in [0, 2^20], got ", position_offset));
   }
   const EncoderFamily& row = FamilyOf(family);
-  const int64_t buckets = row.relative_attention_buckets;
-  if (relative_attention_buckets != buckets) {
-    return Invalid(absl::StrCat("relative_attention_buckets must be ", buckets,
-                                " for this family, got ", relative_attention_buckets));
-  }
-  int64_t width = d_model;
-  for (size_t i = 0; i < dense.size(); ++i) {
-    if (num_labels > 0)
-      return Invalid("dense layers cannot follow a classification head");
-    if (dense[i].in_features != width || dense[i].out_features < 1 ||
-        dense[i].out_features > kMaxDenseWidth) {
-      return Invalid(absl::StrCat("dense[", i, "] must take ", width,
-                                  " features and give 1 to ", kMaxDenseWidth, ", got ",
-                                  dense[i].in_features, " -> ", dense[i].out_features));
-    }
-    width = dense[i].out_features;
-  }
-  if (sparse != Sparse::kNone) {
-    if (num_labels > 0 || !dense.empty() || normalize) {
-      return Invalid(absl::StrCat("a SPLADE head (sparse) takes no ",
-                                  num_labels > 0   ? "classification head"
-                                  : !dense.empty() ? "dense layers"
-                                                   : "normalize"));
-    }
-    if (!row.has_masked_lm()) {
-      return Invalid(absl::StrCat(
-          "a SPLADE head (sparse) is served for ",
-          FamilyNames([](const EncoderFamily& f) { return f.has_masked_lm(); }),
-          " checkpoints only"));
-    }
-    if (norm_placement != NormPlacement::kPost) {
-      return Invalid("a SPLADE head (sparse) is served for post-LN encoders only");
-    }
-  } else if (sparse_log_twice) {
-    return Invalid("sparse_log_twice applies to a SPLADE head (sparse) only");
-  }
-  if (!layer_attention.empty() &&
-      static_cast<int64_t>(layer_attention.size()) != num_layers) {
-    return Invalid(absl::StrCat("layer_attention must list every one of the ", num_layers,
-                                " layers or none, got ", layer_attention.size()));
-  }
-  for (size_t layer = 0; layer < layer_attention.size(); ++layer) {
-    const LayerAttention& attention = layer_attention[layer];
-    if (attention.window < 0 || attention.window > max_positions) {
-      return Invalid(absl::StrCat("layer_attention[", layer, "].window must be in [0, ",
-                                  max_positions, "], got ", attention.window));
-    }
-    const int64_t head_dim = head_size > 0   ? head_size
-                             : num_heads > 0 ? d_model / num_heads
-                                             : 0;
-    if (static_cast<int64_t>(attention.rotary_inv_freq.size()) * 2 > head_dim) {
-      return Invalid(absl::StrCat("layer_attention[", layer, "].rotary_inv_freq has ",
-                                  attention.rotary_inv_freq.size(),
-                                  " frequencies, more than half the head size ",
-                                  head_dim));
-    }
-    for (const float value : attention.rotary_inv_freq) {
-      if (!std::isfinite(value) || value < 0.0f) {
-        return Invalid(
-            absl::StrCat("layer_attention[", layer,
-                         "].rotary_inv_freq must hold finite values >= 0, got ", value));
-      }
-    }
-  }
-  if (activation == Activation::kSilu && !gated_ffn) {
-    return Invalid("activation SiLU is served in a gated feed-forward (SwiGLU) only");
-  }
-  // What the family's blocks are: its norm placements, norm, mask and positions.
-  if (norm != row.norm || causal != row.causal) {
-    return Invalid(absl::StrCat(
-        "RMSNorm and a causal mask are served in the ",
-        FamilyNames([](const EncoderFamily& f) { return f.norm == Norm::kRms; }),
-        " family only"));
-  }
-  if (!row.Allows(norm_placement) || (row.rotary && (absolute_positions || !gated_ffn))) {
-    return Invalid(absl::StrCat(
-        "a ", row.name, " encoder is ",
-        row.Allows(NormPlacement::kPost) ? "post-LN" : "pre-LN",
-        row.norm == Norm::kRms ? " (RMSNorm" : "", row.causal ? ", causal" : "",
-        row.norm == Norm::kRms ? ")" : "",
-        row.rotary ? " with a gated feed-forward and no position table" : ""));
-  }
-  if (row.token_types == EncoderFamily::TokenTypes::kNone && type_vocab_size != 1) {
-    return Invalid(absl::StrCat("type_vocab_size must be 1 for a ", row.name,
-                                " encoder (it has no token types), got ",
-                                type_vocab_size));
-  }
+  ATTN_RETURN_IF_ERROR(CheckHeadsOnTop(*this, row));
+  ATTN_RETURN_IF_ERROR(CheckLayerAttention(*this));
+  ATTN_RETURN_IF_ERROR(CheckAgainstFamily(*this, row));
   if (head_size == 0 && d_model % num_heads != 0) {
     return Invalid(absl::StrCat("d_model (", d_model,
                                 ") must be a multiple of num_heads (", num_heads, ")"));
