@@ -11,7 +11,7 @@ TSAN_DIR := $(BUILD_DIR)/tsan
 # Seconds each fuzzer runs in `make test` (`make fuzz` runs longer).
 FUZZ_SECONDS ?= 40
 
-.PHONY: all deps client deps-build configure build install test test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-servers bench-memory bench-grid format clean
+.PHONY: all deps client deps-build configure build install test test-release test-asan asan-build test-tsan tsan-build fuzz overload soak image run bench-core bench-server bench-doors bench-encoder bench-servers bench-memory bench-grid format clean
 
 all: build
 
@@ -44,9 +44,13 @@ build: configure
 # The sanitizer stages after it skip `deps` (DEPS is what they depend on).
 DEPS ?= deps
 test: deps build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) test-release
 	$(MAKE) test-asan DEPS=
 	$(MAKE) test-tsan DEPS=
+
+# Every test of the Release build (what `make test` runs first), on a built tree.
+test-release:
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # clang build of every target with AddressSanitizer + UndefinedBehaviorSanitizer (any
 # report fails the test that triggered it) and libFuzzer coverage; runs the C++ and
