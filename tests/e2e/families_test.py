@@ -907,6 +907,19 @@ class QwenTest(FamilyServer):
         self.assert_golden(self.encode("qwen3"))
 
 
+def int8_has_vnni():
+    """Whether the server's int8 products keep 8-bit weights here: oneDNN runs a VNNI
+    ISA (avx512_core_vnni or avx2_vnni, as core::Int8LevelsForCpu asks), not capped below
+    it by ONEDNN_MAX_CPU_ISA."""
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        flags = set(next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), []))
+    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
+    if capped in ("SSE41", "AVX", "AVX2", "AVX512_CORE"):
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 class PrecisionTest(FamilyServer):
     """Every family's seeded model at bf16 and int8, against sentence-transformers'
     fp32 output: embedders by cosine, rerankers by their logits' error relative to the
@@ -917,8 +930,10 @@ class PrecisionTest(FamilyServer):
     # Minimum cosine, and the rerankers' largest logit error over the largest logit.
     # Measured on AVX-512 with VNNI and bf16 (and capped to AVX2): bf16 0.99997
     # (0.99999), int8 0.99983 (0.99947); rerankers bf16 0.029 (0.022), int8 0.048
-    # (0.133).
-    COSINE = {"bf16": 0.9999, "int8": 0.999}
+    # (0.133). A CPU without VNNI keeps 7 bits of each int8 weight (Int8LevelsForCpu):
+    # on a Zen 3 (AVX2, no VNNI) NomicBERT's int8 measured 0.99824, the others 0.99917
+    # or more, so the int8 bound there is 0.998.
+    COSINE = {"bf16": 0.9999, "int8": 0.999 if int8_has_vnni() else 0.998}
     # A decoder embedder's last-token pooling reads one token, with no mean over the
     # tokens to average the int8 error away: measured 0.99852 (0.99847 capped to AVX2).
     DECODER_INT8 = 0.998
