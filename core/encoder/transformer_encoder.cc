@@ -548,6 +548,25 @@ absl::Status ReadGatedFfnIn(CheckpointReader& reader, const std::string& at,
   return absl::OkStatus();
 }
 
+// A gated block's feed-forward half, as the fused and decoder layouts store it: the norm
+// of output_norm, the first product (ReadGatedFfnIn) and ffn_out.
+absl::Status ReadGatedFeedForward(CheckpointReader& reader, const std::string& at,
+                                  const EncoderSpec& spec, EncoderLayerWeights* layer) {
+  const TensorNames& names = reader.names();
+  ATTN_RETURN_IF_ERROR(reader.Norm(at + names.output_norm, &layer->output_norm_scale,
+                                   &layer->output_norm_shift));
+  ATTN_RETURN_IF_ERROR(ReadGatedFfnIn(reader, at, spec, layer));
+  return reader.Linear(at + names.ffn_out, {spec.d_model, spec.ffn_dim},
+                       &layer->ffn_out_weight, &layer->ffn_out_bias);
+}
+
+// The norm after the last block, where the row names one (pre-norm layouts).
+absl::Status ReadFinalNorm(CheckpointReader& reader, EncoderWeights* weights) {
+  const char* name = reader.names().final_norm;
+  if (*name == '\0') return absl::OkStatus();
+  return reader.Norm(name, &weights->final_norm_scale, &weights->final_norm_shift);
+}
+
 // BERT's layout: the norm before the blocks (post-LN: after the embeddings) or after
 // them (pre-LN), read first; Q, K and V apart. A layer with checkpoint_pruned_heads
 // holds only the heads it kept, in order: a pruned one's rows (Q, K, V) and columns
@@ -638,16 +657,10 @@ absl::Status LoadFusedQkvBlocks(const EncoderSpec& spec, CheckpointReader& reade
     ATTN_RETURN_IF_ERROR(reader.Linear(at + names.attention_out, {d, d},
                                        &layer.attention.out_proj_weight,
                                        &layer.attention.out_proj_bias));
-    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.output_norm, &layer.output_norm_scale,
-                                     &layer.output_norm_shift));
-    ATTN_RETURN_IF_ERROR(ReadGatedFfnIn(reader, at, spec, &layer));
-    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_out, {d, spec.ffn_dim},
-                                       &layer.ffn_out_weight, &layer.ffn_out_bias));
+    ATTN_RETURN_IF_ERROR(ReadGatedFeedForward(reader, at, spec, &layer));
     weights->layers.push_back(std::move(layer));
   }
-  if (*names.final_norm == '\0') return absl::OkStatus();
-  return reader.Norm(names.final_norm, &weights->final_norm_scale,
-                     &weights->final_norm_shift);
+  return ReadFinalNorm(reader, weights);
 }
 
 // The decoder layout (Qwen2, Qwen3): pre-norm blocks of Q, K and V apart (grouped-query
@@ -684,15 +697,10 @@ absl::Status LoadDecoderBlocks(const EncoderSpec& spec, CheckpointReader& reader
     }
     ATTN_RETURN_IF_ERROR(reader.Linear(at + names.attention_out, {d, attention.q_width()},
                                        &fused.out_proj_weight, &fused.out_proj_bias));
-    ATTN_RETURN_IF_ERROR(reader.Norm(at + names.output_norm, &layer.output_norm_scale,
-                                     &layer.output_norm_shift));
-    ATTN_RETURN_IF_ERROR(ReadGatedFfnIn(reader, at, spec, &layer));
-    ATTN_RETURN_IF_ERROR(reader.Linear(at + names.ffn_out, {d, spec.ffn_dim},
-                                       &layer.ffn_out_weight, &layer.ffn_out_bias));
+    ATTN_RETURN_IF_ERROR(ReadGatedFeedForward(reader, at, spec, &layer));
     weights->layers.push_back(std::move(layer));
   }
-  return reader.Norm(names.final_norm, &weights->final_norm_scale,
-                     &weights->final_norm_shift);
+  return ReadFinalNorm(reader, weights);
 }
 
 // The embeddings: the word table (f32, or bf16 for a bf16 or int8 spec: half the memory
